@@ -1,0 +1,115 @@
+"""The backend contract: neutral request/response types and the error tree the gateway sees."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Literal, Protocol, runtime_checkable
+
+TritonModelKind = Literal["ensemble", "tensorrt_llm_bls"]
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    """Sampling controls in TensorRT-LLM's terms; ``None`` means "leave the backend default"."""
+
+    max_tokens: int
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    seed: int | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
+    min_tokens: int | None = None
+    stop: tuple[str, ...] = ()
+    logprobs: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class LoraAdapter:
+    """A LoRA adapter in TensorRT-LLM layout, loaded at start-up."""
+
+    name: str
+    task_id: int
+    weights: object | None = None
+    config: object | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ModelTarget:
+    """Where a served model lives: one Triton server and one of its TensorRT-LLM entry models."""
+
+    url: str
+    triton_model: str
+    kind: TritonModelKind
+    engine_model: str | None = None
+    """The ``tensorrt_llm`` model behind ``triton_model``; stop requests go there."""
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationRequest:
+    """One prompt to complete. The prompt is already templated text."""
+
+    request_id: str
+    prompt: str
+    params: SamplingParams
+    stream: bool
+    lora: LoraAdapter | None = None
+    timeout_s: float = 600.0
+
+
+@dataclass(frozen=True, slots=True)
+class TokenChunk:
+    """A piece of generated output: new text and how many tokens produced it."""
+
+    text: str
+    token_count: int
+    prompt_tokens: int | None = None
+    logprobs: tuple[float, ...] = field(default=())
+    final: bool = False
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """A text-generation backend that streams typed chunks."""
+
+    def generate(self, target: ModelTarget, request: GenerationRequest) -> AsyncIterator[TokenChunk]:
+        """Stream the completion of one prompt; cancelling the iteration cancels the request."""
+        ...
+
+    async def is_ready(self, target: ModelTarget) -> bool:
+        """Whether the target model is loaded and ready to serve."""
+        ...
+
+    async def close(self) -> None:
+        """Release channels and background tasks."""
+        ...
+
+
+class BackendError(Exception):
+    """Base of every failure the backend reports to the gateway."""
+
+
+class BackendUnavailable(BackendError):
+    """The backend cannot be reached or is not ready; retrying later may work."""
+
+
+class BackendTimeout(BackendError):
+    """The backend did not finish within the request's deadline."""
+
+
+class ModelNotFound(BackendError):
+    """The backend does not serve the model that was asked for."""
+
+
+class InvalidRequest(BackendError):
+    """The backend rejected the request's parameters."""
+
+
+class LoraNotCached(BackendError):
+    """The engine evicted or never saw the LoRA task; resend its weights."""
+
+
+class InferenceFailed(BackendError):
+    """The backend accepted the request but failed while generating."""

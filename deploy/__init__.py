@@ -1,0 +1,1 @@
+"""Triton model repositories, Python-backend models and tritonserver sidecars."""

@@ -192,13 +192,14 @@ def render_model(model: ModelSpec) -> dict[str, str]:
 
 def check_paths(model: ModelSpec) -> None:
     """Fail with the missing path's name when a local model, tokenizer or engine is absent."""
-    locations = {"tokenizer_dir": model.tokenizer}
+    locations: dict[str, str] = {}
     if isinstance(model.engine, TorchEngine):
         locations["engine.model_dir"] = model.engine.model_dir
     elif isinstance(model.engine, TensorRTLLMEngine):
         locations["engine.engine_dir"] = model.engine.engine_dir
         if model.engine.lora_prefetch_dir:
             locations["engine.lora_prefetch_dir"] = model.engine.lora_prefetch_dir
+    locations["tokenizer_dir"] = model.tokenizer
     for field, location in locations.items():
         if looks_like_path(location) and not Path(location).expanduser().is_dir():
             raise RenderError(f"model {model.name!r}: {field} {location} does not exist")

@@ -141,6 +141,42 @@ def _extra_parameters(model: ModelSpec, name: str) -> dict[str, str]:
     return {}
 
 
+COUNT_FLAGS = ("return_num_input_tokens", "return_num_output_tokens")
+COUNT_OUTPUTS = ("num_input_tokens", "num_output_tokens")
+
+
+def _tensor(name: str, dtype: str, *, optional: bool = False, scalar: bool = False) -> str:
+    extra = ("\n    reshape: { shape: [ ] }" if scalar else "") + (
+        "\n    optional: true" if optional else ""
+    )
+    return f'  {{\n    name: "{name}"\n    data_type: {dtype}\n    dims: [ 1 ]{extra}\n  }}'
+
+
+def token_count_tensors(name: str) -> str:
+    """The token-count inputs and outputs as newer TensorRT-LLM templates declare them."""
+    if name not in ("ensemble", "tensorrt_llm", "tensorrt_llm_bls"):
+        return ""
+    scalar = name != "ensemble"
+    inputs = ",\n".join(_tensor(f, "TYPE_BOOL", optional=True, scalar=scalar) for f in COUNT_FLAGS)
+    outputs = ",\n".join(_tensor(o, "TYPE_INT32") for o in COUNT_OUTPUTS)
+    return f"\ninput [\n{inputs}\n]\noutput [\n{outputs}\n]\n"
+
+
+def _map_token_counts(text: str, engine: str) -> str:
+    """Route the count flags into the ensemble's engine step and the counts out of it."""
+    maps = "".join(
+        f'      input_map {{\n        key: "{f}"\n        value: "{f}"\n      }}\n'
+        for f in COUNT_FLAGS
+    ) + "".join(
+        f'      output_map {{\n        key: "{o}"\n        value: "{o}"\n      }}\n'
+        for o in COUNT_OUTPUTS
+    )
+    anchor = f'model_name: "{engine}"\n      model_version: -1\n'
+    if anchor not in text:
+        raise RenderError(f"ensemble template has no step for {engine}")
+    return text.replace(anchor, anchor + maps, 1)
+
+
 def _parameter_block(key: str, value: str) -> str:
     escaped = value.replace("\\", "\\\\").replace('"', '\\"')
     return f'parameters: {{\n  key: "{key}"\n  value: {{\n    string_value: "{escaped}"\n  }}\n}}\n'
@@ -169,6 +205,10 @@ def render_config(model: ModelSpec, name: str) -> str:
     if name == "ensemble":
         for step in ("preprocessing", "tensorrt_llm", "postprocessing"):
             text = text.replace(f'model_name: "{step}"', f'model_name: "{model.triton_name(step)}"')
+        if model.token_counts:
+            text = _map_token_counts(text, model.triton_name("tensorrt_llm"))
+    if model.token_counts:
+        text += token_count_tensors(name)
     extra = _extra_parameters(model, name)
     if extra:
         text += "\n" + "".join(_parameter_block(k, v) for k, v in extra.items())

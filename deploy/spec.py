@@ -111,6 +111,9 @@ class ModelSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """Instances of the BLS model."""
     exclude_input_in_output: bool = False
     """Engine-side default for leaving the prompt out of non-streamed output."""
+    token_counts: bool = True
+    """Declare the token-count tensors of TensorRT-LLM releases since mid 2025
+    (``return_num_input_tokens``/``num_input_tokens`` and the output twins)."""
 
     @property
     def prefix(self) -> str:

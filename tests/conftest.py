@@ -23,13 +23,22 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def tiny_spec(model_dir: Path, **sidecar: object) -> Spec:
-    """Two pipelines over the tiny model: ``tiny`` (delta BLS) and ``tiny2`` (accumulating BLS)."""
+    """Two pipelines over the tiny model.
+
+    ``tiny``: BLS streams deltas, token-count tensors declared (newer TensorRT-LLM releases).
+    ``tiny2``: BLS streams cumulative text, no token-count tensors (older releases).
+    """
     engine = {"kind": "torch", "model_dir": str(model_dir), "max_batch_size": 16}
     return parse_spec(
         {
             "models": [
                 {"name": "tiny", "engine": engine, "bls_instances": 1},
-                {"name": "tiny2", "engine": engine, "accumulate_tokens": True},
+                {
+                    "name": "tiny2",
+                    "engine": engine,
+                    "accumulate_tokens": True,
+                    "token_counts": False,
+                },
             ],
             "sidecars": [{"name": "tiny", **sidecar}],
         }

@@ -66,10 +66,50 @@ def io_signature(config: mc.ModelConfig) -> dict[str, list[tuple[object, ...]]]:
 @pytest.mark.parametrize("engine", [TORCH, TRTLLM], ids=["torch", "tensorrtllm"])
 @pytest.mark.parametrize("name", PIPELINE_MODELS)
 def test_rendered_io_equals_stock_io(engine: dict[str, object], name: str) -> None:
-    model = parse_spec(_spec(engine)).models[0]
+    model = parse_spec(_spec(engine, token_counts=False)).models[0]
     rendered = parse(render_config(model, name))
     assert io_signature(rendered) == io_signature(stock_config(name))
     assert rendered.max_batch_size == 64
+
+
+COUNT_IO = {
+    "ensemble": (
+        [("return_num_input_tokens", "TYPE_BOOL", (1,), True, False, None)],
+        [("num_input_tokens", "TYPE_INT32", (1,), False, False, None)],
+    ),
+    "tensorrt_llm": (
+        [("return_num_input_tokens", "TYPE_BOOL", (1,), True, False, ())],
+        [("num_input_tokens", "TYPE_INT32", (1,), False, False, None)],
+    ),
+}
+COUNT_IO["tensorrt_llm_bls"] = COUNT_IO["tensorrt_llm"]
+
+
+@pytest.mark.parametrize("name", PIPELINE_MODELS)
+def test_token_counts_add_exactly_the_newer_release_tensors(name: str) -> None:
+    model = parse_spec(_spec(TORCH)).models[0]
+    rendered, stock = (
+        io_signature(parse(render_config(model, name))),
+        io_signature(stock_config(name)),
+    )
+    added_in = sorted(set(rendered["input"]) - set(stock["input"]))
+    added_out = sorted(set(rendered["output"]) - set(stock["output"]))
+    assert set(stock["input"]) <= set(rendered["input"])
+    assert set(stock["output"]) <= set(rendered["output"])
+    if name not in COUNT_IO:
+        assert added_in == added_out == []
+        return
+    flag, count = COUNT_IO[name][0][0], COUNT_IO[name][1][0]
+    assert added_in == [flag, (flag[0].replace("input", "output"), *flag[1:])]
+    assert added_out == [count, (count[0].replace("input", "output"), *count[1:])]
+
+
+def test_ensemble_routes_token_counts_through_the_engine_step() -> None:
+    model = parse_spec(_spec(TORCH)).models[0]
+    step = parse(render_config(model, "ensemble")).ensemble_scheduling.step[1]
+    assert step.model_name == "m1_tensorrt_llm"
+    assert step.input_map["return_num_output_tokens"] == "return_num_output_tokens"
+    assert step.output_map["num_output_tokens"] == "num_output_tokens"
 
 
 @pytest.mark.parametrize("engine", [TORCH, TRTLLM], ids=["torch", "tensorrtllm"])

@@ -1,0 +1,1 @@
+"""Tokenization, detokenization and BLS orchestration behind the Python-backend pipeline models."""

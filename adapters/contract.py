@@ -61,10 +61,15 @@ class GenerationRequest:
 
 @dataclass(frozen=True, slots=True)
 class TokenChunk:
-    """A piece of generated output: new text and how many tokens produced it."""
+    """A piece of generated output: new text and how many tokens produced it.
+
+    ``token_count`` and ``prompt_tokens`` are ``None`` when the deployment does not report token
+    counts (releases before ``return_num_*``); the gateway then counts with its own tokenizer.
+    Streaming chunks carry their own count; a non-streaming request yields one chunk with the total.
+    """
 
     text: str
-    token_count: int
+    token_count: int | None
     prompt_tokens: int | None = None
     logprobs: tuple[float, ...] = field(default=())
     final: bool = False
@@ -74,7 +79,9 @@ class TokenChunk:
 class Backend(Protocol):
     """A text-generation backend that streams typed chunks."""
 
-    def generate(self, target: ModelTarget, request: GenerationRequest) -> AsyncIterator[TokenChunk]:
+    def generate(
+        self, target: ModelTarget, request: GenerationRequest
+    ) -> AsyncIterator[TokenChunk]:
         """Stream the completion of one prompt; cancelling the iteration cancels the request."""
         ...
 
@@ -105,6 +112,11 @@ class ModelNotFound(BackendError):
 
 class InvalidRequest(BackendError):
     """The backend rejected the request's parameters."""
+
+    def __init__(self, message: str, *, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+        """The request field at fault (e.g. ``top_k``), when one is known."""
 
 
 class LoraNotCached(BackendError):

@@ -126,12 +126,23 @@ def _tritonservers() -> list[psutil.Process]:
 
 
 @pytest.mark.slow
-def test_failed_start_reports_log_tail(tiny_model_dir: Path, tmp_path: Path) -> None:
-    spec = tiny_spec(tiny_model_dir, extra_args=["--no-such-flag"], startup_timeout_s=60)
+def test_model_that_fails_to_load_reports_log_tail(tiny_model_dir: Path, tmp_path: Path) -> None:
+    spec = parse_spec(
+        {
+            "models": [
+                {
+                    "name": "broken",
+                    "tokenizer_dir": str(tiny_model_dir),
+                    "engine": {"kind": "torch", "model_dir": "no-such-org/no-such-model"},
+                }
+            ],
+            "sidecars": [{"env": {"HF_HUB_OFFLINE": "1"}, "startup_timeout_s": 120}],
+        }
+    )
     sidecar = sidecar_from_spec(spec, spec.sidecars[0], tmp_path)
     with pytest.raises(SidecarError, match="exited with code") as info:
         sidecar.start()
-    assert "no-such-flag" in str(info.value)
+    assert "broken_tensorrt_llm" in str(info.value)
     assert sidecar.pid is None
 
 

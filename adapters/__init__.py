@@ -1,0 +1,1 @@
+"""Backend contract and its Triton/TensorRT-LLM implementation."""

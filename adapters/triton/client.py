@@ -1,0 +1,301 @@
+"""The Triton backend: streams generations from TensorRT-LLM models over gRPC with tritonclient."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import AsyncGenerator, Iterator, Sequence
+from contextlib import aclosing, contextmanager
+from dataclasses import replace
+from typing import Any
+
+import grpc  # type: ignore[import-untyped]
+import tritonclient.grpc.aio as triton_aio
+from tritonclient.grpc import InferResult, service_pb2
+from tritonclient.utils import InferenceServerException
+
+from adapters.contract import (
+    BackendError,
+    BackendTimeout,
+    GenerationRequest,
+    LoraNotCached,
+    ModelTarget,
+    TokenChunk,
+)
+from adapters.triton.config import ModelInputs, parse_model_config
+from adapters.triton.errors import classify
+from adapters.triton.responses import ResponseDecoder, merge_chunks
+from adapters.triton.tensors import (
+    WireTensor,
+    build_inputs,
+    requested_outputs,
+    stop_request_inputs,
+    streams,
+)
+
+logger = logging.getLogger(__name__)
+
+_FINAL = "triton_final_response"
+_DRAIN_S = 1.0
+
+
+@contextmanager
+def map_triton_errors(operation: str) -> Iterator[None]:
+    """Re-raise gRPC, tritonclient and timeout failures as the contract's ``BackendError``s."""
+    try:
+        yield
+    except BackendError:
+        raise
+    except grpc.RpcError as exc:
+        code = exc.code() if callable(getattr(exc, "code", None)) else None
+        details = exc.details() if callable(getattr(exc, "details", None)) else str(exc)
+        raise classify(f"{operation}: {details}", getattr(code, "name", None)) from exc
+    except InferenceServerException as exc:
+        raise classify(f"{operation}: {exc.message()}", exc.status()) from exc
+    except asyncio.TimeoutError as exc:
+        raise BackendTimeout(f"{operation}: timed out") from exc
+    except OSError as exc:
+        raise classify(f"{operation}: failed to connect: {exc}", "UNAVAILABLE") from exc
+
+
+class TritonBackend:
+    """A ``Backend`` over one or more tritonservers: one gRPC channel per URL.
+
+    ``connect_timeout_s`` bounds metadata calls (readiness, model configs); ``stop_timeout_s``
+    bounds the stop request sent to the engine when an ensemble request is abandoned.
+    """
+
+    def __init__(
+        self,
+        *,
+        connect_timeout_s: float = 5.0,
+        stop_timeout_s: float = 2.0,
+        channel_args: Sequence[tuple[str, Any]] | None = None,
+    ) -> None:
+        self._connect_timeout_s = connect_timeout_s
+        self._stop_timeout_s = stop_timeout_s
+        self._channel_args = list(channel_args) if channel_args is not None else None
+        self._clients: dict[str, triton_aio.InferenceServerClient] = {}
+        self._models: dict[tuple[str, str], ModelInputs] = {}
+        self._lora_sent: set[tuple[str, str, int]] = set()
+        self._background: set[asyncio.Task[None]] = set()
+
+    async def __aenter__(self) -> TritonBackend:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    async def describe(self, target: ModelTarget, *, refresh: bool = False) -> ModelInputs:
+        """The target's declared inputs and options, read from Triton once and cached."""
+        key = (target.url, target.triton_model)
+        if not refresh and key in self._models:
+            return self._models[key]
+        model = await self._model_config(target.url, target.triton_model)
+        if model.is_ensemble and model.engine_model:
+            engine = await self._model_config(target.url, model.engine_model)
+            model = replace(model, decoupled=engine.decoupled)
+        self._models[key] = model
+        return model
+
+    async def is_ready(self, target: ModelTarget) -> bool:
+        """Whether the target model is loaded; an unreachable server is not ready."""
+        try:
+            with map_triton_errors(f"readiness of {target.triton_model}"):
+                client = self._client(target.url)
+                ready = await client.is_model_ready(
+                    target.triton_model, client_timeout=self._connect_timeout_s
+                )
+        except BackendError as exc:
+            logger.debug("%s at %s is not ready: %s", target.triton_model, target.url, exc)
+            return False
+        return bool(ready)
+
+    async def generate(
+        self, target: ModelTarget, request: GenerationRequest
+    ) -> AsyncGenerator[TokenChunk, None]:
+        """Stream the completion; ``aclose()`` or cancelling the task cancels the Triton request."""
+        deadline = asyncio.get_running_loop().time() + request.timeout_s
+        with map_triton_errors(f"describing {target.triton_model}"):
+            model = await asyncio.wait_for(self.describe(target), _remaining(deadline))
+        lora_key = (target.url, target.triton_model, request.lora.task_id) if request.lora else None
+        send_weights = lora_key is not None and lora_key not in self._lora_sent
+        yielded = False
+        while True:
+            chunks = self._stream(target, model, request, deadline, send_weights)
+            try:
+                async with aclosing(chunks):
+                    async for chunk in chunks:
+                        yielded = True
+                        yield chunk
+            except LoraNotCached:
+                if yielded or send_weights or request.lora is None or request.lora.weights is None:
+                    raise
+                logger.info("LoRA task %d was evicted; resending its weights", request.lora.task_id)
+                send_weights = True
+                continue
+            if lora_key is not None:
+                self._lora_sent.add(lora_key)
+            return
+
+    async def close(self) -> None:
+        """Finish pending stop requests and close every channel."""
+        if self._background:
+            await asyncio.wait(set(self._background), timeout=self._stop_timeout_s)
+        for task in list(self._background):
+            task.cancel()
+        clients, self._clients = list(self._clients.values()), {}
+        for client in clients:
+            await client.close()
+
+    def _client(self, url: str) -> triton_aio.InferenceServerClient:
+        client = self._clients.get(url)
+        if client is None:
+            client = triton_aio.InferenceServerClient(url, channel_args=self._channel_args)
+            self._clients[url] = client
+        return client
+
+    async def _model_config(self, url: str, name: str) -> ModelInputs:
+        with map_triton_errors(f"reading the config of {name}"):
+            document = await self._client(url).get_model_config(
+                name, as_json=True, client_timeout=self._connect_timeout_s
+            )
+        return parse_model_config(document)
+
+    def _open(self, url: str, request: service_pb2.ModelInferRequest, timeout: float) -> Any:
+        """Start a ``ModelStreamInfer`` call carrying one request.
+
+        tritonclient's asyncio ``stream_infer`` refuses the reserved
+        ``triton_enable_empty_final_response`` parameter, so the request is built here and sent
+        on the client's own stub. The client side is half-closed at once; Triton ends the
+        stream after the request's final response.
+        """
+        stub = self._client(url)._client_stub
+        return stub.ModelStreamInfer(iter([request]), timeout=timeout)
+
+    async def _stream(
+        self,
+        target: ModelTarget,
+        model: ModelInputs,
+        request: GenerationRequest,
+        deadline: float,
+        send_weights: bool,
+    ) -> AsyncGenerator[TokenChunk, None]:
+        streaming = streams(request, model)
+        outputs = requested_outputs(request, model)
+        request_id = f"{request.request_id or 'gen'}-{uuid.uuid4().hex[:12]}"
+        message = infer_request(
+            target.triton_model,
+            request_id,
+            build_inputs(request, model, lora_weights=send_weights),
+            outputs,
+        )
+        decoder = ResponseDecoder(
+            cumulative=streaming and model.accumulate_tokens,
+            reports_counts=model.reports_output_tokens,
+            echo_prefix="" if streaming or model.has("exclude_input_in_output") else request.prompt,
+        )
+        operation = f"request {request_id} to {target.triton_model}"
+        logger.debug("%s: streaming=%s outputs=%s", operation, streaming, outputs)
+        finished = False
+        held: list[TokenChunk] = []
+        call = self._open(target.url, message, _remaining(deadline))
+        try:
+            with map_triton_errors(operation):
+                while not finished:
+                    response = await asyncio.wait_for(call.read(), _remaining(deadline))
+                    if response is grpc.aio.EOF:
+                        finished = True
+                        chunk = decoder.finish()
+                    elif response.error_message:
+                        finished = True
+                        raise classify(response.error_message)
+                    else:
+                        finished = _is_final(response.infer_response, model)
+                        chunk = decoder.decode(
+                            _outputs(response.infer_response, outputs), final=finished
+                        )
+                    if streaming:
+                        yield chunk
+                    else:
+                        held.append(chunk)
+                if held:
+                    yield merge_chunks(held)
+                await _drain(call)
+        finally:
+            call.cancel()
+            if not finished:
+                logger.info("%s abandoned before its final response; cancelled", operation)
+                if model.is_ensemble:
+                    self._stop_later(
+                        target.url, target.engine_model or model.engine_model, request_id
+                    )
+
+    def _stop_later(self, url: str, engine_model: str | None, request_id: str) -> None:
+        """Fire-and-forget a stop request: a running ensemble step ignores gRPC cancellation."""
+        if engine_model is None:
+            logger.warning("no engine model known to stop request %s", request_id)
+            return
+        task = asyncio.get_running_loop().create_task(self._stop(url, engine_model, request_id))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _stop(self, url: str, engine_model: str, request_id: str) -> None:
+        message = infer_request(engine_model, request_id, stop_request_inputs(), None)
+        call = self._open(url, message, self._stop_timeout_s)
+        try:
+            with map_triton_errors(f"stop request {request_id} to {engine_model}"):
+                while (response := await call.read()) is not grpc.aio.EOF:
+                    if response.error_message:
+                        raise classify(response.error_message)
+            logger.debug("stopped request %s on %s", request_id, engine_model)
+        except BackendError as exc:
+            logger.warning("stopping request %s failed: %s", request_id, exc)
+        finally:
+            call.cancel()
+
+
+def infer_request(
+    model_name: str,
+    request_id: str,
+    tensors: Sequence[WireTensor],
+    outputs: Sequence[str] | None,
+) -> service_pb2.ModelInferRequest:
+    """A ``ModelInferRequest`` with raw tensor contents that asks for an empty final response."""
+    message = service_pb2.ModelInferRequest(model_name=model_name, id=request_id)
+    for tensor in tensors:
+        entry = message.inputs.add()
+        entry.name = tensor.name
+        entry.datatype = tensor.datatype
+        entry.shape.extend(tensor.array.shape)
+        message.raw_input_contents.append(tensor.raw_bytes())
+    for name in outputs or ():
+        message.outputs.add().name = name
+    message.parameters["triton_enable_empty_final_response"].bool_param = True
+    return message
+
+
+def _is_final(response: service_pb2.ModelInferResponse, model: ModelInputs) -> bool:
+    if _FINAL in response.parameters:
+        return bool(response.parameters[_FINAL].bool_param)
+    return not model.decoupled
+
+
+def _outputs(response: service_pb2.ModelInferResponse, names: Sequence[str]) -> dict[str, Any]:
+    result = InferResult(response)
+    arrays = {name: result.as_numpy(name) for name in names}
+    return {name: array for name, array in arrays.items() if array is not None}
+
+
+async def _drain(call: Any) -> None:
+    """Read the stream's end after the final response so the call closes cleanly."""
+    try:
+        while await asyncio.wait_for(call.read(), _DRAIN_S) is not grpc.aio.EOF:
+            pass
+    except (asyncio.TimeoutError, grpc.RpcError):
+        call.cancel()
+
+
+def _remaining(deadline: float) -> float:
+    return max(deadline - asyncio.get_running_loop().time(), 0.0)

@@ -1,0 +1,137 @@
+"""Discovery of a deployed model's inputs and options from its Triton model configuration."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+_TRUE = frozenset({"true", "1", "yes", "on"})
+_ENGINE_STEP_INPUTS = frozenset({"input_ids", "request_output_len"})
+
+
+@dataclass(frozen=True, slots=True)
+class TensorSpec:
+    """One declared input: its wire datatype (``INT32``, ``BYTES``...) and dims without batch."""
+
+    name: str
+    datatype: str
+    dims: tuple[int, ...]
+    optional: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class ModelInputs:
+    """What a deployed entry model accepts and how it behaves, as far as the gateway cares."""
+
+    name: str
+    platform: str
+    """``ensemble`` for an ensemble, otherwise the backend (``python``, ``tensorrtllm``)."""
+    inputs: Mapping[str, TensorSpec] = field(default_factory=dict)
+    outputs: frozenset[str] = frozenset()
+    max_batch_size: int = 0
+    decoupled: bool = False
+    """For an ensemble: whether its engine step is decoupled (resolved by the client)."""
+    accumulate_tokens: bool = False
+    """BLS only: streamed ``text_output`` is the cumulative text, not a delta."""
+    engine_model: str | None = None
+    """The ``tensorrt_llm`` model behind it: the ensemble's engine step or the BLS parameter."""
+
+    @property
+    def is_ensemble(self) -> bool:
+        """Whether Triton schedules this model as an ensemble of steps."""
+        return self.platform == "ensemble"
+
+    def has(self, name: str) -> bool:
+        """Whether the model declares input ``name``."""
+        return name in self.inputs
+
+    def first_input(self, *names: str) -> TensorSpec | None:
+        """The first of ``names`` the model declares (new name first, then the old one)."""
+        for name in names:
+            if name in self.inputs:
+                return self.inputs[name]
+        return None
+
+    @property
+    def reports_output_tokens(self) -> bool:
+        """Whether the model can return ``num_output_tokens`` when asked."""
+        return self.has("return_num_output_tokens") and "num_output_tokens" in self.outputs
+
+    @property
+    def reports_input_tokens(self) -> bool:
+        """Whether the model can return ``num_input_tokens`` when asked."""
+        return self.has("return_num_input_tokens") and "num_input_tokens" in self.outputs
+
+    @property
+    def supports_logprobs(self) -> bool:
+        """Whether per-token log probabilities can be requested and returned."""
+        return self.has("return_log_probs") and "output_log_probs" in self.outputs
+
+    @property
+    def lora_config_columns(self) -> int | None:
+        """Columns of a ``lora_config`` row (3, or 4 with DoRA); ``None`` without LoRA."""
+        spec = self.inputs.get("lora_config")
+        if spec is None or not spec.dims or spec.dims[-1] <= 0:
+            return None
+        return spec.dims[-1]
+
+
+def parse_model_config(document: Mapping[str, Any]) -> ModelInputs:
+    """Read a model configuration as JSON (``get_model_config(as_json=True)`` or HTTP)."""
+    config: Mapping[str, Any] = document.get("config", document)
+    platform = str(config.get("platform") or config.get("backend") or "")
+    parameters = _parameters(config.get("parameters", {}))
+    policy = config.get("model_transaction_policy", {})
+    if platform == "ensemble":
+        engine_model = _engine_step(config.get("ensemble_scheduling", {}).get("step", ()))
+    else:
+        engine_model = parameters.get("tensorrt_llm_model_name")
+    return ModelInputs(
+        name=str(config.get("name", "")),
+        platform=platform,
+        inputs={spec.name: spec for spec in map(_tensor_spec, config.get("input", ()))},
+        outputs=frozenset(str(output["name"]) for output in config.get("output", ())),
+        max_batch_size=int(config.get("max_batch_size", 0)),
+        decoupled=_truthy(policy.get("decoupled", False)),
+        accumulate_tokens=_truthy(parameters.get("accumulate_tokens", "")),
+        engine_model=engine_model,
+    )
+
+
+def wire_datatype(config_type: str) -> str:
+    """Map a config ``data_type`` (``TYPE_STRING``, ``TYPE_FP16``) to the wire name."""
+    name = config_type.removeprefix("TYPE_")
+    return "BYTES" if name == "STRING" else name
+
+
+def _tensor_spec(entry: Mapping[str, Any]) -> TensorSpec:
+    return TensorSpec(
+        name=str(entry["name"]),
+        datatype=wire_datatype(str(entry.get("data_type", "TYPE_INVALID"))),
+        dims=tuple(int(dim) for dim in entry.get("dims", ())),
+        optional=bool(entry.get("optional", False)),
+    )
+
+
+def _parameters(raw: Mapping[str, Any]) -> dict[str, str]:
+    """String parameters that are set: unfilled ``${...}`` placeholders count as unset."""
+    values: dict[str, str] = {}
+    for key, value in raw.items():
+        text = str(value.get("string_value", "")) if isinstance(value, Mapping) else str(value)
+        if text and not text.startswith("${"):
+            values[str(key)] = text
+    return values
+
+
+def _engine_step(steps: Iterable[Mapping[str, Any]]) -> str | None:
+    for step in steps:
+        if _ENGINE_STEP_INPUTS & set(step.get("input_map", {})):
+            return str(step["model_name"])
+    return None
+
+
+def _truthy(value: object) -> bool:
+    if isinstance(value, bool):
+        return value
+    return str(value).strip().lower() in _TRUE

@@ -1,0 +1,75 @@
+"""Classification of Triton and TensorRT-LLM failures into the backend contract's error tree."""
+
+from __future__ import annotations
+
+from adapters.contract import (
+    BackendError,
+    BackendTimeout,
+    BackendUnavailable,
+    InferenceFailed,
+    InvalidRequest,
+    LoraNotCached,
+    ModelNotFound,
+)
+
+# In-band stream errors carry no status code, so the message decides; the first match wins.
+_MESSAGE_RULES: tuple[tuple[str, type[BackendError]], ...] = (
+    ("not found in cache. please send lora weights", LoraNotCached),
+    ("has no available versions", BackendUnavailable),
+    ("request for unknown model", ModelNotFound),
+    ("is not ready", BackendUnavailable),
+    ("failed to connect", BackendUnavailable),
+    ("maximum queue size", BackendUnavailable),
+    ("server is shutting down", BackendUnavailable),
+    ("deadline exceeded", BackendTimeout),
+    ("timeout expired", BackendTimeout),
+    ("unexpected inference input", InvalidRequest),
+    ("unexpected shape for input", InvalidRequest),
+    ("missing required input", InvalidRequest),
+    ("data-type is", InvalidRequest),
+    ("number of inputs", InvalidRequest),
+    ("is required", InvalidRequest),
+    ("must be a single value", InvalidRequest),
+    ("must be set for lora", InvalidRequest),
+    ("must have both lora_weights", InvalidRequest),
+    ("expected lora weights", InvalidRequest),
+    ("invalid low_rank", InvalidRequest),
+    ("not enabled for this model", InvalidRequest),
+    ("is only supported", InvalidRequest),
+    ("is not supported with", InvalidRequest),
+    ("exceeds maximum input length", InvalidRequest),
+    ("exceeds maximum sequence length", InvalidRequest),
+    ("invalid argument", InvalidRequest),
+    ("must not be negative", InvalidRequest),
+    ("must be positive", InvalidRequest),
+    ("must not exceed", InvalidRequest),
+    ("must be at least", InvalidRequest),
+    ("must be between", InvalidRequest),
+    ("no room is left for output", InvalidRequest),
+)
+
+_STATUS_RULES: dict[str, type[BackendError]] = {
+    "UNAVAILABLE": BackendUnavailable,
+    "RESOURCE_EXHAUSTED": BackendUnavailable,
+    "NOT_FOUND": ModelNotFound,
+    "INVALID_ARGUMENT": InvalidRequest,
+    "OUT_OF_RANGE": InvalidRequest,
+    "DEADLINE_EXCEEDED": BackendTimeout,
+}
+
+
+def classify(message: str, status: str | None = None) -> BackendError:
+    """The contract error for a failure ``message`` and, when known, its gRPC ``status``.
+
+    ``status`` is a gRPC status name, with or without the ``StatusCode.`` prefix.
+    A status that names a transport failure wins over the message; otherwise the message
+    decides, then the status, then ``InferenceFailed``.
+    """
+    code = (status or "").removeprefix("StatusCode.").upper()
+    if code in {"UNAVAILABLE", "DEADLINE_EXCEEDED"}:
+        return _STATUS_RULES[code](message)
+    lowered = message.lower()
+    for needle, error in _MESSAGE_RULES:
+        if needle in lowered:
+            return error(message)
+    return _STATUS_RULES.get(code, InferenceFailed)(message)

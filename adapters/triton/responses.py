@@ -1,0 +1,125 @@
+"""Translation of a request's successive Triton responses into neutral token chunks."""
+
+from __future__ import annotations
+
+import codecs
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from adapters.contract import TokenChunk
+
+logger = logging.getLogger(__name__)
+
+Outputs = Mapping[str, npt.NDArray[Any]]
+
+
+class ResponseDecoder:
+    """Decodes the responses of one request, in order, into ``TokenChunk`` deltas.
+
+    ``text_output`` bytes go through an incremental UTF-8 decoder, so a character split across
+    responses comes out whole. With ``cumulative`` (a streaming BLS with ``accumulate_tokens``)
+    each ``text_output`` holds the whole text so far and only the new suffix is emitted.
+    ``reports_counts`` says whether the deployment returns ``num_output_tokens``; without it
+    ``token_count`` is ``None`` and the gateway counts with its own tokenizer. ``echo_prefix``
+    is stripped from the start of the text: a deployment that cannot exclude the prompt from
+    non-streamed output echoes it.
+    """
+
+    def __init__(
+        self, *, cumulative: bool = False, reports_counts: bool = True, echo_prefix: str = ""
+    ) -> None:
+        self._cumulative = cumulative
+        self._reports_counts = reports_counts
+        self._echo_prefix = echo_prefix
+        self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._seen = b""
+        self._started = False
+
+    def decode(self, outputs: Outputs, *, final: bool = False) -> TokenChunk:
+        """The chunk for one response; ``final`` for the request's last one."""
+        text = self._text(outputs, final=final)
+        count = _first_int(outputs.get("num_output_tokens"))
+        if count is None and self._reports_counts:
+            count = 0
+        logprobs = _logprobs(outputs.get("output_log_probs"), count)
+        return TokenChunk(
+            text=text,
+            token_count=count if self._reports_counts else None,
+            prompt_tokens=_first_int(outputs.get("num_input_tokens")),
+            logprobs=logprobs,
+            final=final,
+        )
+
+    def finish(self) -> TokenChunk:
+        """A closing chunk for a stream that ended without a response flagged final."""
+        return self.decode({}, final=True)
+
+    def _text(self, outputs: Outputs, *, final: bool) -> str:
+        raw = _first_bytes(outputs.get("text_output"))
+        if self._cumulative and raw is not None:
+            raw = self._delta(raw)
+        text = self._utf8.decode(raw or b"", final=final)
+        if text and not self._started:
+            self._started = True
+            text = text.removeprefix(self._echo_prefix)
+        return text
+
+    def _delta(self, cumulative: bytes) -> bytes:
+        seen, self._seen = self._seen, cumulative
+        if cumulative.startswith(seen):
+            return cumulative[len(seen) :]
+        common = _common_prefix_length(seen, cumulative)
+        logger.warning(
+            "cumulative text rewrote %d already streamed bytes; emitting from the divergence",
+            len(seen) - common,
+        )
+        return cumulative[common:]
+
+
+def merge_chunks(chunks: Sequence[TokenChunk]) -> TokenChunk:
+    """One final chunk holding everything: a non-streamed answer may span several responses."""
+    counts = [chunk.token_count for chunk in chunks]
+    prompt_tokens = [chunk.prompt_tokens for chunk in chunks if chunk.prompt_tokens is not None]
+    return TokenChunk(
+        text="".join(chunk.text for chunk in chunks),
+        token_count=None if None in counts else sum(count or 0 for count in counts),
+        prompt_tokens=prompt_tokens[0] if prompt_tokens else None,
+        logprobs=tuple(value for chunk in chunks for value in chunk.logprobs),
+        final=True,
+    )
+
+
+def _first_bytes(array: npt.NDArray[Any] | None) -> bytes | None:
+    if array is None or array.size == 0:
+        return None
+    item = array.reshape(-1)[0]
+    return item if isinstance(item, bytes) else str(item).encode()
+
+
+def _first_int(array: npt.NDArray[Any] | None) -> int | None:
+    if array is None or array.size == 0:
+        return None
+    return int(array.reshape(-1)[0])
+
+
+def _logprobs(array: npt.NDArray[Any] | None, count: int | None) -> tuple[float, ...]:
+    """The first sequence's per-token log probs (``[1, beams, n]`` or ``[1, n]``)."""
+    if array is None or array.size == 0:
+        return ()
+    row = np.asarray(array, dtype=np.float64).reshape(-1, array.shape[-1])[0]
+    if count is not None and len(row) > count:
+        row = row[:count]
+    return tuple(float(value) for value in row)
+
+
+def _common_prefix_length(left: bytes, right: bytes) -> int:
+    length = 0
+    for a, b in zip(left, right, strict=False):
+        if a != b:
+            break
+        length += 1
+    return length

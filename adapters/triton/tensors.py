@@ -1,0 +1,222 @@
+"""Translation of a neutral generation request into the Triton input tensors a model declares."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from adapters.contract import GenerationRequest, InvalidRequest, LoraAdapter
+from adapters.triton.config import ModelInputs, TensorSpec
+
+Array = npt.NDArray[Any]
+
+_NUMPY_TYPES: dict[str, type[np.generic]] = {
+    "BOOL": np.bool_,
+    "INT8": np.int8,
+    "INT16": np.int16,
+    "INT32": np.int32,
+    "INT64": np.int64,
+    "UINT8": np.uint8,
+    "UINT16": np.uint16,
+    "UINT32": np.uint32,
+    "UINT64": np.uint64,
+    "FP16": np.float16,
+    "FP32": np.float32,
+    "FP64": np.float64,
+}
+
+# Sampling field -> candidate input names, newest first (older releases: min_length, random_seed).
+_SAMPLING_INPUTS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("temperature", ("temperature",)),
+    ("top_p", ("top_p",)),
+    ("top_k", ("top_k",)),
+    ("seed", ("seed", "random_seed")),
+    ("presence_penalty", ("presence_penalty",)),
+    ("frequency_penalty", ("frequency_penalty",)),
+    ("repetition_penalty", ("repetition_penalty",)),
+    ("min_tokens", ("min_tokens", "min_length")),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class WireTensor:
+    """One input tensor as sent: name, wire datatype and data with its leading batch dim."""
+
+    name: str
+    datatype: str
+    array: Array
+
+    def raw_bytes(self) -> bytes:
+        """The tensor's contents in Triton's binary layout (length-prefixed for ``BYTES``)."""
+        if self.datatype != "BYTES":
+            return np.ascontiguousarray(self.array).tobytes()
+        return b"".join(len(item).to_bytes(4, "little") + item for item in self.array.flat)
+
+
+def streams(request: GenerationRequest, model: ModelInputs) -> bool:
+    """Whether the request is sent as streaming: a non-decoupled model answers once."""
+    return request.stream and model.decoupled and model.has("stream")
+
+
+def build_inputs(
+    request: GenerationRequest, model: ModelInputs, *, lora_weights: bool = False
+) -> list[WireTensor]:
+    """The input tensors for ``request``, using only inputs that ``model`` declares.
+
+    Raises ``InvalidRequest`` naming the parameter when the user set something the model
+    cannot honour. ``lora_weights`` adds the adapter's weights and config to its task id.
+    """
+    params = request.params
+    tensors = [
+        WireTensor("text_input", "BYTES", np.array([[request.prompt.encode()]], dtype=object)),
+        _scalar(model.inputs.get("max_tokens"), "max_tokens", params.max_tokens, "INT32"),
+    ]
+    for field_name, names in _SAMPLING_INPUTS:
+        value = getattr(params, field_name)
+        if value is None:
+            continue
+        spec = model.first_input(*names)
+        if spec is None:
+            raise InvalidRequest(f"this model does not support '{field_name}'", param=field_name)
+        tensors.append(_scalar(spec, field_name, value))
+    if params.stop:
+        if not model.has("stop_words"):
+            raise InvalidRequest("this model does not support stop sequences", param="stop")
+        words = np.array([[word.encode() for word in params.stop]], dtype=object)
+        tensors.append(WireTensor("stop_words", "BYTES", words))
+    if params.logprobs:
+        if not model.supports_logprobs:
+            raise InvalidRequest("this model does not return log probabilities", param="logprobs")
+        tensors.append(_flag("return_log_probs", True))
+    tensors.extend(_flags(request, model))
+    if request.lora is not None:
+        tensors.extend(lora_inputs(request.lora, model, with_weights=lora_weights))
+    return [_unbatched(tensor) for tensor in tensors] if model.max_batch_size == 0 else tensors
+
+
+def requested_outputs(request: GenerationRequest, model: ModelInputs) -> list[str]:
+    """The outputs to ask for: text, counts the model reports, log probs when wanted."""
+    names = ["text_output"]
+    if model.reports_input_tokens:
+        names.append("num_input_tokens")
+    if model.reports_output_tokens:
+        names.append("num_output_tokens")
+    if request.params.logprobs and model.supports_logprobs:
+        names.append("output_log_probs")
+    return names
+
+
+def stop_request_inputs() -> list[WireTensor]:
+    """The inputs of a stop request to ``tensorrt_llm`` (sent with the running request's id)."""
+    return [
+        _flag("stop", True),
+        WireTensor("input_ids", "INT32", np.array([[0]], dtype=np.int32)),
+        WireTensor("input_lengths", "INT32", np.array([[0]], dtype=np.int32)),
+        WireTensor("request_output_len", "INT32", np.array([[0]], dtype=np.int32)),
+    ]
+
+
+def lora_inputs(
+    adapter: LoraAdapter, model: ModelInputs, *, with_weights: bool
+) -> list[WireTensor]:
+    """``lora_task_id``, plus the weights and config in the dtype and columns the model wants."""
+    task = model.inputs.get("lora_task_id")
+    if task is None:
+        raise InvalidRequest("this deployment does not serve LoRA adapters", param="model")
+    tensors = [_scalar(task, "model", adapter.task_id)]
+    if not with_weights or adapter.weights is None or adapter.config is None:
+        return tensors
+    weights_spec = model.inputs.get("lora_weights")
+    columns = model.lora_config_columns
+    if weights_spec is None or columns is None:
+        raise InvalidRequest("this deployment does not accept LoRA weights", param="model")
+    tensors.append(_lora_weights(adapter, weights_spec))
+    tensors.append(WireTensor("lora_config", "INT32", _lora_config(adapter, columns)))
+    return tensors
+
+
+def _flags(request: GenerationRequest, model: ModelInputs) -> list[WireTensor]:
+    flags = []
+    if model.has("stream"):
+        flags.append(_flag("stream", streams(request, model)))
+    if model.has("exclude_input_in_output"):
+        flags.append(_flag("exclude_input_in_output", True))
+    if model.reports_input_tokens:
+        flags.append(_flag("return_num_input_tokens", True))
+    if model.reports_output_tokens:
+        flags.append(_flag("return_num_output_tokens", True))
+    return flags
+
+
+def _flag(name: str, value: bool) -> WireTensor:
+    return WireTensor(name, "BOOL", np.array([[value]], dtype=np.bool_))
+
+
+def _scalar(spec: TensorSpec | None, param: str, value: float, default: str = "FP32") -> WireTensor:
+    """A ``[1, 1]`` tensor of the declared dtype; integers must fit it."""
+    name = spec.name if spec is not None else param
+    datatype = spec.datatype if spec is not None else default
+    numpy_type = _NUMPY_TYPES.get(datatype)
+    if numpy_type is None:
+        raise InvalidRequest(f"input '{name}' has unsupported datatype {datatype}", param=param)
+    if issubclass(numpy_type, np.integer):
+        limits = np.iinfo(numpy_type)
+        if int(value) != value or not limits.min <= value <= limits.max:
+            raise InvalidRequest(
+                f"'{param}' must be an integer in [{limits.min}, {limits.max}]", param=param
+            )
+        value = int(value)
+    return WireTensor(name, datatype, np.array([[value]], dtype=numpy_type))
+
+
+def _lora_weights(adapter: LoraAdapter, spec: TensorSpec) -> WireTensor:
+    weights = _with_batch(np.asarray(adapter.weights), 2)
+    if spec.datatype == "BF16":
+        return WireTensor(spec.name, "BF16", _bfloat16_bits(weights))
+    numpy_type = _NUMPY_TYPES.get(spec.datatype)
+    if numpy_type is None or not np.issubdtype(numpy_type, np.floating):
+        raise InvalidRequest(f"unsupported lora_weights datatype {spec.datatype}", param="model")
+    return WireTensor(spec.name, spec.datatype, weights.astype(numpy_type, copy=False))
+
+
+def _lora_config(adapter: LoraAdapter, columns: int) -> Array:
+    """Rows ``[module_id, layer_idx, adapter_size(, is_dora)]`` with the model's column count."""
+    config = _with_batch(np.asarray(adapter.config), 2).astype(np.int32, copy=False)
+    have = config.shape[-1]
+    if have == columns:
+        return config
+    if have == 3 and columns == 4:
+        return np.concatenate([config, np.zeros((*config.shape[:-1], 1), np.int32)], axis=-1)
+    if have == 4 and columns == 3 and not config[..., 3].any():
+        return np.ascontiguousarray(config[..., :3])
+    raise InvalidRequest(
+        f"adapter '{adapter.name}' has {have}-column lora_config, the model takes {columns}"
+        + (" (DoRA adapters need 4)" if have == 4 else ""),
+        param="model",
+    )
+
+
+def _with_batch(array: Array, ndim: int) -> Array:
+    """Add the leading batch dim to a 2-D adapter array (``.npy`` files usually carry it)."""
+    if array.ndim == ndim:
+        return array[np.newaxis]
+    if array.ndim == ndim + 1 and array.shape[0] == 1:
+        return array
+    raise InvalidRequest(f"LoRA array of shape {array.shape} is not [1, rows, cols]", param="model")
+
+
+def _bfloat16_bits(array: Array) -> Array:
+    """bfloat16 as uint16 bits: kept as is when already bfloat16, else rounded to nearest even."""
+    if array.dtype.name == "bfloat16":
+        return array.view(np.uint16)
+    bits = np.ascontiguousarray(array, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+    return rounded.astype(np.uint16)
+
+
+def _unbatched(tensor: WireTensor) -> WireTensor:
+    """Drop the leading batch dim for a model with ``max_batch_size: 0``."""
+    return WireTensor(tensor.name, tensor.datatype, tensor.array[0])

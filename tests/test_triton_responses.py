@@ -1,0 +1,152 @@
+"""Response translation: Triton outputs to text deltas, token counts and log probs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from adapters.contract import TokenChunk
+from adapters.triton.responses import ResponseDecoder, merge_chunks
+
+
+def text(value: bytes) -> np.ndarray[Any, Any]:
+    return np.array([[value]], dtype=object)
+
+
+def count(value: int) -> np.ndarray[Any, Any]:
+    return np.array([[value]], dtype=np.int32)
+
+
+def texts(decoder: ResponseDecoder, pieces: list[bytes]) -> list[str]:
+    chunks = [decoder.decode({"text_output": text(p)}) for p in pieces]
+    return [chunk.text for chunk in chunks] + [decoder.finish().text]
+
+
+EURO = "€".encode()  # three bytes
+
+
+@pytest.mark.parametrize(
+    ("pieces", "expected"),
+    [
+        ([b"Hello", b" world"], ["Hello", " world", ""]),
+        ([b"a" + EURO[:1], EURO[1:2], EURO[2:] + b"b"], ["a", "", "€b", ""]),
+        ([b"x" + EURO[:2]], ["x", "\ufffd"]),
+        ([b"", b"\xf0\x9f", b"\x98\x80!"], ["", "", "😀!", ""]),
+    ],
+    ids=["ascii", "split-char", "dangling-at-end", "split-emoji"],
+)
+def test_deltas_decode_characters_split_across_responses(
+    pieces: list[bytes], expected: list[str]
+) -> None:
+    assert texts(ResponseDecoder(), pieces) == expected
+
+
+@pytest.mark.parametrize(
+    ("pieces", "expected"),
+    [
+        ([b"He", b"Hello", b"Hello wo", b"Hello world"], ["He", "llo", " wo", "rld", ""]),
+        ([b"a" + EURO[:1], b"a" + EURO, b"a" + EURO + b"!"], ["a", "€", "!", ""]),
+        ([b"Hi", b"Hi", b"Hi there"], ["Hi", "", " there", ""]),
+        ([b"Hello ", b"Hello!", b"Hello!!"], ["Hello ", "!", "!", ""]),
+    ],
+    ids=["growing", "split-char", "repeat", "rewritten"],
+)
+def test_cumulative_text_is_diffed(pieces: list[bytes], expected: list[str]) -> None:
+    assert texts(ResponseDecoder(cumulative=True), pieces) == expected
+
+
+def test_cumulative_final_response_without_text_keeps_the_state() -> None:
+    decoder = ResponseDecoder(cumulative=True)
+
+    assert decoder.decode({"text_output": text(b"abc")}).text == "abc"
+    assert decoder.decode({}, final=False).text == ""
+    assert decoder.decode({"text_output": text(b"abcd")}, final=True).text == "d"
+
+
+def test_streamed_counts_are_per_chunk() -> None:
+    decoder = ResponseDecoder(reports_counts=True)
+    outputs = [
+        {"text_output": text(b"a"), "num_output_tokens": count(2), "num_input_tokens": count(9)},
+        {"text_output": text(b"b"), "num_output_tokens": count(1), "num_input_tokens": count(9)},
+        {},
+    ]
+    chunks = [decoder.decode(o, final=i == 2) for i, o in enumerate(outputs)]
+
+    assert chunks == [
+        TokenChunk("a", 2, prompt_tokens=9),
+        TokenChunk("b", 1, prompt_tokens=9),
+        TokenChunk("", 0, final=True),
+    ]
+
+
+def test_counts_are_none_when_the_deployment_lacks_them() -> None:
+    chunk = ResponseDecoder(reports_counts=False).decode({"text_output": text(b"a")}, final=True)
+
+    assert chunk == TokenChunk("a", None, prompt_tokens=None, final=True)
+
+
+def test_non_streamed_total() -> None:
+    chunk = ResponseDecoder().decode(
+        {"text_output": text(b"The end."), "num_output_tokens": count(3)}, final=True
+    )
+
+    assert (chunk.text, chunk.token_count, chunk.final) == ("The end.", 3, True)
+
+
+@pytest.mark.parametrize(
+    ("array", "tokens", "expected"),
+    [
+        (np.array([[[-0.5, -1.25]]], dtype=np.float32), 2, (-0.5, -1.25)),
+        (np.array([[-0.5, -1.25, 0.0]], dtype=np.float32), 2, (-0.5, -1.25)),
+        (np.array([[[-0.5], [-9.0]]], dtype=np.float32), 1, (-0.5,)),
+        (np.zeros((1, 1, 0), dtype=np.float32), 0, ()),
+    ],
+    ids=["beam-layout", "padded", "two-beams", "empty"],
+)
+def test_logprobs_of_the_first_sequence(
+    array: np.ndarray[Any, Any], tokens: int, expected: tuple[float, ...]
+) -> None:
+    chunk = ResponseDecoder().decode(
+        {"text_output": text(b"x"), "num_output_tokens": count(tokens), "output_log_probs": array}
+    )
+
+    assert chunk.logprobs == expected
+
+
+@pytest.mark.parametrize(
+    ("response", "expected"),
+    [("Tell me. Sure!", " Sure!"), ("Sure!", "Sure!"), ("", "")],
+)
+def test_echoed_prompt_is_stripped(response: str, expected: str) -> None:
+    decoder = ResponseDecoder(echo_prefix="Tell me.")
+
+    assert decoder.decode({"text_output": text(response.encode())}, final=True).text == expected
+
+
+def test_echo_is_stripped_once() -> None:
+    decoder = ResponseDecoder(echo_prefix="ab")
+
+    assert [decoder.decode({"text_output": text(b"ab")}).text,
+            decoder.decode({"text_output": text(b"abab")}).text] == ["", "abab"]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("chunks", "expected"),
+    [
+        ([TokenChunk("abc", 3, prompt_tokens=5, logprobs=(-1.0, -2.0, -3.0)),
+          TokenChunk("", 0, final=True)],
+         TokenChunk("abc", 3, prompt_tokens=5, logprobs=(-1.0, -2.0, -3.0), final=True)),
+        ([TokenChunk("a", None), TokenChunk("b", None, final=True)],
+         TokenChunk("ab", None, final=True)),
+        ([TokenChunk("a", 1, logprobs=(-1.0,)), TokenChunk("b", 2, prompt_tokens=4,
+                                                            logprobs=(-2.0, -3.0))],
+         TokenChunk("ab", 3, prompt_tokens=4, logprobs=(-1.0, -2.0, -3.0), final=True)),
+    ],
+    ids=["data-then-empty-final", "uncounted", "split"],
+)  # fmt: skip
+def test_non_streamed_responses_merge_into_one_final_chunk(
+    chunks: list[TokenChunk], expected: TokenChunk
+) -> None:
+    assert merge_chunks(chunks) == expected

@@ -1,0 +1,80 @@
+"""Settings of the engine's Triton model, read from the parameters of its config.pbtxt."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from deploy.engine.types import EngineConfig, EngineError
+
+_TRUE = frozenset({"1", "true", "yes", "on"})
+_FALSE = frozenset({"0", "false", "no", "off"})
+
+
+@dataclass(frozen=True)
+class ModelSettings:
+    """Engine configuration plus the Triton-side behaviour of the model."""
+
+    engine: EngineConfig
+    exclude_input_in_output: bool = False
+    cancellation_check_period_ms: int = 100
+
+
+def parameter(model_config: Mapping[str, Any], key: str) -> str | None:
+    """The value of a config parameter; None when missing, empty or an unfilled `${...}`."""
+    entry = model_config.get("parameters", {}).get(key)
+    if entry is None:
+        return None
+    value = str(entry.get("string_value", "")).strip()
+    if not value or (value.startswith("${") and value.endswith("}")):
+        return None
+    return value
+
+
+def _int(model_config: Mapping[str, Any], key: str, default: int | None) -> int | None:
+    value = parameter(model_config, key)
+    if value is None:
+        return default
+    try:
+        return int(value)
+    except ValueError as exc:
+        raise EngineError(f"parameter {key} must be an integer, got {value!r}") from exc
+
+
+def _bool(model_config: Mapping[str, Any], key: str, default: bool) -> bool:
+    value = parameter(model_config, key)
+    if value is None:
+        return default
+    if value.lower() in _TRUE:
+        return True
+    if value.lower() in _FALSE:
+        return False
+    raise EngineError(f"parameter {key} must be true or false, got {value!r}")
+
+
+def settings_from_model_config(model_config: Mapping[str, Any]) -> ModelSettings:
+    """Read `gpt_model_path`, `torch_*`, `max_beam_width` and the Triton-side parameters."""
+    model_path = parameter(model_config, "gpt_model_path")
+    if model_path is None:
+        raise EngineError("parameter gpt_model_path (a Hugging Face model folder or id) is unset")
+    beam_width = _int(model_config, "max_beam_width", 1)
+    if beam_width != 1:
+        raise EngineError(f"max_beam_width {beam_width} is not supported: the torch engine has 1")
+    max_batch_size = _int(model_config, "torch_max_batch_size", 16)
+    if max_batch_size is None or max_batch_size < 1:
+        raise EngineError("parameter torch_max_batch_size must be at least 1")
+    engine = EngineConfig(
+        model_path=model_path,
+        device=parameter(model_config, "torch_device") or "cpu",
+        dtype=parameter(model_config, "torch_dtype") or "auto",
+        max_batch_size=max_batch_size,
+        max_seq_len=_int(model_config, "torch_max_seq_len", None),
+        num_threads=_int(model_config, "torch_num_threads", None),
+    )
+    period = _int(model_config, "cancellation_check_period_ms", 100) or 100
+    return ModelSettings(
+        engine=engine,
+        exclude_input_in_output=_bool(model_config, "exclude_input_in_output", False),
+        cancellation_check_period_ms=max(1, period),
+    )

@@ -1,0 +1,132 @@
+"""Loads a Hugging Face causal LM and runs its prefill and batched decode forward passes."""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from transformers import AutoModelForCausalLM, DynamicCache
+from transformers.utils import logging as hf_logging
+
+from deploy.engine.kvcache import BatchKVCache
+from deploy.engine.types import EngineConfig, EngineError, TokenIds
+
+logger = logging.getLogger(__name__)
+
+_DTYPES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+    "half": torch.float16,
+}
+_DEFAULT_CPU_THREADS = 4
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    """The dtype named by `torch_dtype`; "auto" is float32 on CPU, bfloat16 (or float16) on CUDA."""
+    key = name.strip().lower()
+    if key == "auto":
+        if device.type != "cuda":
+            return torch.float32
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    if key not in _DTYPES:
+        raise EngineError(f"torch_dtype {name!r} is not one of auto, {', '.join(_DTYPES)}")
+    return _DTYPES[key]
+
+
+def configure_threads(device: torch.device, num_threads: int | None) -> int:
+    """Bound torch's CPU thread pool; returns the thread count.
+
+    torch defaults to one thread per core, which inside a sidecar competes with tritonserver,
+    the other stub processes and the client: intra-op barriers then stall on descheduled
+    threads (a 10x slowdown was measured on 2 cores). The default takes half the cores, at
+    most 4, and 1 when the model runs on a GPU.
+    """
+    if num_threads is None:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
+        limit = _DEFAULT_CPU_THREADS if device.type == "cpu" else 1
+        num_threads = max(1, min(limit, cores // 2))
+    torch.set_num_threads(num_threads)
+    try:
+        torch.set_num_interop_threads(1)
+    except RuntimeError:
+        logger.debug("torch inter-op pool already started; left as is")
+    return num_threads
+
+
+def _token_ids(value: Any) -> TokenIds:
+    if value is None:
+        return ()
+    if isinstance(value, int):
+        return (value,)
+    return tuple(int(v) for v in value)
+
+
+class ModelRunner:
+    """Forward passes of one causal LM: single-sequence prefill and batched one-token decode."""
+
+    def __init__(self, model: Any, device: torch.device) -> None:
+        self.model = model
+        self.device = device
+        text_config = model.config.get_text_config()
+        self.vocab_size = int(text_config.vocab_size)
+        max_positions = getattr(text_config, "max_position_embeddings", None)
+        self.max_positions: int | None = int(max_positions) if max_positions else None
+        generation = getattr(model, "generation_config", None)
+        eos = getattr(generation, "eos_token_id", None)
+        self.default_end_ids = _token_ids(eos if eos is not None else text_config.eos_token_id)
+        self.suppress_tokens = _token_ids(getattr(generation, "suppress_tokens", None))
+        self.begin_suppress_tokens = _token_ids(getattr(generation, "begin_suppress_tokens", None))
+        self._keep_last_logits = "logits_to_keep" in inspect.signature(model.forward).parameters
+
+    @classmethod
+    def load(cls, config: EngineConfig) -> ModelRunner:
+        """Load `config.model_path` (local folder or hub id) onto the configured device."""
+        device = torch.device(config.device)
+        threads = configure_threads(device, config.num_threads)
+        dtype = resolve_dtype(config.dtype, device)
+        hf_logging.disable_progress_bar()
+        model = AutoModelForCausalLM.from_pretrained(config.model_path, dtype=dtype)
+        model = model.to(device).eval()
+        if device.type == "cuda":
+            # cuDNN attention rebuilds its graph whenever the KV length changes, i.e. on every
+            # decode step (15 ms of CPU each, measured on an H200); flash/efficient kernels don't.
+            torch.backends.cuda.enable_cudnn_sdp(False)
+        logger.info(
+            "loaded %s on %s as %s (%d CPU threads)",
+            config.model_path,
+            device,
+            model.dtype,
+            threads,
+        )
+        return cls(model, device)
+
+    def prefill(self, input_ids: Sequence[int]) -> tuple[torch.Tensor, DynamicCache]:
+        """Run the prompt; returns the next-token logits [vocab] (float32) and its KV cache."""
+        ids = torch.tensor([list(input_ids)], dtype=torch.long, device=self.device)
+        cache = DynamicCache()
+        extra = {"logits_to_keep": 1} if self._keep_last_logits else {}
+        with torch.inference_mode():
+            out = self.model(input_ids=ids, past_key_values=cache, use_cache=True, **extra)
+        return out.logits[0, -1, :].float(), cache
+
+    def decode(self, tokens: Sequence[int], kv: BatchKVCache) -> torch.Tensor:
+        """Feed one token per row; returns next-token logits [rows, vocab] (float32)."""
+        mask, positions = kv.step_inputs()
+        ids = torch.tensor(list(tokens), dtype=torch.long, device=self.device).unsqueeze(1)
+        with torch.inference_mode():
+            out = self.model(
+                input_ids=ids,
+                attention_mask=mask,
+                position_ids=positions,
+                past_key_values=kv.cache,
+                use_cache=True,
+            )
+        return out.logits[:, -1, :].float()

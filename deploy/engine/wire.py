@@ -1,0 +1,248 @@
+"""Translation between the `tensorrt_llm` model's Triton tensors and engine requests and outputs."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import numpy as np
+import numpy.typing as npt
+
+from deploy.engine.types import (
+    EngineError,
+    GenerationRequest,
+    SamplingParams,
+    SequenceOutput,
+    TokenIds,
+    WordList,
+)
+
+logger = logging.getLogger(__name__)
+
+Inputs = Mapping[str, npt.NDArray[Any]]
+T = TypeVar("T")
+
+LORA_ERROR = "LoRA adapters are not supported by the torch engine"
+_LORA_INPUTS = ("lora_task_id", "lora_weights", "lora_config")
+_UNSUPPORTED_INPUTS = {
+    "encoder_input_features": "encoder-decoder models",
+    "decoder_input_ids": "encoder-decoder models",
+    "prompt_embedding_table": "prompt tuning",
+    "draft_input_ids": "speculative decoding",
+    "draft_logits": "speculative decoding",
+    "guided_decoding_guide_type": "guided decoding",
+    "guided_decoding_guide": "guided decoding",
+    "context_phase_params": "disaggregated serving",
+    "cross_attention_mask": "multimodal models",
+    "mrope_rotary_cos_sin": "multimodal models",
+}
+_UNSUPPORTED_FLAGS = {
+    "return_context_logits": "context logits",
+    "return_generation_logits": "generation logits",
+}
+
+
+@dataclass(frozen=True)
+class ItemContext:
+    """What shapes the responses of one batch item of a Triton request."""
+
+    batch_index: int
+    prompt: npt.NDArray[np.int32]
+    streaming: bool
+    exclude_input: bool
+    return_log_probs: bool
+    return_num_input_tokens: bool
+    return_num_output_tokens: bool
+
+
+def _present(array: npt.NDArray[Any] | None) -> bool:
+    if array is None or array.size == 0:
+        return False
+    if array.dtype == object:
+        return any(bool(value) for value in array.flat)
+    return True
+
+
+def _row(inputs: Inputs, name: str, item: int) -> npt.NDArray[Any] | None:
+    array = inputs.get(name)
+    if array is None or array.size == 0:
+        return None
+    rows: npt.NDArray[Any] = np.asarray(array).reshape(array.shape[0] if array.ndim else 1, -1)
+    row: npt.NDArray[Any] = rows[min(item, rows.shape[0] - 1)]
+    return row
+
+
+def _scalar(
+    inputs: Inputs, names: tuple[str, ...], item: int, cast: Callable[[Any], T]
+) -> T | None:
+    for name in names:
+        row = _row(inputs, name, item)
+        if row is not None and row.size:
+            return cast(row[0].item())
+    return None
+
+
+def _flag(inputs: Inputs, name: str, item: int, default: bool = False) -> bool:
+    value = _scalar(inputs, (name,), item, bool)
+    return default if value is None else value
+
+
+def parse_word_list(array: npt.NDArray[Any] | None) -> WordList:
+    """Decode a [2, K] word list: row 0 flat token ids, row 1 end offsets padded with -1."""
+    if array is None or array.size == 0:
+        return ()
+    table = np.asarray(array).reshape(2, -1)
+    ids, offsets = table[0].tolist(), table[1].tolist()
+    words: list[TokenIds] = []
+    start = 0
+    for end in offsets:
+        if end < 0:
+            break
+        if not start <= end <= len(ids):
+            raise EngineError("invalid word list: offsets must grow and stay within the ids")
+        if end > start:
+            words.append(tuple(int(t) for t in ids[start:end]))
+        start = end
+    return tuple(words)
+
+
+def is_stop_request(inputs: Inputs) -> bool:
+    """Whether this is a stop request (`stop` true) for a running request of the same id."""
+    return _flag(inputs, "stop", 0)
+
+
+def batch_size(inputs: Inputs) -> int:
+    """The number of batch items in a request."""
+    ids = inputs.get("input_ids")
+    if ids is None:
+        raise EngineError("input_ids is required")
+    return int(ids.shape[0]) if ids.ndim > 1 else 1
+
+
+def check_supported(inputs: Inputs) -> None:
+    """Reject features the torch engine does not implement, instead of ignoring them."""
+    if any(_present(inputs.get(name)) for name in _LORA_INPUTS):
+        raise EngineError(LORA_ERROR)
+    for name, feature in _UNSUPPORTED_INPUTS.items():
+        if _present(inputs.get(name)):
+            raise EngineError(f"{feature} ({name}) is not supported by the torch engine")
+    for item in range(batch_size(inputs)):
+        beam_width = _scalar(inputs, ("beam_width",), item, int)
+        if beam_width not in (None, 1):
+            raise EngineError(f"beam_width {beam_width} is not supported: the torch engine has 1")
+        for name, feature in _UNSUPPORTED_FLAGS.items():
+            if _flag(inputs, name, item):
+                raise EngineError(f"{feature} ({name}) are not supported by the torch engine")
+
+
+def _prompt(inputs: Inputs, item: int) -> npt.NDArray[np.int32]:
+    ids = np.asarray(inputs["input_ids"])
+    row: npt.NDArray[np.int32] = ids.reshape(ids.shape[0] if ids.ndim > 1 else 1, -1)[item]
+    row = row.astype(np.int32)
+    length = _scalar(inputs, ("input_lengths",), item, int)
+    if length is None:
+        return row
+    if not 0 <= length <= row.size:
+        raise EngineError(f"input_lengths {length} does not fit input_ids of length {row.size}")
+    return row[:length]
+
+
+def _sampling(inputs: Inputs, item: int) -> SamplingParams:
+    def get(names: tuple[str, ...], cast: Callable[[Any], T], default: T) -> T:
+        value = _scalar(inputs, names, item, cast)
+        return default if value is None else value
+
+    top_p = get(("runtime_top_p",), float, 0.0)
+    return SamplingParams(
+        temperature=get(("temperature",), float, 1.0),
+        top_k=get(("runtime_top_k",), int, 0),
+        top_p=top_p if top_p > 0 else 0.0,
+        repetition_penalty=get(("repetition_penalty",), float, 1.0),
+        presence_penalty=get(("presence_penalty",), float, 0.0),
+        frequency_penalty=get(("frequency_penalty",), float, 0.0),
+        min_tokens=get(("min_tokens", "min_length"), int, 1),
+        seed=get(("seed", "random_seed"), int, 0),
+    )
+
+
+def _end_ids(inputs: Inputs, item: int) -> TokenIds | None:
+    end_id = _scalar(inputs, ("end_id",), item, int)
+    if end_id is None:
+        return None
+    return (end_id,) if end_id >= 0 else ()
+
+
+def parse_items(
+    inputs: Inputs, *, id_prefix: str, exclude_input_default: bool
+) -> list[tuple[GenerationRequest, ItemContext]]:
+    """Engine requests (ids `<id_prefix>/<item>`) and response contexts, one per batch item."""
+    check_supported(inputs)
+    items = []
+    for item in range(batch_size(inputs)):
+        output_len = _scalar(inputs, ("request_output_len",), item, int)
+        if output_len is None:
+            raise EngineError("request_output_len is required")
+        prompt = _prompt(inputs, item)
+        bias = _row(inputs, "embedding_bias", item)
+        request = GenerationRequest(
+            request_id=f"{id_prefix}/{item}",
+            input_ids=tuple(int(t) for t in prompt),
+            max_new_tokens=output_len,
+            sampling=_sampling(inputs, item),
+            end_ids=_end_ids(inputs, item),
+            stop_words=parse_word_list(_row(inputs, "stop_words_list", item)),
+            bad_words=parse_word_list(_row(inputs, "bad_words_list", item)),
+            embedding_bias=None if bias is None else bias.astype(np.float32),
+            streaming=_flag(inputs, "streaming", item),
+            num_return_sequences=_scalar(inputs, ("num_return_sequences",), item, int) or 1,
+            return_log_probs=_flag(inputs, "return_log_probs", item),
+        )
+        context = ItemContext(
+            batch_index=item,
+            prompt=prompt,
+            streaming=request.streaming,
+            exclude_input=_flag(inputs, "exclude_input_in_output", item, exclude_input_default),
+            return_log_probs=request.return_log_probs,
+            return_num_input_tokens=_flag(inputs, "return_num_input_tokens", item),
+            return_num_output_tokens=_flag(inputs, "return_num_output_tokens", item),
+        )
+        items.append((request, context))
+    return items
+
+
+def _cell(value: float, dtype: type[np.generic]) -> npt.NDArray[Any]:
+    return np.array([[value]], dtype=dtype)
+
+
+def response_tensors(
+    output: SequenceOutput, context: ItemContext, requested: Collection[str]
+) -> dict[str, npt.NDArray[Any]]:
+    """The output tensors of one response, limited to the `requested` names.
+
+    Streaming responses carry only new tokens; a non-streaming response carries the prompt too
+    unless `exclude_input_in_output`. Log-prob outputs are zero placeholders (as the stock
+    Python backend sends) when `return_log_probs` is false.
+    """
+    ids = output.token_ids.astype(np.int32)
+    if not context.streaming and not context.exclude_input:
+        ids = np.concatenate([context.prompt, ids]).astype(np.int32)
+    log_probs = output.log_probs if output.log_probs is not None else np.zeros(0, np.float32)
+    tensors: dict[str, npt.NDArray[Any]] = {
+        "output_ids": ids.reshape(1, 1, -1),
+        "sequence_length": _cell(ids.size, np.int32),
+        "batch_index": _cell(context.batch_index, np.int32),
+        "sequence_index": _cell(output.sequence_index, np.int32),
+    }
+    if context.return_log_probs:
+        tensors["cum_log_probs"] = _cell(output.cum_log_prob, np.float32)
+        tensors["output_log_probs"] = log_probs.astype(np.float32).reshape(1, 1, -1)
+    else:
+        tensors["cum_log_probs"] = np.zeros((1, 1), np.float32)
+        tensors["output_log_probs"] = np.zeros((1, 1, 1), np.float32)
+    if context.return_num_input_tokens:
+        tensors["num_input_tokens"] = _cell(context.prompt.size, np.int32)
+    if context.return_num_output_tokens:
+        tensors["num_output_tokens"] = _cell(ids.size, np.int32)
+    return {name: value for name, value in tensors.items() if name in requested}

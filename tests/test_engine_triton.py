@@ -1,0 +1,297 @@
+"""The torch engine's `tensorrt_llm` model inside a real tritonserver, over gRPC streaming."""
+
+from __future__ import annotations
+
+import itertools
+import queue
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+import tritonclient.grpc as grpcclient
+
+from deploy.supervisor import Sidecar
+
+pytestmark = pytest.mark.slow
+
+MODEL = "tiny_tensorrt_llm"
+TIMEOUT_S = 120.0
+PROMPT = (634, 619, 510, 592, 20)
+TRITON_DTYPES = {
+    np.int32: "INT32",
+    np.uint64: "UINT64",
+    np.float32: "FP32",
+    np.float16: "FP16",
+    np.bool_: "BOOL",
+}
+_ids = itertools.count()
+
+
+def _inputs(values: dict[str, Any]) -> list[grpcclient.InferInput]:
+    tensors = []
+    for name, value in values.items():
+        array = np.asarray(value)
+        tensor = grpcclient.InferInput(name, list(array.shape), TRITON_DTYPES[array.dtype.type])
+        tensor.set_data_from_numpy(array)
+        tensors.append(tensor)
+    return tensors
+
+
+class Stream:
+    """A gRPC stream carrying one request to the engine model, read response by response."""
+
+    def __init__(
+        self, server: Sidecar, values: dict[str, Any], request_id: str | None = None
+    ) -> None:
+        self.request_id = f"engine-test-{next(_ids)}" if request_id is None else request_id
+        self.responses: queue.Queue[tuple[Any, Any]] = queue.Queue()
+        self.client = grpcclient.InferenceServerClient(server.grpc_url)
+        self.client.start_stream(callback=lambda result, error: self.responses.put((result, error)))
+        self.client.async_stream_infer(
+            MODEL,
+            _inputs(values),
+            request_id=self.request_id,
+            enable_empty_final_response=True,
+        )
+
+    def next(self) -> tuple[dict[str, Any], bool]:
+        result, error = self.responses.get(timeout=TIMEOUT_S)
+        if error is not None:
+            raise RuntimeError(str(error))
+        response = result.get_response()
+        final = response.parameters["triton_final_response"].bool_param
+        return {out.name: result.as_numpy(out.name) for out in response.outputs}, final
+
+    def collect(self) -> list[tuple[dict[str, Any], bool]]:
+        """Every response up to and including the final one."""
+        responses = []
+        while True:
+            outputs, final = self.next()
+            responses.append((outputs, final))
+            if final:
+                self.close()
+                return responses
+
+    def error(self) -> str:
+        """The error the request ended with."""
+        try:
+            while True:
+                self.next()
+        except RuntimeError as exc:
+            self.close()
+            return str(exc)
+
+    def close(self, *, cancel: bool = False) -> None:
+        self.client.stop_stream(cancel_requests=cancel)
+        self.client.close()
+
+
+def request(max_new: int = 16, prompt: tuple[int, ...] = PROMPT, **extra: Any) -> dict[str, Any]:
+    values: dict[str, Any] = {
+        "input_ids": np.array([prompt], np.int32),
+        "input_lengths": np.array([[len(prompt)]], np.int32),
+        "request_output_len": np.array([[max_new]], np.int32),
+    }
+    for name, value in extra.items():
+        if isinstance(value, bool):
+            values[name] = np.array([[value]])
+        elif isinstance(value, float):
+            values[name] = np.array([[value]], np.float32)
+        else:
+            values[name] = value if isinstance(value, np.ndarray) else np.array([[value]], np.int32)
+    return values
+
+
+def tokens_of(responses: list[tuple[dict[str, Any], bool]], index: int | None = None) -> list[int]:
+    out: list[int] = []
+    for outputs, _ in responses:
+        if "output_ids" not in outputs:
+            continue
+        if index is not None and int(outputs["sequence_index"][0, 0]) != index:
+            continue
+        out.extend(outputs["output_ids"].reshape(-1).tolist())
+    return out
+
+
+@pytest.fixture(scope="module")
+def greedy(tiny_model_dir: Path) -> Any:
+    """Greedy continuations computed by transformers' `generate`."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
+    eos = model.generation_config.eos_token_id
+
+    def continuation(prompt: tuple[int, ...], max_new: int, stop_at_eos: bool = True) -> list[int]:
+        with torch.no_grad():
+            out = model.generate(
+                torch.tensor([prompt]),
+                attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                do_sample=False,
+                max_new_tokens=max_new,
+                eos_token_id=eos if stop_at_eos else None,
+            )
+        tokens: list[int] = out[0, len(prompt) :].tolist()
+        return tokens[: tokens.index(eos)] if stop_at_eos and eos in tokens else tokens
+
+    return continuation
+
+
+def test_non_streamed_output_is_the_prompt_plus_the_greedy_continuation(
+    sidecar: Sidecar, greedy: Any
+) -> None:
+    responses = Stream(sidecar, request(16)).collect()
+    assert len(responses) == 1
+    outputs, final = responses[0]
+    assert final
+    expected = [*PROMPT, *greedy(PROMPT, 16)]
+    assert outputs["output_ids"].tolist() == [[expected]]
+    assert outputs["sequence_length"].tolist() == [[len(expected)]]
+
+
+def test_streamed_chunks_hold_one_new_token_each(sidecar: Sidecar, greedy: Any) -> None:
+    responses = Stream(sidecar, request(12, streaming=True, end_id=-1)).collect()
+    expected = greedy(PROMPT, 12, stop_at_eos=False)
+    assert [outputs["output_ids"].tolist() for outputs, _ in responses] == [
+        [[[t]]] for t in expected
+    ]
+    assert [final for _, final in responses] == [False] * 11 + [True]
+
+
+def test_end_id_ends_a_stream_with_an_empty_final_chunk(sidecar: Sidecar, greedy: Any) -> None:
+    full = greedy(PROMPT, 16, stop_at_eos=False)
+    at = next(i for i in range(2, len(full)) if full[i] not in full[:i])
+    responses = Stream(sidecar, request(16, streaming=True, end_id=full[at])).collect()
+    assert tokens_of(responses) == full[:at]
+    last, final = responses[-1]
+    assert final
+    assert last["output_ids"].shape == (1, 1, 0)
+
+
+def test_concurrent_streams_decode_as_they_would_alone(sidecar: Sidecar, greedy: Any) -> None:
+    prompts = [PROMPT[: 2 + i] for i in range(4)] + [PROMPT * 3, (5, 6, 7)]
+    streams = [Stream(sidecar, request(10 + i, p, streaming=True)) for i, p in enumerate(prompts)]
+    for i, (prompt, stream) in enumerate(zip(prompts, streams, strict=True)):
+        assert tokens_of(stream.collect()) == greedy(prompt, 10 + i)
+
+
+def test_log_probs_on_request(sidecar: Sidecar) -> None:
+    outputs, _ = Stream(
+        sidecar, request(6, return_log_probs=True, exclude_input_in_output=True, end_id=-1)
+    ).collect()[0]
+    log_probs = outputs["output_log_probs"].reshape(-1)
+    assert outputs["output_ids"].shape == (1, 1, 6)
+    assert log_probs.shape == (6,)
+    assert (log_probs <= 0).all()
+    assert float(outputs["cum_log_probs"][0, 0]) == pytest.approx(float(log_probs.sum()), abs=1e-3)
+
+
+def test_token_counts_when_the_config_declares_them(sidecar: Sidecar) -> None:
+    client = grpcclient.InferenceServerClient(sidecar.grpc_url)
+    config = client.get_model_config(MODEL, as_json=True)["config"]
+    client.close()
+    if "num_output_tokens" not in {o["name"] for o in config["output"]}:
+        pytest.skip("the rendered tensorrt_llm config has no num_input/num_output_tokens")
+    flags: dict[str, Any] = {"return_num_input_tokens": True, "return_num_output_tokens": True}
+    streamed = Stream(sidecar, request(5, streaming=True, end_id=-1, **flags)).collect()
+    assert [o["num_output_tokens"].tolist() for o, _ in streamed] == [[[1]]] * 5
+    assert {int(o["num_input_tokens"][0, 0]) for o, _ in streamed} == {len(PROMPT)}
+    whole, _ = Stream(sidecar, request(5, end_id=-1, **flags)).collect()[0]
+    assert whole["num_output_tokens"].tolist() == [[len(PROMPT) + 5]]
+
+
+def test_num_return_sequences_answer_once_per_sequence(sidecar: Sidecar) -> None:
+    values = request(
+        8,
+        num_return_sequences=3,
+        temperature=1.5,
+        runtime_top_p=1.0,
+        seed=np.array([[7]], np.uint64),
+        exclude_input_in_output=True,
+        end_id=-1,
+    )
+    responses = Stream(sidecar, values).collect()
+    assert sorted(int(o["sequence_index"][0, 0]) for o, _ in responses) == [0, 1, 2]
+    assert [final for _, final in responses] == [False, False, True]
+    samples = {tuple(tokens_of(responses, i)) for i in range(3)}
+    assert len(samples) == 3
+    again = Stream(sidecar, values).collect()
+    assert {tuple(tokens_of(again, i)) for i in range(3)} == samples
+
+
+def test_batch_items_answer_with_their_batch_index(sidecar: Sidecar, greedy: Any) -> None:
+    values = {
+        "input_ids": np.array([[*PROMPT], [5, 6, 7, 0, 0]], np.int32),
+        "input_lengths": np.array([[5], [3]], np.int32),
+        "request_output_len": np.array([[4], [6]], np.int32),
+        "exclude_input_in_output": np.array([[True], [True]]),
+    }
+    responses = Stream(sidecar, values).collect()
+    by_item = {
+        int(o["batch_index"][0, 0]): o["output_ids"].reshape(-1).tolist() for o, _ in responses
+    }
+    assert by_item == {0: greedy(PROMPT, 4), 1: greedy((5, 6, 7), 6)}
+    assert [final for _, final in responses] == [False, True]
+
+
+def _long_stream(sidecar: Sidecar) -> Stream:
+    stream = Stream(sidecar, request(3000, streaming=True, end_id=-1))
+    outputs, final = stream.next()
+    assert outputs["output_ids"].shape == (1, 1, 1)
+    assert not final
+    return stream
+
+
+def test_stop_request_ends_the_running_request(sidecar: Sidecar) -> None:
+    running = _long_stream(sidecar)
+    stop = {
+        "input_ids": np.array([[0]], np.int32),
+        "input_lengths": np.array([[0]], np.int32),
+        "request_output_len": np.array([[0]], np.int32),
+        "stop": np.array([[True]]),
+    }
+    answer = Stream(sidecar, stop, request_id=running.request_id).collect()
+    assert answer == [({}, True)]
+    rest = running.collect()
+    assert rest[-1][1]
+    assert len(tokens_of(rest)) < 2999
+
+
+def test_stop_request_without_an_id_is_an_error(sidecar: Sidecar) -> None:
+    stop = request(0, (0,), stop=True)
+    assert "request id must be provided" in Stream(sidecar, stop, request_id="").error()
+
+
+def test_client_cancellation_stops_generation(sidecar: Sidecar) -> None:
+    running = _long_stream(sidecar)
+    running.close(cancel=True)
+    line = f"request {running.request_id!r} cancelled by the client"
+    deadline = time.monotonic() + 10
+    while line not in sidecar.log_tail(400) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert line in sidecar.log_tail(400)
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ({"lora_task_id": np.array([[1]], np.uint64)}, "LoRA adapters are not supported"),
+        (
+            {
+                "lora_weights": np.ones((1, 2, 8), np.float16),
+                "lora_config": np.ones((1, 2, 3), np.int32),
+            },
+            "LoRA adapters are not supported by the torch engine",
+        ),
+        ({"beam_width": 2}, "beam_width 2 is not supported"),
+        ({"prompt": PROMPT * 1000}, "torch_max_seq_len"),
+    ],
+)
+def test_unsupported_requests_get_a_clear_error(
+    sidecar: Sidecar, extra: dict[str, Any], message: str
+) -> None:
+    prompt = extra.pop("prompt", PROMPT)
+    assert message in Stream(sidecar, request(4, prompt, **extra)).error()
+    assert Stream(sidecar, request(2)).collect()[-1][1]

@@ -1,0 +1,227 @@
+"""Pure translation between Triton tensors and engine types, and the model's config parameters."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import pytest
+
+from deploy.engine import EngineError, SamplingParams
+from deploy.engine.config import settings_from_model_config
+from deploy.engine.types import FinishReason, SequenceOutput
+from deploy.engine.wire import (
+    LORA_ERROR,
+    ItemContext,
+    is_stop_request,
+    parse_items,
+    parse_word_list,
+    response_tensors,
+)
+
+
+@pytest.mark.parametrize(
+    ("table", "words"),
+    [
+        ([[0], [-1]], ()),
+        ([[5, 6, 7], [1, 3, -1]], ((5,), (6, 7))),
+        ([[5, 6, 7, 0], [3, -1, -1, -1]], ((5, 6, 7),)),
+    ],
+)
+def test_parse_word_list(table: list[list[int]], words: tuple[tuple[int, ...], ...]) -> None:
+    assert parse_word_list(np.array([table], dtype=np.int32)[0]) == words
+
+
+def test_parse_word_list_rejects_offsets_beyond_the_ids() -> None:
+    with pytest.raises(EngineError):
+        parse_word_list(np.array([[5, 6], [3, -1]], dtype=np.int32))
+
+
+def _inputs(**extra: Any) -> dict[str, npt.NDArray[Any]]:
+    base: dict[str, npt.NDArray[Any]] = {
+        "input_ids": np.array([[5, 6, 7]], np.int32),
+        "input_lengths": np.array([[3]], np.int32),
+        "request_output_len": np.array([[4]], np.int32),
+    }
+    return base | {k: np.asarray(v) for k, v in extra.items()}
+
+
+def test_parse_items_defaults_and_old_input_names() -> None:
+    items = parse_items(
+        _inputs(
+            random_seed=np.array([[9]], np.uint64),
+            min_length=np.array([[3]], np.int32),
+            runtime_top_p=np.array([[0.0]], np.float32),
+            end_id=np.array([[-1]], np.int32),
+        ),
+        id_prefix="k",
+        exclude_input_default=True,
+    )
+    request, context = items[0]
+    assert request.request_id == "k/0"
+    assert request.input_ids == (5, 6, 7)
+    assert request.sampling == SamplingParams(seed=9, min_tokens=3)
+    assert request.end_ids == ()
+    assert context.exclude_input is True
+    assert context.streaming is False
+
+
+def test_parse_items_splits_a_batch_by_input_lengths() -> None:
+    inputs = {
+        "input_ids": np.array([[5, 6, 7], [8, 9, 0]], np.int32),
+        "input_lengths": np.array([[3], [2]], np.int32),
+        "request_output_len": np.array([[4], [2]], np.int32),
+        "temperature": np.array([[0.5], [0.0]], np.float32),
+        "stop_words_list": np.array([[[1, 2], [2, -1]], [[3, 0], [1, -1]]], np.int32),
+    }
+    (first, ctx0), (second, ctx1) = parse_items(inputs, id_prefix="x", exclude_input_default=False)
+    assert (first.input_ids, second.input_ids) == ((5, 6, 7), (8, 9))
+    assert (first.max_new_tokens, second.max_new_tokens) == (4, 2)
+    assert (first.sampling.temperature, second.sampling.temperature) == (0.5, 0.0)
+    assert (first.stop_words, second.stop_words) == (((1, 2),), ((3,),))
+    assert (ctx0.batch_index, ctx1.batch_index) == (0, 1)
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ({"lora_task_id": np.array([[3]], np.uint64)}, LORA_ERROR),
+        ({"lora_weights": np.ones((1, 2, 4), np.float16)}, LORA_ERROR),
+        ({"beam_width": np.array([[2]], np.int32)}, "beam_width 2 is not supported"),
+        ({"return_context_logits": np.array([[True]])}, "context logits"),
+        ({"draft_input_ids": np.array([[1, 2]], np.int32)}, "speculative decoding"),
+        ({"request_output_len": np.zeros((1, 0), np.int32)}, "request_output_len is required"),
+        ({"input_lengths": np.array([[9]], np.int32)}, "does not fit"),
+    ],
+)
+def test_parse_items_rejects_what_the_engine_cannot_do(extra: dict[str, Any], message: str) -> None:
+    with pytest.raises(EngineError, match=message):
+        parse_items(_inputs(**extra), id_prefix="k", exclude_input_default=False)
+
+
+def test_parse_items_accepts_beam_width_one_and_empty_embedding_bias() -> None:
+    items = parse_items(
+        _inputs(beam_width=np.array([[1]], np.int32), embedding_bias=np.zeros((1, 0), np.float32)),
+        id_prefix="k",
+        exclude_input_default=False,
+    )
+    assert items[0][0].embedding_bias is None
+
+
+def test_is_stop_request() -> None:
+    assert is_stop_request(_inputs(stop=np.array([[True]])))
+    assert not is_stop_request(_inputs(stop=np.array([[False]])))
+    assert not is_stop_request(_inputs())
+
+
+def _context(**overrides: Any) -> ItemContext:
+    values: dict[str, Any] = {
+        "batch_index": 1,
+        "prompt": np.array([5, 6], np.int32),
+        "streaming": False,
+        "exclude_input": False,
+        "return_log_probs": True,
+        "return_num_input_tokens": True,
+        "return_num_output_tokens": True,
+    }
+    return ItemContext(**(values | overrides))
+
+
+OUTPUT = SequenceOutput(
+    request_id="k/1",
+    sequence_index=2,
+    token_ids=np.array([7, 8, 9], np.int32),
+    log_probs=np.array([-0.5, -1.0, -0.25], np.float32),
+    cum_log_prob=-1.75,
+    finish_reason=FinishReason.LENGTH,
+)
+ALL = frozenset(
+    {
+        "output_ids",
+        "sequence_length",
+        "cum_log_probs",
+        "output_log_probs",
+        "num_input_tokens",
+        "num_output_tokens",
+        "batch_index",
+        "sequence_index",
+    }
+)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "ids", "num_output"),
+    [
+        ({}, [5, 6, 7, 8, 9], 5),
+        ({"exclude_input": True}, [7, 8, 9], 3),
+        ({"streaming": True}, [7, 8, 9], 3),
+    ],
+)
+def test_response_tensors_shapes_and_prompt_inclusion(
+    overrides: dict[str, Any], ids: list[int], num_output: int
+) -> None:
+    tensors = response_tensors(OUTPUT, _context(**overrides), ALL)
+    assert tensors["output_ids"].tolist() == [[ids]]
+    assert tensors["output_ids"].dtype == np.int32
+    assert tensors["sequence_length"].tolist() == [[len(ids)]]
+    assert tensors["num_output_tokens"].tolist() == [[num_output]]
+    assert tensors["num_input_tokens"].tolist() == [[2]]
+    assert tensors["output_log_probs"].tolist() == [[[-0.5, -1.0, -0.25]]]
+    assert tensors["cum_log_probs"].tolist() == [[-1.75]]
+    assert tensors["batch_index"].tolist() == [[1]]
+    assert tensors["sequence_index"].tolist() == [[2]]
+
+
+def test_response_tensors_send_only_what_was_requested_and_asked_for() -> None:
+    context = _context(return_log_probs=False, return_num_output_tokens=False)
+    tensors = response_tensors(
+        OUTPUT, context, {"output_ids", "cum_log_probs", "num_output_tokens"}
+    )
+    assert set(tensors) == {"output_ids", "cum_log_probs"}
+    assert tensors["cum_log_probs"].tolist() == [[0.0]]
+
+
+def test_response_tensors_of_an_empty_final_chunk() -> None:
+    empty = SequenceOutput("k/0", 0, np.zeros(0, np.int32), None, 0.0, FinishReason.END_ID)
+    tensors = response_tensors(empty, _context(streaming=True), ALL)
+    assert tensors["output_ids"].shape == (1, 1, 0)
+    assert tensors["num_output_tokens"].tolist() == [[0]]
+
+
+def _config(**parameters: str) -> dict[str, Any]:
+    return {"parameters": {k: {"string_value": v} for k, v in parameters.items()}}
+
+
+def test_settings_read_parameters_and_treat_placeholders_as_unset() -> None:
+    settings = settings_from_model_config(
+        _config(
+            gpt_model_path="/models/tiny",
+            torch_device="cuda:1",
+            torch_max_batch_size="4",
+            torch_max_seq_len="${torch_max_seq_len}",
+            exclude_input_in_output="true",
+            cancellation_check_period_ms="20",
+        )
+    )
+    assert settings.engine.model_path == "/models/tiny"
+    assert settings.engine.device == "cuda:1"
+    assert settings.engine.dtype == "auto"
+    assert settings.engine.max_batch_size == 4
+    assert settings.engine.max_seq_len is None
+    assert settings.exclude_input_in_output is True
+    assert settings.cancellation_check_period_ms == 20
+
+
+@pytest.mark.parametrize(
+    ("parameters", "message"),
+    [
+        ({}, "gpt_model_path"),
+        ({"gpt_model_path": "m", "max_beam_width": "2"}, "max_beam_width"),
+        ({"gpt_model_path": "m", "torch_max_batch_size": "many"}, "integer"),
+        ({"gpt_model_path": "m", "exclude_input_in_output": "maybe"}, "true or false"),
+    ],
+)
+def test_settings_reject_bad_parameters(parameters: dict[str, str], message: str) -> None:
+    with pytest.raises(EngineError, match=message):
+        settings_from_model_config(_config(**parameters))

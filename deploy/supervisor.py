@@ -7,6 +7,7 @@ import contextlib
 import ctypes
 import logging
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -33,6 +34,7 @@ from deploy.tritonbin import (
 
 logger = logging.getLogger(__name__)
 SHM_DIR = Path("/dev/shm")
+ERROR_LINE = re.compile(r"^E\d{4} |^error: ")
 _LIVE: weakref.WeakSet[Sidecar] = weakref.WeakSet()
 
 
@@ -163,18 +165,18 @@ class Sidecar:
         self._spawned.wait(timeout)
         while time.monotonic() < deadline:
             if self._failed is not None:
-                raise SidecarError(f"{self._failed}\n{self.log_tail()}")
+                raise SidecarError(f"{self._failed}; {self._diagnosis()}")
             process = self._process
             if first_start and process is not None and process.poll() is not None:
                 raise SidecarError(
                     f"tritonserver of sidecar {self.name!r} exited with code "
-                    f"{process.returncode} while starting; log tail:\n{self.log_tail()}"
+                    f"{process.returncode} while starting; {self._diagnosis()}"
                 )
             if self.is_ready(timeout=1.0):
                 return
             time.sleep(0.2)
         raise SidecarError(
-            f"sidecar {self.name!r} not ready after {timeout:.0f} s; log tail:\n{self.log_tail()}"
+            f"sidecar {self.name!r} not ready after {timeout:.0f} s; {self._diagnosis()}"
         )
 
     def stop(self, grace_s: float = 15.0) -> None:
@@ -201,6 +203,18 @@ class Sidecar:
                 return "".join(deque(log, maxlen=lines))
         except FileNotFoundError:
             return "(no log)"
+
+    def error_lines(self, lines: int = 20) -> str:
+        """The last error lines tritonserver logged (model load failures among them)."""
+        try:
+            with open(self.log_path, errors="replace") as log:
+                return "".join(deque((line for line in log if ERROR_LINE.match(line)), lines))
+        except FileNotFoundError:
+            return ""
+
+    def _diagnosis(self) -> str:
+        errors = self.error_lines()
+        return (f"errors logged:\n{errors}" if errors else "") + f"log tail:\n{self.log_tail()}"
 
     def __enter__(self) -> Sidecar:
         return self.start()
@@ -235,7 +249,10 @@ class Sidecar:
                 self._kill_group()
                 self._remove_shm()
                 if not was_ready:
-                    self._failed = f"tritonserver of sidecar {self.name!r} exited with {code}"
+                    self._failed = (
+                        f"tritonserver of sidecar {self.name!r} exited with code {code} "
+                        "while starting"
+                    )
                     return
                 if self.restarts >= self.max_restarts:
                     self._failed = f"sidecar {self.name!r} crashed {self.restarts + 1} times"

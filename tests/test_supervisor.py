@@ -143,6 +143,8 @@ def test_model_that_fails_to_load_reports_log_tail(tiny_model_dir: Path, tmp_pat
     with pytest.raises(SidecarError, match="exited with code") as info:
         sidecar.start()
     assert "broken_tensorrt_llm" in str(info.value)
+    assert "errors logged" in str(info.value)
+    assert "no-such-org/no-such-model" in sidecar.error_lines()
     assert sidecar.pid is None
 
 

@@ -93,7 +93,10 @@ class ModelRunner:
         threads = configure_threads(device, config.num_threads)
         dtype = resolve_dtype(config.dtype, device)
         hf_logging.disable_progress_bar()
-        model = AutoModelForCausalLM.from_pretrained(config.model_path, dtype=dtype)
+        try:
+            model = AutoModelForCausalLM.from_pretrained(config.model_path, dtype=dtype)
+        except (OSError, ValueError) as exc:
+            raise OSError(f"cannot load model {config.model_path!r}: {exc}") from exc
         model = model.to(device).eval()
         if device.type == "cuda":
             # cuDNN attention rebuilds its graph whenever the KV length changes, i.e. on every

@@ -1,0 +1,1 @@
+"""OpenAI-compatible HTTP gateway over Triton Inference Server running TensorRT-LLM models."""

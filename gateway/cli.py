@@ -1,0 +1,119 @@
+"""The ``triton-gateway`` command: serve a configuration, run the zero-config demo, deploy."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+
+import msgspec
+
+from gateway.settings import (
+    ModelSettings,
+    SamplingDefaults,
+    ServerSettings,
+    Settings,
+    SettingsError,
+    SidecarSettings,
+    load_settings,
+)
+
+logger = logging.getLogger(__name__)
+DEMO_MODEL = "smollm2"
+
+
+def demo_settings(host: str, port: int) -> Settings:
+    """SmolLM2-135M-Instruct on the PyTorch engine in a local sidecar, served as ``smollm2``."""
+    from deploy.models import ensure_smollm2
+
+    model_dir = ensure_smollm2()
+    spec = {
+        "models": [
+            {
+                "name": DEMO_MODEL,
+                "engine": {"kind": "torch", "model_dir": str(model_dir), "max_seq_len": 2048},
+            }
+        ]
+    }
+    # A 135M model rambles at temperature 1; a cooler default keeps the demo's answers on topic.
+    defaults = SamplingDefaults(temperature=0.3, top_p=0.9)
+    return Settings(
+        models=(ModelSettings(name=DEMO_MODEL, pipeline=DEMO_MODEL, defaults=defaults),),
+        sidecars=SidecarSettings(inline=spec),
+        server=ServerSettings(host=host, port=port),
+    )
+
+
+def serve(settings: Settings) -> int:
+    """Run the gateway with uvicorn until interrupted; sidecars stop with it."""
+    import uvicorn
+
+    from gateway.app import create_app
+
+    logging.getLogger().setLevel(settings.log_level.upper())
+    server = settings.server
+    print(f"triton-gateway: OpenAI API on http://{server.host}:{server.port}/v1", flush=True)
+    names = ", ".join(model.name for model in settings.models) or "every pipeline of the spec"
+    print(f"  models: {names}; readiness at /health/ready; Ctrl-C stops", flush=True)
+    uvicorn.run(
+        create_app(settings),
+        host=server.host,
+        port=server.port,
+        log_level=settings.log_level.lower(),
+        timeout_graceful_shutdown=int(settings.limits.shutdown_grace_s),
+    )
+    return 0
+
+
+def _serve(args: argparse.Namespace) -> int:
+    settings = load_settings(args.config)
+    server = settings.server
+    server = msgspec.structs.replace(
+        server, host=args.host or server.host, port=args.port or server.port
+    )
+    return serve(msgspec.structs.replace(settings, server=server))
+
+
+def _demo(args: argparse.Namespace) -> int:
+    print(
+        "triton-gateway demo: preparing SmolLM2-135M-Instruct (first run converts it)", flush=True
+    )
+    return serve(demo_settings(args.host, args.port))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``triton-gateway`` argument parser."""
+    parser = argparse.ArgumentParser(prog="triton-gateway", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve_cmd = sub.add_parser("serve", help="serve the models of a YAML configuration")
+    serve_cmd.add_argument("--config", required=True, help="gateway settings (YAML)")
+    serve_cmd.add_argument("--host", help="address to bind (overrides the file)")
+    serve_cmd.add_argument("--port", type=int, help="port to bind (overrides the file)")
+    serve_cmd.set_defaults(func=_serve)
+    demo = sub.add_parser("demo", help="serve SmolLM2-135M-Instruct with no configuration")
+    demo.add_argument("--host", default="127.0.0.1", help="address to bind")
+    demo.add_argument("--port", type=int, default=8000, help="port to bind")
+    demo.set_defaults(func=_demo)
+    sub.add_parser("deploy", help="render or run sidecars (triton-gateway deploy --help)")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``triton-gateway``."""
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    if args_list[:1] == ["deploy"]:
+        from deploy.cli import main as deploy_main
+
+        return deploy_main(args_list[1:])
+    args = build_parser().parse_args(args_list)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    try:
+        return int(args.func(args))
+    except SettingsError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

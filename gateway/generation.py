@@ -1,0 +1,263 @@
+"""Run a plan's choices against the backend and stream neutral events: text deltas and endings."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from contextlib import aclosing
+from dataclasses import dataclass, field
+from typing import Literal
+
+import anyio
+
+from adapters.contract import Backend, GenerationRequest, TokenChunk
+from gateway.errors import GatewayTimeoutError
+from gateway.metrics import GatewayMetrics
+from gateway.registry import ServedModel
+from gateway.stops import StopMatcher
+from gateway.translate import ChoiceSpec, Plan
+
+logger = logging.getLogger(__name__)
+FinishReason = Literal["stop", "length"]
+CLEANUP_GRACE_S = 10.0
+
+
+@dataclass(frozen=True, slots=True)
+class TextDelta:
+    """New text of one choice, with the log probabilities of the tokens behind it."""
+
+    index: int
+    text: str
+    logprobs: tuple[float, ...] = ()
+    tokens: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ChoiceEnd:
+    """One choice finished; its token counts."""
+
+    index: int
+    prompt_index: int
+    finish_reason: FinishReason
+    prompt_tokens: int
+    completion_tokens: int
+
+
+Event = TextDelta | ChoiceEnd
+
+
+@dataclass(slots=True)
+class ChoiceResult:
+    """A whole choice, folded from its events."""
+
+    index: int
+    text: str = ""
+    logprobs: list[float] = field(default_factory=list)
+    tokens: list[str] = field(default_factory=list)
+    end: ChoiceEnd | None = None
+
+
+def token_texts(text: str, count: int, pieces: Sequence[str] | None) -> tuple[str, ...]:
+    """Texts of ``count`` tokens that produced ``text``; re-tokenized pieces when they line up."""
+    if count == 1:
+        return (text,)
+    if pieces is not None and len(pieces) == count:
+        return tuple(pieces)
+    return (text, *([""] * (count - 1))) if count else ()
+
+
+def _add(total: int | None, count: int | None) -> int | None:
+    """Running token count; ``None`` once a chunk comes without one."""
+    return None if total is None or count is None else total + count
+
+
+def finish_reason(stopped: bool, completion_tokens: int, max_tokens: int) -> FinishReason:
+    """``length`` when the completion used its whole budget without meeting a stop."""
+    return "length" if not stopped and completion_tokens >= max_tokens else "stop"
+
+
+async def close_quietly(chunks: AsyncIterator[TokenChunk]) -> None:
+    """Close a backend stream (this cancels its Triton request), even inside a cancelled scope."""
+    if not isinstance(chunks, AsyncGenerator):
+        return
+    with anyio.move_on_after(CLEANUP_GRACE_S, shield=True):
+        try:
+            await chunks.aclose()
+        except Exception:
+            logger.warning("closing a backend stream failed", exc_info=True)
+
+
+class ChoiceRunner:
+    """Streams one choice: stop sequences cut, counts kept, the backend closed on every exit."""
+
+    def __init__(self, backend: Backend, model: ServedModel, *, logprobs: bool) -> None:
+        self._backend = backend
+        self._model = model
+        self._logprobs = logprobs
+
+    async def run(
+        self, spec: ChoiceSpec, request: GenerationRequest
+    ) -> AsyncGenerator[Event, None]:
+        """Events of one choice, ending with its :class:`ChoiceEnd`."""
+        matcher = StopMatcher(spec.params.stop)
+        raw: list[str] = []
+        counted: int | None = 0
+        prompt_tokens: int | None = None
+        chunks = self._backend.generate(self._model.target, request)
+        try:
+            async for chunk in chunks:
+                raw.append(chunk.text)
+                counted = _add(counted, chunk.token_count)
+                prompt_tokens = chunk.prompt_tokens or prompt_tokens
+                text = matcher.feed(chunk.text)
+                if text or chunk.logprobs:
+                    yield await self._delta(spec.index, text, chunk)
+                if matcher.stopped:
+                    break
+        finally:
+            await close_quietly(chunks)
+        tail = matcher.flush()
+        if tail:
+            yield TextDelta(spec.index, tail)
+        completion_tokens = counted
+        if completion_tokens is None:
+            # Re-tokenized text can come out longer than what the engine generated.
+            counted_again = await self._model.tokenizer.count("".join(raw))
+            completion_tokens = min(counted_again, spec.params.max_tokens)
+        yield ChoiceEnd(
+            index=spec.index,
+            prompt_index=spec.prompt_index,
+            finish_reason=finish_reason(matcher.stopped, completion_tokens, spec.params.max_tokens),
+            prompt_tokens=prompt_tokens or spec.prompt.token_count,
+            completion_tokens=completion_tokens,
+        )
+
+    async def _delta(self, index: int, text: str, chunk: TokenChunk) -> TextDelta:
+        if not self._logprobs or not chunk.logprobs:
+            return TextDelta(index, text)
+        count = len(chunk.logprobs)
+        pieces = await self._model.tokenizer.pieces(chunk.text) if count > 1 else None
+        return TextDelta(index, text, chunk.logprobs, token_texts(chunk.text, count, pieces))
+
+
+class _Finished:
+    pass
+
+
+class _TimedOut:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class _Failed:
+    error: Exception
+
+
+async def merge(
+    streams: Sequence[AsyncGenerator[Event, None]], timeout_s: float
+) -> AsyncGenerator[Event, None]:
+    """Interleave several event streams, each iterated whole in its own task, under a deadline.
+
+    The queue is unbounded (one item per generated token at most), so producers never block on
+    a consumer that left. Leaving cancels the producers; one that does not notice (a
+    cancellation lost in ``asyncio.wait_for`` on Python 3.11) stops at its next event. Either
+    way its stream is closed, which cancels the backend request.
+    """
+    loop = asyncio.get_running_loop()
+    queue: asyncio.Queue[Event | _Finished | _Failed | _TimedOut] = asyncio.Queue()
+    consumer_left = False
+
+    async def pump(stream: AsyncGenerator[Event, None]) -> None:
+        try:
+            async with aclosing(stream):
+                async for event in stream:
+                    if consumer_left:
+                        return
+                    queue.put_nowait(event)
+        except Exception as exc:
+            queue.put_nowait(_Failed(exc))
+        else:
+            queue.put_nowait(_Finished())
+
+    tasks = [asyncio.ensure_future(pump(stream)) for stream in streams]
+    timer = loop.call_at(loop.time() + timeout_s, queue.put_nowait, _TimedOut())
+    running = len(tasks)
+    try:
+        while running:
+            item = await queue.get()
+            if isinstance(item, _Finished):
+                running -= 1
+            elif isinstance(item, _Failed):
+                raise item.error
+            elif isinstance(item, _TimedOut):
+                raise GatewayTimeoutError(f"The model did not finish within {timeout_s:.0f} s.")
+            else:
+                yield item
+    finally:
+        consumer_left = True
+        timer.cancel()
+        for task in tasks:
+            task.cancel()
+        with anyio.move_on_after(CLEANUP_GRACE_S, shield=True):
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+
+class GenerationService:
+    """Turns a plan into one merged event stream over the backend."""
+
+    def __init__(
+        self, backend: Backend, *, timeout_s: float, metrics: GatewayMetrics | None = None
+    ) -> None:
+        self._backend = backend
+        self._timeout_s = timeout_s
+        self._metrics = metrics or GatewayMetrics()
+
+    def events(self, model: ServedModel, plan: Plan) -> AsyncGenerator[Event, None]:
+        """Every choice's events, interleaved as they arrive; closing it cancels the requests."""
+        runner = ChoiceRunner(self._backend, model, logprobs=plan.logprobs)
+        request_id = uuid.uuid4().hex
+        streams = [
+            runner.run(
+                spec,
+                GenerationRequest(
+                    request_id=f"{request_id}-{spec.index}",
+                    prompt=spec.prompt.text,
+                    params=spec.params,
+                    stream=plan.stream,
+                    timeout_s=self._timeout_s,
+                ),
+            )
+            for spec in plan.choices
+        ]
+        return self._observed(model.name, merge(streams, self._timeout_s))
+
+    async def _observed(
+        self, model: str, events: AsyncGenerator[Event, None]
+    ) -> AsyncGenerator[Event, None]:
+        start = time.monotonic()
+        first_text = True
+        async with aclosing(events):
+            async for event in events:
+                if isinstance(event, ChoiceEnd):
+                    self._metrics.record_tokens(model, event.prompt_tokens, event.completion_tokens)
+                elif first_text and event.text:
+                    first_text = False
+                    self._metrics.record_first_token(model, time.monotonic() - start)
+                yield event
+
+    async def collect(self, model: ServedModel, plan: Plan) -> list[ChoiceResult]:
+        """Run a plan to the end and fold each choice's events."""
+        results = {spec.index: ChoiceResult(spec.index) for spec in plan.choices}
+        async with aclosing(self.events(model, plan)) as events:
+            async for event in events:
+                result = results[event.index]
+                if isinstance(event, ChoiceEnd):
+                    result.end = event
+                    continue
+                result.text += event.text
+                result.logprobs.extend(event.logprobs)
+                result.tokens.extend(event.tokens)
+        return [results[index] for index in sorted(results)]

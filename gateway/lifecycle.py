@@ -1,0 +1,213 @@
+"""Start-up and shutdown: sidecars, tokenizers, the backend, readiness and draining."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import shutil
+import tempfile
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+
+from adapters.contract import Backend, ModelTarget
+from deploy.spec import Spec, load_spec, parse_spec
+from deploy.supervisor import Sidecar, sidecar_from_spec
+from gateway.generation import GenerationService
+from gateway.metrics import GatewayMetrics
+from gateway.registry import ModelRegistry, ModelRoute, load_model, resolve_routes
+from gateway.settings import Settings, SidecarSettings
+
+logger = logging.getLogger(__name__)
+BackendFactory = Callable[[tuple[ModelRoute, ...]], Backend]
+
+
+def triton_backend(routes: tuple[ModelRoute, ...]) -> Backend:
+    """The production backend: Triton over gRPC."""
+    from adapters.triton.client import TritonBackend
+
+    return TritonBackend()
+
+
+def read_spec(sidecars: SidecarSettings) -> Spec:
+    """The deploy spec of the sidecars, built-in model names resolved (may convert a model)."""
+    from deploy.cli import resolve_aliases
+
+    if sidecars.spec is not None:
+        spec = load_spec(sidecars.spec)
+    else:
+        spec = parse_spec(sidecars.inline or {})
+    return resolve_aliases(spec)
+
+
+@runtime_checkable
+class DescribesModels(Protocol):
+    """A backend that can read a model's Triton config ahead of the first request."""
+
+    async def describe(self, target: ModelTarget) -> object:
+        """The target's inputs and options as discovered from Triton."""
+        ...
+
+
+class Lifecycle:
+    """Whether the gateway takes traffic, and how many requests are still being answered."""
+
+    def __init__(self) -> None:
+        self.started = False
+        self.stopping = False
+        self.sidecars_ready = True
+        self._active = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    @property
+    def accepting(self) -> bool:
+        """Started, sidecars up, and not shutting down."""
+        return self.started and self.sidecars_ready and not self.stopping
+
+    def request_started(self) -> None:
+        """A request came in."""
+        self._active += 1
+        self._idle.clear()
+
+    def request_finished(self) -> None:
+        """A request was answered."""
+        self._active -= 1
+        if self._active == 0:
+            self._idle.set()
+
+    async def drained(self, timeout_s: float) -> bool:
+        """Wait until no request is in flight; ``False`` if the timeout passed first."""
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout_s)
+        except TimeoutError:
+            return False
+        return True
+
+
+class Runtime:
+    """Owns what the app starts: sidecars, tokenizers, the backend and the generation service."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        backend: Backend | None,
+        backend_factory: BackendFactory,
+        metrics: GatewayMetrics,
+    ) -> None:
+        self.settings = settings
+        self.registry = ModelRegistry()
+        self.lifecycle = Lifecycle()
+        self.metrics = metrics
+        self._backend = backend
+        self._owns_backend = backend is None
+        self._backend_factory = backend_factory
+        self._executor = ThreadPoolExecutor(
+            settings.limits.tokenizer_threads, thread_name_prefix="tokenizer"
+        )
+        self._generation: GenerationService | None = None
+        self._sidecars: list[Sidecar] = []
+        self._bring_up_task: asyncio.Task[None] | None = None
+        self._workdir: Path | None = None
+        self._temporary_workdir = False
+
+    @property
+    def backend(self) -> Backend:
+        """The backend, once started."""
+        if self._backend is None:
+            raise RuntimeError("the gateway has not started")
+        return self._backend
+
+    @property
+    def generation(self) -> GenerationService:
+        """The generation service, once started."""
+        if self._generation is None:
+            raise RuntimeError("the gateway has not started")
+        return self._generation
+
+    async def start(self) -> None:
+        """Prepare sidecars, load every tokenizer, create the backend; sidecars boot meanwhile."""
+        try:
+            await self._start()
+        except BaseException:
+            await asyncio.to_thread(self._stop_sidecars)
+            raise
+
+    async def _start(self) -> None:
+        spec, urls = await self._prepare_sidecars()
+        routes = resolve_routes(self.settings, spec, urls)
+        # One thread, one model after another: transformers' lazy imports are not thread-safe.
+        models = await asyncio.to_thread(
+            lambda: [load_model(route, self._executor) for route in routes]
+        )
+        self.registry.replace(models)
+        if self._backend is None:
+            self._backend = self._backend_factory(routes)
+        self._generation = GenerationService(
+            self._backend, timeout_s=self.settings.limits.request_timeout_s, metrics=self.metrics
+        )
+        self.lifecycle.sidecars_ready = not self._sidecars
+        self._bring_up_task = asyncio.create_task(self._bring_up(routes))
+        self.lifecycle.started = True
+        logger.info("gateway started with %d model(s)", len(self.registry))
+
+    async def stop(self) -> None:
+        """Readiness off, drain in-flight requests, close the backend, stop the sidecars."""
+        self.lifecycle.stopping = True
+        grace = self.settings.limits.shutdown_grace_s
+        if not await self.lifecycle.drained(grace):
+            logger.warning("requests still in flight after %.0f s; shutting down anyway", grace)
+        if self._backend is not None and self._owns_backend:
+            await self._backend.close()
+        if self._bring_up_task is not None:
+            self._bring_up_task.cancel()
+        await asyncio.to_thread(self._stop_sidecars)
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+    async def _prepare_sidecars(self) -> tuple[Spec | None, dict[str, str]]:
+        sidecars = self.settings.sidecars
+        if sidecars is None:
+            return None, {}
+        spec = await asyncio.to_thread(read_spec, sidecars)
+        if sidecars.workdir:
+            self._workdir = Path(sidecars.workdir)
+        else:
+            self._workdir = Path(tempfile.mkdtemp(prefix="triton-gateway-"))
+            self._temporary_workdir = True
+        urls: dict[str, str] = {}
+        for sidecar_spec in spec.sidecars:
+            sidecar = await asyncio.to_thread(sidecar_from_spec, spec, sidecar_spec, self._workdir)
+            self._sidecars.append(sidecar)
+            urls.update({model.name: sidecar.grpc_url for model in spec.models_of(sidecar_spec)})
+        return spec, urls
+
+    async def _bring_up(self, routes: tuple[ModelRoute, ...]) -> None:
+        """Start the sidecars, then read each model's Triton config so the first request is fast."""
+        try:
+            for sidecar in self._sidecars:
+                await asyncio.to_thread(sidecar.start)
+        except Exception:
+            logger.exception("a sidecar failed to start; the gateway stays not ready")
+            return
+        self.lifecycle.sidecars_ready = True
+        backend = self._backend
+        if not isinstance(backend, DescribesModels):
+            return
+        for route in routes:
+            try:
+                described = await backend.describe(route.target)
+            except Exception as exc:
+                logger.warning(
+                    "could not read the config of %s: %s", route.target.triton_model, exc
+                )
+                continue
+            logger.info("read the Triton config of %s", route.target.triton_model)
+            logger.debug("%s: %r", route.target.triton_model, described)
+
+    def _stop_sidecars(self) -> None:
+        for sidecar in reversed(self._sidecars):
+            sidecar.stop()
+        if self._temporary_workdir and self._workdir is not None:
+            shutil.rmtree(self._workdir, ignore_errors=True)

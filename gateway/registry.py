@@ -1,0 +1,169 @@
+"""Served models: settings resolved against the sidecars' spec, with their tokenizers loaded."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator, Mapping
+from concurrent.futures import Executor
+from dataclasses import dataclass
+
+from adapters.contract import ModelTarget
+from deploy.spec import ModelSpec, Spec, TorchEngine
+from gateway.errors import unknown_model
+from gateway.settings import ModelSettings, SamplingDefaults, Settings, SettingsError
+from gateway.tokenizer import PromptTokenizer
+
+logger = logging.getLogger(__name__)
+DEFAULT_TRITON_URL = "127.0.0.1:8001"
+DEFAULT_CONTEXT_LENGTH = 4096
+
+
+@dataclass(frozen=True, slots=True)
+class ModelRoute:
+    """A served model with every setting decided, before its tokenizer is loaded."""
+
+    name: str
+    target: ModelTarget
+    tokenizer_dir: str
+    chat_template_file: str | None
+    context_length: int | None
+    add_special_tokens: bool
+    max_n: int
+    defaults: SamplingDefaults
+    owned_by: str
+
+
+@dataclass(frozen=True, slots=True)
+class ServedModel:
+    """A model ready to serve: where it runs, how to tokenize for it, and its limits."""
+
+    route: ModelRoute
+    tokenizer: PromptTokenizer
+    context_length: int
+    created: int
+
+    @property
+    def name(self) -> str:
+        """Public model id."""
+        return self.route.name
+
+    @property
+    def target(self) -> ModelTarget:
+        """Where the model runs in Triton."""
+        return self.route.target
+
+
+def resolve_routes(
+    settings: Settings, spec: Spec | None, grpc_urls: Mapping[str, str]
+) -> tuple[ModelRoute, ...]:
+    """Decide every model's Triton address, model names and tokenizer (pure)."""
+    models = settings.models
+    if not models and spec is not None:
+        models = tuple(ModelSettings(name=m.name, pipeline=m.name) for m in spec.models)
+    routes = tuple(_route(model, spec, grpc_urls) for model in models)
+    names = [route.name for route in routes]
+    duplicates = sorted({name for name in names if names.count(name) > 1})
+    if duplicates:
+        raise SettingsError(f"model names served twice: {duplicates}")
+    return routes
+
+
+def _route(model: ModelSettings, spec: Spec | None, grpc_urls: Mapping[str, str]) -> ModelRoute:
+    pipeline = _pipeline(model, spec)
+    prefix = f"{model.pipeline}_" if model.pipeline else ""
+    triton_model = model.triton_model or f"{prefix}{model.entry}"
+    engine_model = model.engine_model or _engine_name(triton_model, model.entry)
+    url = model.triton_url or (grpc_urls.get(pipeline.name) if pipeline else None)
+    tokenizer_dir = model.tokenizer_dir or (pipeline.tokenizer if pipeline else None)
+    if tokenizer_dir is None:
+        raise SettingsError(f"model {model.name!r}: tokenizer_dir is required without a pipeline")
+    context_length = model.context_length
+    if context_length is None and pipeline is not None and isinstance(pipeline.engine, TorchEngine):
+        context_length = pipeline.engine.max_seq_len
+    add_special = model.add_special_tokens
+    if add_special is None:
+        add_special = pipeline.add_special_tokens if pipeline is not None else True
+    return ModelRoute(
+        name=model.name,
+        target=ModelTarget(
+            url=url or DEFAULT_TRITON_URL,
+            triton_model=triton_model,
+            kind=model.entry,
+            engine_model=engine_model,
+        ),
+        tokenizer_dir=tokenizer_dir,
+        chat_template_file=model.chat_template,
+        context_length=context_length,
+        add_special_tokens=add_special,
+        max_n=model.max_n,
+        defaults=model.defaults,
+        owned_by=model.owned_by,
+    )
+
+
+def _pipeline(model: ModelSettings, spec: Spec | None) -> ModelSpec | None:
+    if model.pipeline is None:
+        return None
+    if spec is None:
+        raise SettingsError(
+            f"model {model.name!r} names pipeline {model.pipeline!r} but no sidecars"
+        )
+    for pipeline in spec.models:
+        if pipeline.name == model.pipeline:
+            return pipeline
+    raise SettingsError(
+        f"model {model.name!r}: no pipeline {model.pipeline!r} in the sidecars spec"
+    )
+
+
+def _engine_name(triton_model: str, entry: str) -> str:
+    """``tiny_ensemble`` -> ``tiny_tensorrt_llm``; the engine shares the pipeline's prefix."""
+    if triton_model.endswith(entry):
+        return triton_model[: -len(entry)] + "tensorrt_llm"
+    return "tensorrt_llm"
+
+
+class ModelRegistry:
+    """The served models by public name."""
+
+    def __init__(self, models: list[ServedModel] | None = None) -> None:
+        self._models = {model.name: model for model in models or []}
+
+    def get(self, name: str) -> ServedModel:
+        """The model called ``name``; 404 ``model_not_found`` otherwise."""
+        model = self._models.get(name)
+        if model is None:
+            raise unknown_model(name)
+        return model
+
+    def __iter__(self) -> Iterator[ServedModel]:
+        return iter(self._models.values())
+
+    def __len__(self) -> int:
+        return len(self._models)
+
+    def replace(self, models: list[ServedModel]) -> None:
+        """Install the models loaded at start-up."""
+        self._models = {model.name: model for model in models}
+
+
+def load_model(route: ModelRoute, executor: Executor) -> ServedModel:
+    """Load one model's tokenizer and template (blocking: call from a worker thread)."""
+    tokenizer = PromptTokenizer.load(
+        route.tokenizer_dir,
+        executor,
+        chat_template_file=route.chat_template_file,
+        add_special_tokens=route.add_special_tokens,
+    )
+    context_length = route.context_length or tokenizer.model_max_length or DEFAULT_CONTEXT_LENGTH
+    logger.info(
+        "model %s -> %s/%s (context %d tokens)",
+        route.name,
+        route.target.url,
+        route.target.triton_model,
+        context_length,
+    )
+    return ServedModel(
+        route=route, tokenizer=tokenizer, context_length=context_length, created=int(time.time())
+    )

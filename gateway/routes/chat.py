@@ -1,0 +1,36 @@
+"""``POST /v1/chat/completions``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from litestar import Request, Response, post
+
+from gateway.generation import GenerationService
+from gateway.planning import plan_chat
+from gateway.protocol import ChatCompletionRequest
+from gateway.registry import ModelRegistry
+from gateway.responses import Header, chat_chunks, chat_completion
+from gateway.settings import Settings
+from gateway.transport import decode_body, stream_response, until_disconnect
+
+
+@post("/v1/chat/completions", status_code=200)
+async def create_chat_completion(
+    request: Request[Any, Any, Any],
+    registry: ModelRegistry,
+    generation: GenerationService,
+    settings: Settings,
+) -> Response[Any]:
+    """Answer a conversation, whole or as server-sent events."""
+    body = decode_body(await request.body(), ChatCompletionRequest)
+    model = registry.get(body.model)
+    plan = await until_disconnect(request.receive, plan_chat(model, body))
+    header = Header.new("chatcmpl", model.name)
+    if plan.stream:
+        chunks = chat_chunks(plan, generation.events(model, plan), header)
+        return await stream_response(
+            request.receive, chunks, retry_after_s=settings.limits.retry_after_s
+        )
+    results = await until_disconnect(request.receive, generation.collect(model, plan))
+    return Response(chat_completion(plan, results, header))

@@ -1,0 +1,167 @@
+"""The gateway's configuration: one frozen, typed object loaded from one YAML file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import msgspec
+
+EntryModel = Literal["ensemble", "tensorrt_llm_bls"]
+
+
+class SettingsError(ValueError):
+    """A configuration file that cannot be read or does not validate."""
+
+
+class SamplingDefaults(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Sampling values used when a request leaves the field out."""
+
+    temperature: float | None = None
+    """Default ``temperature``; ``None`` leaves the engine's default."""
+    top_p: float | None = None
+    """Default ``top_p``."""
+    top_k: int | None = None
+    """Default ``top_k``."""
+    presence_penalty: float | None = None
+    """Default ``presence_penalty``."""
+    frequency_penalty: float | None = None
+    """Default ``frequency_penalty``."""
+    repetition_penalty: float | None = None
+    """Default ``repetition_penalty``."""
+    min_tokens: int | None = None
+    """Default ``min_tokens``."""
+    max_tokens: int | None = None
+    """Default completion length; ``None`` means the rest of the context window."""
+
+
+class ModelSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """One served model: its public name, where it runs in Triton and how to template for it."""
+
+    name: str = "default"
+    """Public model id that clients send as ``model``."""
+    pipeline: str | None = None
+    """Pipeline of the ``sidecars`` spec that serves this model; fills the fields left unset."""
+    entry: EntryModel = "ensemble"
+    """Which pipeline model to call when ``pipeline`` is set."""
+    triton_url: str | None = None
+    """Triton gRPC ``host:port``; defaults to the pipeline's sidecar, else 127.0.0.1:8001."""
+    triton_model: str | None = None
+    """Triton model to call, e.g. ``tiny_ensemble``; defaults to ``<pipeline>_<entry>``."""
+    engine_model: str | None = None
+    """The ``tensorrt_llm`` model behind ``triton_model`` (stop requests go there)."""
+    tokenizer_dir: str | None = None
+    """Hugging Face tokenizer folder; defaults to the pipeline's tokenizer."""
+    chat_template: str | None = None
+    """Jinja chat template file that overrides the tokenizer's own template."""
+    context_length: int | None = None
+    """Most prompt plus completion tokens; defaults to the engine's ``max_seq_len``, else 4096."""
+    add_special_tokens: bool | None = None
+    """Whether Triton's preprocessing adds special tokens (BOS); defaults to the pipeline's."""
+    max_n: int = 8
+    """Largest ``n`` (choices per prompt) a request may ask for."""
+    defaults: SamplingDefaults = SamplingDefaults()
+    """Sampling values used when a request leaves a field out."""
+    owned_by: str = "triton-gateway"
+    """``owned_by`` shown by ``/v1/models``."""
+
+
+class LimitSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Bounds that keep one request from hurting the others."""
+
+    max_body_bytes: int = 4 * 1024 * 1024
+    """Largest accepted request body; larger ones get 413."""
+    request_timeout_s: float = 600.0
+    """Longest a generation may take, streaming or not, before it is cancelled."""
+    readiness_timeout_s: float = 2.0
+    """How long ``/health/ready`` waits for each model's answer from Triton."""
+    shutdown_grace_s: float = 30.0
+    """How long shutdown waits for in-flight requests before closing the backend."""
+    tokenizer_threads: int = 2
+    """Threads that template and count tokens off the event loop."""
+    retry_after_s: int = 5
+    """``Retry-After`` seconds sent with 503 answers."""
+
+
+class SidecarSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Sidecars the gateway starts and supervises itself, described by a deploy spec."""
+
+    spec: str | None = None
+    """Deploy spec YAML file; relative paths are taken from the settings file's folder."""
+    inline: dict[str, Any] | None = None
+    """The deploy spec given inline, in the same schema as the file."""
+    workdir: str | None = None
+    """Folder for rendered repositories and logs; a temporary folder when unset."""
+
+
+class ServerSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Where the HTTP server listens."""
+
+    host: str = "127.0.0.1"
+    """Address to bind."""
+    port: int = 8000
+    """Port to bind."""
+
+
+class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Everything the gateway needs to run."""
+
+    models: tuple[ModelSettings, ...] = ()
+    """Served models; empty with ``sidecars`` set means every pipeline of the spec."""
+    limits: LimitSettings = LimitSettings()
+    """Request limits and timeouts."""
+    sidecars: SidecarSettings | None = None
+    """Sidecars to start and supervise; ``None`` means Triton runs elsewhere."""
+    server: ServerSettings = ServerSettings()
+    """HTTP listener of ``triton-gateway serve``."""
+    log_level: str = "INFO"
+    """Logging level of the ``triton-gateway`` command."""
+
+
+def parse_settings(data: Any, *, base_dir: Path | None = None) -> Settings:
+    """Validate settings from plain data; relative file paths are taken from ``base_dir``."""
+    try:
+        settings = msgspec.convert(data if data is not None else {}, Settings, strict=False)
+    except msgspec.ValidationError as exc:
+        raise SettingsError(f"invalid settings: {exc}") from exc
+    return _resolve_paths(settings, base_dir) if base_dir is not None else settings
+
+
+def load_settings(path: str | Path) -> Settings:
+    """Read and validate a YAML settings file."""
+    path = Path(path)
+    try:
+        data = msgspec.yaml.decode(path.read_bytes())
+    except FileNotFoundError as exc:
+        raise SettingsError(f"settings file not found: {path}") from exc
+    except msgspec.DecodeError as exc:
+        raise SettingsError(f"settings file {path} is not valid YAML: {exc}") from exc
+    return parse_settings(data, base_dir=path.resolve().parent)
+
+
+def _local_path(value: str | None, base_dir: Path) -> str | None:
+    """Paths written ``./x``, ``../x`` or ``~/x`` are local; anything else may be a hub id."""
+    if value is None or not value.startswith(("./", "../", "~")):
+        return value
+    return str((base_dir / Path(value).expanduser()).resolve())
+
+
+def _file_path(value: str | None, base_dir: Path) -> str | None:
+    if value is None:
+        return None
+    return str((base_dir / Path(value).expanduser()).resolve())
+
+
+def _resolve_paths(settings: Settings, base_dir: Path) -> Settings:
+    models = tuple(
+        msgspec.structs.replace(
+            model,
+            tokenizer_dir=_local_path(model.tokenizer_dir, base_dir),
+            chat_template=_file_path(model.chat_template, base_dir),
+        )
+        for model in settings.models
+    )
+    sidecars = settings.sidecars
+    if sidecars is not None and sidecars.spec is not None:
+        sidecars = msgspec.structs.replace(sidecars, spec=_file_path(sidecars.spec, base_dir))
+    return msgspec.structs.replace(settings, models=models, sidecars=sidecars)

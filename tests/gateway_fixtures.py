@@ -1,0 +1,98 @@
+"""Gateway fixtures: settings over the test sidecar and a real uvicorn server on a free port."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import msgspec
+import pytest
+import uvicorn
+
+from deploy.supervisor import Sidecar
+from gateway.app import create_app
+from gateway.settings import LimitSettings, ModelSettings, Settings
+
+PORTS = range(23000, 23990)
+ENSEMBLE_MODEL = "tiny"
+BLS_MODEL = "tiny-bls"
+ACCUMULATING_BLS_MODEL = "tiny2-bls"
+
+
+def free_port() -> int:
+    """A port of the project's range that nobody listens on right now."""
+    for port in PORTS:
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port in 23000-23989")
+
+
+def sidecar_settings(sidecar: Sidecar, tokenizer_dir: Path, **limits: float) -> Settings:
+    """The tiny pipelines of the test sidecar as three served models."""
+
+    def model(name: str, triton_model: str, entry: str) -> ModelSettings:
+        return ModelSettings(
+            name=name,
+            triton_url=sidecar.grpc_url,
+            triton_model=triton_model,
+            entry=entry,  # type: ignore[arg-type]
+            tokenizer_dir=str(tokenizer_dir),
+        )
+
+    return Settings(
+        models=(
+            model(ENSEMBLE_MODEL, "tiny_ensemble", "ensemble"),
+            model(BLS_MODEL, "tiny_tensorrt_llm_bls", "tensorrt_llm_bls"),
+            model(ACCUMULATING_BLS_MODEL, "tiny2_tensorrt_llm_bls", "tensorrt_llm_bls"),
+        ),
+        limits=msgspec.structs.replace(
+            LimitSettings(request_timeout_s=60.0, shutdown_grace_s=5.0), **limits
+        ),
+    )
+
+
+class LiveGateway:
+    """A gateway served by uvicorn in a background thread."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        config = uvicorn.Config(
+            create_app(settings),
+            host="127.0.0.1",
+            port=self.port,
+            log_level="warning",
+            timeout_graceful_shutdown=5,
+        )
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(target=self._server.run, name="gateway", daemon=True)
+
+    def start(self, timeout_s: float = 60.0) -> LiveGateway:
+        """Serve, returning once uvicorn accepts connections."""
+        self._thread.start()
+        deadline = time.monotonic() + timeout_s
+        while not self._server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("the gateway did not start")
+            time.sleep(0.05)
+        return self
+
+    def stop(self) -> None:
+        """Shut down as on SIGTERM: drain, then run the lifespan's shutdown."""
+        self._server.should_exit = True
+        self._thread.join(timeout=30)
+
+
+@pytest.fixture(scope="session")
+def gateway_url(sidecar: Sidecar, tiny_model_dir: Path) -> Iterator[str]:
+    """Base URL of a gateway serving ``tiny`` (ensemble), ``tiny-bls`` and ``tiny2-bls``."""
+    gateway = LiveGateway(sidecar_settings(sidecar, tiny_model_dir)).start()
+    yield gateway.url
+    gateway.stop()

@@ -1,0 +1,48 @@
+"""End to end with a real instruct model: the zero-config demo answers a factual question."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import httpx
+import openai
+import pytest
+
+from gateway.cli import DEMO_MODEL, demo_settings
+from tests.gateway_fixtures import LiveGateway
+
+pytestmark = [pytest.mark.slow, pytest.mark.smollm]
+
+
+@pytest.fixture(scope="module")
+def demo_url() -> Iterator[str]:
+    """The demo's settings served by uvicorn: the gateway starts and supervises the sidecar."""
+    gateway = LiveGateway(demo_settings("127.0.0.1", 0)).start()
+    deadline = time.monotonic() + 300
+    while httpx.get(f"{gateway.url}/health/ready").status_code != 200:
+        assert time.monotonic() < deadline, "the demo did not become ready"
+        time.sleep(0.5)
+    yield gateway.url
+    gateway.stop()
+
+
+def test_capital_of_france(demo_url: str) -> None:
+    client = openai.OpenAI(base_url=f"{demo_url}/v1", api_key="unused", max_retries=0)
+    answer = client.chat.completions.create(
+        model=DEMO_MODEL,
+        messages=[{"role": "user", "content": "What is the capital of France?"}],
+        temperature=0,
+        max_tokens=30,
+    )
+    assert "Paris" in (answer.choices[0].message.content or "")
+    assert answer.choices[0].finish_reason in {"stop", "length"}
+    stream = client.chat.completions.create(
+        model=DEMO_MODEL,
+        messages=[{"role": "user", "content": "What is the capital of France?"}],
+        temperature=0,
+        max_tokens=30,
+        stream=True,
+    )
+    text = "".join(chunk.choices[0].delta.content or "" for chunk in stream)
+    assert text == answer.choices[0].message.content

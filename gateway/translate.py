@@ -198,10 +198,12 @@ def sampling_params(
     )
 
 
-def choice_seeds(seed: int | None, n: int, rng: random.Random) -> list[int | None]:
-    """Distinct seeds for ``n`` choices: ``seed + i``, or random ones when ``n > 1``."""
-    if seed is None and n == 1:
-        return [None]
+def choice_seeds(seed: int | None, n: int, rng: random.Random) -> list[int]:
+    """Distinct seeds for ``n`` choices: ``seed + i``, from a random base when none is given.
+
+    TensorRT-LLM's default seed is fixed, so an unseeded request would sample the same text
+    every time; OpenAI's unseeded requests vary.
+    """
     base = seed if seed is not None else rng.getrandbits(63)
     return [(base + i) & SEED_MASK for i in range(n)]
 

@@ -129,7 +129,7 @@ def test_explicit_null_means_default() -> None:
 
 @pytest.mark.parametrize(
     ("seed", "n", "expected"),
-    [(None, 1, [None]), (5, 1, [5]), (5, 3, [5, 6, 7]), (2**64 - 1, 2, [2**64 - 1, 0])],
+    [(5, 1, [5]), (5, 3, [5, 6, 7]), (2**64 - 1, 2, [2**64 - 1, 0])],
 )
 def test_choice_seeds(seed: int | None, n: int, expected: list[int | None]) -> None:
     assert choice_seeds(seed, n, random.Random(0)) == expected
@@ -139,6 +139,9 @@ def test_choices_without_seed_get_distinct_random_seeds() -> None:
     seeds = choice_seeds(None, 4, random.Random(0))
     assert None not in seeds
     assert len(set(seeds)) == 4
+    one, other = choice_seeds(None, 1, random.Random(1)), choice_seeds(None, 1, random.Random(2))
+    assert None not in one
+    assert one != other
 
 
 def test_fan_out_numbers_choices_prompt_major() -> None:

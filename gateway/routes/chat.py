@@ -11,8 +11,9 @@ from gateway.planning import plan_chat
 from gateway.protocol import ChatCompletionRequest
 from gateway.registry import ModelRegistry
 from gateway.responses import Header, chat_chunks, chat_completion
+from gateway.routes.answer import answer
 from gateway.settings import Settings
-from gateway.transport import decode_body, stream_response, until_disconnect
+from gateway.transport import decode_body, until_disconnect
 
 
 @post("/v1/chat/completions", status_code=200)
@@ -27,10 +28,13 @@ async def create_chat_completion(
     model = registry.get(body.model)
     plan = await until_disconnect(request.receive, plan_chat(model, body))
     header = Header.new("chatcmpl", model.name)
-    if plan.stream:
-        chunks = chat_chunks(plan, generation.events(model, plan), header)
-        return await stream_response(
-            request.receive, chunks, retry_after_s=settings.limits.retry_after_s
-        )
-    results = await until_disconnect(request.receive, generation.collect(model, plan))
-    return Response(chat_completion(plan, results, header))
+    return await answer(
+        request,
+        model,
+        plan,
+        header,
+        generation,
+        settings,
+        chunks=chat_chunks,
+        whole=chat_completion,
+    )

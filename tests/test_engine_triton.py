@@ -48,6 +48,7 @@ class Stream:
     ) -> None:
         self.request_id = f"engine-test-{next(_ids)}" if request_id is None else request_id
         self.responses: queue.Queue[tuple[Any, Any]] = queue.Queue()
+        self.open = True
         self.client = grpcclient.InferenceServerClient(server.grpc_url)
         self.client.start_stream(callback=lambda result, error: self.responses.put((result, error)))
         self.client.async_stream_infer(
@@ -57,13 +58,23 @@ class Stream:
             enable_empty_final_response=True,
         )
 
-    def next(self) -> tuple[dict[str, Any], bool]:
-        result, error = self.responses.get(timeout=TIMEOUT_S)
+    @staticmethod
+    def _parse(result: Any, error: Any) -> tuple[dict[str, Any], bool]:
         if error is not None:
             raise RuntimeError(str(error))
         response = result.get_response()
         final = response.parameters["triton_final_response"].bool_param
         return {out.name: result.as_numpy(out.name) for out in response.outputs}, final
+
+    def next(self) -> tuple[dict[str, Any], bool]:
+        return self._parse(*self.responses.get(timeout=TIMEOUT_S))
+
+    def received(self) -> list[tuple[dict[str, Any], bool]]:
+        """The responses that have arrived so far, without waiting for more."""
+        responses = []
+        while not self.responses.empty():
+            responses.append(self._parse(*self.responses.get_nowait()))
+        return responses
 
     def collect(self) -> list[tuple[dict[str, Any], bool]]:
         """Every response up to and including the final one."""
@@ -85,6 +96,7 @@ class Stream:
             return str(exc)
 
     def close(self, *, cancel: bool = False) -> None:
+        self.open = False
         self.client.stop_stream(cancel_requests=cancel)
         self.client.close()
 

@@ -58,7 +58,11 @@ def _run(args: argparse.Namespace) -> int:
                 f"metrics {sidecar.metrics_url} models [{models}] log {sidecar.log_path}",
                 flush=True,
             )
-        done.wait()
+        while not done.wait(1.0):
+            dead = [sidecar.name for sidecar in sidecars if sidecar.failed.is_set()]
+            if dead:
+                print(f"error: sidecar(s) {', '.join(dead)} stopped serving", file=sys.stderr)
+                return 1
     finally:
         stop_all(sidecars)
     return 0

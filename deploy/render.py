@@ -177,8 +177,13 @@ def _map_token_counts(text: str, engine: str) -> str:
     return text.replace(anchor, anchor + maps, 1)
 
 
+def _escape(value: str) -> str:
+    """A value fit to sit between double quotes in a pbtxt file."""
+    return value.replace("\\", "\\\\").replace('"', '\\"')
+
+
 def _parameter_block(key: str, value: str) -> str:
-    escaped = value.replace("\\", "\\\\").replace('"', '\\"')
+    escaped = _escape(value)
     return f'parameters: {{\n  key: "{key}"\n  value: {{\n    string_value: "{escaped}"\n  }}\n}}\n'
 
 
@@ -193,7 +198,7 @@ def fill(text: str, values: Mapping[str, str], *, where: str) -> str:
     unresolved = sorted({m.group(1) for m in PLACEHOLDER.finditer(text)} - values.keys())
     if unresolved:
         raise RenderError(f"{where}: unresolved placeholder(s) {', '.join(unresolved)}")
-    return PLACEHOLDER.sub(lambda m: values[m.group(1)].replace('"', '\\"'), text)
+    return PLACEHOLDER.sub(lambda m: _escape(values[m.group(1)]), text)
 
 
 def render_config(model: ModelSpec, name: str) -> str:
@@ -255,14 +260,18 @@ def render_files(spec: Spec, sidecar: SidecarSpec) -> dict[str, str]:
 
 
 def write_repository(files: Mapping[str, str], out_dir: Path) -> Path:
-    """Write rendered files to ``out_dir``, replacing what was there in one rename."""
+    """Write rendered files to ``out_dir``, replacing what was there once all are written."""
     out_dir = Path(out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
-    for rel, content in files.items():
-        target = staging / rel
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(content)
+    try:
+        for rel, content in files.items():
+            target = staging / rel
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(content)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
     if out_dir.exists():
         shutil.rmtree(out_dir)
     staging.rename(out_dir)

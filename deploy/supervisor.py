@@ -49,11 +49,21 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(sock.getsockname()[1])
 
 
+def _load_libc() -> ctypes.CDLL | None:
+    try:
+        return ctypes.CDLL("libc.so.6", use_errno=True)
+    except OSError:
+        return None
+
+
+# Loaded here, not in the forked child, where dlopen could deadlock on the loader lock.
+_LIBC = _load_libc()
+
+
 def _die_with_parent() -> None:
     """In the child: get SIGTERM when the supervising thread's process dies."""
-    with contextlib.suppress(OSError, AttributeError):
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    if _LIBC is not None:
+        _LIBC.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 class Sidecar:
@@ -106,6 +116,10 @@ class Sidecar:
         self._process: subprocess.Popen[bytes] | None = None
         self._spawned = threading.Event()
         self._stopping = threading.Event()
+        self._spawn_lock = threading.Lock()
+        self._ever_ready = False
+        self.failed = threading.Event()
+        """Set once the sidecar stopped serving for good (start failure or too many crashes)."""
         self._failed: str | None = None
         self._thread: threading.Thread | None = None
 
@@ -181,8 +195,10 @@ class Sidecar:
 
     def stop(self, grace_s: float = 15.0) -> None:
         """SIGTERM, wait ``grace_s``, then SIGKILL the whole process group; remove shm leftovers."""
-        self._stopping.set()
-        process = self._process
+        with self._spawn_lock:
+            # Under the lock no new process can be spawned after this one is read.
+            self._stopping.set()
+            process = self._process
         if process is not None and process.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 process.send_signal(signal.SIGTERM)
@@ -239,24 +255,26 @@ class Sidecar:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         delay = self.backoff_s[0]
         with open(self.log_path, "ab") as log:
-            while not self._stopping.is_set():
-                self._process = self._spawn(log)
+            while True:
+                with self._spawn_lock:
+                    if self._stopping.is_set():
+                        return
+                    self._process = self._spawn(log)
                 self._spawned.set()
-                was_ready = self._watch(self._process)
+                self._ever_ready |= self._watch(self._process)
                 if self._stopping.is_set():
                     return
                 code = self._process.returncode
                 self._kill_group()
                 self._remove_shm()
-                if not was_ready:
-                    self._failed = (
+                if not self._ever_ready:
+                    self._give_up(
                         f"tritonserver of sidecar {self.name!r} exited with code {code} "
                         "while starting"
                     )
                     return
                 if self.restarts >= self.max_restarts:
-                    self._failed = f"sidecar {self.name!r} crashed {self.restarts + 1} times"
-                    logger.error("%s; giving up", self._failed)
+                    self._give_up(f"sidecar {self.name!r} crashed {self.restarts + 1} times")
                     return
                 logger.warning(
                     "sidecar %s exited with %s; restart in %.1f s", self.name, code, delay
@@ -265,6 +283,11 @@ class Sidecar:
                     return
                 self.restarts += 1
                 delay = min(delay * 2, self.backoff_s[1])
+
+    def _give_up(self, reason: str) -> None:
+        self._failed = reason
+        logger.error("%s; giving up", reason)
+        self.failed.set()
 
     def _watch(self, process: subprocess.Popen[bytes]) -> bool:
         """Wait for the process to exit; report whether it had become ready."""

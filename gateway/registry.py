@@ -73,7 +73,10 @@ def _route(model: ModelSettings, spec: Spec | None, grpc_urls: Mapping[str, str]
     pipeline = _pipeline(model, spec)
     prefix = f"{model.pipeline}_" if model.pipeline else ""
     triton_model = model.triton_model or f"{prefix}{model.entry}"
-    engine_model = model.engine_model or _engine_name(triton_model, model.entry)
+    # Without a pipeline the adapter reads the engine from the ensemble's or BLS's own config.
+    engine_model = model.engine_model or (
+        pipeline.triton_name("tensorrt_llm") if pipeline is not None else None
+    )
     url = model.triton_url or (grpc_urls.get(pipeline.name) if pipeline else None)
     tokenizer_dir = model.tokenizer_dir or (pipeline.tokenizer if pipeline else None)
     if tokenizer_dir is None:
@@ -115,13 +118,6 @@ def _pipeline(model: ModelSettings, spec: Spec | None) -> ModelSpec | None:
     raise SettingsError(
         f"model {model.name!r}: no pipeline {model.pipeline!r} in the sidecars spec"
     )
-
-
-def _engine_name(triton_model: str, entry: str) -> str:
-    """``tiny_ensemble`` -> ``tiny_tensorrt_llm``; the engine shares the pipeline's prefix."""
-    if triton_model.endswith(entry):
-        return triton_model[: -len(entry)] + "tensorrt_llm"
-    return "tensorrt_llm"
 
 
 class ModelRegistry:

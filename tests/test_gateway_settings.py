@@ -124,7 +124,7 @@ def test_missing_file(tmp_path: Path) -> None:
         ),
         (
             ModelSettings(name="t", triton_model="x_ensemble", tokenizer_dir="/tok"),
-            ("127.0.0.1:8001", "x_ensemble", "ensemble", "x_tensorrt_llm", "/tok", None, True),
+            ("127.0.0.1:8001", "x_ensemble", "ensemble", None, "/tok", None, True),
         ),
         (
             ModelSettings(

@@ -165,6 +165,12 @@ def test_repository_files() -> None:
     assert "m1_tensorrt_llm/1/.keep" in trt
 
 
+def test_values_are_escaped_for_pbtxt() -> None:
+    spec = _spec({**TORCH, "model_dir": 'C:\\models\\"odd"'})
+    config = parse(render_config(parse_spec(spec).models[0], "tensorrt_llm"))
+    assert config.parameters["gpt_model_path"].string_value == 'C:\\models\\"odd"'
+
+
 def test_unresolved_placeholder_is_named() -> None:
     with pytest.raises(RenderError, match=r"unresolved placeholder.*bogus_value"):
         fill("max_batch_size: ${bogus_value}\n", {}, where="x")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
 import json
@@ -201,12 +202,17 @@ class TritonPythonModel:
             if output.finished:
                 state.remaining -= 1
             final = state.remaining <= 0
+        try:
+            tensors = response_tensors(output, state.contexts[output.request_id], state.requested)
+            response = pb_utils.InferenceResponse(
+                output_tensors=[_output(name, value) for name, value in tensors.items()]
+            )
+        except Exception as exc:
+            logger.exception("could not build a response for request %r", state.triton_id)
+            self._fail(state, f"could not build the response: {exc}")
+            return
         if final and not self._close(state):
             return
-        tensors = response_tensors(output, state.contexts[output.request_id], state.requested)
-        response = pb_utils.InferenceResponse(
-            output_tensors=[_output(name, value) for name, value in tensors.items()]
-        )
         self._deliver(state, response, final=final)
 
     def _deliver(self, state: _Pending, response: Any, *, final: bool) -> None:
@@ -228,6 +234,10 @@ class TritonPythonModel:
                     state.sender.send(response, flags=_FINAL if final else 0)
             except Exception:
                 logger.warning("could not send a response for request %r", state.triton_id)
+                if final and response is not None:
+                    # Triton waits for the final flag; deliver it without the data that failed.
+                    with contextlib.suppress(Exception):
+                        state.sender.send(flags=_FINAL)
 
     def _watch_cancellation(self) -> None:
         period = self._settings.cancellation_check_period_ms / 1000.0

@@ -9,6 +9,7 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
+from deploy import params
 from deploy.pipeline import bls_logic as bl
 from deploy.pipeline import tokenization as tk
 
@@ -31,8 +32,8 @@ def _strings(*rows: list[str]) -> npt.NDArray[Any]:
         ({"k": {"string_value": "/models/x"}}, "/models/x"),
     ],
 )
-def test_model_parameter(parameters: dict[str, Any], expected: str | None) -> None:
-    assert tk.model_parameter({"parameters": parameters}, "k") == expected
+def test_parameter(parameters: dict[str, Any], expected: str | None) -> None:
+    assert params.parameter({"parameters": parameters}, "k") == expected
 
 
 @pytest.mark.parametrize(
@@ -44,11 +45,15 @@ def test_model_parameter(parameters: dict[str, Any], expected: str | None) -> No
         ("0", True, False),
         ("1", False, True),
         ("yes", False, True),
-        ("bogus", True, True),
     ],
 )
-def test_parse_flag(value: str | None, default: bool, expected: bool) -> None:
-    assert tk.parse_flag(value, default=default) is expected
+def test_flag(value: str | None, default: bool, expected: bool) -> None:
+    assert params.flag(value, default=default) is expected
+
+
+def test_flag_rejects_other_words() -> None:
+    with pytest.raises(ValueError, match="parameter accumulate_tokens must be true or false"):
+        params.flag("bogus", default=True, name="accumulate_tokens")
 
 
 def test_special_ids_default_to_eos_and_pad(tokenizer: Any) -> None:

@@ -7,9 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from deploy.engine.types import EngineConfig, EngineError
-
-_TRUE = frozenset({"1", "true", "yes", "on"})
-_FALSE = frozenset({"0", "false", "no", "off"})
+from deploy.params import flag, parameter
 
 
 @dataclass(frozen=True)
@@ -19,17 +17,6 @@ class ModelSettings:
     engine: EngineConfig
     exclude_input_in_output: bool = False
     cancellation_check_period_ms: int = 100
-
-
-def parameter(model_config: Mapping[str, Any], key: str) -> str | None:
-    """The value of a config parameter; None when missing, empty or an unfilled `${...}`."""
-    entry = model_config.get("parameters", {}).get(key)
-    if entry is None:
-        return None
-    value = str(entry.get("string_value", "")).strip()
-    if not value or (value.startswith("${") and value.endswith("}")):
-        return None
-    return value
 
 
 def _int(model_config: Mapping[str, Any], key: str, default: int | None) -> int | None:
@@ -43,14 +30,10 @@ def _int(model_config: Mapping[str, Any], key: str, default: int | None) -> int 
 
 
 def _bool(model_config: Mapping[str, Any], key: str, default: bool) -> bool:
-    value = parameter(model_config, key)
-    if value is None:
-        return default
-    if value.lower() in _TRUE:
-        return True
-    if value.lower() in _FALSE:
-        return False
-    raise EngineError(f"parameter {key} must be true or false, got {value!r}")
+    try:
+        return flag(parameter(model_config, key), default=default, name=key)
+    except ValueError as exc:
+        raise EngineError(str(exc)) from exc
 
 
 def settings_from_model_config(model_config: Mapping[str, Any]) -> ModelSettings:

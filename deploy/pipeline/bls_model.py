@@ -14,6 +14,7 @@ import numpy as np
 import numpy.typing as npt
 import triton_python_backend_utils as pb_utils
 
+from deploy import params
 from deploy.pipeline import bls_logic as bl
 from deploy.pipeline import tokenization as tk
 
@@ -78,11 +79,11 @@ class TritonPythonModel:
         config = json.loads(args["model_config"])
 
         def param(key: str, default: str) -> str:
-            return tk.model_parameter(config, key) or default
+            return params.parameter(config, key) or default
 
         self.decoupled = pb_utils.using_decoupled_model_transaction_policy(config)
-        self.accumulate = tk.parse_flag(
-            tk.model_parameter(config, "accumulate_tokens"), default=False, name="accumulate_tokens"
+        self.accumulate = params.flag(
+            params.parameter(config, "accumulate_tokens"), default=False, name="accumulate_tokens"
         )
         self.preprocessing = param("preprocessing_model_name", "preprocessing")
         self.engine = param("tensorrt_llm_model_name", "tensorrt_llm")

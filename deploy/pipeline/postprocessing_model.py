@@ -9,6 +9,7 @@ from typing import Any
 
 import triton_python_backend_utils as pb_utils
 
+from deploy import params
 from deploy.pipeline import tokenization as tk
 from deploy.pipeline.detokenizer import DetokenizerCache
 
@@ -26,20 +27,20 @@ class TritonPythonModel:
 
     def initialize(self, args: dict[str, str]) -> None:
         config = json.loads(args["model_config"])
-        tokenizer_dir = tk.model_parameter(config, "tokenizer_dir")
+        tokenizer_dir = params.parameter(config, "tokenizer_dir")
         if tokenizer_dir is None:
             raise pb_utils.TritonModelException(
                 "postprocessing: parameter tokenizer_dir is not set"
             )
-        self.skip_special_tokens = tk.parse_flag(
-            tk.model_parameter(config, "skip_special_tokens"),
+        self.skip_special_tokens = params.flag(
+            params.parameter(config, "skip_special_tokens"),
             default=True,
             name="skip_special_tokens",
         )
         self.tokenizer = tk.load_tokenizer(tokenizer_dir)
         self.streams = DetokenizerCache(
-            max_entries=int(tk.model_parameter(config, "detokenizer_cache_size") or 4096),
-            ttl_s=float(tk.model_parameter(config, "detokenizer_ttl_s") or 120),
+            max_entries=int(params.parameter(config, "detokenizer_cache_size") or 4096),
+            ttl_s=float(params.parameter(config, "detokenizer_ttl_s") or 120),
         )
         logger.info("postprocessing ready: tokenizer %s", tokenizer_dir)
 

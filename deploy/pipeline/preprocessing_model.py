@@ -10,6 +10,7 @@ import numpy as np
 import numpy.typing as npt
 import triton_python_backend_utils as pb_utils
 
+from deploy import params
 from deploy.pipeline import tokenization as tk
 
 logger = logging.getLogger(__name__)
@@ -20,11 +21,11 @@ class TritonPythonModel:
 
     def initialize(self, args: dict[str, str]) -> None:
         config = json.loads(args["model_config"])
-        tokenizer_dir = tk.model_parameter(config, "tokenizer_dir")
+        tokenizer_dir = params.parameter(config, "tokenizer_dir")
         if tokenizer_dir is None:
             raise pb_utils.TritonModelException("preprocessing: parameter tokenizer_dir is not set")
-        self.add_special_tokens = tk.parse_flag(
-            tk.model_parameter(config, "add_special_tokens"),
+        self.add_special_tokens = params.flag(
+            params.parameter(config, "add_special_tokens"),
             default=True,
             name="add_special_tokens",
         )

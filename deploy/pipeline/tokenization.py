@@ -2,43 +2,15 @@
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-logger = logging.getLogger(__name__)
 
 Tokenizer = Any
 IntArray = npt.NDArray[np.int32]
-TRUE_WORDS = frozenset({"true", "1", "t", "y", "yes", "on"})
-FALSE_WORDS = frozenset({"false", "0", "f", "n", "no", "off"})
-
-
-def model_parameter(model_config: Mapping[str, Any], key: str) -> str | None:
-    """A parameter string value; None when missing, empty or still a `${...}` placeholder."""
-    entry = model_config.get("parameters", {}).get(key)
-    if not entry:
-        return None
-    value = str(entry.get("string_value", "")).strip()
-    if not value or (value.startswith("${") and value.endswith("}")):
-        return None
-    return value
-
-
-def parse_flag(value: str | None, *, default: bool, name: str = "parameter") -> bool:
-    """A boolean parameter: true/false/1/0/yes/no, else the default (with a warning)."""
-    if value is None:
-        return default
-    lowered = value.lower()
-    if lowered in TRUE_WORDS:
-        return True
-    if lowered in FALSE_WORDS:
-        return False
-    logger.warning("%s=%r is not a boolean; using %s", name, value, default)
-    return default
 
 
 def load_tokenizer(tokenizer_dir: str) -> Tokenizer:

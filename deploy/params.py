@@ -1,0 +1,32 @@
+"""Reading the string parameters of a Triton model config, shared by every Python model."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+TRUE_WORDS = frozenset({"true", "1", "t", "y", "yes", "on"})
+FALSE_WORDS = frozenset({"false", "0", "f", "n", "no", "off"})
+
+
+def parameter(model_config: Mapping[str, Any], key: str) -> str | None:
+    """A parameter's string value; None when missing, empty or still a ``${...}`` placeholder."""
+    entry = model_config.get("parameters", {}).get(key)
+    if not entry:
+        return None
+    value = str(entry.get("string_value", "")).strip()
+    if not value or (value.startswith("${") and value.endswith("}")):
+        return None
+    return value
+
+
+def flag(value: str | None, *, default: bool, name: str = "parameter") -> bool:
+    """A boolean parameter (true/false, 1/0, yes/no, on/off); anything else is an error."""
+    if value is None:
+        return default
+    lowered = value.lower()
+    if lowered in TRUE_WORDS:
+        return True
+    if lowered in FALSE_WORDS:
+        return False
+    raise ValueError(f"parameter {name} must be true or false, got {value!r}")

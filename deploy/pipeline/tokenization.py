@@ -8,7 +8,6 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-
 Tokenizer = Any
 IntArray = npt.NDArray[np.int32]
 

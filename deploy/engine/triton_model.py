@@ -42,10 +42,30 @@ class _Pending:
     cancel_sent: bool = False
     responses: list[Any] = field(default_factory=list)
     done: threading.Event = field(default_factory=threading.Event)
+    # Triton frees a request once its final response is out; asking it `is_cancelled()` then,
+    # or while that response is being sent, crashes tritonserver (seen with 2.51).
+    final_guard: threading.Lock = field(default_factory=threading.Lock)
+    final_sent: bool = False
 
     def is_cancelled(self) -> bool:
-        check = getattr(self.sender, "is_cancelled", None) or self.request.is_cancelled
-        return bool(check())
+        """Whether the client cancelled; never asks Triton once the final response is out."""
+        with self.final_guard:
+            if self.final_sent:
+                return False
+            check = getattr(self.sender, "is_cancelled", None) or self.request.is_cancelled
+            return bool(check())
+
+    def send(self, response: Any, *, final: bool) -> None:
+        """Send one response; the final one under the guard that cancellation polling takes."""
+        if not final:
+            self.sender.send(response)
+            return
+        with self.final_guard:
+            self.final_sent = True
+            if response is None:
+                self.sender.send(flags=_FINAL)
+            else:
+                self.sender.send(response, flags=_FINAL)
 
 
 _STRING_INPUTS = frozenset({"guided_decoding_guide_type", "guided_decoding_guide"})
@@ -219,6 +239,8 @@ class TritonPythonModel:
         if state.sender is None:
             state.responses.append(response)
             if final:
+                with state.final_guard:
+                    state.final_sent = True
                 state.done.set()
             return
         self._outbox.put((state, response, final))
@@ -228,16 +250,13 @@ class TritonPythonModel:
         while (item := self._outbox.get()) is not None:
             state, response, final = item
             try:
-                if response is None:
-                    state.sender.send(flags=_FINAL)
-                else:
-                    state.sender.send(response, flags=_FINAL if final else 0)
+                state.send(response, final=final)
             except Exception:
                 logger.warning("could not send a response for request %r", state.triton_id)
                 if final and response is not None:
                     # Triton waits for the final flag; deliver it without the data that failed.
                     with contextlib.suppress(Exception):
-                        state.sender.send(flags=_FINAL)
+                        state.send(None, final=True)
 
     def _watch_cancellation(self) -> None:
         period = self._settings.cancellation_check_period_ms / 1000.0

@@ -44,6 +44,21 @@ class _Job:
         self.cancelled = False
         self._engine_started = False
         self._stop_sent = False
+        # Triton frees a request once its final flag is sent; asking it `is_cancelled()` then,
+        # or while the flag is being sent, crashes tritonserver (seen with 2.51).
+        self._final_guard = threading.Lock()
+        self._final_sent = False
+
+    def poll_cancelled(self) -> bool:
+        """Whether the client cancelled; never asks Triton once the final flag is out."""
+        with self._final_guard:
+            return not self._final_sent and _is_cancelled(self.request)
+
+    def send_final(self, sender: Any) -> None:
+        """Send the final flag, after which the request is no longer polled."""
+        with self._final_guard:
+            self._final_sent = True
+            sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 
     def start_engine(self) -> bool:
         """Mark the engine request as sent; False when the job was cancelled before."""
@@ -131,7 +146,7 @@ class TritonPythonModel:
             with self.jobs_lock:
                 self.jobs.pop(job.inner_id, None)
             try:
-                sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+                job.send_final(sender)
             except Exception:
                 logger.exception("could not end the response stream of %s", job.inner_id)
 
@@ -150,7 +165,7 @@ class TritonPythonModel:
             with self.jobs_lock:
                 jobs = list(self.jobs.values())
             for job in jobs:
-                if not job.cancelled and _is_cancelled(job.request) and job.cancel():
+                if not job.cancelled and job.poll_cancelled() and job.cancel():
                     self.stoppers.submit(self._stop_engine, job)
 
     def _stop_engine(self, job: _Job) -> None:

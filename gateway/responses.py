@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import AsyncGenerator, Iterable
+from collections.abc import AsyncGenerator, Callable, Iterable
 from contextlib import aclosing
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import TypeVar
 
 from msgspec import UNSET, UnsetType
 
@@ -131,93 +132,97 @@ def text_completion(plan: Plan, results: list[ChoiceResult], header: Header) -> 
     )
 
 
-@dataclass(slots=True)
-class _StreamState:
-    started: set[int] = field(default_factory=set)
-    ends: list[ChoiceEnd] = field(default_factory=list)
-    offsets: dict[int, int] = field(default_factory=dict)
+ChunkT = TypeVar("ChunkT")
+ChoiceT = TypeVar("ChoiceT")
+StreamUsage = Usage | UnsetType | None
 
 
-async def chat_chunks(
+async def _stream_shape(
+    plan: Plan,
+    events: AsyncGenerator[Event, None],
+    *,
+    wrap: Callable[[list[ChoiceT], StreamUsage], ChunkT],
+    on_start: Callable[[int], Iterable[ChoiceT]],
+    on_delta: Callable[[TextDelta], ChoiceT],
+    on_end: Callable[[ChoiceEnd], ChoiceT],
+) -> AsyncGenerator[ChunkT, None]:
+    """The skeleton both streams share: opening chunks per choice, deltas, endings, usage."""
+    usage: StreamUsage = None if plan.include_usage else UNSET
+    started: set[int] = set()
+    ends: list[ChoiceEnd] = []
+    async with aclosing(events):
+        async for event in events:
+            if event.index not in started:
+                started.add(event.index)
+                for choice in on_start(event.index):
+                    yield wrap([choice], usage)
+            if isinstance(event, ChoiceEnd):
+                ends.append(event)
+                yield wrap([on_end(event)], usage)
+            else:
+                yield wrap([on_delta(event)], usage)
+    if plan.include_usage:
+        yield wrap([], usage_of(ends))
+
+
+def chat_chunks(
     plan: Plan, events: AsyncGenerator[Event, None], header: Header
 ) -> AsyncGenerator[ChatCompletionChunk, None]:
     """Streamed chat: a role chunk per choice, content deltas, a finish chunk, then usage."""
-    usage: UnsetType | None = None if plan.include_usage else UNSET
-    state = _StreamState()
 
-    def chunk(choice: ChatChunkChoice) -> ChatCompletionChunk:
+    def wrap(choices: list[ChatChunkChoice], usage: StreamUsage) -> ChatCompletionChunk:
         return ChatCompletionChunk(
-            id=header.id, created=header.created, model=header.model, choices=[choice], usage=usage
+            id=header.id, created=header.created, model=header.model, choices=choices, usage=usage
         )
 
-    async with aclosing(events):
-        async for event in events:
-            if event.index not in state.started:
-                state.started.add(event.index)
-                role = ChatDelta(role="assistant", content="")
-                yield chunk(ChatChunkChoice(index=event.index, delta=role))
-            if isinstance(event, ChoiceEnd):
-                state.ends.append(event)
-                finish = event.finish_reason
-                yield chunk(
-                    ChatChunkChoice(index=event.index, delta=ChatDelta(), finish_reason=finish)
-                )
-                continue
-            logprobs = chat_logprobs(event.tokens, event.logprobs) if plan.logprobs else None
-            delta = ChatDelta(content=event.text)
-            yield chunk(ChatChunkChoice(index=event.index, delta=delta, logprobs=logprobs))
-    if plan.include_usage:
-        yield ChatCompletionChunk(
-            id=header.id,
-            created=header.created,
-            model=header.model,
-            choices=[],
-            usage=usage_of(state.ends),
+    def on_start(index: int) -> list[ChatChunkChoice]:
+        return [ChatChunkChoice(index=index, delta=ChatDelta(role="assistant", content=""))]
+
+    def on_delta(event: TextDelta) -> ChatChunkChoice:
+        logprobs = chat_logprobs(event.tokens, event.logprobs) if plan.logprobs else None
+        return ChatChunkChoice(
+            index=event.index, delta=ChatDelta(content=event.text), logprobs=logprobs
         )
 
+    def on_end(event: ChoiceEnd) -> ChatChunkChoice:
+        return ChatChunkChoice(
+            index=event.index, delta=ChatDelta(), finish_reason=event.finish_reason
+        )
 
-async def completion_chunks(
+    return _stream_shape(
+        plan, events, wrap=wrap, on_start=on_start, on_delta=on_delta, on_end=on_end
+    )
+
+
+def completion_chunks(
     plan: Plan, events: AsyncGenerator[Event, None], header: Header
 ) -> AsyncGenerator[Completion, None]:
     """Streamed text completion: the echoed prompt, text deltas, a finish chunk, then usage."""
-    usage: UnsetType | None = None if plan.include_usage else UNSET
-    state = _StreamState()
+    offsets: dict[int, int] = {}
 
-    def chunk(choice: CompletionChoice) -> Completion:
+    def wrap(choices: list[CompletionChoice], usage: StreamUsage) -> Completion:
         return Completion(
-            id=header.id, created=header.created, model=header.model, choices=[choice], usage=usage
+            id=header.id, created=header.created, model=header.model, choices=choices, usage=usage
         )
 
-    async with aclosing(events):
-        async for event in events:
-            if event.index not in state.started:
-                state.started.add(event.index)
-                prompt = plan.choices[event.index].prompt.text if plan.echo else ""
-                state.offsets[event.index] = len(prompt)
-                if prompt:
-                    yield chunk(CompletionChoice(index=event.index, text=prompt))
-            if isinstance(event, ChoiceEnd):
-                state.ends.append(event)
-                finish = event.finish_reason
-                yield chunk(CompletionChoice(index=event.index, text="", finish_reason=finish))
-                continue
-            yield chunk(_completion_delta(plan, event, state))
-    if plan.include_usage:
-        yield Completion(
-            id=header.id,
-            created=header.created,
-            model=header.model,
-            choices=[],
-            usage=usage_of(state.ends),
+    def on_start(index: int) -> list[CompletionChoice]:
+        prompt = plan.choices[index].prompt.text if plan.echo else ""
+        offsets[index] = len(prompt)
+        return [CompletionChoice(index=index, text=prompt)] if prompt else []
+
+    def on_delta(event: TextDelta) -> CompletionChoice:
+        start = offsets[event.index]
+        offsets[event.index] = start + len(event.text)
+        logprobs = (
+            completion_logprobs(list(event.tokens), list(event.logprobs), start)
+            if plan.logprobs
+            else None
         )
+        return CompletionChoice(index=event.index, text=event.text, logprobs=logprobs)
 
+    def on_end(event: ChoiceEnd) -> CompletionChoice:
+        return CompletionChoice(index=event.index, text="", finish_reason=event.finish_reason)
 
-def _completion_delta(plan: Plan, event: TextDelta, state: _StreamState) -> CompletionChoice:
-    start = state.offsets[event.index]
-    state.offsets[event.index] = start + len(event.text)
-    logprobs = (
-        completion_logprobs(list(event.tokens), list(event.logprobs), start)
-        if plan.logprobs
-        else None
+    return _stream_shape(
+        plan, events, wrap=wrap, on_start=on_start, on_delta=on_delta, on_end=on_end
     )
-    return CompletionChoice(index=event.index, text=event.text, logprobs=logprobs)

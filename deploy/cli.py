@@ -17,7 +17,6 @@ from deploy.spec import Spec, SpecError, TorchEngine, load_spec
 from deploy.supervisor import SidecarError, start_all, stop_all
 
 logger = logging.getLogger(__name__)
-MODEL_ALIASES = ("tiny", "smollm2", "SmolLM2-135M-Instruct")
 
 
 def resolve_aliases(spec: Spec) -> Spec:
@@ -28,9 +27,9 @@ def resolve_aliases(spec: Spec) -> Spec:
     for model in spec.models:
         engine = model.engine
         tokenizer = model.tokenizer_dir
-        if isinstance(engine, TorchEngine) and engine.model_dir in MODEL_ALIASES:
+        if isinstance(engine, TorchEngine):
             engine = msgspec.structs.replace(engine, model_dir=resolve_model_dir(engine.model_dir))
-        if tokenizer in MODEL_ALIASES:
+        if tokenizer is not None:
             tokenizer = resolve_model_dir(tokenizer)
         models.append(msgspec.structs.replace(model, engine=engine, tokenizer_dir=tokenizer))
     return msgspec.structs.replace(spec, models=models)

@@ -29,6 +29,7 @@ PARAMETER_BLOCK = re.compile(
     r'string_value:\s*"\$\{(?P<placeholder>\w+)\}"\s*\}\s*\}\s*',
 )
 COMMENTED_PLACEHOLDER = re.compile(r"^\s*#.*\$\{\w+\}.*\n", re.M)
+INPUT_ENTRY = re.compile(r'\{\s*name:\s*"(\w+)"((?:[^{}]|\{[^{}]*\})*)\}')
 # Defaults that the stock fill_template.py merges into every call.
 FILL_DEFAULTS = {"max_queue_size": "0", "max_queue_delay_microseconds": "0"}
 
@@ -56,26 +57,33 @@ def template_values(model: ModelSpec, name: str) -> dict[str, str]:
         **FILL_DEFAULTS,
         "triton_max_batch_size": str(model.triton_max_batch_size),
         "logits_datatype": "TYPE_FP32",
+        "prompt_embedding_table_data_type": "TYPE_FP16",
     }
-    if name == "preprocessing":
-        return common | {
-            "tokenizer_dir": model.tokenizer,
-            "add_special_tokens": _flag(model.add_special_tokens),
-            "preprocessing_instance_count": str(model.preprocessing_instances),
-        }
-    if name == "postprocessing":
-        return common | {
-            "tokenizer_dir": model.tokenizer,
-            "skip_special_tokens": _flag(model.skip_special_tokens),
-            # Streaming detokenization state lives in the one instance that sees every chunk.
-            "postprocessing_instance_count": "1",
-        }
+    if name in ("preprocessing", "postprocessing"):
+        tokenizer = {"tokenizer_dir": model.tokenizer, "tokenizer_type": "auto"}
+        if name == "preprocessing":
+            return (
+                common
+                | tokenizer
+                | {
+                    "add_special_tokens": _flag(model.add_special_tokens),
+                    "preprocessing_instance_count": str(model.preprocessing_instances),
+                }
+            )
+        return (
+            common
+            | tokenizer
+            | {
+                "skip_special_tokens": _flag(model.skip_special_tokens),
+                # Streaming detokenization state lives in the one instance that sees every chunk.
+                "postprocessing_instance_count": "1",
+            }
+        )
     if name == "tensorrt_llm_bls":
         return common | {
             "decoupled_mode": _flag(model.decoupled),
             "bls_instance_count": str(model.bls_instances),
             "accumulate_tokens": _flag(model.accumulate_tokens),
-            "tensorrt_llm_model_name": model.triton_name("tensorrt_llm"),
         }
     if name == "tensorrt_llm":
         return common | _engine_values(model)
@@ -123,12 +131,27 @@ def _engine_values(model: ModelSpec) -> dict[str, str]:
     )
 
 
+def required_inputs(config: str) -> list[str]:
+    """Names of the inputs a ``config.pbtxt`` text declares without ``optional: true``."""
+    inputs = config.split("\noutput [", 1)[0].split("\ninput [", 1)[-1]
+    return [
+        match.group(1)
+        for match in INPUT_ENTRY.finditer(inputs)
+        if not re.search(r"optional:\s*true", match.group(2))
+    ]
+
+
 def _extra_parameters(model: ModelSpec, name: str) -> dict[str, str]:
-    """Parameters our Python models read beyond the stock ones."""
+    """Parameters our Python models read beyond the ones the release's template declares."""
     if name == "tensorrt_llm_bls":
+        postprocessing = template(model.release, "postprocessing").read_text()
         return {
+            "tensorrt_llm_model_name": model.triton_name("tensorrt_llm"),
             "preprocessing_model_name": model.triton_name("preprocessing"),
             "postprocessing_model_name": model.triton_name("postprocessing"),
+            "postprocessing_required_inputs": ",".join(required_inputs(postprocessing)),
+            # Tells the gateway that this BLS forwards client cancellation to the engine.
+            "forwards_cancellation": "true",
         }
     if name == "tensorrt_llm" and isinstance(model.engine, TorchEngine):
         engine = model.engine
@@ -139,42 +162,6 @@ def _extra_parameters(model: ModelSpec, name: str) -> dict[str, str]:
             "torch_max_seq_len": str(engine.max_seq_len),
         }
     return {}
-
-
-COUNT_FLAGS = ("return_num_input_tokens", "return_num_output_tokens")
-COUNT_OUTPUTS = ("num_input_tokens", "num_output_tokens")
-
-
-def _tensor(name: str, dtype: str, *, optional: bool = False, scalar: bool = False) -> str:
-    extra = ("\n    reshape: { shape: [ ] }" if scalar else "") + (
-        "\n    optional: true" if optional else ""
-    )
-    return f'  {{\n    name: "{name}"\n    data_type: {dtype}\n    dims: [ 1 ]{extra}\n  }}'
-
-
-def token_count_tensors(name: str) -> str:
-    """The token-count inputs and outputs as newer TensorRT-LLM templates declare them."""
-    if name not in ("ensemble", "tensorrt_llm", "tensorrt_llm_bls"):
-        return ""
-    scalar = name != "ensemble"
-    inputs = ",\n".join(_tensor(f, "TYPE_BOOL", optional=True, scalar=scalar) for f in COUNT_FLAGS)
-    outputs = ",\n".join(_tensor(o, "TYPE_INT32") for o in COUNT_OUTPUTS)
-    return f"\ninput [\n{inputs}\n]\noutput [\n{outputs}\n]\n"
-
-
-def _map_token_counts(text: str, engine: str) -> str:
-    """Route the count flags into the ensemble's engine step and the counts out of it."""
-    maps = "".join(
-        f'      input_map {{\n        key: "{f}"\n        value: "{f}"\n      }}\n'
-        for f in COUNT_FLAGS
-    ) + "".join(
-        f'      output_map {{\n        key: "{o}"\n        value: "{o}"\n      }}\n'
-        for o in COUNT_OUTPUTS
-    )
-    anchor = f'model_name: "{engine}"\n      model_version: -1\n'
-    if anchor not in text:
-        raise RenderError(f"ensemble template has no step for {engine}")
-    return text.replace(anchor, anchor + maps, 1)
 
 
 def _escape(value: str) -> str:
@@ -201,23 +188,37 @@ def fill(text: str, values: Mapping[str, str], *, where: str) -> str:
     return PLACEHOLDER.sub(lambda m: _escape(values[m.group(1)]), text)
 
 
+def template(release: str, name: str) -> Path:
+    """The stock ``config.pbtxt`` template of one pipeline model in one release."""
+    return TEMPLATES / release / name / "config.pbtxt"
+
+
 def render_config(model: ModelSpec, name: str) -> str:
     """The filled ``config.pbtxt`` of one pipeline model, with prefixed model names."""
-    text = (TEMPLATES / name / "config.pbtxt").read_text()
-    where = f"model {model.name!r}, {name}/config.pbtxt"
+    text = template(model.release, name).read_text()
+    where = f"model {model.name!r}, {model.release}/{name}/config.pbtxt"
     text = fill(text, template_values(model, name), where=where)
     text = re.sub(r'^name: "\w+"', f'name: "{model.triton_name(name)}"', text, count=1, flags=re.M)
+    if name == "tensorrt_llm" and isinstance(model.engine, TorchEngine):
+        # Releases before v0.11 write the C++ backend into the template instead of a placeholder.
+        text = re.sub(r'^backend: "\w+"', 'backend: "python"', text, count=1, flags=re.M)
     if name == "ensemble":
         for step in ("preprocessing", "tensorrt_llm", "postprocessing"):
             text = text.replace(f'model_name: "{step}"', f'model_name: "{model.triton_name(step)}"')
-        if model.token_counts:
-            text = _map_token_counts(text, model.triton_name("tensorrt_llm"))
-    if model.token_counts:
-        text += token_count_tensors(name)
-    extra = _extra_parameters(model, name)
-    if extra:
-        text += "\n" + "".join(_parameter_block(k, v) for k, v in extra.items())
+    for key, value in _extra_parameters(model, name).items():
+        text = _set_parameter(text, key, value)
     return text
+
+
+def _set_parameter(text: str, key: str, value: str) -> str:
+    """Set a string parameter: replace its value where the template declares it, else append."""
+    declared = re.compile(
+        r'(parameters:?\s*\{\s*key:\s*"' + re.escape(key) + r'"\s*value:\s*\{\s*string_value:\s*")'
+        r'[^"\n]*(")'
+    )
+    if declared.search(text):
+        return declared.sub(lambda m: m.group(1) + _escape(value) + m.group(2), text, count=1)
+    return text + "\n" + _parameter_block(key, value)
 
 
 def render_model(model: ModelSpec) -> dict[str, str]:

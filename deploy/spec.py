@@ -10,6 +10,8 @@ import msgspec
 import yaml
 
 MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
+RELEASES = ("v0.8", "v0.11", "v0.19", "latest")
+Release = Literal["v0.8", "v0.11", "v0.19", "latest"]
 PIPELINE_MODELS = (
     "preprocessing",
     "tensorrt_llm",
@@ -93,6 +95,9 @@ class ModelSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """Pipeline name; Triton models are called ``<name>_ensemble``, ``<name>_tensorrt_llm``..."""
     engine: Engine
     """The ``tensorrt_llm`` model's engine."""
+    release: Release = "v0.19"
+    """TensorRT-LLM release whose model configs are rendered: ``v0.8``, ``v0.11``, ``v0.19``, or
+    ``latest`` (TensorRT-LLM 1.x ``triton_backend``: ``min_tokens``/``seed`` and token counts)."""
     tokenizer_dir: str | None = None
     """Tokenizer directory or hub id; defaults to the torch engine's ``model_dir``."""
     triton_max_batch_size: int = 64
@@ -111,9 +116,6 @@ class ModelSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """Instances of the BLS model."""
     exclude_input_in_output: bool = False
     """Engine-side default for leaving the prompt out of non-streamed output."""
-    token_counts: bool = True
-    """Declare the token-count tensors of TensorRT-LLM releases since mid 2025
-    (``return_num_input_tokens``/``num_input_tokens`` and the output twins)."""
 
     @property
     def prefix(self) -> str:

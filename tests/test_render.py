@@ -12,9 +12,9 @@ from tritonclient.grpc import model_config_pb2 as mc
 from deploy.render import RenderError, fill, render_config, render_model, render_spec
 from deploy.spec import PIPELINE_MODELS, SpecError, load_spec, parse_spec
 
-REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "reference" / "stock-configs"
+SHARED = Path(__file__).resolve().parents[2] / "shared" / "reference"
 PACKAGED = Path(__file__).resolve().parents[1] / "deploy" / "templates"
-STOCK = REFERENCE if REFERENCE.is_dir() else PACKAGED
+RELEASES = ("v0.8", "v0.11", "v0.19", "latest")
 
 TORCH = {"kind": "torch", "model_dir": "some/hub-id"}
 TRTLLM = {"kind": "tensorrtllm", "engine_dir": "/engines/llama", "gpu_device_ids": "0,1"}
@@ -28,9 +28,24 @@ def parse(text: str) -> mc.ModelConfig:
     return text_format.Parse(text, mc.ModelConfig())
 
 
-def stock_config(name: str) -> mc.ModelConfig:
+def reference_template(release: str, name: str) -> Path:
+    """The stock template a release's rendering must match, from ../shared when present.
+
+    ``latest`` is checked against the configs of TensorRT-LLM's main branch of May 2025
+    (``stock-configs``: ``min_tokens``/``seed``), to which ``LATEST_ADDITIONS`` adds the rest.
+    """
+    if release == "latest":
+        folder = SHARED / "stock-configs"
+    else:
+        folder = SHARED / "stock-models" / f"{release}.0"
+    if not folder.is_dir():
+        pytest.skip(f"{folder} is not present beside the checkout")
+    return folder / name / "config.pbtxt"
+
+
+def stock_config(release: str, name: str) -> mc.ModelConfig:
     """The stock config with its typed placeholders filled as the stock fill_template docs do."""
-    text = string.Template((STOCK / name / "config.pbtxt").read_text()).safe_substitute(
+    text = string.Template(reference_template(release, name).read_text()).safe_substitute(
         triton_max_batch_size="64",
         decoupled_mode="true",
         logits_datatype="TYPE_FP32",
@@ -46,8 +61,11 @@ def stock_config(name: str) -> mc.ModelConfig:
     return parse(text)
 
 
-def io_signature(config: mc.ModelConfig) -> dict[str, list[tuple[object, ...]]]:
-    def entries(tensors: object) -> list[tuple[object, ...]]:
+Entry = tuple[object, ...]
+
+
+def io_signature(config: mc.ModelConfig) -> dict[str, list[Entry]]:
+    def entries(tensors: object) -> list[Entry]:
         return sorted(
             (
                 t.name,
@@ -63,58 +81,104 @@ def io_signature(config: mc.ModelConfig) -> dict[str, list[tuple[object, ...]]]:
     return {"input": entries(config.input), "output": entries(config.output)}
 
 
+def _counts(reshape: tuple[int, ...] | None) -> dict[str, list[Entry]]:
+    flags = [
+        (f"return_num_{kind}_tokens", "TYPE_BOOL", (1,), True, False, reshape)
+        for kind in ("input", "output")
+    ]
+    counts = [
+        (f"num_{kind}_tokens", "TYPE_INT32", (1,), False, False, None)
+        for kind in ("input", "output")
+    ]
+    return {"input": flags, "output": counts}
+
+
+# TensorRT-LLM 1.x over the May 2025 main branch: token counts (PR #5445), pixtral image sizes.
+LATEST_ADDITIONS: dict[str, dict[str, list[Entry]]] = {
+    "ensemble": _counts(None),
+    "tensorrt_llm": _counts(()),
+    "tensorrt_llm_bls": {
+        "input": [
+            *_counts(())["input"],
+            ("image_sizes_input", "TYPE_INT64", (-1, 2), True, False, None),
+        ],
+        "output": _counts(())["output"],
+    },
+    "preprocessing": {"input": [("IMAGE_SIZES", "TYPE_INT64", (-1, 2), True, False, None)]},
+}
+# ... and two changed dims: IMAGE_URL input [1] -> [-1], IMAGE_SIZES output [2] -> [-1, 2].
+LATEST_CHANGES = {
+    ("preprocessing", "input", "IMAGE_URL"): (-1,),
+    ("preprocessing", "output", "IMAGE_SIZES"): (-1, 2),
+}
+
+
+def expected_io(release: str, name: str) -> dict[str, list[Entry]]:
+    signature = io_signature(stock_config(release, name))
+    if release != "latest":
+        return signature
+    for side in ("input", "output"):
+        changed = [
+            (e[0], e[1], LATEST_CHANGES.get((name, side, str(e[0])), e[2]), *e[3:])
+            for e in signature[side]
+        ]
+        signature[side] = sorted(changed + LATEST_ADDITIONS.get(name, {}).get(side, []))
+    return signature
+
+
 @pytest.mark.parametrize("engine", [TORCH, TRTLLM], ids=["torch", "tensorrtllm"])
 @pytest.mark.parametrize("name", PIPELINE_MODELS)
-def test_rendered_io_equals_stock_io(engine: dict[str, object], name: str) -> None:
-    model = parse_spec(_spec(engine, token_counts=False)).models[0]
+@pytest.mark.parametrize("release", RELEASES)
+def test_rendered_io_equals_the_release_io(
+    engine: dict[str, object], name: str, release: str
+) -> None:
+    model = parse_spec(_spec(engine, release=release)).models[0]
     rendered = parse(render_config(model, name))
-    assert io_signature(rendered) == io_signature(stock_config(name))
+    assert io_signature(rendered) == expected_io(release, name)
     assert rendered.max_batch_size == 64
 
 
-COUNT_IO = {
-    "ensemble": (
-        [("return_num_input_tokens", "TYPE_BOOL", (1,), True, False, None)],
-        [("num_input_tokens", "TYPE_INT32", (1,), False, False, None)],
-    ),
-    "tensorrt_llm": (
-        [("return_num_input_tokens", "TYPE_BOOL", (1,), True, False, ())],
-        [("num_input_tokens", "TYPE_INT32", (1,), False, False, None)],
-    ),
-}
-COUNT_IO["tensorrt_llm_bls"] = COUNT_IO["tensorrt_llm"]
+@pytest.mark.parametrize("release", RELEASES)
+def test_rendered_ensemble_maps_what_the_stock_ensemble_maps(release: str) -> None:
+    model = parse_spec(_spec(TORCH, release=release)).models[0]
+    rendered = parse(render_config(model, "ensemble")).ensemble_scheduling.step
+    stock = stock_config(release, "ensemble").ensemble_scheduling.step
+    assert [s.model_name for s in rendered] == [f"m1_{s.model_name}" for s in stock]
+    for ours, theirs in zip(rendered, stock, strict=True):
+        extra_in = set(ours.input_map.items()) - set(theirs.input_map.items())
+        extra_out = set(ours.output_map.items()) - set(theirs.output_map.items())
+        assert set(theirs.input_map.items()) <= set(ours.input_map.items())
+        assert set(theirs.output_map.items()) <= set(ours.output_map.items())
+        if release == "latest" and ours.model_name == "m1_tensorrt_llm":
+            assert {k for k, _ in extra_in} == {
+                f"return_num_{k}_tokens" for k in ("input", "output")
+            }
+            assert {k for k, _ in extra_out} == {f"num_{k}_tokens" for k in ("input", "output")}
+        else:
+            assert extra_in == extra_out == set()
 
 
-@pytest.mark.parametrize("name", PIPELINE_MODELS)
-def test_token_counts_add_exactly_the_newer_release_tensors(name: str) -> None:
-    model = parse_spec(_spec(TORCH)).models[0]
-    rendered, stock = (
-        io_signature(parse(render_config(model, name))),
-        io_signature(stock_config(name)),
-    )
-    added_in = sorted(set(rendered["input"]) - set(stock["input"]))
-    added_out = sorted(set(rendered["output"]) - set(stock["output"]))
-    assert set(stock["input"]) <= set(rendered["input"])
-    assert set(stock["output"]) <= set(rendered["output"])
-    if name not in COUNT_IO:
-        assert added_in == added_out == []
-        return
-    flag, count = COUNT_IO[name][0][0], COUNT_IO[name][1][0]
-    assert added_in == [flag, (flag[0].replace("input", "output"), *flag[1:])]
-    assert added_out == [count, (count[0].replace("input", "output"), *count[1:])]
+def test_latest_templates_carry_the_newest_input_names() -> None:
+    model = parse_spec(_spec(TORCH, release="latest")).models[0]
+    engine = {t.name for t in parse(render_config(model, "tensorrt_llm")).input}
+    assert {"min_tokens", "seed"} <= engine
+    assert not {"min_length", "random_seed"} & engine
+    old = parse_spec(_spec(TORCH, release="v0.19")).models[0]
+    engine = {t.name for t in parse(render_config(old, "tensorrt_llm")).input}
+    assert {"min_length", "random_seed"} <= engine
 
 
-def test_ensemble_routes_token_counts_through_the_engine_step() -> None:
-    model = parse_spec(_spec(TORCH)).models[0]
-    step = parse(render_config(model, "ensemble")).ensemble_scheduling.step[1]
-    assert step.model_name == "m1_tensorrt_llm"
-    assert step.input_map["return_num_output_tokens"] == "return_num_output_tokens"
-    assert step.output_map["num_output_tokens"] == "num_output_tokens"
+def test_packaged_templates_of_numbered_releases_are_the_stock_files() -> None:
+    for release in ("v0.8", "v0.11", "v0.19"):
+        for name in PIPELINE_MODELS:
+            packaged = (PACKAGED / release / name / "config.pbtxt").read_text()
+            assert packaged == reference_template(release, name).read_text()
 
 
+@pytest.mark.parametrize("release", RELEASES)
 @pytest.mark.parametrize("engine", [TORCH, TRTLLM], ids=["torch", "tensorrtllm"])
-def test_names_are_prefixed_and_wired(engine: dict[str, object]) -> None:
-    model = parse_spec(_spec(engine)).models[0]
+def test_names_are_prefixed_and_wired(engine: dict[str, object], release: str) -> None:
+    model = parse_spec(_spec(engine, release=release)).models[0]
     configs = {name: parse(render_config(model, name)) for name in PIPELINE_MODELS}
     assert {c.name for c in configs.values()} == {f"m1_{n}" for n in PIPELINE_MODELS}
     steps = [s.model_name for s in configs["ensemble"].ensemble_scheduling.step]
@@ -123,11 +187,15 @@ def test_names_are_prefixed_and_wired(engine: dict[str, object]) -> None:
     assert bls["tensorrt_llm_model_name"].string_value == "m1_tensorrt_llm"
     assert bls["preprocessing_model_name"].string_value == "m1_preprocessing"
     assert bls["postprocessing_model_name"].string_value == "m1_postprocessing"
+    assert bls["forwards_cancellation"].string_value == "true"
     assert configs["preprocessing"].parameters["tokenizer_dir"].string_value == "tok/id"
 
 
-def test_torch_engine_config() -> None:
-    spec = _spec({**TORCH, "device": "cuda:1", "dtype": "bfloat16", "max_batch_size": 8})
+@pytest.mark.parametrize("release", RELEASES)
+def test_torch_engine_config(release: str) -> None:
+    spec = _spec(
+        {**TORCH, "device": "cuda:1", "dtype": "bfloat16", "max_batch_size": 8}, release=release
+    )
     config = parse(render_config(parse_spec(spec).models[0], "tensorrt_llm"))
     params = {k: v.string_value for k, v in config.parameters.items()}
     assert config.backend == "python"
@@ -234,3 +302,19 @@ def test_spec_validation(data: dict[str, object], message: str | None) -> None:
         return
     with pytest.raises(SpecError, match=message):
         parse_spec(data)
+
+
+@pytest.mark.parametrize(
+    ("release", "required"),
+    [
+        ("v0.8", "TOKENS_BATCH,SEQUENCE_LENGTH,CUM_LOG_PROBS,OUTPUT_LOG_PROBS"),
+        ("v0.11", "TOKENS_BATCH,SEQUENCE_LENGTH"),
+        ("latest", "TOKENS_BATCH,SEQUENCE_LENGTH"),
+    ],
+)
+def test_bls_learns_what_the_releases_postprocessing_requires(release: str, required: str) -> None:
+    model = parse_spec(_spec(TORCH, release=release)).models[0]
+    bls = parse(render_config(model, "tensorrt_llm_bls")).parameters
+    assert bls["postprocessing_required_inputs"].string_value == required
+    stock = {t.name for t in stock_config(release, "postprocessing").input if not t.optional}
+    assert set(required.split(",")) == stock

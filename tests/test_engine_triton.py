@@ -273,7 +273,7 @@ def test_stop_request_ends_the_running_request(sidecar: Sidecar) -> None:
 
 def test_stop_request_without_an_id_is_an_error(sidecar: Sidecar) -> None:
     stop = request(0, (0,), stop=True)
-    assert "request id must be provided" in Stream(sidecar, stop, request_id="").error()
+    assert "request ID is not provided" in Stream(sidecar, stop, request_id="").error()
 
 
 def test_client_cancellation_stops_generation(sidecar: Sidecar) -> None:
@@ -307,3 +307,78 @@ def test_unsupported_requests_get_a_clear_error(
     prompt = extra.pop("prompt", PROMPT)
     assert message in Stream(sidecar, request(4, prompt, **extra)).error()
     assert Stream(sidecar, request(2)).collect()[-1][1]
+
+
+def test_context_and_generation_logits_are_the_models_logits(
+    sidecar: Sidecar, tiny_model_dir: Path
+) -> None:
+    from transformers import AutoModelForCausalLM
+
+    flags = {"return_context_logits": True, "return_generation_logits": True}
+    values = request(4, exclude_input_in_output=True, end_id=-1, **flags)
+    ((outputs, final),) = Stream(sidecar, values).collect()
+    generated = outputs["output_ids"].reshape(-1).tolist()
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
+    with torch.no_grad():
+        logits = model(torch.tensor([list(PROMPT) + generated])).logits[0].numpy()
+    context, generation = outputs["context_logits"], outputs["generation_logits"]
+    assert final and len(generated) == 4
+    assert context.shape == (1, len(PROMPT), logits.shape[-1])
+    np.testing.assert_allclose(context[0], logits[: len(PROMPT)], atol=1e-4)
+    assert generation.shape == (1, 1, 4, logits.shape[-1])
+    np.testing.assert_allclose(generation[0, 0], logits[len(PROMPT) - 1 : -1], atol=1e-4)
+
+
+def test_streamed_generation_logits_come_one_chunk_at_a_time(sidecar: Sidecar) -> None:
+    values = request(3, streaming=True, end_id=-1, return_generation_logits=True)
+    chunks = [o["generation_logits"] for o, _ in Stream(sidecar, values).collect() if o]
+    assert [chunk.shape[:3] for chunk in chunks if chunk.size] == [(1, 1, 1)] * 3
+
+
+def test_streamed_log_probs_repeat_every_log_prob_so_far(sidecar: Sidecar) -> None:
+    values = request(3, streaming=True, end_id=-1, return_log_probs=True)
+    sizes = [o["output_log_probs"].size for o, _ in Stream(sidecar, values).collect() if o]
+    assert sizes[:3] == [1, 2, 3]
+
+
+def test_perf_metrics_on_request(sidecar: Sidecar) -> None:
+    values = request(5, end_id=-1, exclude_input_in_output=True, return_perf_metrics=True)
+    ((outputs, _),) = Stream(sidecar, values).collect()
+    times = [
+        int(outputs[name][0, 0])
+        for name in ("arrival_time_ns", "first_scheduled_time_ns", "first_token_time_ns")
+    ] + [int(outputs["last_token_time_ns"][0, 0])]
+    assert times == sorted(times) and times[0] > 1_600_000_000 * 10**9
+    assert int(outputs["kv_cache_alloc_new_blocks"][0, 0]) == 1  # 10 tokens, 64 a block
+    assert int(outputs["kv_cache_reused_blocks"][0, 0]) == 0
+    assert "arrival_time_ns" not in Stream(sidecar, request(2)).collect()[0][0]
+
+
+def _metric(text: str, family: str, **labels: str) -> float:
+    for line in text.splitlines():
+        if line.startswith(family + "{") and all(f'{k}="{v}"' in line for k, v in labels.items()):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"{family} {labels} not in the metrics")
+
+
+def test_engine_statistics_are_triton_metrics_named_as_the_cpp_backend_names_them(
+    sidecar: Sidecar,
+) -> None:
+    import urllib.request
+
+    def scrape() -> str:
+        with urllib.request.urlopen(sidecar.metrics_url, timeout=10) as response:
+            return response.read().decode()
+
+    model = {"model": MODEL, "version": "1"}
+    before = _metric(scrape(), "nv_trt_llm_general_metrics", general_type="iteration_counter")
+    Stream(sidecar, request(12, end_id=-1)).collect()
+    time.sleep(0.5)
+    text = scrape()
+    after = _metric(text, "nv_trt_llm_general_metrics", general_type="iteration_counter", **model)
+    assert after >= before + 11
+    assert _metric(text, "nv_trt_llm_request_metrics", request_type="max", **model) == 16
+    blocks = "nv_trt_llm_kv_cache_block_metrics"
+    assert _metric(text, blocks, kv_cache_block_type="tokens_per", **model) == 64
+    lengths = "nv_llm_output_token_len_count"
+    assert _metric(text, lengths, response_metric_type="total_output_tokens", **model) >= 1

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
+import numpy.typing as npt
 import torch
 
 from deploy.engine.kvcache import BatchKVCache
@@ -16,6 +18,7 @@ from deploy.engine.types import (
     GenerationRequest,
     OutputCallback,
     SequenceOutput,
+    Timings,
     TokenIds,
 )
 
@@ -38,10 +41,17 @@ class SequenceState:
     cum_log_prob: float = 0.0
     emitted: int = 0
     finish: FinishReason | None = None
+    context_logits: npt.NDArray[np.float32] | None = None
+    generation_logits: list[npt.NDArray[np.float32]] = field(default_factory=list)
+    scheduled_ns: int = 0
+    first_token_ns: int = 0
+    last_token_ns: int = 0
 
     def __post_init__(self) -> None:
         if not self.history:
             self.history = list(self.request.input_ids)
+        if not self.scheduled_ns:
+            self.scheduled_ns = time.time_ns()
 
     @property
     def next_input(self) -> int:
@@ -59,11 +69,18 @@ class SequenceState:
             self.begin_suppress,
         )
 
-    def accept(self, token: int, log_prob: float) -> FinishReason | None:
-        """Take the chosen token; returns why the sequence ends, if it does."""
+    def accept(
+        self, token: int, log_prob: float, logits: npt.NDArray[np.float32] | None = None
+    ) -> FinishReason | None:
+        """Take the chosen token (and the raw logits it came from, when they are returned)."""
+        now = time.time_ns()
+        self.first_token_ns = self.first_token_ns or now
+        self.last_token_ns = now
         if token in self.end_ids:
             self.finish = FinishReason.END_ID
             return self.finish
+        if logits is not None:
+            self.generation_logits.append(logits)
         self.generated.append(token)
         self.history.append(token)
         self.log_probs.append(log_prob)
@@ -84,16 +101,28 @@ class SequenceState:
             return None
         start = self.emitted if streaming else 0
         self.emitted = len(self.generated)
-        log_probs = None
-        if self.request.return_log_probs:
-            log_probs = np.asarray(self.log_probs[start:], dtype=np.float32)
+        request = self.request
+        log_probs = np.asarray(self.log_probs, np.float32) if request.return_log_probs else None
+        generation_logits = None
+        if request.return_generation_logits:
+            generation_logits = _stack(self.generation_logits)
         return SequenceOutput(
-            request_id=self.request.request_id,
+            request_id=request.request_id,
             sequence_index=self.index,
             token_ids=np.asarray(self.generated[start:], dtype=np.int32),
             log_probs=log_probs,
             cum_log_prob=self.cum_log_prob,
             finish_reason=self.finish,
+            new_from=start,
+            context_logits=self.context_logits,
+            generation_logits=generation_logits,
+            timings=Timings(
+                arrival_ns=request.arrival_ns or self.scheduled_ns,
+                first_scheduled_ns=self.scheduled_ns,
+                first_token_ns=self.first_token_ns,
+                last_token_ns=self.last_token_ns,
+            ),
+            cached_tokens=len(self.history),
         )
 
     def error_output(self, message: str) -> SequenceOutput:
@@ -108,6 +137,11 @@ class SequenceState:
             finish_reason=FinishReason.ERROR,
             error=message,
         )
+
+
+def _stack(rows: list[npt.NDArray[np.float32]]) -> npt.NDArray[np.float32]:
+    """Per-token logits as one `[tokens, vocab]` array (`[0, 0]` before the first token)."""
+    return np.stack(rows) if rows else np.zeros((0, 0), np.float32)
 
 
 class DecodeBatch:
@@ -159,7 +193,10 @@ class DecodeBatch:
         outputs: list[tuple[SequenceState, SequenceOutput]] = []
         running: list[int] = []
         for row, (seq, token) in enumerate(zip(self.sequences, tokens.tolist(), strict=True)):
-            if seq.accept(int(token), float(log_probs[row])) is None:
+            raw = None
+            if seq.request.return_generation_logits:
+                raw = logits[row].float().cpu().numpy()
+            if seq.accept(int(token), float(log_probs[row]), raw) is None:
                 running.append(row)
             output = seq.take_output()
             if output is not None:

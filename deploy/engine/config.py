@@ -17,6 +17,7 @@ class ModelSettings:
     engine: EngineConfig
     exclude_input_in_output: bool = False
     cancellation_check_period_ms: int = 100
+    stats_check_period_ms: int = 100
 
 
 def _int(model_config: Mapping[str, Any], key: str, default: int | None) -> int | None:
@@ -56,8 +57,10 @@ def settings_from_model_config(model_config: Mapping[str, Any]) -> ModelSettings
         num_threads=_int(model_config, "torch_num_threads", None),
     )
     period = _int(model_config, "cancellation_check_period_ms", 100) or 100
+    stats_period = _int(model_config, "stats_check_period_ms", 100) or 100
     return ModelSettings(
         engine=engine,
         exclude_input_in_output=_bool(model_config, "exclude_input_in_output", False),
         cancellation_check_period_ms=max(1, period),
+        stats_check_period_ms=max(1, stats_period),
     )

@@ -111,14 +111,18 @@ class ModelRunner:
         )
         return cls(model, device)
 
-    def prefill(self, input_ids: Sequence[int]) -> tuple[torch.Tensor, DynamicCache]:
-        """Run the prompt; returns the next-token logits [vocab] (float32) and its KV cache."""
+    def prefill(
+        self, input_ids: Sequence[int], *, all_logits: bool = False
+    ) -> tuple[torch.Tensor, DynamicCache, torch.Tensor | None]:
+        """Run the prompt; returns the next-token logits [vocab] (float32), its KV cache and,
+        with `all_logits`, the logits of every prompt position [prompt_len, vocab]."""
         ids = torch.tensor([list(input_ids)], dtype=torch.long, device=self.device)
         cache = DynamicCache()
-        extra = {"logits_to_keep": 1} if self._keep_last_logits else {}
+        extra = {"logits_to_keep": 1} if self._keep_last_logits and not all_logits else {}
         with torch.inference_mode():
             out = self.model(input_ids=ids, past_key_values=cache, use_cache=True, **extra)
-        return out.logits[0, -1, :].float(), cache
+        logits = out.logits[0].float()
+        return logits[-1], cache, logits if all_logits else None
 
     def decode(self, tokens: Sequence[int], kv: BatchKVCache) -> torch.Tensor:
         """Feed one token per row; returns next-token logits [rows, vocab] (float32)."""

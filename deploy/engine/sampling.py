@@ -15,6 +15,7 @@ logger = logging.getLogger(__name__)
 
 _GOLDEN = 0x9E3779B97F4A7C15
 _U64 = (1 << 64) - 1
+_TOP_P_FLOOR = 1e-6  # TensorRT-LLM's default runtime_top_p_min
 
 
 def sequence_seed(seed: int, index: int) -> int:
@@ -167,6 +168,7 @@ class SamplingRows:
         self.bias = bias
         self.seen = seen
         self.counts = torch.zeros(bias.shape, dtype=torch.float32, device=bias.device)
+        self.current_top_p = [p.top_p for p in params]
         self._refresh()
 
     @classmethod
@@ -207,19 +209,21 @@ class SamplingRows:
 
         self.temperature = column([p.temperature for p in self.params])
         self.top_k = column([p.top_k for p in self.params], torch.long)
-        self.top_p = column([p.top_p for p in self.params])
+        self.top_p = column(self.current_top_p)
         self.repetition = column([p.repetition_penalty for p in self.params])
         self.presence = column([p.presence_penalty for p in self.params])
         self.frequency = column([p.frequency_penalty for p in self.params])
         self.greedy = column([p.greedy for p in self.params], torch.bool)
         self.all_greedy = all(p.greedy for p in self.params)
         self.any_penalty = any(p.penalised for p in self.params)
+        self.any_decay = any(p.decays for p in self.params)
 
     def select(self, rows: Sequence[int]) -> None:
         """Keep only `rows`, in that order."""
         index = torch.tensor(list(rows), dtype=torch.long, device=self.bias.device)
         self.params = [self.params[r] for r in rows]
         self.generators = [self.generators[r] for r in rows]
+        self.current_top_p = [self.current_top_p[r] for r in rows]
         self.bias, self.seen, self.counts = (
             self.bias[index],
             self.seen[index],
@@ -231,18 +235,33 @@ class SamplingRows:
         """Append the rows of `other`."""
         self.params = self.params + other.params
         self.generators = self.generators + other.generators
+        self.current_top_p = self.current_top_p + other.current_top_p
         self.bias = torch.cat([self.bias, other.bias])
         self.seen = torch.cat([self.seen, other.seen])
         self.counts = torch.cat([self.counts, other.counts])
         self._refresh()
 
     def record(self, tokens: torch.Tensor) -> None:
-        """Count the chosen tokens for the penalties (only needed while a row is penalised)."""
+        """Count the chosen tokens for the penalties and decay top-p, where rows need it."""
+        if self.any_decay:
+            self._decay_top_p(tokens.tolist())
         if not self.any_penalty:
             return
         rows = torch.arange(len(self), device=tokens.device)
         self.counts[rows, tokens] += 1.0
         self.seen[rows, tokens] = True
+
+    def _decay_top_p(self, tokens: list[int]) -> None:
+        """TensorRT-LLM's rule: back to the initial top-p on the reset id, else decay it."""
+        for row, (params, token) in enumerate(zip(self.params, tokens, strict=True)):
+            if not params.decays:
+                continue
+            if token == params.top_p_reset_id:
+                self.current_top_p[row] = params.top_p
+            else:
+                decayed = self.current_top_p[row] * params.top_p_decay
+                self.current_top_p[row] = max(decayed, _TOP_P_FLOOR)
+        self.top_p = torch.tensor(self.current_top_p, dtype=torch.float32, device=self.bias.device)
 
     def choose(self, logits: torch.Tensor, bans: Sequence[tuple[int, int]]) -> torch.Tensor:
         """Process the raw logits [rows, vocab] and pick one token per row."""

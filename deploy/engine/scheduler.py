@@ -119,6 +119,8 @@ class Engine:
         self._waiting: deque[_Submit] = deque()
         self._batch = DecodeBatch.empty(runner.vocab_size, runner.device)
         self._steps = 0
+        self._max_running = 0
+        self._context = (0, 0)
         self._thread: threading.Thread | None = None
 
     @classmethod
@@ -164,7 +166,17 @@ class Engine:
 
     def stats(self) -> EngineStats:
         """Current occupancy (approximate while the engine runs)."""
-        return EngineStats(len(self._batch), len(self._waiting), self._steps)
+        batch = self._batch
+        requests, tokens = self._context
+        return EngineStats(
+            running_sequences=len(batch),
+            waiting_requests=len(self._waiting),
+            steps=self._steps,
+            max_running=self._max_running,
+            context_requests=requests,
+            context_tokens=tokens,
+            cached_tokens=sum(len(seq.history) for seq in list(batch.sequences)),
+        )
 
     def _run(self) -> None:
         failure: str | None = None
@@ -239,10 +251,11 @@ class Engine:
         self._batch.keep(keep)
 
     def _admit(self) -> None:
+        requests = tokens = 0
         while self._waiting:
             wanted = self._waiting[0].request.num_return_sequences
             if len(self._batch) + wanted > self.max_batch_size:
-                return
+                break
             entry = self._waiting.popleft()
             try:
                 group = self._prefill(entry)
@@ -250,7 +263,11 @@ class Engine:
                 logger.exception("prefill of request %s failed", entry.request.request_id)
                 self._emit_unstarted(entry, FinishReason.ERROR, f"prefill failed: {exc}")
                 continue
+            requests += 1
+            tokens += len(entry.request.input_ids)
             self._batch.extend(group)
+        if requests or self._batch:
+            self._context = (requests, tokens)
 
     def _prefill(self, entry: _Submit) -> DecodeBatch:
         request, runner = entry.request, self.runner
@@ -267,7 +284,12 @@ class Engine:
             )
             for index in range(n)
         ]
-        logits, cache = runner.prefill(request.input_ids)
+        logits, cache, context = runner.prefill(
+            request.input_ids, all_logits=request.return_context_logits
+        )
+        context_logits = None if context is None else context.cpu().numpy()
+        for seq in sequences:
+            seq.context_logits = context_logits
         bias = static_bias(
             runner.vocab_size, runner.suppress_tokens, request.bad_words, request.embedding_bias
         )
@@ -283,6 +305,7 @@ class Engine:
 
     def _step(self) -> None:
         batch = self._batch
+        self._max_running = max(self._max_running, len(batch))
         try:
             logits = self.runner.decode([seq.next_input for seq in batch.sequences], batch.kv)
             outputs = batch.advance(logits)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import itertools
 import json
@@ -18,14 +19,27 @@ import torch
 import triton_python_backend_utils as pb_utils
 
 from deploy.engine.config import ModelSettings, settings_from_model_config
+from deploy.engine.outputs import ItemContext, OutputLayout, response_tensors
 from deploy.engine.scheduler import Engine, validate_request
+from deploy.engine.triton_metrics import EngineMetrics, stat_values
 from deploy.engine.types import EngineError, SequenceOutput
-from deploy.engine.wire import ItemContext, is_stop_request, parse_items, response_tensors
+from deploy.engine.wire import is_stop_request, parse_items
 
 logger = logging.getLogger(__name__)
 
 _FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
-_NO_STOP_ID = "A request id must be provided to stop a request"
+_NO_STOP_ID = "Trying to stop a request but request ID is not provided"
+# The C++ backend's words for what only a decoupled model can do.
+_STREAMING_NEEDS_DECOUPLED = (
+    "Streaming is only supported if model is deployed using decoupled mode."
+)
+_BATCH_NEEDS_DECOUPLED = (
+    "Batch size > 1 requires the tensorrt_llm backend to be using decoupled transaction policy"
+)
+_SEQUENCES_NEED_DECOUPLED = (
+    "num_return_sequences > 1 requires the tensorrt_llm backend to be using decoupled "
+    "transaction policy: each sequence is a response of its own"
+)
 
 
 @dataclass(eq=False)
@@ -40,8 +54,6 @@ class _Pending:
     remaining: int
     closed: bool = False
     cancel_sent: bool = False
-    responses: list[Any] = field(default_factory=list)
-    done: threading.Event = field(default_factory=threading.Event)
     # Triton frees a request once its final response is out; asking it `is_cancelled()` then,
     # or while that response is being sent, crashes tritonserver (seen with 2.51).
     final_guard: threading.Lock = field(default_factory=threading.Lock)
@@ -62,10 +74,7 @@ class _Pending:
             return
         with self.final_guard:
             self.final_sent = True
-            if response is None:
-                self.sender.send(flags=_FINAL)
-            else:
-                self.sender.send(response, flags=_FINAL)
+            self.sender.send(response, flags=_FINAL)
 
 
 _STRING_INPUTS = frozenset({"guided_decoding_guide_type", "guided_decoding_guide"})
@@ -93,14 +102,21 @@ def _error_response(message: str) -> Any:
 
 
 class TritonPythonModel:
-    """The `tensorrt_llm` model: decoupled, in-flight batched, backed by `deploy.engine`."""
+    """The `tensorrt_llm` model: in-flight batched in both transaction policies.
+
+    `execute` only hands requests to the engine and returns; responses go out through each
+    request's response sender from the engine's threads. A non-decoupled model gets exactly one
+    response per request that way (Triton 24.06+), so requests still join running batches and
+    stop requests and cancellation reach running generations, as with the C++ backend.
+    """
 
     def initialize(self, args: dict[str, str]) -> None:
-        """Read the parameters, load the model and start the engine and cancellation watcher."""
+        """Read the parameters, load the model and start the engine and its helper threads."""
         if not logging.getLogger().handlers:
             logging.basicConfig(level=logging.INFO, format="%(name)s %(levelname)s %(message)s")
         model_config = json.loads(args["model_config"])
         self._settings: ModelSettings = settings_from_model_config(model_config)
+        self._layout = OutputLayout.from_model_config(model_config)
         self._decoupled = pb_utils.using_decoupled_model_transaction_policy(model_config)
         self._engine = Engine.from_config(self._settings.engine)
         self._lock = threading.Lock()
@@ -114,50 +130,61 @@ class TritonPythonModel:
         )
         self._sender.start()
         self._watcher.start()
+        self._metrics = EngineMetrics(
+            args.get("model_name", "tensorrt_llm"),
+            args.get("model_version", "1"),
+            self._stat_values,
+            self._settings.stats_check_period_ms / 1000.0,
+        ).start()
 
-    def execute(self, requests: list[Any]) -> list[Any] | None:
-        """Hand requests to the engine; responses follow from the engine thread."""
-        if self._decoupled:
-            for request in requests:
-                self._accept(request, request.get_response_sender())
-            return None
-        states = [self._accept(request, None) for request in requests]
-        responses = []
-        for state in states:
-            state.done.wait()
-            responses.append(state.responses[-1])
-        return responses
+    def execute(self, requests: list[Any]) -> None:
+        """Hand requests to the engine; responses follow from the engine's threads."""
+        for request in requests:
+            self._accept(request, request.get_response_sender())
 
     def finalize(self) -> None:
         """Cancel what is still running (each request still gets its final response)."""
         self._stopping.set()
+        self._metrics.stop()
         self._engine.shutdown()
         self._outbox.put(None)
         self._sender.join(timeout=10)
         self._watcher.join(timeout=5)
 
-    def _accept(self, request: Any, sender: Any) -> _Pending:
+    def _stat_values(self) -> dict[tuple[str, str], float]:
+        engine = self._engine
+        gpu = torch.cuda.memory_allocated() if engine.runner.device.type == "cuda" else 0
+        return stat_values(
+            engine.stats(),
+            max_batch_size=engine.max_batch_size,
+            max_seq_len=engine.max_seq_len or 0,
+            gpu_bytes=gpu,
+        )
+
+    def _accept(self, request: Any, sender: Any) -> None:
         triton_id = request.request_id()
         state = _Pending(request, triton_id, sender, frozenset(), {}, remaining=0)
         try:
             inputs = _inputs(request)
             if is_stop_request(inputs):
                 self._stop(triton_id, state)
-                return state
+                return
             key = f"{next(self._keys)}:{triton_id}"
-            items = parse_items(
-                inputs,
-                id_prefix=key,
-                exclude_input_default=self._settings.exclude_input_in_output,
+            items = self._checked(
+                parse_items(
+                    inputs,
+                    id_prefix=key,
+                    exclude_input_default=self._settings.exclude_input_in_output,
+                    vocab_size=self._engine.runner.vocab_size,
+                )
             )
-            self._check(items)
         except EngineError as exc:
             self._deliver(state, _error_response(str(exc)), final=True)
-            return state
+            return
         except Exception as exc:
             logger.exception("could not read request %r", triton_id)
             self._deliver(state, _error_response(f"invalid request: {exc}"), final=True)
-            return state
+            return
         state.requested = frozenset(request.requested_output_names())
         state.contexts = {engine_request.request_id: ctx for engine_request, ctx in items}
         state.remaining = sum(req.num_return_sequences for req, _ in items)
@@ -169,21 +196,24 @@ class TritonPythonModel:
             except EngineError as exc:
                 self._fail(state, str(exc))
                 break
-        return state
 
-    def _check(self, items: list[tuple[Any, ItemContext]]) -> None:
+    def _checked(self, items: list[tuple[Any, ItemContext]]) -> list[tuple[Any, ItemContext]]:
+        """Validate every item before any runs; contexts learn each item's effective budget."""
         engine = self._engine
-        for request, _ in items:
-            validate_request(
+        checked = []
+        for request, context in items:
+            if not self._decoupled:
+                if request.streaming:
+                    raise EngineError(_STREAMING_NEEDS_DECOUPLED)
+                if len(items) > 1:
+                    raise EngineError(_BATCH_NEEDS_DECOUPLED)
+                if request.num_return_sequences > 1:
+                    raise EngineError(_SEQUENCES_NEED_DECOUPLED)
+            budget = validate_request(
                 request, engine.runner.vocab_size, engine.max_seq_len, engine.max_batch_size
             )
-            if not self._decoupled and (
-                len(items) > 1 or request.streaming or request.num_return_sequences > 1
-            ):
-                raise EngineError(
-                    "streaming, batch size > 1 and num_return_sequences > 1 need the model "
-                    "to be deployed in decoupled mode"
-                )
+            checked.append((request, dataclasses.replace(context, max_new_tokens=budget)))
+        return checked
 
     def _stop(self, triton_id: str, state: _Pending) -> None:
         if not triton_id:
@@ -194,7 +224,8 @@ class TritonPythonModel:
         for target in targets:
             for engine_id in target.contexts:
                 self._engine.stop(engine_id)
-        self._deliver(state, None, final=True)
+        # The C++ backend answers a stop request with an empty response, in both policies.
+        self._deliver(state, pb_utils.InferenceResponse(output_tensors=[]), final=True)
 
     def _close(self, state: _Pending) -> bool:
         with self._lock:
@@ -222,8 +253,11 @@ class TritonPythonModel:
             if output.finished:
                 state.remaining -= 1
             final = state.remaining <= 0
+        context = state.contexts[output.request_id]
+        if output.finished:
+            self._metrics.completed(context.prompt.size, output.cached_tokens - context.prompt.size)
         try:
-            tensors = response_tensors(output, state.contexts[output.request_id], state.requested)
+            tensors = response_tensors(output, context, state.requested, self._layout)
             response = pb_utils.InferenceResponse(
                 output_tensors=[_output(name, value) for name, value in tensors.items()]
             )
@@ -236,13 +270,6 @@ class TritonPythonModel:
         self._deliver(state, response, final=final)
 
     def _deliver(self, state: _Pending, response: Any, *, final: bool) -> None:
-        if state.sender is None:
-            state.responses.append(response)
-            if final:
-                with state.final_guard:
-                    state.final_sent = True
-                state.done.set()
-            return
         self._outbox.put((state, response, final))
 
     def _send_loop(self) -> None:
@@ -253,10 +280,10 @@ class TritonPythonModel:
                 state.send(response, final=final)
             except Exception:
                 logger.warning("could not send a response for request %r", state.triton_id)
-                if final and response is not None:
+                if final:
                     # Triton waits for the final flag; deliver it without the data that failed.
                     with contextlib.suppress(Exception):
-                        state.send(None, final=True)
+                        state.send(_error_response("could not send the response"), final=True)
 
     def _watch_cancellation(self) -> None:
         period = self._settings.cancellation_check_period_ms / 1000.0

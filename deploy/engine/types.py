@@ -22,7 +22,9 @@ class SamplingParams:
     """Per-request decoding parameters with TensorRT-LLM defaults and meanings.
 
     `top_k` 0 and `top_p` 0 mean "not set"; with neither set TensorRT-LLM decodes greedily,
-    and so does this engine. `min_tokens` defaults to 1 as in TensorRT-LLM.
+    and so does this engine. `min_tokens` defaults to 1 as in TensorRT-LLM. The decayed top-p
+    never falls below TensorRT-LLM's default floor of 1e-6: the C++ backend never reads
+    `runtime_top_p_min` (it looks for `runtime_top_k_min`), so neither does this engine.
     """
 
     temperature: float = 1.0
@@ -33,6 +35,15 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     min_tokens: int = 1
     seed: int = 0
+    top_p_decay: float = 1.0
+    """Factor applied to the sequence's top-p after each token (TensorRT-LLM's top-p decay)."""
+    top_p_reset_id: int | None = None
+    """Token that sets the decayed top-p back to `top_p`."""
+
+    @property
+    def decays(self) -> bool:
+        """Whether top-p changes from token to token."""
+        return self.top_p > 0.0 and (self.top_p_decay != 1.0 or self.top_p_reset_id is not None)
 
     @property
     def greedy(self) -> bool:
@@ -65,6 +76,10 @@ class GenerationRequest:
     streaming: bool = False
     num_return_sequences: int = 1
     return_log_probs: bool = False
+    return_context_logits: bool = False
+    return_generation_logits: bool = False
+    arrival_ns: int = 0
+    """Wall-clock arrival time (ns since the epoch), reported by ``return_perf_metrics``."""
 
 
 class FinishReason(enum.Enum):
@@ -78,12 +93,25 @@ class FinishReason(enum.Enum):
 
 
 @dataclass(frozen=True)
+class Timings:
+    """Wall-clock times (ns since the epoch) of one sequence, as TensorRT-LLM's perf metrics."""
+
+    arrival_ns: int
+    first_scheduled_ns: int
+    first_token_ns: int
+    last_token_ns: int
+
+
+@dataclass(frozen=True)
 class SequenceOutput:
     """A result delivered to the caller.
 
     Streaming requests get one output per new token (`token_ids` holds only the new tokens,
     empty when the sequence ends on an end id or is cancelled); other requests get a single
-    output holding every generated token. `cum_log_prob` is the running total.
+    output holding every generated token. `log_probs` and `generation_logits` always cover
+    every token generated so far and `cum_log_prob` is the running total; the response layer
+    slices what the TensorRT-LLM contract wants. `context_logits` are the prompt's logits
+    `[prompt_len, vocab]` when the request asked for them.
     """
 
     request_id: str
@@ -93,6 +121,13 @@ class SequenceOutput:
     cum_log_prob: float
     finish_reason: FinishReason | None = None
     error: str | None = None
+    new_from: int = 0
+    """Index of the first token of `token_ids` among all tokens generated so far."""
+    context_logits: npt.NDArray[np.float32] | None = None
+    generation_logits: npt.NDArray[np.float32] | None = None
+    timings: Timings | None = None
+    cached_tokens: int = 0
+    """Prompt plus generated tokens held in the KV cache for this sequence."""
 
     @property
     def finished(self) -> bool:
@@ -117,8 +152,17 @@ class EngineConfig:
 
 @dataclass(frozen=True)
 class EngineStats:
-    """A snapshot of the scheduler's occupancy."""
+    """A snapshot of the scheduler's occupancy, read between iterations.
+
+    `steps` counts decode iterations; `max_running` is the most sequences that ever shared
+    one; `context_requests` and `context_tokens` describe the last iteration's prefills;
+    `cached_tokens` is what the KV cache of the running sequences holds.
+    """
 
     running_sequences: int
     waiting_requests: int
     steps: int
+    max_running: int = 0
+    context_requests: int = 0
+    context_tokens: int = 0
+    cached_tokens: int = 0

@@ -1,20 +1,20 @@
-"""Translation between the `tensorrt_llm` model's Triton tensors and engine requests and outputs."""
+"""Translation of the `tensorrt_llm` model's Triton input tensors into engine requests."""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Collection, Mapping
-from dataclasses import dataclass
+import time
+from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 import numpy as np
 import numpy.typing as npt
 
+from deploy.engine.outputs import ItemContext
 from deploy.engine.types import (
     EngineError,
     GenerationRequest,
     SamplingParams,
-    SequenceOutput,
     TokenIds,
     WordList,
 )
@@ -28,7 +28,6 @@ LORA_ERROR = "LoRA adapters are not supported by the torch engine"
 _LORA_INPUTS = ("lora_task_id", "lora_weights", "lora_config")
 _UNSUPPORTED_INPUTS = {
     "encoder_input_features": "encoder-decoder models",
-    "decoder_input_ids": "encoder-decoder models",
     "prompt_embedding_table": "prompt tuning",
     "draft_input_ids": "speculative decoding",
     "draft_logits": "speculative decoding",
@@ -38,23 +37,16 @@ _UNSUPPORTED_INPUTS = {
     "cross_attention_mask": "multimodal models",
     "mrope_rotary_cos_sin": "multimodal models",
 }
-_UNSUPPORTED_FLAGS = {
-    "return_context_logits": "context logits",
-    "return_generation_logits": "generation logits",
-}
-
-
-@dataclass(frozen=True)
-class ItemContext:
-    """What shapes the responses of one batch item of a Triton request."""
-
-    batch_index: int
-    prompt: npt.NDArray[np.int32]
-    streaming: bool
-    exclude_input: bool
-    return_log_probs: bool
-    return_num_input_tokens: bool
-    return_num_output_tokens: bool
+_LOOKAHEAD_INPUTS = (
+    "lookahead_window_size",
+    "lookahead_ngram_size",
+    "lookahead_verification_set_size",
+)
+LOOKAHEAD_ERROR = (
+    "The request lookahead decoding input tensors (window_size, ngram_size and "
+    "verification_set_size) can only be set if the model instance lookahead parameters are "
+    "also specified"
+)
 
 
 def _present(array: npt.NDArray[Any] | None) -> bool:
@@ -128,13 +120,29 @@ def check_supported(inputs: Inputs) -> None:
     for name, feature in _UNSUPPORTED_INPUTS.items():
         if _present(inputs.get(name)):
             raise EngineError(f"{feature} ({name}) is not supported by the torch engine")
+    if any(_present(inputs.get(name)) for name in _LOOKAHEAD_INPUTS):
+        raise EngineError(LOOKAHEAD_ERROR)
     for item in range(batch_size(inputs)):
         beam_width = _scalar(inputs, ("beam_width",), item, int)
         if beam_width not in (None, 1):
             raise EngineError(f"beam_width {beam_width} is not supported: the torch engine has 1")
-        for name, feature in _UNSUPPORTED_FLAGS.items():
-            if _flag(inputs, name, item):
-                raise EngineError(f"{feature} ({name}) are not supported by the torch engine")
+        _check_decoder_input(inputs, item)
+
+
+def _check_decoder_input(inputs: Inputs, item: int) -> None:
+    """Decoder inputs of one token are the placeholder the stock preprocessing always sends
+    (`[[pad_id]]`); like the C++ backend, a decoder-only model ignores them. A longer decoder
+    prompt is real encoder-decoder input."""
+    row = _row(inputs, "decoder_input_ids", item)
+    if row is None:
+        return
+    length = _scalar(inputs, ("decoder_input_lengths",), item, int)
+    tokens = row.size if length is None else min(length, row.size)
+    if tokens > 1:
+        raise EngineError(
+            f"decoder_input_ids holds {tokens} tokens: encoder-decoder models are not "
+            "supported by the torch engine, which serves decoder-only models"
+        )
 
 
 def _prompt(inputs: Inputs, item: int) -> npt.NDArray[np.int32]:
@@ -155,6 +163,7 @@ def _sampling(inputs: Inputs, item: int) -> SamplingParams:
         return default if value is None else value
 
     top_p = get(("runtime_top_p",), float, 0.0)
+    reset_id = _scalar(inputs, ("runtime_top_p_reset_ids",), item, int)
     return SamplingParams(
         temperature=get(("temperature",), float, 1.0),
         top_k=get(("runtime_top_k",), int, 0),
@@ -164,6 +173,8 @@ def _sampling(inputs: Inputs, item: int) -> SamplingParams:
         frequency_penalty=get(("frequency_penalty",), float, 0.0),
         min_tokens=get(("min_tokens", "min_length"), int, 1),
         seed=get(("seed", "random_seed"), int, 0),
+        top_p_decay=get(("runtime_top_p_decay",), float, 1.0),
+        top_p_reset_id=reset_id if reset_id is not None and reset_id >= 0 else None,
     )
 
 
@@ -175,12 +186,14 @@ def _end_ids(inputs: Inputs, item: int) -> TokenIds | None:
 
 
 def parse_items(
-    inputs: Inputs, *, id_prefix: str, exclude_input_default: bool
+    inputs: Inputs, *, id_prefix: str, exclude_input_default: bool, vocab_size: int = 0
 ) -> list[tuple[GenerationRequest, ItemContext]]:
     """Engine requests (ids `<id_prefix>/<item>`) and response contexts, one per batch item."""
     check_supported(inputs)
     items = []
-    for item in range(batch_size(inputs)):
+    size = batch_size(inputs)
+    arrival = time.time_ns()
+    for item in range(size):
         output_len = _scalar(inputs, ("request_output_len",), item, int)
         if output_len is None:
             raise EngineError("request_output_len is required")
@@ -198,51 +211,28 @@ def parse_items(
             streaming=_flag(inputs, "streaming", item),
             num_return_sequences=_scalar(inputs, ("num_return_sequences",), item, int) or 1,
             return_log_probs=_flag(inputs, "return_log_probs", item),
+            return_context_logits=_flag(inputs, "return_context_logits", item),
+            return_generation_logits=_flag(inputs, "return_generation_logits", item),
+            arrival_ns=arrival,
+        )
+        perf = _flag(inputs, "return_perf_metrics", item) or _flag(
+            inputs, "return_kv_cache_reuse_stats", item
         )
         context = ItemContext(
             batch_index=item,
+            batch_size=size,
             prompt=prompt,
             streaming=request.streaming,
             exclude_input=_flag(inputs, "exclude_input_in_output", item, exclude_input_default),
             return_log_probs=request.return_log_probs,
             return_num_input_tokens=_flag(inputs, "return_num_input_tokens", item),
             return_num_output_tokens=_flag(inputs, "return_num_output_tokens", item),
+            num_return_sequences=request.num_return_sequences,
+            return_context_logits=request.return_context_logits,
+            return_generation_logits=request.return_generation_logits,
+            return_perf_metrics=perf,
+            max_new_tokens=output_len,
+            vocab_size=vocab_size,
         )
         items.append((request, context))
     return items
-
-
-def _cell(value: float, dtype: type[np.generic]) -> npt.NDArray[Any]:
-    return np.array([[value]], dtype=dtype)
-
-
-def response_tensors(
-    output: SequenceOutput, context: ItemContext, requested: Collection[str]
-) -> dict[str, npt.NDArray[Any]]:
-    """The output tensors of one response, limited to the `requested` names.
-
-    Streaming responses carry only new tokens; a non-streaming response carries the prompt too
-    unless `exclude_input_in_output`. Log-prob outputs are zero placeholders (as the stock
-    Python backend sends) when `return_log_probs` is false.
-    """
-    ids = output.token_ids.astype(np.int32)
-    if not context.streaming and not context.exclude_input:
-        ids = np.concatenate([context.prompt, ids]).astype(np.int32)
-    log_probs = output.log_probs if output.log_probs is not None else np.zeros(0, np.float32)
-    tensors: dict[str, npt.NDArray[Any]] = {
-        "output_ids": ids.reshape(1, 1, -1),
-        "sequence_length": _cell(ids.size, np.int32),
-        "batch_index": _cell(context.batch_index, np.int32),
-        "sequence_index": _cell(output.sequence_index, np.int32),
-    }
-    if context.return_log_probs:
-        tensors["cum_log_probs"] = _cell(output.cum_log_prob, np.float32)
-        tensors["output_log_probs"] = log_probs.astype(np.float32).reshape(1, 1, -1)
-    else:
-        tensors["cum_log_probs"] = np.zeros((1, 1), np.float32)
-        tensors["output_log_probs"] = np.zeros((1, 1, 1), np.float32)
-    if context.return_num_input_tokens:
-        tensors["num_input_tokens"] = _cell(context.prompt.size, np.int32)
-    if context.return_num_output_tokens:
-        tensors["num_output_tokens"] = _cell(ids.size, np.int32)
-    return {name: value for name, value in tensors.items() if name in requested}

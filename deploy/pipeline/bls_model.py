@@ -21,6 +21,12 @@ from deploy.pipeline import tokenization as tk
 logger = logging.getLogger(__name__)
 
 Outputs = dict[str, npt.NDArray[Any]]
+_PLACEHOLDERS = {
+    "CUM_LOG_PROBS": np.zeros((1, 1), np.float32),
+    "OUTPUT_LOG_PROBS": np.zeros((1, 1, 1), np.float32),
+    "CONTEXT_LOGITS": np.zeros((1, 1, 1), np.float32),
+    "GENERATION_LOGITS": np.zeros((1, 1, 1, 1), np.float32),
+}
 
 
 class StepError(RuntimeError):
@@ -39,6 +45,9 @@ class _Job:
 
     def __init__(self, request: Any) -> None:
         self.request = request
+        # Read while `execute` runs: Triton releases the request's buffers once it returns.
+        self.inputs = {t.name(): np.array(t.as_numpy(), copy=True) for t in request.inputs()}
+        self.requested = list(request.requested_output_names())
         self.inner_id = f"bls-{uuid.uuid4().hex}"
         self._lock = threading.Lock()
         self.cancelled = False
@@ -54,11 +63,14 @@ class _Job:
         with self._final_guard:
             return not self._final_sent and _is_cancelled(self.request)
 
-    def send_final(self, sender: Any) -> None:
-        """Send the final flag, after which the request is no longer polled."""
+    def send_final(self, sender: Any, response: Any = None) -> None:
+        """Send the final flag (with the last response, if given); no polling after it."""
         with self._final_guard:
             self._final_sent = True
-            sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            if response is None:
+                sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            else:
+                sender.send(response, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 
     def start_engine(self) -> bool:
         """Mark the engine request as sent; False when the job was cancelled before."""
@@ -85,9 +97,10 @@ class _Job:
 class TritonPythonModel:
     """Our BLS: concurrent requests per instance, exact streaming text, stop words, cancellation.
 
-    In decoupled mode each request runs on a worker thread, so one instance serves many requests
-    at once (the stock BLS blocks an instance per request). A watcher thread polls
-    `request.is_cancelled()` and forwards cancellation to the engine as a stop request.
+    Each request runs on a worker thread, so one instance serves many requests at once (the
+    stock BLS blocks an instance per request); a non-decoupled request gets its one response
+    through its response sender (Triton 24.06+). A watcher thread polls `is_cancelled()` and
+    forwards cancellation to the engine as a stop request.
     """
 
     def initialize(self, args: dict[str, str]) -> None:
@@ -103,6 +116,12 @@ class TritonPythonModel:
         self.preprocessing = param("preprocessing_model_name", "preprocessing")
         self.engine = param("tensorrt_llm_model_name", "tensorrt_llm")
         self.postprocessing = param("postprocessing_model_name", "postprocessing")
+        # Releases up to v0.8 make postprocessing require log-prob inputs it only passes along.
+        self.postprocessing_extra = {
+            name: _PLACEHOLDERS[name]
+            for name in param("postprocessing_required_inputs", "").split(",")
+            if name in _PLACEHOLDERS
+        }
         self.poll_s = int(param("cancellation_check_period_ms", "100")) / 1000
         self.workers = ThreadPoolExecutor(
             max_workers=int(param("bls_max_concurrency", "256")), thread_name_prefix="bls"
@@ -117,15 +136,13 @@ class TritonPythonModel:
             "BLS ready: %s -> %s -> %s", self.preprocessing, self.engine, self.postprocessing
         )
 
-    def execute(self, requests: list[Any]) -> list[Any] | None:
-        if not self.decoupled:
-            return [self._serve_once(request) for request in requests]
+    def execute(self, requests: list[Any]) -> None:
+        serve = self._serve_stream if self.decoupled else self._serve_once
         for request in requests:
             job = _Job(request)
             with self.jobs_lock:
                 self.jobs[job.inner_id] = job
-            self.workers.submit(self._serve_stream, job, request.get_response_sender())
-        return None
+            self.workers.submit(serve, job, request.get_response_sender())
 
     def finalize(self) -> None:
         # Triton unloads a decoupled model only after every request got its final response,
@@ -150,15 +167,21 @@ class TritonPythonModel:
             except Exception:
                 logger.exception("could not end the response stream of %s", job.inner_id)
 
-    def _serve_once(self, request: Any) -> Any:
+    def _serve_once(self, job: _Job, sender: Any) -> None:
+        """A non-decoupled request: exactly one response, the last one, sent final."""
         try:
-            responses = list(self._run(_Job(request)))
+            responses = list(self._run(job))
+            last = responses[-1] if responses else pb_utils.InferenceResponse(output_tensors=[])
         except Exception as exc:
             _log_failure(exc)
-            return _error_response(exc)
-        if not responses:
-            return pb_utils.InferenceResponse(output_tensors=[])
-        return responses[-1]
+            last = _error_response(exc)
+        finally:
+            with self.jobs_lock:
+                self.jobs.pop(job.inner_id, None)
+        try:
+            job.send_final(sender, last)
+        except Exception:
+            logger.exception("could not send the response of %s", job.inner_id)
 
     def _watch(self) -> None:
         while not self.closing.wait(self.poll_s):
@@ -187,9 +210,8 @@ class TritonPythonModel:
             logger.exception("stop request for %s failed", job.inner_id)
 
     def _run(self, job: _Job) -> Iterator[Any]:
-        inputs = {tensor.name(): tensor.as_numpy() for tensor in job.request.inputs()}
-        plan = bl.plan_request(inputs, decoupled=self.decoupled)
-        requested = list(job.request.requested_output_names())
+        plan = bl.plan_request(job.inputs, decoupled=self.decoupled)
+        requested = job.requested
         preprocessed = self._call(
             self.preprocessing, plan.preprocessing_inputs, list(plan.preprocessing_outputs)
         )
@@ -292,9 +314,8 @@ class TritonPythonModel:
         for beam, ids in enumerate(sequences):
             tokens[0, beam, : len(ids)] = ids
         lengths = np.array([[len(ids) for ids in sequences]], np.int32)
-        outputs = self._call(
-            self.postprocessing, {"TOKENS_BATCH": tokens, "SEQUENCE_LENGTH": lengths}, ["OUTPUT"]
-        )
+        inputs = {"TOKENS_BATCH": tokens, "SEQUENCE_LENGTH": lengths, **self.postprocessing_extra}
+        outputs = self._call(self.postprocessing, inputs, ["OUTPUT"])
         return [tk.as_text(text) for text in outputs["OUTPUT"].reshape(-1)]
 
     def _call(self, model: str, inputs: dict[str, Any], outputs: list[str]) -> Outputs:

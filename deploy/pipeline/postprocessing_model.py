@@ -49,8 +49,8 @@ class TritonPythonModel:
         for request in requests:
             try:
                 texts = self._texts(request)
-                tensor = pb_utils.Tensor("OUTPUT", tk.text_tensor(texts))
-                responses.append(pb_utils.InferenceResponse(output_tensors=[tensor]))
+                tensors = [pb_utils.Tensor("OUTPUT", tk.text_tensor(texts)), *_passed(request)]
+                responses.append(pb_utils.InferenceResponse(output_tensors=tensors))
             except Exception as exc:
                 logger.exception("postprocessing failed")
                 responses.append(
@@ -80,3 +80,22 @@ class TritonPythonModel:
 
     def finalize(self) -> None:
         logger.info("postprocessing unloaded")
+
+
+# Releases up to v0.11 route log probs and logits through postprocessing, unchanged.
+PASSED_THROUGH = {
+    "OUT_CUM_LOG_PROBS": "CUM_LOG_PROBS",
+    "OUT_OUTPUT_LOG_PROBS": "OUTPUT_LOG_PROBS",
+    "OUT_CONTEXT_LOGITS": "CONTEXT_LOGITS",
+    "OUT_GENERATION_LOGITS": "GENERATION_LOGITS",
+}
+
+
+def _passed(request: Any) -> list[Any]:
+    wanted = set(request.requested_output_names())
+    tensors = []
+    for output, source in PASSED_THROUGH.items():
+        tensor = pb_utils.get_input_tensor_by_name(request, source)
+        if output in wanted and tensor is not None:
+            tensors.append(pb_utils.Tensor(output, tensor.as_numpy()))
+    return tensors

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Literal, Protocol, runtime_checkable
 
 TritonModelKind = Literal["ensemble", "tensorrt_llm_bls"]
+SeedOrigin = Literal["client", "choices", "variation"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,6 +25,13 @@ class SamplingParams:
     min_tokens: int | None = None
     stop: tuple[str, ...] = ()
     logprobs: bool = False
+    defaulted: frozenset[str] = frozenset()
+    """Fields filled in by defaults rather than by the client: left out for a model without
+    the matching input."""
+    seed_origin: SeedOrigin = "client"
+    """Who chose ``seed``: the client (it must be honoured), the gateway to make the ``n``
+    choices of one request differ (also required), or the gateway only so that unseeded
+    requests vary (dropped where the model has no seed input)."""
 
 
 @dataclass(frozen=True, slots=True)

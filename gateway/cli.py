@@ -32,6 +32,7 @@ def demo_settings(host: str, port: int) -> Settings:
         "models": [
             {
                 "name": DEMO_MODEL,
+                "release": "latest",
                 "engine": {"kind": "torch", "model_dir": str(model_dir), "max_seq_len": 2048},
             }
         ]

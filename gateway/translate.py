@@ -8,7 +8,7 @@ from typing import Any, TypeVar
 
 from msgspec import UnsetType
 
-from adapters.contract import SamplingParams
+from adapters.contract import SamplingParams, SeedOrigin
 from gateway.errors import ContextLengthExceeded, InvalidRequestError
 from gateway.protocol import (
     ChatCompletionRequest,
@@ -175,7 +175,11 @@ def resolve_max_tokens(
 def sampling_params(
     request: SamplingFields, defaults: SamplingDefaults, *, max_tokens: int, logprobs: bool
 ) -> SamplingParams:
-    """The neutral sampling parameters of a request, defaults filled in."""
+    """The neutral sampling parameters of a request, defaults filled in.
+
+    Fields the client left out and a default filled in are named in ``defaulted``: a model
+    without that input is served without it instead of failing the request.
+    """
     top_k = first_given(request.top_k, defaults.top_k)
     top_k = top_k if top_k is not None and top_k > 0 else None
     top_p = first_given(request.top_p, defaults.top_p)
@@ -183,6 +187,12 @@ def sampling_params(
         # OpenAI samples unless told otherwise; TensorRT-LLM decodes greedily without either.
         top_p = 1.0
     seed = given(request.seed)
+    defaulted = frozenset(
+        name
+        for name in _DEFAULTABLE
+        if given(getattr(request, name)) is None
+        and (getattr(defaults, name) is not None or name == "top_p")
+    )
     return SamplingParams(
         max_tokens=max_tokens,
         temperature=first_given(request.temperature, defaults.temperature),
@@ -195,7 +205,19 @@ def sampling_params(
         min_tokens=first_given(request.min_tokens, defaults.min_tokens),
         stop=stop_sequences(None if isinstance(request.stop, UnsetType) else request.stop),
         logprobs=logprobs,
+        defaulted=defaulted,
     )
+
+
+_DEFAULTABLE = (
+    "temperature",
+    "top_p",
+    "top_k",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+    "min_tokens",
+)
 
 
 def choice_seeds(seed: int | None, n: int, rng: random.Random) -> list[int]:
@@ -214,13 +236,16 @@ def fan_out(
     """``n`` choices per prompt, numbered prompt-major as OpenAI does, each with its own seed."""
     specs = []
     for prompt_index, (prompt, params) in enumerate(zip(prompts, params_of, strict=True)):
+        origin: SeedOrigin = "client"
+        if params.seed is None:
+            origin = "choices" if n > 1 else "variation"
         for offset, seed in enumerate(choice_seeds(params.seed, n, rng)):
             specs.append(
                 ChoiceSpec(
                     index=prompt_index * n + offset,
                     prompt_index=prompt_index,
                     prompt=prompt,
-                    params=replace(params, seed=seed),
+                    params=replace(params, seed=seed, seed_origin=origin),
                 )
             )
     return tuple(specs)

@@ -99,7 +99,24 @@ def test_sampling_params_fill_defaults_and_keep_explicit_values() -> None:
         min_tokens=2,
         stop=("END",),
         logprobs=True,
+        defaulted=frozenset({"top_p", "repetition_penalty"}),
     )
+
+
+@pytest.mark.parametrize(
+    ("seed", "n", "origins"),
+    [
+        (5, 1, ["client"]),
+        (5, 2, ["client"] * 2),
+        (None, 1, ["variation"]),
+        (None, 3, ["choices"] * 3),
+    ],
+)
+def test_fan_out_says_who_chose_each_seed(seed: int | None, n: int, origins: list[str]) -> None:
+    params = SamplingParams(max_tokens=1, seed=seed)
+    specs = fan_out([Prompt("p", 1)], n, [params], random.Random(0))
+    assert [spec.params.seed_origin for spec in specs] == origins
+    assert len({spec.params.seed for spec in specs}) == n
 
 
 @pytest.mark.parametrize(

@@ -7,30 +7,25 @@ from typing import Any
 import pytest
 
 from adapters.triton.config import ModelInputs, TensorSpec, parse_model_config, wire_datatype
-from tests.triton_stock import (
-    as_release_0_15,
-    as_release_0_19,
-    stock,
-    with_lora_columns,
-    with_token_counts,
-)
+from tests.triton_stock import stock, with_lora_columns, without_token_counts
 
 
 @pytest.mark.parametrize("name", ["ensemble", "tensorrt_llm_bls"])
 @pytest.mark.parametrize(
-    ("variant", "min_tokens", "seed", "exclude", "counts"),
+    ("release", "variant", "min_tokens", "seed", "exclude", "counts"),
     [
-        (lambda d: d, "min_tokens", "seed", True, False),
-        (with_token_counts, "min_tokens", "seed", True, True),
-        (as_release_0_19, "min_length", "random_seed", True, False),
-        (as_release_0_15, "min_length", "random_seed", False, False),
+        ("latest", without_token_counts, "min_tokens", "seed", True, False),
+        ("latest", lambda d: d, "min_tokens", "seed", True, True),
+        ("v0.19", lambda d: d, "min_length", "random_seed", True, False),
+        ("v0.11", lambda d: d, "min_length", "random_seed", False, False),
+        ("v0.8", lambda d: d, "min_length", "random_seed", False, False),
     ],
-    ids=["stock", "with-counts", "v0.19", "v0.15"],
+    ids=["may-2025", "latest", "v0.19", "v0.11", "v0.8"],
 )
 def test_release_differences_are_discovered(
-    name: str, variant: Any, min_tokens: str, seed: str, exclude: bool, counts: bool
+    name: str, release: str, variant: Any, min_tokens: str, seed: str, exclude: bool, counts: bool
 ) -> None:
-    model = parse_model_config(variant(stock(name)))
+    model = parse_model_config(variant(stock(name, release=release)))
 
     assert model.first_input("min_tokens", "min_length") == TensorSpec(
         min_tokens, "INT32", (1,), optional=True
@@ -69,11 +64,11 @@ def test_ensemble_points_at_its_engine_step() -> None:
 @pytest.mark.parametrize(
     ("values", "decoupled", "accumulate", "engine"),
     [
-        ({}, True, False, None),
+        ({}, True, False, "tensorrt_llm"),
         ({"accumulate_tokens": "True", "tensorrt_llm_model_name": "tiny_tensorrt_llm"}, True, True,
          "tiny_tensorrt_llm"),
-        ({"accumulate_tokens": "false", "decoupled_mode": "false"}, False, False, None),
-        ({"accumulate_tokens": "1"}, True, True, None),
+        ({"accumulate_tokens": "false", "decoupled_mode": "false"}, False, False, "tensorrt_llm"),
+        ({"accumulate_tokens": "1"}, True, True, "tensorrt_llm"),
     ],
 )  # fmt: skip
 def test_bls_parameters(
@@ -86,6 +81,18 @@ def test_bls_parameters(
     assert model.decoupled is decoupled
     assert model.accumulate_tokens is accumulate
     assert model.engine_model == engine
+
+
+@pytest.mark.parametrize("release", ["v0.8", "v0.11", "v0.19", "latest"])
+def test_only_the_stock_bls_cannot_stop_an_abandoned_request(release: str) -> None:
+    stock_bls = parse_model_config(stock("tensorrt_llm_bls", release=release))
+    assert stock_bls.stops_abandoned is False
+    document = stock("tensorrt_llm_bls", release=release)
+    document["config"]["parameters"]["forwards_cancellation"] = {"string_value": "true"}
+    assert parse_model_config(document).stops_abandoned is True
+    assert parse_model_config(stock("ensemble", release=release)).stops_abandoned is True
+    engine = stock("tensorrt_llm", release=release, triton_backend="python")
+    assert parse_model_config(engine).stops_abandoned is True
 
 
 @pytest.mark.parametrize("decoupled", [True, False])
@@ -123,7 +130,9 @@ def test_model_without_lora_or_optional_outputs() -> None:
         {"config": {"name": "m", "backend": "python", "input": [], "output": []}}
     )
 
-    assert model == ModelInputs(name="m", platform="python")
+    assert model == ModelInputs(
+        name="m", platform="python", engine_model="tensorrt_llm", stops_abandoned=False
+    )
     assert model.lora_config_columns is None
     assert not model.reports_output_tokens
     assert not model.supports_logprobs

@@ -66,7 +66,7 @@ def test_cumulative_final_response_without_text_keeps_the_state() -> None:
 
 
 def test_streamed_counts_are_per_chunk() -> None:
-    decoder = ResponseDecoder(reports_counts=True)
+    decoder = ResponseDecoder(counts="reported")
     outputs = [
         {"text_output": text(b"a"), "num_output_tokens": count(2), "num_input_tokens": count(9)},
         {"text_output": text(b"b"), "num_output_tokens": count(1), "num_input_tokens": count(9)},
@@ -82,7 +82,7 @@ def test_streamed_counts_are_per_chunk() -> None:
 
 
 def test_counts_are_none_when_the_deployment_lacks_them() -> None:
-    chunk = ResponseDecoder(reports_counts=False).decode({"text_output": text(b"a")}, final=True)
+    chunk = ResponseDecoder(counts="none").decode({"text_output": text(b"a")}, final=True)
 
     assert chunk == TokenChunk("a", None, prompt_tokens=None, final=True)
 
@@ -113,6 +113,32 @@ def test_logprobs_of_the_first_sequence(
     )
 
     assert chunk.logprobs == expected
+
+
+@pytest.mark.parametrize("counts", [True, False])
+def test_streamed_logprobs_arrive_cumulative_and_come_out_new(counts: bool) -> None:
+    """TensorRT-LLM repeats every log prob so far in each streamed response."""
+    decoder = ResponseDecoder(counts="reported" if counts else "none")
+    sent = [[-0.5], [-0.5, -1.0, -2.0], [-0.5, -1.0, -2.0]]
+    new = [1, 2, 0]
+    chunks = []
+    for values, tokens in zip(sent, new, strict=True):
+        outputs = {"text_output": text(b"x"), "output_log_probs": np.array([[values]], np.float32)}
+        if counts:
+            outputs["num_output_tokens"] = count(tokens)
+        chunks.append(decoder.decode(outputs).logprobs)
+    assert chunks == [(-0.5,), (-1.0, -2.0), ()]
+
+
+def test_log_probs_count_tokens_where_the_release_reports_no_counts() -> None:
+    decoder = ResponseDecoder(counts="logprobs", keep_logprobs=False)
+    sent = ([-0.5, -1.0], [-0.5, -1.0, -2.0])
+    outputs = [
+        {"text_output": text(b"ab"), "output_log_probs": np.array([[v]], np.float32)} for v in sent
+    ]
+    chunks = [decoder.decode(output) for output in outputs]
+    assert [(c.token_count, c.logprobs) for c in chunks] == [(2, ()), (1, ())]
+    assert ResponseDecoder(counts="logprobs").decode({}, final=True).token_count == 0
 
 
 @pytest.mark.parametrize(

@@ -16,20 +16,26 @@ from adapters.triton.tensors import (
     stop_request_inputs,
     streams,
 )
-from tests.triton_stock import (
-    as_release_0_15,
-    as_release_0_19,
-    stock,
-    with_lora_columns,
-    with_token_counts,
-    without_inputs,
-)
+from tests.triton_stock import stock as stock_release
+from tests.triton_stock import with_lora_columns, without_inputs, without_token_counts
+
+
+def stock(name: str, **values: Any) -> dict[str, Any]:
+    """The May 2025 layout: new input names, no token counts."""
+    return without_token_counts(stock_release(name, **values))
+
+
+def with_token_counts(document: dict[str, Any]) -> dict[str, Any]:
+    name = document["config"]["name"]
+    decoupled = document["config"].get("model_transaction_policy", {}).get("decoupled", True)
+    return stock_release(name, decoupled=decoupled)
+
 
 ENSEMBLE = parse_model_config(stock("ensemble"))
 BLS = parse_model_config(stock("tensorrt_llm_bls"))
-COUNTING = parse_model_config(with_token_counts(stock("tensorrt_llm_bls")))
-OLD = parse_model_config(as_release_0_19(stock("ensemble")))
-OLDEST = parse_model_config(as_release_0_15(stock("ensemble")))
+COUNTING = parse_model_config(stock_release("tensorrt_llm_bls"))
+OLD = parse_model_config(stock_release("ensemble", release="v0.19"))
+OLDEST = parse_model_config(stock_release("ensemble", release="v0.11"))
 
 
 def request(
@@ -100,10 +106,30 @@ def test_full_request_on_a_decoupled_bls_with_counts() -> None:
 
 
 def test_minimal_request_sends_only_required_inputs_and_flags() -> None:
+    tensors = by_name(build_inputs(request(), COUNTING))
+
+    assert set(tensors) == {
+        "text_input",
+        "max_tokens",
+        "stream",
+        "exclude_input_in_output",
+        "return_num_input_tokens",
+        "return_num_output_tokens",
+    }
+    assert tensors["stream"].array.tolist() == [[False]]
+
+
+def test_without_token_counts_log_probs_are_asked_for_to_count_tokens() -> None:
     tensors = by_name(build_inputs(request(), ENSEMBLE))
 
-    assert set(tensors) == {"text_input", "max_tokens", "stream", "exclude_input_in_output"}
-    assert tensors["stream"].array.tolist() == [[False]]
+    assert set(tensors) == {
+        "text_input",
+        "max_tokens",
+        "stream",
+        "exclude_input_in_output",
+        "return_log_probs",
+    }
+    assert requested_outputs(request(), ENSEMBLE) == ["text_output", "output_log_probs"]
 
 
 @pytest.mark.parametrize(
@@ -159,6 +185,41 @@ def test_explicit_parameter_the_model_lacks_is_rejected_by_name(
     assert caught.value.param == param
 
 
+NO_SEED = parse_model_config(without_inputs(stock("ensemble"), "seed"))
+
+
+@pytest.mark.parametrize(
+    ("params", "param"),
+    [
+        ({"seed": 7, "seed_origin": "client"}, "seed"),
+        ({"seed": 7, "seed_origin": "choices", "temperature": 0.8}, "n"),
+    ],
+)
+def test_a_seed_that_must_be_honoured_needs_a_seed_input(
+    params: dict[str, Any], param: str
+) -> None:
+    with pytest.raises(InvalidRequest) as caught:
+        build_inputs(request(**params), NO_SEED)
+    assert caught.value.param == param
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        {"seed": 7, "seed_origin": "variation"},
+        {"seed": 7, "seed_origin": "choices", "temperature": 0.0},
+        {"seed": 7, "seed_origin": "choices", "top_k": 1},
+    ],
+    ids=["unseeded", "greedy-choices", "top-k-1-choices"],
+)
+def test_a_gateway_chosen_seed_is_dropped_where_the_model_has_no_seed_input(
+    params: dict[str, Any],
+) -> None:
+    tensors = by_name(build_inputs(request(**params), NO_SEED))
+    assert "seed" not in tensors and "random_seed" not in tensors
+    assert by_name(build_inputs(request(**params), ENSEMBLE))["seed"].array.tolist() == [[7]]
+
+
 def test_unset_parameter_the_model_lacks_is_skipped() -> None:
     model = parse_model_config(without_inputs(stock("tensorrt_llm_bls"), "top_k", "stop_words"))
 
@@ -181,7 +242,11 @@ def test_integers_must_fit_the_declared_dtype(field: str, value: int) -> None:
 
 
 def test_requested_outputs_follow_what_the_model_reports() -> None:
-    assert requested_outputs(request(), ENSEMBLE) == ["text_output"]
+    assert requested_outputs(request(), COUNTING) == [
+        "text_output",
+        "num_input_tokens",
+        "num_output_tokens",
+    ]
     assert requested_outputs(request(logprobs=True), COUNTING) == [
         "text_output",
         "num_input_tokens",
@@ -289,3 +354,12 @@ def test_adapter_without_loaded_weights_sends_the_task_id_only() -> None:
 
     assert tensors["lora_task_id"].array.tolist() == [[3]]
     assert "lora_weights" not in tensors
+
+
+def test_a_defaulted_field_the_model_lacks_is_left_out() -> None:
+    model = parse_model_config(without_inputs(stock("ensemble"), "top_p"))
+    defaulted = request(top_p=1.0, defaulted=frozenset({"top_p"}))
+    assert "top_p" not in by_name(build_inputs(defaulted, model))
+    with pytest.raises(InvalidRequest) as caught:
+        build_inputs(request(top_p=0.5), model)
+    assert caught.value.param == "top_p"

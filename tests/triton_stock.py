@@ -11,12 +11,15 @@ from google.protobuf import json_format, text_format
 from tritonclient.grpc import model_config_pb2
 
 TEMPLATES = Path(__file__).resolve().parents[1] / "deploy" / "templates"
+COUNT_INPUTS = ("return_num_input_tokens", "return_num_output_tokens")
+COUNT_OUTPUTS = ("num_input_tokens", "num_output_tokens")
 
 Config = dict[str, Any]
 
 
-def stock(name: str, *, decoupled: bool = True, **values: str) -> Config:
-    """``deploy/templates/<name>`` filled like ``fill_template.py``, as ``get_model_config`` JSON.
+def stock(name: str, *, release: str = "latest", decoupled: bool = True, **values: str) -> Config:
+    """A release's stock ``<name>`` config filled like ``fill_template.py``, as
+    ``get_model_config`` JSON.
 
     Placeholders not given stay ``${...}`` inside string parameters, as they do in the field.
     """
@@ -33,32 +36,17 @@ def stock(name: str, *, decoupled: bool = True, **values: str) -> Config:
         "max_queue_size": "0",
         **values,
     }
-    text = string.Template((TEMPLATES / name / "config.pbtxt").read_text())
+    text = string.Template((TEMPLATES / release / name / "config.pbtxt").read_text())
     message = text_format.Parse(text.safe_substitute(filled), model_config_pb2.ModelConfig())
     return {"config": json_format.MessageToDict(message, preserving_proto_field_name=True)}
 
 
-def with_token_counts(document: Config) -> Config:
-    """A mid-2025+ release: ``return_num_*`` inputs and ``num_*_tokens`` outputs."""
-    result = copy.deepcopy(document)
+def without_token_counts(document: Config) -> Config:
+    """The May 2025 layout: new input names, no token-count tensors yet."""
+    result = without_inputs(document, *COUNT_INPUTS)
     config = result["config"]
-    for name in ("return_num_input_tokens", "return_num_output_tokens"):
-        config["input"].append(
-            {"name": name, "data_type": "TYPE_BOOL", "dims": ["1"], "optional": True}
-        )
-    for name in ("num_input_tokens", "num_output_tokens"):
-        config["output"].append({"name": name, "data_type": "TYPE_INT32", "dims": ["1"]})
+    config["output"] = [entry for entry in config["output"] if entry["name"] not in COUNT_OUTPUTS]
     return result
-
-
-def as_release_0_19(document: Config) -> Config:
-    """A release up to v0.19: ``min_length`` and ``random_seed`` instead of the new names."""
-    return renamed(document, {"min_tokens": "min_length", "seed": "random_seed"})
-
-
-def as_release_0_15(document: Config) -> Config:
-    """A release before v0.16: old names and no ``exclude_input_in_output`` input."""
-    return without_inputs(as_release_0_19(document), "exclude_input_in_output")
 
 
 def renamed(document: Config, names: dict[str, str]) -> Config:

@@ -25,7 +25,7 @@ from adapters.contract import (
 )
 from adapters.triton.config import ModelInputs, parse_model_config
 from adapters.triton.errors import classify
-from adapters.triton.responses import ResponseDecoder, merge_chunks
+from adapters.triton.responses import CountSource, ResponseDecoder, merge_chunks
 from adapters.triton.tensors import (
     WireTensor,
     build_inputs,
@@ -38,6 +38,15 @@ logger = logging.getLogger(__name__)
 
 _FINAL = "triton_final_response"
 _DRAIN_S = 1.0
+STOCK_BLS_WARNING = (
+    "%s at %s is a stock TensorRT-LLM BLS: it gives its engine request an id of its own and "
+    "never checks for cancellation, so a client that disconnects leaves its generation running "
+    "to max_tokens, holding a batch slot that later requests wait for. Serve this model through "
+    "the pipeline's ensemble instead (an abandoned request is stopped at once; streamed text "
+    "goes through the stock postprocessing, which may drop leading spaces of SentencePiece "
+    "tokens), or through triton-gateway's BLS (`triton-gateway deploy render`), which forwards "
+    "cancellation and streams exact text."
+)
 
 
 @contextmanager
@@ -96,6 +105,8 @@ class TritonBackend:
         if model.is_ensemble and model.engine_model:
             engine = await self._model_config(target.url, model.engine_model)
             model = replace(model, decoupled=engine.decoupled)
+        if not model.stops_abandoned and key not in self._models:
+            logger.warning(STOCK_BLS_WARNING, target.triton_model, target.url)
         self._models[key] = model
         return model
 
@@ -194,7 +205,8 @@ class TritonBackend:
         )
         decoder = ResponseDecoder(
             cumulative=streaming and model.accumulate_tokens,
-            reports_counts=model.reports_output_tokens,
+            counts=_count_source(model),
+            keep_logprobs=request.params.logprobs,
             echo_prefix="" if streaming or model.has("exclude_input_in_output") else request.prompt,
         )
         operation = f"request {request_id} to {target.triton_model}"
@@ -278,6 +290,12 @@ def infer_request(
         message.outputs.add().name = name
     message.parameters["triton_enable_empty_final_response"].bool_param = True
     return message
+
+
+def _count_source(model: ModelInputs) -> CountSource:
+    if model.reports_output_tokens:
+        return "reported"
+    return "logprobs" if model.counts_by_logprobs else "none"
 
 
 def _is_final(response: service_pb2.ModelInferResponse, model: ModelInputs) -> bool:

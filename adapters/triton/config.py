@@ -36,6 +36,9 @@ class ModelInputs:
     """BLS only: streamed ``text_output`` is the cumulative text, not a delta."""
     engine_model: str | None = None
     """The ``tensorrt_llm`` model behind it: the ensemble's engine step or the BLS parameter."""
+    stops_abandoned: bool = True
+    """Whether an abandoned request can be stopped: an ensemble (a stop request to its engine
+    step), the engine itself, or a BLS that forwards cancellation. The stock BLS cannot."""
 
     @property
     def is_ensemble(self) -> bool:
@@ -64,6 +67,11 @@ class ModelInputs:
         return self.has("return_num_input_tokens") and "num_input_tokens" in self.outputs
 
     @property
+    def counts_by_logprobs(self) -> bool:
+        """Without token-count outputs, the log probs (one per token) count tokens exactly."""
+        return not self.reports_output_tokens and self.supports_logprobs
+
+    @property
     def supports_logprobs(self) -> bool:
         """Whether per-token log probabilities can be requested and returned."""
         return self.has("return_log_probs") and "output_log_probs" in self.outputs
@@ -83,19 +91,26 @@ def parse_model_config(document: Mapping[str, Any]) -> ModelInputs:
     platform = str(config.get("platform") or config.get("backend") or "")
     parameters = _parameters(config.get("parameters", {}))
     policy = config.get("model_transaction_policy", {})
+    inputs = {spec.name: spec for spec in map(_tensor_spec, config.get("input", ()))}
+    stops_abandoned = True
     if platform == "ensemble":
         engine_model = _engine_step(config.get("ensemble_scheduling", {}).get("step", ()))
+    elif "input_ids" in inputs:
+        engine_model = str(config.get("name", "")) or None
     else:
-        engine_model = parameters.get("tensorrt_llm_model_name")
+        # A BLS: the stock one calls the engine `tensorrt_llm` unless told otherwise.
+        engine_model = parameters.get("tensorrt_llm_model_name", "tensorrt_llm")
+        stops_abandoned = _truthy(parameters.get("forwards_cancellation", ""))
     return ModelInputs(
         name=str(config.get("name", "")),
         platform=platform,
-        inputs={spec.name: spec for spec in map(_tensor_spec, config.get("input", ()))},
+        inputs=inputs,
         outputs=frozenset(str(output["name"]) for output in config.get("output", ())),
         max_batch_size=int(config.get("max_batch_size", 0)),
         decoupled=_truthy(policy.get("decoupled", False)),
         accumulate_tokens=_truthy(parameters.get("accumulate_tokens", "")),
         engine_model=engine_model,
+        stops_abandoned=stops_abandoned,
     )
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import codecs
 import logging
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -15,6 +15,7 @@ from adapters.contract import TokenChunk
 logger = logging.getLogger(__name__)
 
 Outputs = Mapping[str, npt.NDArray[Any]]
+CountSource = Literal["reported", "logprobs", "none"]
 
 
 class ResponseDecoder:
@@ -23,40 +24,65 @@ class ResponseDecoder:
     ``text_output`` bytes go through an incremental UTF-8 decoder, so a character split across
     responses comes out whole. With ``cumulative`` (a streaming BLS with ``accumulate_tokens``)
     each ``text_output`` holds the whole text so far and only the new suffix is emitted.
-    ``reports_counts`` says whether the deployment returns ``num_output_tokens``; without it
-    ``token_count`` is ``None`` and the gateway counts with its own tokenizer. ``echo_prefix``
+    ``counts`` says where token counts come from: ``num_output_tokens`` (``reported``), the
+    number of log probs (``logprobs``, for releases without count outputs), or nowhere
+    (``none``: ``token_count`` is ``None`` and the gateway counts with its own tokenizer).
+    ``keep_logprobs`` says whether the client asked for the log probs themselves. ``echo_prefix``
     is stripped from the start of the text: a deployment that cannot exclude the prompt from
     non-streamed output echoes it.
     """
 
     def __init__(
-        self, *, cumulative: bool = False, reports_counts: bool = True, echo_prefix: str = ""
+        self,
+        *,
+        cumulative: bool = False,
+        counts: CountSource = "reported",
+        keep_logprobs: bool = True,
+        echo_prefix: str = "",
     ) -> None:
         self._cumulative = cumulative
-        self._reports_counts = reports_counts
+        self._counts = counts
+        self._keep_logprobs = keep_logprobs
         self._echo_prefix = echo_prefix
         self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self._seen = b""
         self._started = False
+        self._logprobs_seen = 0
 
     def decode(self, outputs: Outputs, *, final: bool = False) -> TokenChunk:
         """The chunk for one response; ``final`` for the request's last one."""
         text = self._text(outputs, final=final)
-        count = _first_int(outputs.get("num_output_tokens"))
-        if count is None and self._reports_counts:
-            count = 0
-        logprobs = _logprobs(outputs.get("output_log_probs"), count)
+        reported = _first_int(outputs.get("num_output_tokens"))
+        logprobs = self._new_logprobs(outputs.get("output_log_probs"), reported)
+        count: int | None = None
+        if self._counts == "reported":
+            count = reported or 0
+        elif self._counts == "logprobs":
+            count = len(logprobs)
         return TokenChunk(
             text=text,
-            token_count=count if self._reports_counts else None,
+            token_count=count,
             prompt_tokens=_first_int(outputs.get("num_input_tokens")),
-            logprobs=logprobs,
+            logprobs=logprobs if self._keep_logprobs else (),
             final=final,
         )
 
     def finish(self) -> TokenChunk:
         """A closing chunk for a stream that ended without a response flagged final."""
         return self.decode({}, final=True)
+
+    def _new_logprobs(self, array: npt.NDArray[Any] | None, count: int | None) -> tuple[float, ...]:
+        """The log probs of this response's new tokens.
+
+        TensorRT-LLM sends every log prob generated so far with each streamed response, and
+        pads rows past their length: the new ones follow those already seen, `count` of them
+        when the response says how many tokens it carries.
+        """
+        row = _first_row(array)
+        start = self._logprobs_seen
+        new = row[start:] if count is None else row[start : start + count]
+        self._logprobs_seen = start + len(new)
+        return tuple(float(value) for value in new)
 
     def _text(self, outputs: Outputs, *, final: bool) -> str:
         raw = _first_bytes(outputs.get("text_output"))
@@ -106,14 +132,14 @@ def _first_int(array: npt.NDArray[Any] | None) -> int | None:
     return int(array.reshape(-1)[0])
 
 
-def _logprobs(array: npt.NDArray[Any] | None, count: int | None) -> tuple[float, ...]:
+def _first_row(array: npt.NDArray[Any] | None) -> npt.NDArray[np.float64]:
     """The first sequence's per-token log probs (``[1, beams, n]`` or ``[1, n]``)."""
     if array is None or array.size == 0:
-        return ()
-    row = np.asarray(array, dtype=np.float64).reshape(-1, array.shape[-1])[0]
-    if count is not None and len(row) > count:
-        row = row[:count]
-    return tuple(float(value) for value in row)
+        return np.zeros(0, np.float64)
+    row: npt.NDArray[np.float64] = np.asarray(array, dtype=np.float64).reshape(-1, array.shape[-1])[
+        0
+    ]
+    return row
 
 
 def _common_prefix_length(left: bytes, right: bytes) -> int:

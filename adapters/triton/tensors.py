@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from adapters.contract import GenerationRequest, InvalidRequest, LoraAdapter
+from adapters.contract import GenerationRequest, InvalidRequest, LoraAdapter, SamplingParams
 from adapters.triton.config import ModelInputs, TensorSpec
 
 Array = npt.NDArray[Any]
@@ -29,11 +29,11 @@ _NUMPY_TYPES: dict[str, type[np.generic]] = {
 }
 
 # Sampling field -> candidate input names, newest first (older releases: min_length, random_seed).
+_SEED_INPUTS = ("seed", "random_seed")
 _SAMPLING_INPUTS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("temperature", ("temperature",)),
     ("top_p", ("top_p",)),
     ("top_k", ("top_k",)),
-    ("seed", ("seed", "random_seed")),
     ("presence_penalty", ("presence_penalty",)),
     ("frequency_penalty", ("frequency_penalty",)),
     ("repetition_penalty", ("repetition_penalty",)),
@@ -79,17 +79,20 @@ def build_inputs(
         if value is None:
             continue
         spec = model.first_input(*names)
+        if spec is None and field_name in params.defaulted:
+            continue
         if spec is None:
             raise InvalidRequest(f"this model does not support '{field_name}'", param=field_name)
         tensors.append(_scalar(spec, field_name, value))
+    tensors.extend(_seed(params, model))
     if params.stop:
         if not model.has("stop_words"):
             raise InvalidRequest("this model does not support stop sequences", param="stop")
         words = np.array([[word.encode() for word in params.stop]], dtype=object)
         tensors.append(WireTensor("stop_words", "BYTES", words))
-    if params.logprobs:
-        if not model.supports_logprobs:
-            raise InvalidRequest("this model does not return log probabilities", param="logprobs")
+    if params.logprobs and not model.supports_logprobs:
+        raise InvalidRequest("this model does not return log probabilities", param="logprobs")
+    if params.logprobs or model.counts_by_logprobs:
         tensors.append(_flag("return_log_probs", True))
     tensors.extend(_flags(request, model))
     if request.lora is not None:
@@ -104,7 +107,7 @@ def requested_outputs(request: GenerationRequest, model: ModelInputs) -> list[st
         names.append("num_input_tokens")
     if model.reports_output_tokens:
         names.append("num_output_tokens")
-    if request.params.logprobs and model.supports_logprobs:
+    if (request.params.logprobs and model.supports_logprobs) or model.counts_by_logprobs:
         names.append("output_log_probs")
     return names
 
@@ -136,6 +139,25 @@ def lora_inputs(
     tensors.append(_lora_weights(adapter, weights_spec))
     tensors.append(WireTensor("lora_config", "INT32", _lora_config(adapter, columns)))
     return tensors
+
+
+def _seed(params: SamplingParams, model: ModelInputs) -> list[WireTensor]:
+    """The seed, where the model takes one; without it only a variation seed may be dropped."""
+    if params.seed is None:
+        return []
+    spec = model.first_input(*_SEED_INPUTS)
+    if spec is not None:
+        return [_scalar(spec, "seed", params.seed)]
+    if params.seed_origin == "client":
+        raise InvalidRequest("this model does not support 'seed'", param="seed")
+    greedy = params.temperature == 0 or params.top_k == 1
+    if params.seed_origin == "choices" and not greedy:
+        raise InvalidRequest(
+            "n > 1 is not supported by this model: it declares no seed input, so every choice "
+            "would sample the same text",
+            param="n",
+        )
+    return []
 
 
 def _flags(request: GenerationRequest, model: ModelInputs) -> list[WireTensor]:

@@ -25,20 +25,23 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def tiny_spec(model_dir: Path, **sidecar: object) -> Spec:
     """Two pipelines over the tiny model.
 
-    ``tiny``: BLS streams deltas, token-count tensors declared (newer TensorRT-LLM releases).
-    ``tiny2``: BLS streams cumulative text, no token-count tensors (older releases).
+    ``tiny``: the newest layout (token-count tensors, ``min_tokens``/``seed``); BLS deltas.
+    ``tiny2``: the v0.19 layout (no token counts, ``min_length``/``random_seed``); BLS streams
+    cumulative text.
+    ``tiny3``: the v0.8 layout, not decoupled.
     """
     engine = {"kind": "torch", "model_dir": str(model_dir), "max_batch_size": 16}
     return parse_spec(
         {
             "models": [
-                {"name": "tiny", "engine": engine, "bls_instances": 1},
+                {"name": "tiny", "release": "latest", "engine": engine, "bls_instances": 1},
                 {
                     "name": "tiny2",
+                    "release": "v0.19",
                     "engine": engine,
                     "accumulate_tokens": True,
-                    "token_counts": False,
                 },
+                {"name": "tiny3", "release": "v0.8", "engine": engine, "decoupled": False},
             ],
             "sidecars": [{"name": "tiny", **sidecar}],
         }

@@ -20,6 +20,8 @@ PORTS = range(23000, 23990)
 ENSEMBLE_MODEL = "tiny"
 BLS_MODEL = "tiny-bls"
 ACCUMULATING_BLS_MODEL = "tiny2-bls"
+SYNC_ENSEMBLE_MODEL = "tiny3"
+SYNC_BLS_MODEL = "tiny3-bls"
 
 
 def free_port() -> int:
@@ -51,6 +53,8 @@ def sidecar_settings(sidecar: Sidecar, tokenizer_dir: Path, **limits: float) -> 
             model(ENSEMBLE_MODEL, "tiny_ensemble", "ensemble"),
             model(BLS_MODEL, "tiny_tensorrt_llm_bls", "tensorrt_llm_bls"),
             model(ACCUMULATING_BLS_MODEL, "tiny2_tensorrt_llm_bls", "tensorrt_llm_bls"),
+            model(SYNC_ENSEMBLE_MODEL, "tiny3_ensemble", "ensemble"),
+            model(SYNC_BLS_MODEL, "tiny3_tensorrt_llm_bls", "tensorrt_llm_bls"),
         ),
         limits=msgspec.structs.replace(
             LimitSettings(request_timeout_s=60.0, shutdown_grace_s=5.0), **limits
@@ -92,7 +96,8 @@ class LiveGateway:
 
 @pytest.fixture(scope="session")
 def gateway_url(sidecar: Sidecar, tiny_model_dir: Path) -> Iterator[str]:
-    """Base URL of a gateway serving ``tiny`` (ensemble), ``tiny-bls`` and ``tiny2-bls``."""
+    """Base URL of a gateway serving ``tiny`` (ensemble), ``tiny-bls``, ``tiny2-bls``, and the
+    non-decoupled ``tiny3`` (ensemble) and ``tiny3-bls``."""
     gateway = LiveGateway(sidecar_settings(sidecar, tiny_model_dir)).start()
     yield gateway.url
     gateway.stop()

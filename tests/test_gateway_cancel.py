@@ -10,7 +10,13 @@ import httpx
 import pytest
 
 from deploy.supervisor import Sidecar
-from tests.gateway_fixtures import BLS_MODEL, ENSEMBLE_MODEL, gateway_url  # noqa: F401
+from tests.gateway_fixtures import (  # noqa: F401
+    BLS_MODEL,
+    ENSEMBLE_MODEL,
+    SYNC_BLS_MODEL,
+    SYNC_ENSEMBLE_MODEL,
+    gateway_url,
+)
 
 pytestmark = pytest.mark.slow
 TICKS = os.sysconf("SC_CLK_TCK")
@@ -60,15 +66,25 @@ def in_flight(url: str) -> float:
     raise LookupError("no in-flight gauge")
 
 
-@pytest.mark.parametrize("model", [ENSEMBLE_MODEL, BLS_MODEL])
-@pytest.mark.parametrize("stream", [True, False])
+@pytest.mark.parametrize(
+    ("model", "stream"),
+    [
+        (ENSEMBLE_MODEL, True),
+        (ENSEMBLE_MODEL, False),
+        (BLS_MODEL, True),
+        (BLS_MODEL, False),
+        # Not decoupled: one answer per request, which the client gives up waiting for.
+        (SYNC_ENSEMBLE_MODEL, False),
+        (SYNC_BLS_MODEL, False),
+    ],
+)
 def test_disconnect_stops_the_engine(
     gateway_url: str,  # noqa: F811
     sidecar: Sidecar,
     model: str,
     stream: bool,
 ) -> None:
-    engine = engine_pid(sidecar, "tiny_tensorrt_llm")
+    engine = engine_pid(sidecar, f"{model.split('-')[0]}_tensorrt_llm")
     wait_until_idle(engine)
     body = {"model": model, **LONG, "stream": stream}
     with httpx.Client(base_url=gateway_url, timeout=httpx.Timeout(60, read=0.7)) as client:

@@ -46,3 +46,45 @@ def test_capital_of_france(demo_url: str) -> None:
     )
     text = "".join(chunk.choices[0].delta.content or "" for chunk in stream)
     assert text == answer.choices[0].message.content
+
+
+@pytest.fixture(scope="module")
+def stock_v019_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """SmolLM2 behind the stock v0.19.0 models (decoupled), the gateway in front."""
+    from deploy.models import ensure_smollm2
+    from gateway.settings import ModelSettings, Settings
+    from tests.stock_release import STOCK_MODELS, start_stock_sidecar
+
+    if not STOCK_MODELS.is_dir():
+        pytest.skip(f"the stock models are not beside the checkout ({STOCK_MODELS})")
+    model_dir = ensure_smollm2()
+    sidecar = start_stock_sidecar("v0.19", True, model_dir, tmp_path_factory.mktemp("smol"))
+    settings = Settings(
+        models=(
+            ModelSettings(
+                name="smollm2",
+                triton_url=sidecar.grpc_url,
+                triton_model="ensemble",
+                tokenizer_dir=str(model_dir),
+            ),
+        )
+    )
+    gateway = LiveGateway(settings).start()
+    yield gateway.url
+    gateway.stop()
+    sidecar.stop()
+
+
+def test_capital_of_france_through_the_stock_v019_ensemble(stock_v019_url: str) -> None:
+    client = openai.OpenAI(base_url=f"{stock_v019_url}/v1", api_key="unused", max_retries=0)
+    question = [{"role": "user", "content": "What is the capital of France?"}]
+    answer = client.chat.completions.create(
+        model="smollm2", messages=question, temperature=0, max_tokens=30
+    )
+    text = answer.choices[0].message.content or ""
+    assert "Paris" in text
+    assert answer.usage is not None and 0 < answer.usage.completion_tokens <= 30
+    stream = client.chat.completions.create(
+        model="smollm2", messages=question, temperature=0, max_tokens=30, stream=True
+    )
+    assert "".join(chunk.choices[0].delta.content or "" for chunk in stream) == text

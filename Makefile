@@ -26,6 +26,7 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python -m deploy.bench
+	$(BIN)/python -m tests.bench_tenancy
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

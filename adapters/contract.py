@@ -65,6 +65,8 @@ class GenerationRequest:
     stream: bool
     lora: LoraAdapter | None = None
     timeout_s: float = 600.0
+    priority: int = 0
+    """Triton request priority; 0 leaves the model's default."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,11 +13,12 @@ from litestar.exceptions import HTTPException
 
 from adapters.contract import Backend
 from gateway.errors import ClientDisconnected, from_http_exception, to_api_error
-from gateway.generation import GenerationService
 from gateway.lifecycle import BackendFactory, Runtime, triton_backend
 from gateway.metrics import GatewayMetrics
-from gateway.routes import chat, completions, health, models
+from gateway.routes import admin, chat, completions, health, models
+from gateway.routes.answer import RATE_LIMIT_HEADERS, Answers
 from gateway.settings import Settings
+from gateway.tenancy import TenantPolicy
 
 logger = logging.getLogger(__name__)
 CLIENT_CLOSED_REQUEST = 499
@@ -36,7 +37,8 @@ def _error_handler(
             error = from_http_exception(exc, request.method, request.url.path)
         else:
             error = to_api_error(exc, retry_after_s=retry_after_s)
-        return Response(error.envelope(), status_code=error.status_code, headers=error.headers)
+        headers = {**request.state.get(RATE_LIMIT_HEADERS, {}), **error.headers}
+        return Response(error.envelope(), status_code=error.status_code, headers=headers)
 
     return handle
 
@@ -63,8 +65,25 @@ def create_app(
         finally:
             await runtime.stop()
 
-    def generation() -> GenerationService:
-        return runtime.generation
+    answers: Answers | None = None
+
+    def answering() -> Answers:
+        nonlocal answers
+        if answers is None:
+            answers = Answers(
+                runtime.generation,
+                runtime.tenancy,
+                retry_after_s=settings.limits.retry_after_s,
+            )
+        return answers
+
+    def tenant(request: Request[Any, Any, Any]) -> TenantPolicy:
+        caller = runtime.tenancy.authenticate(request.headers)
+        request.state[RATE_LIMIT_HEADERS] = runtime.tenancy.known_headers(caller)
+        return caller
+
+    def administrator(request: Request[Any, Any, Any]) -> None:
+        runtime.tenancy.authenticate_admin(request.headers)
 
     handler = _error_handler(settings.limits.retry_after_s)
     lifecycle = runtime.lifecycle
@@ -77,12 +96,16 @@ def create_app(
             health.live,
             health.ready,
             health.metrics,
+            *admin.ROUTES,
         ],
         dependencies={
             "settings": Provide(lambda: settings, use_cache=True, sync_to_thread=False),
             "runtime": Provide(lambda: runtime, use_cache=True, sync_to_thread=False),
             "registry": Provide(lambda: runtime.registry, use_cache=True, sync_to_thread=False),
-            "generation": Provide(generation, sync_to_thread=False),
+            "tenancy": Provide(lambda: runtime.tenancy, use_cache=True, sync_to_thread=False),
+            "answers": Provide(answering, sync_to_thread=False),
+            "tenant": Provide(tenant, sync_to_thread=False),
+            "administrator": Provide(administrator, sync_to_thread=False),
         },
         exception_handlers={Exception: handler},
         middleware=[metrics.middleware(lifecycle.request_started, lifecycle.request_finished)],

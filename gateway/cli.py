@@ -18,6 +18,8 @@ from gateway.settings import (
     SidecarSettings,
     load_settings,
 )
+from gateway.tenancy import TenancySettings
+from gateway.tenancy.keys import digest, new_key
 
 logger = logging.getLogger(__name__)
 DEMO_MODEL = "smollm2"
@@ -44,6 +46,7 @@ def demo_settings(host: str, port: int) -> Settings:
         models=(ModelSettings(name=DEMO_MODEL, pipeline=DEMO_MODEL, defaults=defaults),),
         sidecars=SidecarSettings(inline=spec),
         server=ServerSettings(host=host, port=port),
+        tenancy=TenancySettings(auth=False),
     )
 
 
@@ -58,6 +61,15 @@ def serve(settings: Settings) -> int:
     print(f"triton-gateway: OpenAI API on http://{server.host}:{server.port}/v1", flush=True)
     names = ", ".join(model.name for model in settings.models) or "every pipeline of the spec"
     print(f"  models: {names}; readiness at /health/ready; Ctrl-C stops", flush=True)
+    tenancy = settings.tenancy
+    if not tenancy.auth:
+        print(
+            "  auth: OFF (tenancy.auth: false) - anyone who reaches this port may use it",
+            flush=True,
+        )
+    else:
+        store = tenancy.store.kind
+        print(f"  auth: on, {len(tenancy.keys)} key(s) configured, limits in {store}", flush=True)
     uvicorn.run(
         create_app(settings),
         host=server.host,
@@ -84,6 +96,24 @@ def _demo(args: argparse.Namespace) -> int:
     return serve(demo_settings(args.host, args.port))
 
 
+def _new_key(args: argparse.Namespace) -> int:
+    key = new_key()
+    name = f", name: {args.name}" if args.name else ""
+    print(f"API key (shown once, store it now): {key}")
+    print("Add to tenancy.keys in the gateway configuration:")
+    print(f"  - {{tenant: {args.tenant}{name}, sha256: {digest(key)}}}")
+    return 0
+
+
+def _hash_key(args: argparse.Namespace) -> int:
+    key = sys.stdin.readline().strip()
+    if not key:
+        print("error: no key on standard input", file=sys.stderr)
+        return 2
+    print(digest(key))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``triton-gateway`` argument parser."""
     parser = argparse.ArgumentParser(prog="triton-gateway", description=__doc__)
@@ -98,6 +128,13 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--port", type=int, default=8000, help="port to bind")
     demo.set_defaults(func=_demo)
     sub.add_parser("deploy", help="render or run sidecars (triton-gateway deploy --help)")
+    keys = sub.add_parser("keys", help="make API keys").add_subparsers(dest="keys", required=True)
+    new = keys.add_parser("new", help="print a new API key and its configuration line")
+    new.add_argument("--tenant", required=True, help="the tenant the key opens")
+    new.add_argument("--name", default="", help="what the key is for")
+    new.set_defaults(func=_new_key)
+    hashed = keys.add_parser("hash", help="print the sha256 of a key read from standard input")
+    hashed.set_defaults(func=_hash_key)
     return parser
 
 

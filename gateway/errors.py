@@ -37,19 +37,20 @@ class APIError(Exception):
         param: str | None = None,
         code: str | None = None,
         headers: dict[str, str] | None = None,
+        kind: str | None = None,
     ) -> None:
         super().__init__(message)
         self.message = message
         self.param = param
         self.code = code if code is not None else self.default_code
         self.headers = headers or {}
+        self.kind = kind or self.error_type
+        """The error's ``type``: the class's, unless this instance says otherwise."""
 
     def envelope(self) -> ErrorEnvelope:
         """The response body."""
         return ErrorEnvelope(
-            error=ErrorBody(
-                message=self.message, type=self.error_type, param=self.param, code=self.code
-            )
+            error=ErrorBody(message=self.message, type=self.kind, param=self.param, code=self.code)
         )
 
 
@@ -72,6 +73,42 @@ class ModelNotFoundError(APIError):
     status_code = 404
     error_type = "invalid_request_error"
     default_code = "model_not_found"
+
+
+class AuthenticationError(APIError):
+    """No API key, a malformed one, or one that opens nothing."""
+
+    status_code = 401
+    error_type = "invalid_request_error"
+    default_code = "invalid_api_key"
+
+
+class RateLimitError(APIError):
+    """A tenant limit refused the request; ``Retry-After`` says when to try again.
+
+    As OpenAI's, its ``type`` names what ran out: ``requests`` or ``tokens``.
+    """
+
+    status_code = 429
+    default_code = "rate_limit_exceeded"
+
+    error_type = "requests"
+
+
+class ResourceNotFoundError(APIError):
+    """An admin API resource (tenant, key) that does not exist."""
+
+    status_code = 404
+    error_type = "invalid_request_error"
+    default_code = "not_found"
+
+
+class ConflictError(APIError):
+    """The request cannot be carried out in the gateway's current configuration."""
+
+    status_code = 409
+    error_type = "invalid_request_error"
+    default_code = "conflict"
 
 
 class RouteNotFoundError(APIError):

@@ -60,6 +60,33 @@ class ChoiceResult:
     end: ChoiceEnd | None = None
 
 
+@dataclass(slots=True)
+class UsageMeter:
+    """Tokens a request used so far: each prompt once the engine took it, every choice's output.
+
+    A choice's count is exact once it ended; before that (a cancelled or failed request) it is
+    what the engine reported so far.
+    """
+
+    prompts: dict[int, int] = field(default_factory=dict)
+    choices: dict[int, int] = field(default_factory=dict)
+
+    def generated(self, spec: ChoiceSpec, tokens: int | None) -> None:
+        """A chunk of ``spec`` arrived, holding ``tokens`` tokens (None: not reported)."""
+        self.prompts.setdefault(spec.prompt_index, spec.prompt.token_count)
+        if tokens:
+            self.choices[spec.index] = self.choices.get(spec.index, 0) + tokens
+
+    def ended(self, end: ChoiceEnd) -> None:
+        """A choice finished with these counts."""
+        self.prompts[end.prompt_index] = end.prompt_tokens
+        self.choices[end.index] = end.completion_tokens
+
+    def total(self) -> int:
+        """Prompt plus completion tokens used so far."""
+        return sum(self.prompts.values()) + sum(self.choices.values())
+
+
 def token_texts(text: str, count: int, pieces: Sequence[str] | None) -> tuple[str, ...]:
     """Texts of ``count`` tokens that produced ``text``; re-tokenized pieces when they line up."""
     if count == 1:
@@ -93,10 +120,13 @@ async def close_quietly(chunks: AsyncIterator[TokenChunk]) -> None:
 class ChoiceRunner:
     """Streams one choice: stop sequences cut, counts kept, the backend closed on every exit."""
 
-    def __init__(self, backend: Backend, model: ServedModel, *, logprobs: bool) -> None:
+    def __init__(
+        self, backend: Backend, model: ServedModel, *, logprobs: bool, meter: UsageMeter
+    ) -> None:
         self._backend = backend
         self._model = model
         self._logprobs = logprobs
+        self._meter = meter
 
     async def run(
         self, spec: ChoiceSpec, request: GenerationRequest
@@ -109,6 +139,7 @@ class ChoiceRunner:
         chunks = self._backend.generate(self._model.target, request)
         try:
             async for chunk in chunks:
+                self._meter.generated(spec, chunk.token_count)
                 raw.append(chunk.text)
                 counted = _add(counted, chunk.token_count)
                 prompt_tokens = chunk.prompt_tokens or prompt_tokens
@@ -127,13 +158,15 @@ class ChoiceRunner:
             # Re-tokenized text can come out longer than what the engine generated.
             counted_again = await self._model.tokenizer.count("".join(raw))
             completion_tokens = min(counted_again, spec.params.max_tokens)
-        yield ChoiceEnd(
+        end = ChoiceEnd(
             index=spec.index,
             prompt_index=spec.prompt_index,
             finish_reason=finish_reason(matcher.stopped, completion_tokens, spec.params.max_tokens),
             prompt_tokens=prompt_tokens or spec.prompt.token_count,
             completion_tokens=completion_tokens,
         )
+        self._meter.ended(end)
+        yield end
 
     async def _delta(self, index: int, text: str, chunk: TokenChunk) -> TextDelta:
         if not self._logprobs or not chunk.logprobs:
@@ -215,9 +248,22 @@ class GenerationService:
         self._timeout_s = timeout_s
         self._metrics = metrics or GatewayMetrics()
 
-    def events(self, model: ServedModel, plan: Plan) -> AsyncGenerator[Event, None]:
-        """Every choice's events, interleaved as they arrive; closing it cancels the requests."""
-        runner = ChoiceRunner(self._backend, model, logprobs=plan.logprobs)
+    def events(
+        self,
+        model: ServedModel,
+        plan: Plan,
+        meter: UsageMeter | None = None,
+        *,
+        priority: int = 0,
+    ) -> AsyncGenerator[Event, None]:
+        """Every choice's events, interleaved as they arrive; closing it cancels the requests.
+
+        ``meter`` counts the tokens used as they are generated; ``priority`` is the Triton
+        request priority (0: the model's default).
+        """
+        runner = ChoiceRunner(
+            self._backend, model, logprobs=plan.logprobs, meter=meter or UsageMeter()
+        )
         request_id = uuid.uuid4().hex
         streams = [
             runner.run(
@@ -228,6 +274,7 @@ class GenerationService:
                     params=spec.params,
                     stream=plan.stream,
                     timeout_s=self._timeout_s,
+                    priority=priority,
                 ),
             )
             for spec in plan.choices
@@ -250,14 +297,19 @@ class GenerationService:
 
     async def collect(self, model: ServedModel, plan: Plan) -> list[ChoiceResult]:
         """Run a plan to the end and fold each choice's events."""
-        results = {spec.index: ChoiceResult(spec.index) for spec in plan.choices}
-        async with aclosing(self.events(model, plan)) as events:
-            async for event in events:
-                result = results[event.index]
-                if isinstance(event, ChoiceEnd):
-                    result.end = event
-                    continue
-                result.text += event.text
-                result.logprobs.extend(event.logprobs)
-                result.tokens.extend(event.tokens)
-        return [results[index] for index in sorted(results)]
+        return await fold(plan, self.events(model, plan))
+
+
+async def fold(plan: Plan, events: AsyncGenerator[Event, None]) -> list[ChoiceResult]:
+    """Each choice of a plan, whole, from its events."""
+    results = {spec.index: ChoiceResult(spec.index) for spec in plan.choices}
+    async with aclosing(events):
+        async for event in events:
+            result = results[event.index]
+            if isinstance(event, ChoiceEnd):
+                result.end = event
+                continue
+            result.text += event.text
+            result.logprobs.extend(event.logprobs)
+            result.tokens.extend(event.tokens)
+    return [results[index] for index in sorted(results)]

@@ -17,7 +17,9 @@ from deploy.supervisor import Sidecar, sidecar_from_spec
 from gateway.generation import GenerationService
 from gateway.metrics import GatewayMetrics
 from gateway.registry import ModelRegistry, ModelRoute, load_model, resolve_routes
-from gateway.settings import Settings, SidecarSettings
+from gateway.settings import Settings, SettingsError, SidecarSettings
+from gateway.tenancy.config import TenancyConfigError, check_tenancy
+from gateway.tenancy.service import Tenancy
 
 logger = logging.getLogger(__name__)
 BackendFactory = Callable[[tuple[ModelRoute, ...]], Backend]
@@ -97,10 +99,15 @@ class Runtime:
         backend_factory: BackendFactory,
         metrics: GatewayMetrics,
     ) -> None:
+        try:
+            check_tenancy(settings.tenancy)
+        except TenancyConfigError as exc:
+            raise SettingsError(f"invalid tenancy settings: {exc}") from exc
         self.settings = settings
         self.registry = ModelRegistry()
         self.lifecycle = Lifecycle()
         self.metrics = metrics
+        self.tenancy = Tenancy(settings.tenancy, metrics)
         self._backend = backend
         self._owns_backend = backend is None
         self._backend_factory = backend_factory
@@ -132,10 +139,12 @@ class Runtime:
         try:
             await self._start()
         except BaseException:
+            await self.tenancy.close()
             await asyncio.to_thread(self._stop_sidecars)
             raise
 
     async def _start(self) -> None:
+        await self.tenancy.start()
         spec, urls = await self._prepare_sidecars()
         routes = resolve_routes(self.settings, spec, urls)
         # One thread, one model after another: transformers' lazy imports are not thread-safe.
@@ -161,6 +170,7 @@ class Runtime:
             logger.warning("requests still in flight after %.0f s; shutting down anyway", grace)
         if self._backend is not None and self._owns_backend:
             await self._backend.close()
+        await self.tenancy.close()
         if self._bring_up_task is not None:
             self._bring_up_task.cancel()
         await asyncio.to_thread(self._stop_sidecars)

@@ -50,6 +50,47 @@ class GatewayMetrics:
             registry=self.registry,
         )
 
+        self.rate_limited = Counter(
+            "gateway_rate_limited",
+            "Requests refused by a tenant limit, by tenant and limit.",
+            ["tenant", "limit"],
+            registry=self.registry,
+        )
+        self.limiter_unavailable = Counter(
+            "gateway_limiter_unavailable",
+            "Admissions while the rate-limit store was unreachable, by the policy applied.",
+            ["policy"],
+            registry=self.registry,
+        )
+        self.tenant_requests_in_flight = Gauge(
+            "gateway_tenant_requests_in_flight",
+            "Admitted requests of each tenant not yet settled, in this process.",
+            ["tenant"],
+            registry=self.registry,
+        )
+        self.tenant_tokens = Counter(
+            "gateway_tenant_tokens",
+            "Prompt plus completion tokens charged to each tenant.",
+            ["tenant"],
+            registry=self.registry,
+        )
+
+    def record_rate_limited(self, tenant: str, limit: str) -> None:
+        """A limit refused a request of ``tenant``."""
+        self.rate_limited.labels(tenant, limit).inc()
+
+    def record_limiter_unavailable(self, policy: str) -> None:
+        """An admission met an unreachable store and applied ``policy``."""
+        self.limiter_unavailable.labels(policy).inc()
+
+    def tenant_in_flight(self, tenant: str, change: int) -> None:
+        """A request of ``tenant`` was admitted (+1) or settled (-1)."""
+        self.tenant_requests_in_flight.labels(tenant).inc(change)
+
+    def record_tenant_tokens(self, tenant: str, tokens: int) -> None:
+        """A settled request of ``tenant`` used ``tokens``."""
+        self.tenant_tokens.labels(tenant).inc(max(0, tokens))
+
     def render(self) -> bytes:
         """The Prometheus text exposition of every metric."""
         return generate_latest(self.registry)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Executor
 from dataclasses import dataclass
 
@@ -126,10 +126,11 @@ class ModelRegistry:
     def __init__(self, models: list[ServedModel] | None = None) -> None:
         self._models = {model.name: model for model in models or []}
 
-    def get(self, name: str) -> ServedModel:
-        """The model called ``name``; 404 ``model_not_found`` otherwise."""
+    def get(self, name: str, allowed: Callable[[str], bool] = lambda _: True) -> ServedModel:
+        """The model called ``name`` if ``allowed`` lets the caller use it; else the same 404
+        ``model_not_found`` as for a model that does not exist."""
         model = self._models.get(name)
-        if model is None:
+        if model is None or not allowed(model.name):
             raise unknown_model(name)
         return model
 

@@ -7,6 +7,8 @@ from typing import Any, Literal
 
 import msgspec
 
+from gateway.tenancy.config import TenancySettings
+
 EntryModel = Literal["ensemble", "tensorrt_llm_bls"]
 
 
@@ -114,6 +116,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     """Sidecars to start and supervise; ``None`` means Triton runs elsewhere."""
     server: ServerSettings = ServerSettings()
     """HTTP listener of ``triton-gateway serve``."""
+    tenancy: TenancySettings = TenancySettings()
+    """API keys, tenants, their limits and where the limits are counted (auth is on)."""
     log_level: str = "INFO"
     """Logging level of the ``triton-gateway`` command."""
 

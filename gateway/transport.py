@@ -62,7 +62,11 @@ async def _prepend(
 
 
 async def stream_response(
-    receive: Receive, chunks: AsyncGenerator[msgspec.Struct, None], *, retry_after_s: int
+    receive: Receive,
+    chunks: AsyncGenerator[msgspec.Struct, None],
+    *,
+    retry_after_s: int,
+    headers: dict[str, str] | None = None,
 ) -> Stream:
     """An SSE response whose first chunk is already produced.
 
@@ -82,4 +86,4 @@ async def stream_response(
         return to_api_error(exc, retry_after_s=retry_after_s).envelope()
 
     body = sse.event_stream(_prepend(first, chunks), error_body)
-    return Stream(body, media_type=sse.MEDIA_TYPE, headers=sse.HEADERS)
+    return Stream(body, media_type=sse.MEDIA_TYPE, headers={**sse.HEADERS, **(headers or {})})

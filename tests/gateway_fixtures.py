@@ -15,6 +15,7 @@ import uvicorn
 from deploy.supervisor import Sidecar
 from gateway.app import create_app
 from gateway.settings import LimitSettings, ModelSettings, Settings
+from gateway.tenancy import TenancySettings
 
 PORTS = range(23000, 23990)
 ENSEMBLE_MODEL = "tiny"
@@ -59,6 +60,7 @@ def sidecar_settings(sidecar: Sidecar, tokenizer_dir: Path, **limits: float) -> 
         limits=msgspec.structs.replace(
             LimitSettings(request_timeout_s=60.0, shutdown_grace_s=5.0), **limits
         ),
+        tenancy=TenancySettings(auth=False),
     )
 
 

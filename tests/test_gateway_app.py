@@ -13,6 +13,7 @@ from litestar.testing import TestClient
 from adapters.triton.client import TritonBackend
 from gateway.app import create_app
 from gateway.settings import LimitSettings, ModelSettings, Settings
+from gateway.tenancy import TenancySettings
 
 USER = [{"role": "user", "content": "hi"}]
 
@@ -40,6 +41,7 @@ def client(tiny_model_dir: Path) -> Iterator[TestClient[Any]]:
             ),
         ),
         limits=LimitSettings(max_body_bytes=4096, retry_after_s=3, request_timeout_s=10),
+        tenancy=TenancySettings(auth=False),
     )
     app = create_app(settings, backend_factory=lambda routes: TritonBackend(connect_timeout_s=1))
     with TestClient(app) as test_client:

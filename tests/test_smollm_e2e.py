@@ -53,6 +53,7 @@ def stock_v019_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """SmolLM2 behind the stock v0.19.0 models (decoupled), the gateway in front."""
     from deploy.models import ensure_smollm2
     from gateway.settings import ModelSettings, Settings
+    from gateway.tenancy import TenancySettings
     from tests.stock_release import STOCK_MODELS, start_stock_sidecar
 
     if not STOCK_MODELS.is_dir():
@@ -67,7 +68,8 @@ def stock_v019_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
                 triton_model="ensemble",
                 tokenizer_dir=str(model_dir),
             ),
-        )
+        ),
+        tenancy=TenancySettings(auth=False),
     )
     gateway = LiveGateway(settings).start()
     yield gateway.url

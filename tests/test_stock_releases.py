@@ -21,6 +21,7 @@ import openai
 import pytest
 
 from gateway.settings import LimitSettings, ModelSettings, Settings
+from gateway.tenancy import TenancySettings
 from tests.gateway_fixtures import LiveGateway
 from tests.stock_release import (
     BLS_LOADS,
@@ -92,7 +93,7 @@ def _settings(url: str, model_dir: Path, release: str) -> Settings:
     if BLS_LOADS[release]:
         models.append(model("bls", "tensorrt_llm_bls", "tensorrt_llm_bls"))
     limits = LimitSettings(request_timeout_s=120.0, shutdown_grace_s=5.0)
-    return Settings(models=tuple(models), limits=limits)
+    return Settings(models=tuple(models), limits=limits, tenancy=TenancySettings(auth=False))
 
 
 @pytest.fixture(

@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 from collections.abc import AsyncGenerator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -25,6 +23,7 @@ from adapters.contract import (
 )
 from adapters.triton import TritonBackend
 from deploy.supervisor import Sidecar, free_port
+from tests.engine_probe import EngineProcess
 
 PROMPT = "def add(a, b):\n"
 MODELS = ["tiny_ensemble", "tiny_tensorrt_llm_bls", "tiny2_tensorrt_llm_bls"]
@@ -53,43 +52,6 @@ async def collect(
     backend: TritonBackend, where: ModelTarget, request: GenerationRequest
 ) -> list[TokenChunk]:
     return [chunk async for chunk in backend.generate(where, request)]
-
-
-class EngineProcess:
-    """CPU time of the engine's Python-backend stub: a stopped engine thread sits idle."""
-
-    def __init__(self, sidecar: Sidecar, model: str) -> None:
-        suffix = f"/{model}/1/model.py"
-        self.pid = next(
-            pid
-            for pid in (int(p) for p in os.listdir("/proc") if p.isdigit())
-            if _parent(pid) == sidecar.pid and _argv1(pid).endswith(suffix)
-        )
-        self._tick = os.sysconf("SC_CLK_TCK")
-
-    def cpu_seconds(self) -> float:
-        fields = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / self._tick
-
-    async def busy_seconds(self, window_s: float) -> float:
-        before = self.cpu_seconds()
-        await asyncio.sleep(window_s)
-        return self.cpu_seconds() - before
-
-
-def _parent(pid: int) -> int | None:
-    try:
-        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def _argv1(pid: int) -> str:
-    try:
-        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-    except OSError:
-        return ""
-    return argv[1].decode(errors="replace") if len(argv) > 1 else ""
 
 
 def test_backend_satisfies_the_contract() -> None:

@@ -202,6 +202,7 @@ class TritonBackend:
             request_id,
             build_inputs(request, model, lora_weights=send_weights),
             outputs,
+            priority=request.priority,
         )
         decoder = ResponseDecoder(
             cumulative=streaming and model.accumulate_tokens,
@@ -277,8 +278,13 @@ def infer_request(
     request_id: str,
     tensors: Sequence[WireTensor],
     outputs: Sequence[str] | None,
+    *,
+    priority: int = 0,
 ) -> service_pb2.ModelInferRequest:
-    """A ``ModelInferRequest`` with raw tensor contents that asks for an empty final response."""
+    """A ``ModelInferRequest`` with raw tensor contents that asks for an empty final response.
+
+    ``priority`` sets Triton's request priority (1 is the highest level) where it is above 0.
+    """
     message = service_pb2.ModelInferRequest(model_name=model_name, id=request_id)
     for tensor in tensors:
         entry = message.inputs.add()
@@ -289,6 +295,8 @@ def infer_request(
     for name in outputs or ():
         message.outputs.add().name = name
     message.parameters["triton_enable_empty_final_response"].bool_param = True
+    if priority > 0:
+        message.parameters["priority"].uint64_param = priority
     return message
 
 

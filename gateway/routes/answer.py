@@ -1,40 +1,69 @@
-"""The shared last step of both completion routes: stream the plan's events or collect them."""
+"""The shared last step of both completion routes: admit, stream or collect, settle."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
+import anyio
 import msgspec
 from litestar import Request, Response
 
-from gateway.generation import ChoiceResult, Event, GenerationService
+from gateway.generation import ChoiceResult, Event, GenerationService, UsageMeter, fold
 from gateway.registry import ServedModel
 from gateway.responses import Header
-from gateway.settings import Settings
+from gateway.tenancy import TenantPolicy
+from gateway.tenancy.service import SETTLE_GRACE_S, Tenancy
 from gateway.translate import Plan
 from gateway.transport import stream_response, until_disconnect
 
 Chunks = Callable[[Plan, AsyncGenerator[Event, None], Header], AsyncGenerator[Any, None]]
 Whole = Callable[[Plan, list[ChoiceResult], Header], msgspec.Struct]
+RATE_LIMIT_HEADERS = "rate_limit_headers"
+"""Key of ``request.state`` holding the headers every answer to the request carries."""
 
 
-async def answer(
-    request: Request[Any, Any, Any],
-    model: ServedModel,
-    plan: Plan,
-    header: Header,
-    generation: GenerationService,
-    settings: Settings,
-    *,
-    chunks: Chunks,
-    whole: Whole,
-) -> Response[Any]:
-    """Server-sent events when the plan streams, one JSON answer otherwise."""
-    if plan.stream:
-        stream = chunks(plan, generation.events(model, plan), header)
-        return await stream_response(
-            request.receive, stream, retry_after_s=settings.limits.retry_after_s
-        )
-    results = await until_disconnect(request.receive, generation.collect(model, plan))
-    return Response(whole(plan, results, header))
+class Answers:
+    """Turns an admitted plan into the HTTP answer: server-sent events or one JSON body."""
+
+    def __init__(
+        self, generation: GenerationService, tenancy: Tenancy, *, retry_after_s: int
+    ) -> None:
+        self.generation = generation
+        self.tenancy = tenancy
+        self.retry_after_s = retry_after_s
+
+    async def respond(
+        self,
+        request: Request[Any, Any, Any],
+        tenant: TenantPolicy,
+        model: ServedModel,
+        plan: Plan,
+        header: Header,
+        chunks: Chunks,
+        whole: Whole,
+    ) -> Response[Any]:
+        """Reserve the plan against the tenant's limits, run it, and give back what it spared."""
+        ticket = await self.tenancy.admit(tenant, plan)
+        headers = ticket.headers()
+        request.state[RATE_LIMIT_HEADERS] = headers
+        meter = UsageMeter()
+        events = self.generation.events(model, plan, meter, priority=tenant.priority)
+        metered = ticket.metered(events, meter)
+        try:
+            if plan.stream:
+                # Once the stream is answered, the events settle the ticket when they end.
+                return await stream_response(
+                    request.receive,
+                    chunks(plan, metered, header),
+                    retry_after_s=self.retry_after_s,
+                    headers=headers,
+                )
+            results = await until_disconnect(request.receive, fold(plan, metered))
+            with anyio.move_on_after(SETTLE_GRACE_S, shield=True):
+                await ticket.settle(meter.total())
+            return Response(whole(plan, results, header), headers=headers)
+        except BaseException:
+            with anyio.move_on_after(SETTLE_GRACE_S, shield=True):
+                await ticket.settle(meter.total())
+            raise

@@ -6,35 +6,25 @@ from typing import Any
 
 from litestar import Request, Response, post
 
-from gateway.generation import GenerationService
 from gateway.planning import plan_chat
 from gateway.protocol import ChatCompletionRequest
 from gateway.registry import ModelRegistry
 from gateway.responses import Header, chat_chunks, chat_completion
-from gateway.routes.answer import answer
-from gateway.settings import Settings
+from gateway.routes.answer import Answers
+from gateway.tenancy import TenantPolicy
 from gateway.transport import decode_body, until_disconnect
 
 
 @post("/v1/chat/completions", status_code=200)
 async def create_chat_completion(
     request: Request[Any, Any, Any],
+    tenant: TenantPolicy,
     registry: ModelRegistry,
-    generation: GenerationService,
-    settings: Settings,
+    answers: Answers,
 ) -> Response[Any]:
     """Answer a conversation, whole or as server-sent events."""
     body = decode_body(await request.body(), ChatCompletionRequest)
-    model = registry.get(body.model)
+    model = registry.get(body.model, tenant.allows_model)
     plan = await until_disconnect(request.receive, plan_chat(model, body))
     header = Header.new("chatcmpl", model.name)
-    return await answer(
-        request,
-        model,
-        plan,
-        header,
-        generation,
-        settings,
-        chunks=chat_chunks,
-        whole=chat_completion,
-    )
+    return await answers.respond(request, tenant, model, plan, header, chat_chunks, chat_completion)

@@ -6,35 +6,27 @@ from typing import Any
 
 from litestar import Request, Response, post
 
-from gateway.generation import GenerationService
 from gateway.planning import plan_completion
 from gateway.protocol import CompletionRequest
 from gateway.registry import ModelRegistry
 from gateway.responses import Header, completion_chunks, text_completion
-from gateway.routes.answer import answer
-from gateway.settings import Settings
+from gateway.routes.answer import Answers
+from gateway.tenancy import TenantPolicy
 from gateway.transport import decode_body, until_disconnect
 
 
 @post("/v1/completions", status_code=200)
 async def create_completion(
     request: Request[Any, Any, Any],
+    tenant: TenantPolicy,
     registry: ModelRegistry,
-    generation: GenerationService,
-    settings: Settings,
+    answers: Answers,
 ) -> Response[Any]:
     """Complete one or more prompts, whole or as server-sent events."""
     body = decode_body(await request.body(), CompletionRequest)
-    model = registry.get(body.model)
+    model = registry.get(body.model, tenant.allows_model)
     plan = await until_disconnect(request.receive, plan_completion(model, body))
     header = Header.new("cmpl", model.name)
-    return await answer(
-        request,
-        model,
-        plan,
-        header,
-        generation,
-        settings,
-        chunks=completion_chunks,
-        whole=text_completion,
+    return await answers.respond(
+        request, tenant, model, plan, header, completion_chunks, text_completion
     )

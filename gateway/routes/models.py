@@ -6,6 +6,7 @@ from litestar import get
 
 from gateway.protocol import ModelCard, ModelList
 from gateway.registry import ModelRegistry, ServedModel
+from gateway.tenancy import TenantPolicy
 
 
 def _card(model: ServedModel) -> ModelCard:
@@ -18,12 +19,12 @@ def _card(model: ServedModel) -> ModelCard:
 
 
 @get("/v1/models")
-async def list_models(registry: ModelRegistry) -> ModelList:
-    """Every served model."""
-    return ModelList(data=[_card(model) for model in registry])
+async def list_models(registry: ModelRegistry, tenant: TenantPolicy) -> ModelList:
+    """Every served model the caller may use."""
+    return ModelList(data=[_card(model) for model in registry if tenant.allows_model(model.name)])
 
 
 @get("/v1/models/{model_id:path}")
-async def retrieve_model(model_id: str, registry: ModelRegistry) -> ModelCard:
+async def retrieve_model(model_id: str, registry: ModelRegistry, tenant: TenantPolicy) -> ModelCard:
     """One served model; ids may contain slashes."""
-    return _card(registry.get(model_id.lstrip("/")))
+    return _card(registry.get(model_id.lstrip("/"), tenant.allows_model))

@@ -1,0 +1,76 @@
+"""API keys: made at random, stored as SHA-256 digests, found with a constant-time comparison."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+from collections.abc import Iterable, Mapping
+
+from gateway.tenancy.config import KeyEntry
+
+KEY_PREFIX = "tgw-"
+MAX_KEY_LENGTH = 256
+
+
+def new_key() -> str:
+    """A fresh API key: the prefix and 256 random bits."""
+    return KEY_PREFIX + secrets.token_urlsafe(32)
+
+
+def digest(key: str) -> str:
+    """The hex SHA-256 of a key, the only form in which keys are stored."""
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+class MalformedKey(ValueError):
+    """A credentials header that is present but not usable."""
+
+
+def presented_key(headers: Mapping[str, str]) -> str | None:
+    """The key of ``Authorization: Bearer <key>`` or of Azure's ``api-key: <key>``.
+
+    Returns None when neither header is present; raises ``MalformedKey`` for a header that is
+    there but holds no usable key.
+    """
+    authorization = headers.get("authorization")
+    if authorization is not None:
+        scheme, _, key = authorization.strip().partition(" ")
+        if scheme.lower() != "bearer" or not key.strip():
+            raise MalformedKey("the Authorization header must be `Bearer <key>`")
+        return _checked(key.strip())
+    azure = headers.get("api-key")
+    return None if azure is None else _checked(azure.strip())
+
+
+def _checked(key: str) -> str:
+    if not key or len(key) > MAX_KEY_LENGTH or not key.isprintable() or " " in key:
+        raise MalformedKey("the API key is malformed")
+    return key
+
+
+class KeyRing:
+    """Key digests and what they open; a lookup never reveals a stored digest through timing."""
+
+    def __init__(self, entries: Iterable[KeyEntry] = ()) -> None:
+        self._entries = {entry.sha256: entry for entry in entries}
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def entries(self) -> list[KeyEntry]:
+        """Every entry of the ring."""
+        return list(self._entries.values())
+
+    def find(self, key: str) -> KeyEntry | None:
+        """The entry of ``key``, if it is one of the ring's keys."""
+        wanted = digest(key)
+        entry = self._entries.get(wanted)
+        if entry is None or not hmac.compare_digest(entry.sha256, wanted):
+            return None
+        return entry
+
+
+def matches(key: str, sha256: str | None) -> bool:
+    """Whether ``key`` hashes to ``sha256``, compared in constant time."""
+    return sha256 is not None and hmac.compare_digest(digest(key), sha256)

@@ -1,0 +1,168 @@
+"""Limits of a tenant, what is left of them, and the stores that count them.
+
+A store admits a request in one step that checks every limit and takes from all of them only
+if all allow it, and settles it in one step that gives back the unused reservation and
+releases its concurrency lease. The memory store does both in this process; the Redis store
+(``gateway.tenancy.redis_store``) runs the same steps as one Lua script each.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from gateway.tenancy import gcra
+from gateway.tenancy.config import TenantPolicy
+from gateway.tenancy.gcra import Decision, Limit
+
+MINUTE = 60.0
+DAY = 86400.0
+CONCURRENCY_RETRY_S = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """The limits of one tenant, as the stores count them."""
+
+    requests: Limit | None = None
+    tokens: Limit | None = None
+    daily_tokens: Limit | None = None
+    concurrency: int | None = None
+
+    @classmethod
+    def of(cls, policy: TenantPolicy) -> Limits:
+        """The limits a policy sets; a minute's limits hold ``burst`` of their quota at once."""
+
+        def per(name: str, rate: int | None, period: float, burst: float) -> Limit | None:
+            if rate is None:
+                return None
+            return Limit(name, float(rate), period, max(1.0, rate * burst))
+
+        return cls(
+            requests=per("requests", policy.requests_per_minute, MINUTE, policy.burst),
+            tokens=per("tokens", policy.tokens_per_minute, MINUTE, policy.burst),
+            daily_tokens=per("tokens_per_day", policy.tokens_per_day, DAY, 1.0),
+            concurrency=policy.max_concurrency,
+        )
+
+    @property
+    def buckets(self) -> tuple[tuple[Limit | None, bool], ...]:
+        """Each bucket and whether it counts tokens (else requests), in a fixed order."""
+        return ((self.requests, False), (self.tokens, True), (self.daily_tokens, True))
+
+    def largest_reservation(self) -> float | None:
+        """The most tokens one request may ever reserve: what the smallest bucket holds."""
+        sizes = [limit.capacity for limit, tokens in self.buckets if tokens and limit]
+        return min(sizes) if sizes else None
+
+
+@dataclass(frozen=True, slots=True)
+class Quota:
+    """What is left of a tenant's request and token limits, for the rate-limit headers."""
+
+    requests: tuple[Limit, Decision] | None = None
+    tokens: tuple[Limit, Decision] | None = None
+
+
+class Rejected(Exception):
+    """A limit refused the request."""
+
+    def __init__(self, limit: str, retry_after: float, quota: Quota) -> None:
+        super().__init__(limit)
+        self.limit = limit
+        """``requests``, ``tokens``, ``tokens_per_day`` or ``concurrency``."""
+        self.retry_after = retry_after
+        self.quota = quota
+
+
+class StoreUnavailable(Exception):
+    """The store could not be asked (Redis down, slow or refusing)."""
+
+
+class QuotaStore(Protocol):
+    """Counts limits: in one process, or shared by every replica."""
+
+    async def admit(self, tenant: str, limits: Limits, tokens: int, lease: str) -> Quota:
+        """Take one request and ``tokens`` from every limit and open a lease, or raise."""
+        ...
+
+    async def settle(self, tenant: str, limits: Limits, refund: int, lease: str) -> None:
+        """Give back ``refund`` tokens (negative: charge more) and close the lease."""
+        ...
+
+    async def close(self) -> None:
+        """Release connections and background tasks."""
+        ...
+
+
+def quota_of(limits: Limits, decisions: Mapping[str, Decision]) -> Quota:
+    """The header view of some decisions: requests, and the per-minute (else daily) tokens."""
+    tokens = limits.tokens or limits.daily_tokens
+    return Quota(
+        requests=(limits.requests, decisions[limits.requests.name]) if limits.requests else None,
+        tokens=(tokens, decisions[tokens.name]) if tokens else None,
+    )
+
+
+def statuses(limits: Limits, tats: Mapping[str, float], now: float) -> dict[str, Decision]:
+    """What is left of every bucket, taking nothing."""
+    return {
+        limit.name: gcra.status(limit, tats.get(limit.name, 0.0), now)
+        for limit, _ in limits.buckets
+        if limit is not None
+    }
+
+
+@dataclass
+class _TenantState:
+    tats: dict[str, float] = field(default_factory=dict)
+    leases: set[str] = field(default_factory=set)
+
+
+class MemoryStore:
+    """Limits of one gateway process."""
+
+    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+        self._now = clock
+        self._tenants: dict[str, _TenantState] = {}
+
+    def leases(self, tenant: str) -> int:
+        """Leases the tenant holds now."""
+        state = self._tenants.get(tenant)
+        return 0 if state is None else len(state.leases)
+
+    async def admit(self, tenant: str, limits: Limits, tokens: int, lease: str) -> Quota:
+        """Check every limit, then take from all of them (atomic: no await in between)."""
+        now = self._now()
+        state = self._tenants.setdefault(tenant, _TenantState())
+        decisions: dict[str, Decision] = {}
+        for limit, counts_tokens in limits.buckets:
+            if limit is None:
+                continue
+            cost = float(tokens) if counts_tokens else 1.0
+            decision = gcra.take(limit, state.tats.get(limit.name, 0.0), now, cost)
+            if not decision.allowed:
+                quota = quota_of(limits, statuses(limits, state.tats, now))
+                raise Rejected(limit.name, decision.retry_after, quota)
+            decisions[limit.name] = decision
+        if limits.concurrency is not None and len(state.leases) >= limits.concurrency:
+            quota = quota_of(limits, statuses(limits, state.tats, now))
+            raise Rejected("concurrency", CONCURRENCY_RETRY_S, quota)
+        for name, decision in decisions.items():
+            state.tats[name] = decision.tat
+        state.leases.add(lease)
+        return quota_of(limits, decisions)
+
+    async def settle(self, tenant: str, limits: Limits, refund: int, lease: str) -> None:
+        """Give back the unused tokens and close the lease."""
+        now = self._now()
+        state = self._tenants.setdefault(tenant, _TenantState())
+        for limit, counts_tokens in limits.buckets:
+            if limit is not None and counts_tokens and limit.name in state.tats:
+                state.tats[limit.name] = gcra.give_back(limit, state.tats[limit.name], now, refund)
+        state.leases.discard(lease)
+
+    async def close(self) -> None:
+        """Nothing to release."""

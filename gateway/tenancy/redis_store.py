@@ -1,0 +1,270 @@
+"""Limits shared by every replica through Redis: one Lua script per admission and per settlement.
+
+Each script reads Redis's own clock, so replicas with skewed clocks agree. A tenant's keys share
+the hash tag ``{tenant}``, so every script touches one Cluster slot. Concurrency leases live in a
+sorted set scored by their expiry: a gateway renews its leases while their requests run, so the
+leases of a gateway that died expire on their own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Any
+
+import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisError
+
+from gateway.tenancy.gcra import Decision, Limit
+from gateway.tenancy.quota import (
+    CONCURRENCY_RETRY_S,
+    Limits,
+    Quota,
+    Rejected,
+    StoreUnavailable,
+    quota_of,
+)
+
+logger = logging.getLogger(__name__)
+
+_LUA_COMMON = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+local function store(key, tat)
+  if tat <= now then
+    redis.call('DEL', key)
+  else
+    redis.call('SET', key, string.format('%.6f', tat), 'PX', math.ceil((tat - now) * 1000) + 1000)
+  end
+end
+"""
+
+# KEYS: requests, tokens, tokens_per_day buckets, leases.
+# ARGV: 1-3 seconds per unit (0: no such limit), 4-6 tolerances, 7 tokens, 8 max leases (-1: no
+# limit), 9 lease id, 10 lease ttl. Replies status, failed bucket, retry-after, then for each
+# bucket the units left and the seconds until it is full again.
+ADMIT = (
+    _LUA_COMMON
+    + """
+local costs = {1, tonumber(ARGV[7]), tonumber(ARGV[7])}
+local tats = {}
+local function reply(status, which, retry)
+  local out = {status, tostring(which), string.format('%.6f', retry)}
+  for i = 1, 3 do
+    local interval = tonumber(ARGV[i])
+    if interval > 0 then
+      local left = (tonumber(ARGV[i + 3]) - (tats[i] - now)) / interval
+      table.insert(out, string.format('%.6f', math.max(0, left)))
+      table.insert(out, string.format('%.6f', tats[i] - now))
+    else
+      table.insert(out, '-1')
+      table.insert(out, '0')
+    end
+  end
+  return out
+end
+for i = 1, 3 do
+  if tonumber(ARGV[i]) > 0 then
+    tats[i] = math.max(tonumber(redis.call('GET', KEYS[i]) or '0'), now)
+  end
+end
+for i = 1, 3 do
+  local interval = tonumber(ARGV[i])
+  if interval > 0 then
+    local wanted = tats[i] + costs[i] * interval
+    local tolerance = tonumber(ARGV[i + 3])
+    if wanted - now > tolerance + 1e-9 then
+      return reply('limit', i, wanted - tolerance - now)
+    end
+  end
+end
+local most = tonumber(ARGV[8])
+if most >= 0 then
+  redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now)
+  if redis.call('ZCARD', KEYS[4]) >= most then
+    return reply('concurrency', 4, 0)
+  end
+end
+for i = 1, 3 do
+  local interval = tonumber(ARGV[i])
+  if interval > 0 then
+    tats[i] = tats[i] + costs[i] * interval
+    store(KEYS[i], tats[i])
+  end
+end
+if most >= 0 then
+  local ttl = tonumber(ARGV[10])
+  redis.call('ZADD', KEYS[4], now + ttl, ARGV[9])
+  redis.call('PEXPIRE', KEYS[4], math.ceil(ttl * 2000))
+end
+return reply('ok', 0, 0)
+"""
+)
+
+# KEYS: tokens, tokens_per_day buckets, leases. ARGV: 1-2 seconds per token (0: none),
+# 3 tokens to give back (negative: to charge), 4 lease id.
+SETTLE = (
+    _LUA_COMMON
+    + """
+local units = tonumber(ARGV[3])
+for i = 1, 2 do
+  local interval = tonumber(ARGV[i])
+  if interval > 0 then
+    local tat = math.max(tonumber(redis.call('GET', KEYS[i]) or '0'), now)
+    store(KEYS[i], math.max(tat - units * interval, now))
+  end
+end
+redis.call('ZREM', KEYS[3], ARGV[4])
+return 1
+"""
+)
+
+# KEYS: leases. ARGV: ttl, then the lease ids this gateway still holds.
+RENEW = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+for i = 2, #ARGV do
+  redis.call('ZADD', KEYS[1], 'XX', now + tonumber(ARGV[1]), ARGV[i])
+end
+if #ARGV > 1 then
+  redis.call('PEXPIRE', KEYS[1], math.ceil(tonumber(ARGV[1]) * 2000))
+end
+return 1
+"""
+
+_FAILURES = (RedisError, OSError, TimeoutError)
+
+
+def _args(limit: Limit | None) -> tuple[float, float]:
+    return (limit.interval, limit.tolerance) if limit is not None else (0.0, 0.0)
+
+
+class RedisStore:
+    """Limits shared by every gateway pointed at one Redis (or Redis Cluster)."""
+
+    def __init__(
+        self,
+        client: aioredis.Redis,
+        *,
+        prefix: str = "tgw",
+        timeout_s: float = 0.25,
+        lease_ttl_s: float = 30.0,
+    ) -> None:
+        self.client = client
+        self._prefix = prefix
+        self._timeout_s = timeout_s
+        self._lease_ttl_s = lease_ttl_s
+        self._admit = client.register_script(ADMIT)
+        self._settle = client.register_script(SETTLE)
+        self._renew = client.register_script(RENEW)
+        self._held: dict[str, set[str]] = {}
+        self._renewer: asyncio.Task[None] | None = None
+
+    @classmethod
+    def connect(cls, url: str, **options: Any) -> RedisStore:
+        """A store over a new connection pool to ``url`` (connections open on first use).
+
+        A pooled connection that Redis closed (a restart, an idle timeout) fails its next
+        command; that command is sent once more on a fresh connection, at once, so only a
+        Redis that stays unreachable counts as an outage.
+        """
+        timeout = options.get("timeout_s", 0.25)
+        client = aioredis.from_url(
+            url,
+            socket_timeout=timeout,
+            socket_connect_timeout=timeout,
+            health_check_interval=10,
+            retry=Retry(NoBackoff(), 1),
+            retry_on_error=[RedisConnectionError],
+        )
+        return cls(client, **options)
+
+    def keys(self, tenant: str) -> list[str]:
+        """The tenant's keys: its three buckets and its leases, all in slot ``{tenant}``."""
+        base = f"{self._prefix}:{{{tenant}}}"
+        return [f"{base}:requests", f"{base}:tokens", f"{base}:tokens_per_day", f"{base}:leases"]
+
+    async def admit(self, tenant: str, limits: Limits, tokens: int, lease: str) -> Quota:
+        """One script: check every limit and the leases, then take from all or from none."""
+        (requests, requests_tol), (tpm, tpm_tol), (tpd, tpd_tol) = (
+            _args(limits.requests),
+            _args(limits.tokens),
+            _args(limits.daily_tokens),
+        )
+        most = -1 if limits.concurrency is None else limits.concurrency
+        args = [requests, tpm, tpd, requests_tol, tpm_tol, tpd_tol, tokens, most, lease]
+        reply = await self._call(self._admit, self.keys(tenant), [*args, self._lease_ttl_s])
+        status, which, retry, *rest = (
+            v.decode() if isinstance(v, bytes) else str(v) for v in reply
+        )
+        decisions = self._decisions(limits, [float(v) for v in rest], allowed=status == "ok")
+        quota = quota_of(limits, decisions)
+        if status == "ok":
+            if limits.concurrency is not None:
+                self._hold(tenant, lease)
+            return quota
+        if status == "concurrency":
+            raise Rejected("concurrency", CONCURRENCY_RETRY_S, quota)
+        failed = [limits.requests, limits.tokens, limits.daily_tokens][int(which) - 1]
+        raise Rejected(failed.name if failed else "requests", float(retry), quota)
+
+    async def settle(self, tenant: str, limits: Limits, refund: int, lease: str) -> None:
+        """One script: give back unused tokens and remove the lease."""
+        self._release(tenant, lease)
+        keys = self.keys(tenant)
+        args = [_args(limits.tokens)[0], _args(limits.daily_tokens)[0], refund, lease]
+        await self._call(self._settle, [keys[1], keys[2], keys[3]], args)
+
+    async def close(self) -> None:
+        """Stop renewing leases and close the connection pool."""
+        if self._renewer is not None:
+            self._renewer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._renewer
+        await self.client.aclose()
+
+    @staticmethod
+    def _decisions(limits: Limits, values: list[float], *, allowed: bool) -> dict[str, Decision]:
+        decisions = {}
+        for index, limit in enumerate((limits.requests, limits.tokens, limits.daily_tokens)):
+            if limit is not None:
+                left, reset = values[2 * index], values[2 * index + 1]
+                decisions[limit.name] = Decision(allowed, 0.0, 0.0, left, reset)
+        return decisions
+
+    async def _call(self, script: Any, keys: list[str], args: list[Any]) -> Any:
+        try:
+            async with asyncio.timeout(self._timeout_s):
+                return await script(keys=keys, args=args)
+        except _FAILURES as exc:
+            raise StoreUnavailable(f"redis: {exc!r}") from exc
+
+    def _hold(self, tenant: str, lease: str) -> None:
+        self._held.setdefault(tenant, set()).add(lease)
+        if self._renewer is None or self._renewer.done():
+            self._renewer = asyncio.get_running_loop().create_task(self._renew_forever())
+
+    def _release(self, tenant: str, lease: str) -> None:
+        held = self._held.get(tenant)
+        if held is not None:
+            held.discard(lease)
+            if not held:
+                del self._held[tenant]
+
+    async def _renew_forever(self) -> None:
+        """Push the expiry of every lease this gateway holds, a third of the TTL at a time."""
+        while self._held:
+            await asyncio.sleep(self._lease_ttl_s / 3)
+            for tenant, leases in list(self._held.items()):
+                if not leases:
+                    continue
+                try:
+                    await self._call(
+                        self._renew, [self.keys(tenant)[3]], [self._lease_ttl_s, *leases]
+                    )
+                except StoreUnavailable as exc:
+                    logger.debug("renewing the leases of %s failed: %s", tenant, exc)

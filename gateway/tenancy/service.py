@@ -1,0 +1,288 @@
+"""What the request path asks of tenancy: who is calling, what they may use, and may they go now.
+
+``authenticate`` turns credentials into a tenant (401 otherwise). ``admit`` reserves a request's
+worst case (its prompt plus every choice's ``max_tokens``) against the tenant's limits in one
+store call and returns a ``Ticket``; the ticket meters what the request really used and gives
+the rest back when its events end, whether they end normally, with an error or because the
+client left. Every answer carries OpenAI's ``x-ratelimit-*`` headers.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import uuid
+from collections.abc import AsyncGenerator, Mapping
+from contextlib import aclosing
+from dataclasses import dataclass, field
+
+import anyio
+
+from gateway.errors import (
+    AuthenticationError,
+    InvalidRequestError,
+    RateLimitError,
+    ServiceUnavailableError,
+)
+from gateway.generation import ChoiceEnd, Event, UsageMeter
+from gateway.metrics import GatewayMetrics
+from gateway.tenancy import gcra
+from gateway.tenancy.config import KeyEntry, TenancySettings, TenantPolicy
+from gateway.tenancy.directory import Directory
+from gateway.tenancy.keys import MalformedKey, matches, presented_key
+from gateway.tenancy.quota import Limits, MemoryStore, Quota, QuotaStore, Rejected, StoreUnavailable
+from gateway.tenancy.redis_store import RedisStore
+from gateway.translate import Plan
+
+logger = logging.getLogger(__name__)
+
+SETTLE_GRACE_S = 5.0
+_MISSING_KEY = (
+    "You didn't provide an API key. You need to provide your API key in an Authorization "
+    "header using Bearer auth (i.e. Authorization: Bearer YOUR_KEY), or as the api-key header."
+)
+
+
+def reservation(plan: Plan) -> int:
+    """The most tokens a plan can use: each prompt once, plus every choice's ``max_tokens``."""
+    prompts = {spec.prompt_index: spec.prompt.token_count for spec in plan.choices}
+    return sum(prompts.values()) + sum(spec.params.max_tokens for spec in plan.choices)
+
+
+def duration(seconds: float) -> str:
+    """A duration as OpenAI writes it in ``x-ratelimit-reset-*``: ``20ms``, ``1.5s``, ``6m0s``."""
+    if seconds < 1:
+        return f"{max(0, math.ceil(seconds * 1000))}ms"
+    minutes, rest = divmod(seconds, 60)
+    hours, minutes = divmod(int(minutes), 60)
+    text = f"{rest:.3f}".rstrip("0").rstrip(".") + "s"
+    if hours:
+        return f"{hours}h{minutes}m{text}"
+    return f"{minutes}m{text}" if minutes else text
+
+
+def rate_limit_headers(quota: Quota | None) -> dict[str, str]:
+    """``x-ratelimit-{limit,remaining,reset}-{requests,tokens}`` for the limits that apply."""
+    headers: dict[str, str] = {}
+    for kind, entry in (("requests", quota and quota.requests), ("tokens", quota and quota.tokens)):
+        if not entry:
+            continue
+        limit, decision = entry
+        headers[f"x-ratelimit-limit-{kind}"] = str(gcra.whole(limit.rate))
+        headers[f"x-ratelimit-remaining-{kind}"] = str(gcra.whole(decision.remaining))
+        headers[f"x-ratelimit-reset-{kind}"] = duration(decision.reset_after)
+    return headers
+
+
+@dataclass(eq=False)
+class Ticket:
+    """One admitted request: its reservation, lease and headers, settled once its events end."""
+
+    tenancy: Tenancy
+    tenant: TenantPolicy
+    limits: Limits
+    reserved: int
+    lease: str
+    quota: Quota | None
+    """None when the store was unreachable and the request was let through."""
+    settled: bool = field(default=False)
+
+    def headers(self) -> dict[str, str]:
+        """The rate-limit headers of the answer."""
+        return rate_limit_headers(self.quota)
+
+    async def metered(
+        self, events: AsyncGenerator[Event, None], meter: UsageMeter
+    ) -> AsyncGenerator[Event, None]:
+        """Pass the events on; settle with what ``meter`` counted when they end, however."""
+        try:
+            async with aclosing(events):
+                async for event in events:
+                    if isinstance(event, ChoiceEnd):
+                        meter.ended(event)
+                    yield event
+        finally:
+            with anyio.move_on_after(SETTLE_GRACE_S, shield=True):
+                await self.settle(meter.total())
+
+    async def settle(self, used: int) -> None:
+        """Give back what the request reserved but did not use, and end its lease."""
+        if self.settled:
+            return
+        self.settled = True
+        await self.tenancy.settle(self, used)
+
+
+class Tenancy:
+    """Keys, tenants and limits, in one service the routes depend on."""
+
+    def __init__(self, settings: TenancySettings, metrics: GatewayMetrics | None = None) -> None:
+        self.settings = settings
+        self.metrics = metrics or GatewayMetrics()
+        store = settings.store
+        client = None
+        self.store: QuotaStore
+        if store.kind == "redis":
+            redis_store = RedisStore.connect(
+                store.url,
+                prefix=store.prefix,
+                timeout_s=store.timeout_s,
+                lease_ttl_s=store.lease_ttl_s,
+            )
+            self.store, client = redis_store, redis_store.client
+        else:
+            self.store = MemoryStore()
+        self.directory = Directory(
+            settings,
+            client,
+            prefix=store.prefix,
+            refresh_s=store.refresh_s,
+            timeout_s=store.timeout_s,
+        )
+        self._known: dict[str, Quota] = {}
+        self._outage = False
+
+    async def start(self) -> None:
+        """Load run-time tenants and keys and start following changes."""
+        await self.directory.start()
+
+    async def close(self) -> None:
+        """Stop following changes and close the store."""
+        await self.directory.close()
+        await self.store.close()
+
+    def authenticate(self, headers: Mapping[str, str]) -> TenantPolicy:
+        """The tenant the request's key opens; 401 for none, a malformed or an unknown key."""
+        if not self.settings.auth:
+            return self.settings.anonymous
+        found = self.directory.find(self._key(headers))
+        if found is None:
+            raise AuthenticationError("Incorrect API key provided.")
+        return found[1]
+
+    def authenticate_admin(self, headers: Mapping[str, str]) -> None:
+        """Let only the admin key through (a tenant key never)."""
+        if self.settings.admin_key_sha256 is None:
+            raise AuthenticationError(
+                "The admin API is off: set tenancy.admin_key_sha256 to turn it on."
+            )
+        if not matches(self._key(headers), self.settings.admin_key_sha256):
+            raise AuthenticationError("Incorrect admin API key provided.")
+
+    def known_headers(self, tenant: TenantPolicy) -> dict[str, str]:
+        """Rate-limit headers as of the tenant's last admission (for answers before one)."""
+        return rate_limit_headers(self._known.get(tenant.name))
+
+    async def admit(self, tenant: TenantPolicy, plan: Plan) -> Ticket:
+        """Reserve the plan's worst case against every limit of the tenant, or refuse it."""
+        limits = Limits.of(tenant)
+        tokens = reservation(plan)
+        self._check_fits(tenant, limits, plan, tokens)
+        lease = uuid.uuid4().hex
+        quota: Quota | None = None
+        try:
+            quota = await self.store.admit(tenant.name, limits, tokens, lease)
+        except Rejected as rejected:
+            self.metrics.record_rate_limited(tenant.name, rejected.limit)
+            self._known[tenant.name] = rejected.quota
+            raise _rate_limit_error(tenant, rejected) from None
+        except StoreUnavailable as exc:
+            self._unavailable(exc)
+        else:
+            self._recovered()
+            self._known[tenant.name] = quota
+        self.metrics.tenant_in_flight(tenant.name, +1)
+        return Ticket(self, tenant, limits, tokens, lease, quota)
+
+    async def settle(self, ticket: Ticket, used: int) -> None:
+        """The store side of ``Ticket.settle``; a store failure only costs the refund."""
+        self.metrics.tenant_in_flight(ticket.tenant.name, -1)
+        self.metrics.record_tenant_tokens(ticket.tenant.name, used)
+        if ticket.quota is None:
+            return
+        try:
+            await self.store.settle(
+                ticket.tenant.name, ticket.limits, ticket.reserved - used, ticket.lease
+            )
+        except StoreUnavailable as exc:
+            self._unavailable(exc, admitting=False)
+
+    async def create_key(self, entry: KeyEntry) -> None:
+        """Store a new key (admin API)."""
+        await self.directory.add_key(entry)
+
+    @staticmethod
+    def _key(headers: Mapping[str, str]) -> str:
+        try:
+            key = presented_key(headers)
+        except MalformedKey as exc:
+            raise AuthenticationError(f"Malformed API key: {exc}.") from None
+        if key is None:
+            raise AuthenticationError(_MISSING_KEY)
+        return key
+
+    @staticmethod
+    def _check_fits(tenant: TenantPolicy, limits: Limits, plan: Plan, tokens: int) -> None:
+        largest = max((spec.params.max_tokens for spec in plan.choices), default=0)
+        if tenant.max_tokens is not None and largest > tenant.max_tokens:
+            raise InvalidRequestError(
+                f"max_tokens is {largest}, more than the {tenant.max_tokens} your key allows "
+                "per choice.",
+                param="max_tokens",
+            )
+        room = limits.largest_reservation()
+        if room is not None and tokens > room:
+            raise InvalidRequestError(
+                f"This request can use up to {tokens} tokens (prompt plus max_tokens for each "
+                f"choice), more than your token limit can ever hold ({gcra.whole(room)}); "
+                "lower max_tokens or n.",
+                param="max_tokens",
+            )
+
+    def _unavailable(self, exc: StoreUnavailable, *, admitting: bool = True) -> None:
+        policy = self.settings.store.on_failure
+        if not self._outage:
+            self._outage = True
+            logger.error(
+                "the rate-limit store is unreachable (%s); failing %s until it is back",
+                exc,
+                policy,
+            )
+        if not admitting:
+            return
+        self.metrics.record_limiter_unavailable(policy)
+        if policy == "closed":
+            raise ServiceUnavailableError(
+                "Rate limits cannot be checked right now; please retry.",
+                code="rate_limiter_unavailable",
+                headers={"Retry-After": "1"},
+            ) from None
+
+    def _recovered(self) -> None:
+        if self._outage:
+            self._outage = False
+            logger.warning("the rate-limit store is reachable again")
+
+
+def _rate_limit_error(tenant: TenantPolicy, rejected: Rejected) -> RateLimitError:
+    retry = max(rejected.retry_after, 0.001)
+    headers = {
+        **rate_limit_headers(rejected.quota),
+        "Retry-After": str(math.ceil(retry)),
+        "retry-after-ms": str(math.ceil(retry * 1000)),
+    }
+    what = {
+        "requests": (f"requests per minute (limit {tenant.requests_per_minute})", "requests"),
+        "tokens": (f"tokens per minute (limit {tenant.tokens_per_minute})", "tokens"),
+        "tokens_per_day": (f"tokens per day (limit {tenant.tokens_per_day})", "tokens"),
+        "concurrency": (
+            f"requests in flight at once (limit {tenant.max_concurrency})",
+            "requests",
+        ),
+    }[rejected.limit]
+    return RateLimitError(
+        f"Rate limit reached for {what[0]} of tenant {tenant.name}. "
+        f"Please try again in {duration(retry)}.",
+        headers=headers,
+        kind=what[1],
+    )

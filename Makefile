@@ -27,6 +27,7 @@ test: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python -m deploy.bench
 	$(BIN)/python -m tests.bench_tenancy
+	$(BIN)/python -m tests.bench_lora
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -160,6 +160,7 @@ def _extra_parameters(model: ModelSpec, name: str) -> dict[str, str]:
             "torch_dtype": engine.dtype,
             "torch_max_batch_size": str(engine.max_batch_size),
             "torch_max_seq_len": str(engine.max_seq_len),
+            "torch_lora_cache_size": str(engine.lora_cache_size),
         }
     return {}
 

@@ -40,6 +40,9 @@ class TorchEngine(
     """Most sequences decoded together by in-flight batching."""
     max_seq_len: int = 4096
     """Most tokens of prompt plus output for one sequence."""
+    lora_cache_size: int = 8
+    """LoRA adapters the engine keeps (least recently used evicted); a request for an evicted
+    one is answered with TensorRT-LLM's "not found in cache" error, and the gateway resends."""
 
 
 class TensorRTLLMEngine(

@@ -15,7 +15,7 @@ from adapters.contract import Backend
 from gateway.errors import ClientDisconnected, from_http_exception, to_api_error
 from gateway.lifecycle import BackendFactory, Runtime, triton_backend
 from gateway.metrics import GatewayMetrics
-from gateway.routes import admin, chat, completions, health, models
+from gateway.routes import admin, chat, completions, health, lora, models
 from gateway.routes.answer import RATE_LIMIT_HEADERS, Answers
 from gateway.settings import Settings
 from gateway.tenancy import TenantPolicy
@@ -97,6 +97,7 @@ def create_app(
             health.ready,
             health.metrics,
             *admin.ROUTES,
+            *lora.ROUTES,
         ],
         dependencies={
             "settings": Provide(lambda: settings, use_cache=True, sync_to_thread=False),

@@ -275,6 +275,7 @@ class GenerationService:
                     stream=plan.stream,
                     timeout_s=self._timeout_s,
                     priority=priority,
+                    lora=model.adapter,
                 ),
             )
             for spec in plan.choices

@@ -15,6 +15,7 @@ from adapters.contract import Backend, ModelTarget
 from deploy.spec import Spec, load_spec, parse_spec
 from deploy.supervisor import Sidecar, sidecar_from_spec
 from gateway.generation import GenerationService
+from gateway.lora import AdapterError, AdapterExists
 from gateway.metrics import GatewayMetrics
 from gateway.registry import ModelRegistry, ModelRoute, load_model, resolve_routes
 from gateway.settings import Settings, SettingsError, SidecarSettings
@@ -152,6 +153,7 @@ class Runtime:
             lambda: [load_model(route, self._executor) for route in routes]
         )
         self.registry.replace(models)
+        await self._load_adapters(routes)
         if self._backend is None:
             self._backend = self._backend_factory(routes)
         self._generation = GenerationService(
@@ -161,6 +163,19 @@ class Runtime:
         self._bring_up_task = asyncio.create_task(self._bring_up(routes))
         self.lifecycle.started = True
         logger.info("gateway started with %d model(s)", len(self.registry))
+
+    async def _load_adapters(self, routes: tuple[ModelRoute, ...]) -> None:
+        """Load the adapters the settings name; a bad one stops the start with its reason."""
+        by_name = {route.name: route for route in routes}
+        for model in self.settings.models:
+            route = by_name[model.name]
+            for adapter in model.adapters:
+                try:
+                    await self.registry.adapters.load(
+                        adapter.name, adapter.path, route.name, route.tokenizer_dir
+                    )
+                except (AdapterError, AdapterExists) as exc:
+                    raise SettingsError(f"model {model.name!r}: {exc}") from exc
 
     async def stop(self) -> None:
         """Readiness off, drain in-flight requests, close the backend, stop the sidecars."""

@@ -204,6 +204,10 @@ class ModelCard(Struct, frozen=True, kw_only=True):
     created: int
     owned_by: str
     max_model_len: int | UnsetType = UNSET
+    root: str | UnsetType = UNSET
+    """For a LoRA adapter: the folder it was loaded from."""
+    parent: str | None = None
+    """For a LoRA adapter: the base model it runs on."""
 
 
 class ModelList(Struct, frozen=True, kw_only=True):

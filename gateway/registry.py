@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Executor
 from dataclasses import dataclass
 
-from adapters.contract import ModelTarget
+from adapters.contract import LoraAdapter, ModelTarget
 from deploy.spec import ModelSpec, Spec, TorchEngine
 from gateway.errors import unknown_model
+from gateway.lora import LoraLibrary
 from gateway.settings import ModelSettings, SamplingDefaults, Settings, SettingsError
 from gateway.tokenizer import PromptTokenizer
 
@@ -42,6 +44,10 @@ class ServedModel:
     tokenizer: PromptTokenizer
     context_length: int
     created: int
+    adapter: LoraAdapter | None = None
+    """The LoRA adapter a request named (``route.name`` is then the adapter's name)."""
+    base: str | None = None
+    """The base model's name when this is an adapter on it."""
 
     @property
     def name(self) -> str:
@@ -125,14 +131,34 @@ class ModelRegistry:
 
     def __init__(self, models: list[ServedModel] | None = None) -> None:
         self._models = {model.name: model for model in models or []}
+        self.adapters = LoraLibrary()
 
-    def get(self, name: str, allowed: Callable[[str], bool] = lambda _: True) -> ServedModel:
-        """The model called ``name`` if ``allowed`` lets the caller use it; else the same 404
-        ``model_not_found`` as for a model that does not exist."""
+    def get(
+        self,
+        name: str,
+        allowed: Callable[[str], bool] = lambda _: True,
+        adapter_allowed: Callable[[str], bool] = lambda _: True,
+    ) -> ServedModel:
+        """The model or LoRA adapter (``adapter`` or ``base:adapter``) called ``name``, if the
+        caller may use it (and its base model); else the same 404 ``model_not_found`` as for a
+        name that does not exist."""
         model = self._models.get(name)
-        if model is None or not allowed(model.name):
+        if model is not None:
+            if not allowed(model.name):
+                raise unknown_model(name)
+            return model
+        found = self.adapters.find(name)
+        base = self._models.get(found.base) if found is not None else None
+        if found is None or base is None or not allowed(base.name):
             raise unknown_model(name)
-        return model
+        if not adapter_allowed(found.name):
+            raise unknown_model(name)
+        route = dataclasses.replace(base.route, name=name)
+        return dataclasses.replace(base, route=route, adapter=found.adapter, base=base.name)
+
+    def base_model(self, name: str) -> ServedModel | None:
+        """The base model called ``name`` (adapters not included)."""
+        return self._models.get(name)
 
     def __iter__(self) -> Iterator[ServedModel]:
         return iter(self._models.values())

@@ -37,6 +37,16 @@ class SamplingDefaults(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown
     """Default completion length; ``None`` means the rest of the context window."""
 
 
+class AdapterSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """A LoRA adapter served on a model: requests name it as their ``model``."""
+
+    name: str
+    """Public name (also reachable as ``<model>:<name>``)."""
+    path: str
+    """A TensorRT-LLM folder (``model.lora_weights.npy``, ``model.lora_config.npy``) or a
+    Hugging Face PEFT folder (``adapter_config.json``, ``adapter_model.safetensors``)."""
+
+
 class ModelSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """One served model: its public name, where it runs in Triton and how to template for it."""
 
@@ -66,6 +76,8 @@ class ModelSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     """Sampling values used when a request leaves a field out."""
     owned_by: str = "triton-gateway"
     """``owned_by`` shown by ``/v1/models``."""
+    adapters: tuple[AdapterSettings, ...] = ()
+    """LoRA adapters served on this model, loaded at start-up."""
 
 
 class LimitSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

@@ -25,7 +25,8 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def tiny_spec(model_dir: Path, **sidecar: object) -> Spec:
     """Two pipelines over the tiny model.
 
-    ``tiny``: the newest layout (token-count tensors, ``min_tokens``/``seed``); BLS deltas.
+    ``tiny``: the newest layout (token-count tensors, ``min_tokens``/``seed``); BLS deltas; an
+    engine LoRA cache of one adapter.
     ``tiny2``: the v0.19 layout (no token counts, ``min_length``/``random_seed``); BLS streams
     cumulative text.
     ``tiny3``: the v0.8 layout, not decoupled.
@@ -34,7 +35,12 @@ def tiny_spec(model_dir: Path, **sidecar: object) -> Spec:
     return parse_spec(
         {
             "models": [
-                {"name": "tiny", "release": "latest", "engine": engine, "bls_instances": 1},
+                {
+                    "name": "tiny",
+                    "release": "latest",
+                    "engine": {**engine, "lora_cache_size": 1},
+                    "bls_instances": 1,
+                },
                 {
                     "name": "tiny2",
                     "release": "v0.19",
@@ -56,3 +62,15 @@ def sidecar(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> I
     server.start()
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def adapters(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The PEFT LoRA adapters of ``tests/lora_fixtures.RECIPES`` on the tiny model."""
+    from tests.lora_fixtures import RECIPES, make_peft_adapter
+
+    root = tmp_path_factory.mktemp("peft")
+    return {
+        name: make_peft_adapter(tiny_model_dir, root / name, recipe)
+        for name, recipe in RECIPES.items()
+    }

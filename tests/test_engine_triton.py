@@ -289,13 +289,16 @@ def test_client_cancellation_stops_generation(sidecar: Sidecar) -> None:
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
-        ({"lora_task_id": np.array([[1]], np.uint64)}, "LoRA adapters are not supported"),
+        (
+            {"lora_task_id": np.array([[987654]], np.uint64)},
+            "LoRA task 987654 not found in cache. Please send LoRA weights with request",
+        ),
         (
             {
                 "lora_weights": np.ones((1, 2, 8), np.float16),
                 "lora_config": np.ones((1, 2, 3), np.int32),
             },
-            "LoRA adapters are not supported by the torch engine",
+            "lora_task_id must be set for LoRA inference",
         ),
         ({"beam_width": 2}, "beam_width 2 is not supported"),
         ({"prompt": PROMPT * 1000}, "torch_max_seq_len"),

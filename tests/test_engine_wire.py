@@ -15,7 +15,6 @@ from deploy.engine.outputs import ItemContext, OutputLayout, response_tensors
 from deploy.engine.types import FinishReason, SequenceOutput, Timings
 from deploy.engine.wire import (
     LOOKAHEAD_ERROR,
-    LORA_ERROR,
     is_stop_request,
     parse_items,
     parse_word_list,
@@ -87,8 +86,14 @@ def test_parse_items_splits_a_batch_by_input_lengths() -> None:
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
-        ({"lora_task_id": np.array([[3]], np.uint64)}, LORA_ERROR),
-        ({"lora_weights": np.ones((1, 2, 4), np.float16)}, LORA_ERROR),
+        ({"lora_weights": np.ones((1, 2, 4), np.float16)}, "lora_task_id must be set"),
+        (
+            {
+                "lora_task_id": np.array([[3]], np.uint64),
+                "lora_config": np.ones((1, 2, 3), np.int32),
+            },
+            "must have both lora_weights and lora_keys",
+        ),
         ({"beam_width": np.array([[2]], np.int32)}, "beam_width 2 is not supported"),
         ({"draft_input_ids": np.array([[1, 2]], np.int32)}, "speculative decoding"),
         ({"decoder_input_ids": np.array([[4, 5]], np.int32)}, "decoder_input_ids holds 2"),
@@ -101,6 +106,28 @@ def test_parse_items_splits_a_batch_by_input_lengths() -> None:
 def test_parse_items_rejects_what_the_engine_cannot_do(extra: dict[str, Any], message: str) -> None:
     with pytest.raises(EngineError, match=message):
         parse_items(_inputs(**extra), id_prefix="k", exclude_input_default=False)
+
+
+def test_parse_items_reads_each_items_lora_tensors() -> None:
+    weights = np.arange(2 * 3 * 8, dtype=np.float16).reshape(2, 3, 8)
+    config = np.ones((2, 3, 3), np.int32)
+    inputs = {
+        "input_ids": np.array([[5, 6], [8, 9]], np.int32),
+        "input_lengths": np.array([[2], [2]], np.int32),
+        "request_output_len": np.array([[4], [2]], np.int32),
+        "lora_task_id": np.array([[11], [12]], np.uint64),
+        "lora_weights": weights,
+        "lora_config": config,
+    }
+    (first, _), (second, _) = parse_items(inputs, id_prefix="x", exclude_input_default=False)
+    assert first.lora is not None and second.lora is not None
+    assert (first.lora.task_id, second.lora.task_id) == (11, 12)
+    assert first.lora.weights is not None and second.lora.weights is not None
+    assert np.array_equal(second.lora.weights, weights[1])
+    only_id = parse_items(
+        _inputs(lora_task_id=np.array([[7]], np.uint64)), id_prefix="y", exclude_input_default=False
+    )[0][0]
+    assert only_id.lora is not None and only_id.lora.weights is None
 
 
 def test_parse_items_accepts_beam_width_one_and_empty_embedding_bias() -> None:

@@ -90,3 +90,77 @@ def test_capital_of_france_through_the_stock_v019_ensemble(stock_v019_url: str) 
         model="smollm2", messages=question, temperature=0, max_tokens=30, stream=True
     )
     assert "".join(chunk.choices[0].delta.content or "" for chunk in stream) == text
+
+
+def test_smollm2_with_a_lora_adapter_through_triton_gateway_serve(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """`triton-gateway serve` with its own sidecar: SmolLM2 plus a PEFT adapter made here gives
+    Hugging Face + PEFT's greedy text, and the base model its own."""
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import yaml
+    from transformers import AutoTokenizer
+
+    from deploy.models import ensure_smollm2
+    from tests.gateway_fixtures import free_port
+    from tests.lora_fixtures import AdapterRecipe, make_peft_adapter, peft_greedy
+
+    model_dir = ensure_smollm2()
+    workdir = tmp_path_factory.mktemp("smol-lora")
+    recipe = AdapterRecipe(rank=8, alpha=16, targets=("q_proj", "v_proj", "down_proj"), seed=3,
+                           std=0.15)  # fmt: skip
+    adapter = make_peft_adapter(model_dir, workdir / "adapter", recipe)
+    prompt = "The capital of France is"
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    ids = tokenizer.encode(prompt)
+    expected = {
+        name: tokenizer.decode(peft_greedy(model_dir, folder, ids, 8))
+        for name, folder in (("smollm2", None), ("smol-lora", adapter))
+    }
+    assert expected["smollm2"] != expected["smol-lora"]
+    engine = {"kind": "torch", "model_dir": str(model_dir), "max_seq_len": 512}
+    config = {
+        "sidecars": {"inline": {"models": [{"name": "smol", "engine": engine}]}},
+        "models": [
+            {
+                "name": "smollm2",
+                "pipeline": "smol",
+                "adapters": [{"name": "smol-lora", "path": str(adapter)}],
+            }
+        ],
+        "tenancy": {"auth": False},
+        "log_level": "WARNING",
+    }
+    (workdir / "gateway.yaml").write_text(yaml.safe_dump(config))
+    port = free_port()
+    command = [str(Path(sys.executable).parent / "triton-gateway"), "serve", "--config",
+               str(workdir / "gateway.yaml"), "--port", str(port)]  # fmt: skip
+    log = (workdir / "serve.log").open("wb")
+    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            try:
+                if httpx.get(f"{url}/health/ready", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert process.poll() is None, (workdir / "serve.log").read_text()
+            assert time.monotonic() < deadline, "triton-gateway serve did not become ready"
+            time.sleep(0.5)
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+        for model, text in expected.items():
+            reply = client.completions.create(
+                model=model, prompt=prompt, max_tokens=8, temperature=0.0
+            )
+            assert reply.choices[0].text == text, model
+        parents = {m.id: m.model_extra.get("parent") for m in client.models.list().data}
+        assert parents == {"smollm2": None, "smol-lora": "smollm2"}
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=60)

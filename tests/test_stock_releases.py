@@ -20,9 +20,10 @@ from typing import Any
 import openai
 import pytest
 
-from gateway.settings import LimitSettings, ModelSettings, Settings
+from gateway.settings import AdapterSettings, LimitSettings, ModelSettings, Settings
 from gateway.tenancy import TenancySettings
 from tests.gateway_fixtures import LiveGateway
+from tests.lora_fixtures import peft_greedy
 from tests.stock_release import (
     BLS_LOADS,
     NO_BLS_REASON,
@@ -34,6 +35,8 @@ from tests.stock_release import (
 pytestmark = pytest.mark.slow
 
 RELEASES = ("v0.8", "v0.11", "v0.19")
+LORA_RELEASES = ("v0.19",)
+"""Releases whose stock ensemble and BLS carry the LoRA inputs (v0.8 and v0.11's do not)."""
 STACKS = [(release, decoupled) for release in RELEASES for decoupled in (True, False)]
 ENTRIES = ("ensemble", "bls")
 MESSAGES = [{"role": "user", "content": "Write a short note about rivers."}]
@@ -76,14 +79,16 @@ class Stack:
         raise AssertionError(f"{family} {labels} is not published")
 
 
-def _settings(url: str, model_dir: Path, release: str) -> Settings:
+def _settings(url: str, model_dir: Path, release: str, adapter: Path) -> Settings:
     def model(name: str, triton_model: str, entry: str) -> ModelSettings:
+        lora = (AdapterSettings(name=f"{name}-lora", path=str(adapter)),)
         return ModelSettings(
             name=name,
             triton_url=url,
             triton_model=triton_model,
             entry=entry,  # type: ignore[arg-type]
             tokenizer_dir=str(model_dir),
+            adapters=lora if release in LORA_RELEASES and name != "noseed" else (),
         )
 
     models = [
@@ -100,7 +105,10 @@ def _settings(url: str, model_dir: Path, release: str) -> Settings:
     scope="module", params=STACKS, ids=[f"{r}-{'dec' if d else 'nodec'}" for r, d in STACKS]
 )
 def stack(
-    request: pytest.FixtureRequest, tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+    request: pytest.FixtureRequest,
+    tiny_model_dir: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+    adapters: dict[str, Path],
 ) -> Iterator[Stack]:
     if not STOCK_MODELS.is_dir():
         pytest.skip(f"the stock models are not beside the checkout ({STOCK_MODELS})")
@@ -109,7 +117,8 @@ def stack(
     sidecar = start_stock_sidecar(release, decoupled, tiny_model_dir, workdir)
     records = _Records()
     logging.getLogger("adapters.triton.client").addHandler(records)
-    gateway = LiveGateway(_settings(sidecar.grpc_url, tiny_model_dir, release)).start()
+    settings = _settings(sidecar.grpc_url, tiny_model_dir, release, adapters["lora-a"])
+    gateway = LiveGateway(settings).start()
     client = openai.OpenAI(base_url=f"{gateway.url}/v1", api_key="unused", max_retries=0)
     try:
         yield Stack(release, decoupled, sidecar.metrics_url, gateway, client, records)
@@ -201,6 +210,28 @@ def test_n_choices_differ(stack: Stack, entry: str) -> None:
     assert [choice.index for choice in reply.choices] == [0, 1, 2]
     assert len(set(texts)) == 3 and all(texts)
     assert reply.usage is not None and reply.usage.completion_tokens == 36
+
+
+@pytest.mark.parametrize("entry", ENTRIES)
+def test_lora_adapters_pass_through_the_stock_models(
+    stack: Stack, entry: str, tiny_model_dir: Path, adapters: dict[str, Path]
+) -> None:
+    if stack.release not in LORA_RELEASES:
+        pytest.skip(f"the stock {stack.release} ensemble and BLS have no LoRA inputs")
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    prompt = "The quick brown fox"
+    expected = tokenizer.decode(
+        peft_greedy(tiny_model_dir, adapters["lora-a"], tokenizer.encode(prompt), 10)
+    )
+    model = f"{stack.model(entry)}-lora"
+    params: dict[str, Any] = {"prompt": prompt, "max_tokens": 10, "temperature": 0.0}
+    whole = stack.client.completions.create(model=model, **params).choices[0].text
+    assert whole == expected
+    if stack.decoupled:
+        chunks = stack.client.completions.create(model=model, stream=True, **params)
+        assert "".join(c.choices[0].text for c in chunks if c.choices) == expected
 
 
 def test_a_model_without_a_seed_input_answers_unseeded_requests(stack: Stack) -> None:

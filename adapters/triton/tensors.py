@@ -128,7 +128,11 @@ def lora_inputs(
     """``lora_task_id``, plus the weights and config in the dtype and columns the model wants."""
     task = model.inputs.get("lora_task_id")
     if task is None:
-        raise InvalidRequest("this deployment does not serve LoRA adapters", param="model")
+        raise InvalidRequest(
+            f"this deployment does not serve LoRA adapters: Triton model {model.name} has no "
+            "lora_task_id input",
+            param="model",
+        )
     tensors = [_scalar(task, "model", adapter.task_id)]
     if not with_weights or adapter.weights is None or adapter.config is None:
         return tensors

@@ -12,6 +12,7 @@ import numpy.typing as npt
 import torch
 
 from deploy.engine.kvcache import BatchKVCache
+from deploy.engine.lora import LoraAdapter
 from deploy.engine.sampling import SamplingRows, banned_next_tokens, hits_stop_word, token_log_probs
 from deploy.engine.types import (
     FinishReason,
@@ -35,6 +36,7 @@ class SequenceState:
     end_ids: TokenIds
     max_new_tokens: int
     begin_suppress: TokenIds = ()
+    adapter: LoraAdapter | None = None
     history: list[int] = field(default_factory=list)
     generated: list[int] = field(default_factory=list)
     log_probs: list[float] = field(default_factory=list)

@@ -55,6 +55,7 @@ def settings_from_model_config(model_config: Mapping[str, Any]) -> ModelSettings
         max_batch_size=max_batch_size,
         max_seq_len=_int(model_config, "torch_max_seq_len", None),
         num_threads=_int(model_config, "torch_num_threads", None),
+        lora_cache_size=max(1, _int(model_config, "torch_lora_cache_size", 8) or 8),
     )
     period = _int(model_config, "cancellation_check_period_ms", 100) or 100
     stats_period = _int(model_config, "stats_check_period_ms", 100) or 100

@@ -13,6 +13,7 @@ from transformers import AutoModelForCausalLM, DynamicCache
 from transformers.utils import logging as hf_logging
 
 from deploy.engine.kvcache import BatchKVCache
+from deploy.engine.lora import LoraAdapter, LoraContext, LoraTargets, install
 from deploy.engine.types import EngineConfig, EngineError, TokenIds
 
 logger = logging.getLogger(__name__)
@@ -85,6 +86,9 @@ class ModelRunner:
         self.suppress_tokens = _token_ids(getattr(generation, "suppress_tokens", None))
         self.begin_suppress_tokens = _token_ids(getattr(generation, "begin_suppress_tokens", None))
         self._keep_last_logits = "logits_to_keep" in inspect.signature(model.forward).parameters
+        self.lora_targets = LoraTargets.of(model, device)
+        self._lora = LoraContext()
+        self._lora_installed = False
 
     @classmethod
     def load(cls, config: EngineConfig) -> ModelRunner:
@@ -112,22 +116,35 @@ class ModelRunner:
         return cls(model, device)
 
     def prefill(
-        self, input_ids: Sequence[int], *, all_logits: bool = False
+        self,
+        input_ids: Sequence[int],
+        *,
+        all_logits: bool = False,
+        adapter: LoraAdapter | None = None,
     ) -> tuple[torch.Tensor, DynamicCache, torch.Tensor | None]:
-        """Run the prompt; returns the next-token logits [vocab] (float32), its KV cache and,
-        with `all_logits`, the logits of every prompt position [prompt_len, vocab]."""
+        """Run the prompt (through `adapter`, if any); returns the next-token logits [vocab]
+        (float32), its KV cache and, with `all_logits`, the logits of every prompt position
+        [prompt_len, vocab]."""
         ids = torch.tensor([list(input_ids)], dtype=torch.long, device=self.device)
         cache = DynamicCache()
         extra = {"logits_to_keep": 1} if self._keep_last_logits and not all_logits else {}
+        self._use_adapters([adapter])
         with torch.inference_mode():
             out = self.model(input_ids=ids, past_key_values=cache, use_cache=True, **extra)
         logits = out.logits[0].float()
         return logits[-1], cache, logits if all_logits else None
 
-    def decode(self, tokens: Sequence[int], kv: BatchKVCache) -> torch.Tensor:
-        """Feed one token per row; returns next-token logits [rows, vocab] (float32)."""
+    def decode(
+        self,
+        tokens: Sequence[int],
+        kv: BatchKVCache,
+        adapters: Sequence[LoraAdapter | None] = (),
+    ) -> torch.Tensor:
+        """Feed one token per row, each row through its adapter (if any); returns next-token
+        logits [rows, vocab] (float32)."""
         mask, positions = kv.step_inputs()
         ids = torch.tensor(list(tokens), dtype=torch.long, device=self.device).unsqueeze(1)
+        self._use_adapters(adapters)
         with torch.inference_mode():
             out = self.model(
                 input_ids=ids,
@@ -137,3 +154,11 @@ class ModelRunner:
                 use_cache=True,
             )
         return out.logits[:, -1, :].float()
+
+    def _use_adapters(self, adapters: Sequence[LoraAdapter | None]) -> None:
+        if not self._lora_installed:
+            if not any(adapters):
+                return
+            install(self.model, self._lora)
+            self._lora_installed = True
+        self._lora.use(list(adapters))

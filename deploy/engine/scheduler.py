@@ -13,6 +13,7 @@ import torch
 
 from deploy.engine.batch import DecodeBatch, SequenceState
 from deploy.engine.kvcache import BatchKVCache
+from deploy.engine.lora import LoraAdapter, LoraCache
 from deploy.engine.runner import ModelRunner
 from deploy.engine.sampling import SamplingRows, sequence_seed, static_bias
 from deploy.engine.types import (
@@ -33,6 +34,7 @@ class _Submit:
     request: GenerationRequest
     callback: OutputCallback
     max_new_tokens: int
+    adapter: LoraAdapter | None = None
 
 
 @dataclass(frozen=True)
@@ -107,9 +109,15 @@ class Engine:
     """
 
     def __init__(
-        self, runner: ModelRunner, *, max_batch_size: int = 16, max_seq_len: int | None = None
+        self,
+        runner: ModelRunner,
+        *,
+        max_batch_size: int = 16,
+        max_seq_len: int | None = None,
+        lora_cache_size: int = 8,
     ) -> None:
         self.runner = runner
+        self.loras = LoraCache(lora_cache_size)
         self.max_batch_size = max_batch_size
         self.max_seq_len = max_seq_len or runner.max_positions
         self._inbox: queue.SimpleQueue[_Command] = queue.SimpleQueue()
@@ -127,7 +135,12 @@ class Engine:
     def from_config(cls, config: EngineConfig) -> Engine:
         """Load the model and start the engine thread."""
         runner = ModelRunner.load(config)
-        engine = cls(runner, max_batch_size=config.max_batch_size, max_seq_len=config.max_seq_len)
+        engine = cls(
+            runner,
+            max_batch_size=config.max_batch_size,
+            max_seq_len=config.max_seq_len,
+            lora_cache_size=config.lora_cache_size,
+        )
         engine.start()
         return engine
 
@@ -144,13 +157,16 @@ class Engine:
         )
         if max_new != request.max_new_tokens:
             logger.debug("request %s capped to %d new tokens", request.request_id, max_new)
+        adapter = None
+        if request.lora is not None:
+            adapter = self.loras.resolve(request.lora, self.runner.lora_targets)
         with self._lock:
             if self._closed:
                 raise EngineError("the engine is shut down")
             if request.request_id in self._active:
                 raise EngineError(f"request id {request.request_id!r} is already running")
             self._active[request.request_id] = request.num_return_sequences
-            self._inbox.put(_Submit(request, callback, max_new))
+            self._inbox.put(_Submit(request, callback, max_new, adapter))
 
     def stop(self, request_id: str) -> None:
         """End a request early; each of its sequences gets a final output with what it has."""
@@ -281,11 +297,12 @@ class Engine:
                 end_ids=end_ids,
                 max_new_tokens=entry.max_new_tokens,
                 begin_suppress=runner.begin_suppress_tokens,
+                adapter=entry.adapter,
             )
             for index in range(n)
         ]
         logits, cache, context = runner.prefill(
-            request.input_ids, all_logits=request.return_context_logits
+            request.input_ids, all_logits=request.return_context_logits, adapter=entry.adapter
         )
         context_logits = None if context is None else context.cpu().numpy()
         for seq in sequences:
@@ -307,7 +324,11 @@ class Engine:
         batch = self._batch
         self._max_running = max(self._max_running, len(batch))
         try:
-            logits = self.runner.decode([seq.next_input for seq in batch.sequences], batch.kv)
+            logits = self.runner.decode(
+                [seq.next_input for seq in batch.sequences],
+                batch.kv,
+                [seq.adapter for seq in batch.sequences],
+            )
             outputs = batch.advance(logits)
         except Exception as exc:
             logger.exception("decode step failed; failing %d sequences", len(batch))

@@ -5,9 +5,13 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
+
+if TYPE_CHECKING:
+    from deploy.engine.lora import LoraRequest
 
 TokenIds = tuple[int, ...]
 WordList = tuple[TokenIds, ...]
@@ -80,6 +84,8 @@ class GenerationRequest:
     return_generation_logits: bool = False
     arrival_ns: int = 0
     """Wall-clock arrival time (ns since the epoch), reported by ``return_perf_metrics``."""
+    lora: LoraRequest | None = None
+    """The item's ``LoraRequest`` (task id, and weights and config when sent), or None."""
 
 
 class FinishReason(enum.Enum):
@@ -148,6 +154,8 @@ class EngineConfig:
     max_batch_size: int = 16
     max_seq_len: int | None = None
     num_threads: int | None = None
+    lora_cache_size: int = 8
+    """LoRA adapters kept between requests; the least recently used is evicted first."""
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ from typing import Any, TypeVar
 import numpy as np
 import numpy.typing as npt
 
+from deploy.engine.lora import LoraRequest
 from deploy.engine.outputs import ItemContext
 from deploy.engine.types import (
     EngineError,
@@ -24,8 +25,6 @@ logger = logging.getLogger(__name__)
 Inputs = Mapping[str, npt.NDArray[Any]]
 T = TypeVar("T")
 
-LORA_ERROR = "LoRA adapters are not supported by the torch engine"
-_LORA_INPUTS = ("lora_task_id", "lora_weights", "lora_config")
 _UNSUPPORTED_INPUTS = {
     "encoder_input_features": "encoder-decoder models",
     "prompt_embedding_table": "prompt tuning",
@@ -115,8 +114,6 @@ def batch_size(inputs: Inputs) -> int:
 
 def check_supported(inputs: Inputs) -> None:
     """Reject features the torch engine does not implement, instead of ignoring them."""
-    if any(_present(inputs.get(name)) for name in _LORA_INPUTS):
-        raise EngineError(LORA_ERROR)
     for name, feature in _UNSUPPORTED_INPUTS.items():
         if _present(inputs.get(name)):
             raise EngineError(f"{feature} ({name}) is not supported by the torch engine")
@@ -185,6 +182,32 @@ def _end_ids(inputs: Inputs, item: int) -> TokenIds | None:
     return (end_id,) if end_id >= 0 else ()
 
 
+def _lora_tensor(inputs: Inputs, name: str, item: int) -> npt.NDArray[Any] | None:
+    """One item's ``lora_weights`` or ``lora_config`` as ``[num_modules_layers, row]``."""
+    array = inputs.get(name)
+    if array is None or array.size == 0:
+        return None
+    if array.ndim == 3:
+        if array.shape[0] != 1 and item >= array.shape[0]:
+            raise EngineError(f"Expected batch dimension to be 1 for each lora request ({name})")
+        return np.asarray(array[min(item, array.shape[0] - 1)])
+    return np.asarray(array).reshape(-1, array.shape[-1])
+
+
+def _lora(inputs: Inputs, item: int) -> LoraRequest | None:
+    """The item's LoRA inputs, checked as the C++ backend checks them."""
+    task_id = _scalar(inputs, ("lora_task_id",), item, int)
+    weights = _lora_tensor(inputs, "lora_weights", item)
+    config = _lora_tensor(inputs, "lora_config", item)
+    if task_id is None:
+        if weights is not None or config is not None:
+            raise EngineError("lora_task_id must be set for LoRA inference")
+        return None
+    if (weights is None) != (config is None):
+        raise EngineError("Request for LoRA inference must have both lora_weights and lora_keys")
+    return LoraRequest(task_id, weights, config)
+
+
 def parse_items(
     inputs: Inputs, *, id_prefix: str, exclude_input_default: bool, vocab_size: int = 0
 ) -> list[tuple[GenerationRequest, ItemContext]]:
@@ -214,6 +237,7 @@ def parse_items(
             return_context_logits=_flag(inputs, "return_context_logits", item),
             return_generation_logits=_flag(inputs, "return_generation_logits", item),
             arrival_ns=arrival,
+            lora=_lora(inputs, item),
         )
         perf = _flag(inputs, "return_perf_metrics", item) or _flag(
             inputs, "return_kv_cache_reuse_stats", item

@@ -24,7 +24,7 @@ async def create_chat_completion(
 ) -> Response[Any]:
     """Answer a conversation, whole or as server-sent events."""
     body = decode_body(await request.body(), ChatCompletionRequest)
-    model = registry.get(body.model, tenant.allows_model)
+    model = registry.get(body.model, tenant.allows_model, tenant.allows_adapter)
     plan = await until_disconnect(request.receive, plan_chat(model, body))
     header = Header.new("chatcmpl", model.name)
     return await answers.respond(request, tenant, model, plan, header, chat_chunks, chat_completion)

@@ -24,7 +24,7 @@ async def create_completion(
 ) -> Response[Any]:
     """Complete one or more prompts, whole or as server-sent events."""
     body = decode_body(await request.body(), CompletionRequest)
-    model = registry.get(body.model, tenant.allows_model)
+    model = registry.get(body.model, tenant.allows_model, tenant.allows_adapter)
     plan = await until_disconnect(request.receive, plan_completion(model, body))
     header = Header.new("cmpl", model.name)
     return await answers.respond(

@@ -150,13 +150,19 @@ class Sidecar:
         return process.pid if process is not None and process.poll() is None else None
 
     def is_ready(self, timeout: float = 2.0) -> bool:
-        """Whether tritonserver answers ready (all its models loaded)."""
+        """Whether tritonserver answers ready (all its models loaded).
+
+        Any caller seeing it ready counts: a server killed right after a caller saw it ready,
+        before the watcher polled, has started and is restarted rather than given up on.
+        """
         url = f"{self.http_url}/v2/health/ready"
         try:
             with urllib.request.urlopen(url, timeout=timeout) as response:
-                return bool(response.status == 200)
+                ready = bool(response.status == 200)
         except (urllib.error.URLError, OSError):
             return False
+        self._ever_ready |= ready
+        return ready
 
     def start(self) -> Sidecar:
         """Start tritonserver and block until it is ready; raise with the log's tail otherwise."""

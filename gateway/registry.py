@@ -149,9 +149,9 @@ class ModelRegistry:
             return model
         found = self.adapters.find(name)
         base = self._models.get(found.base) if found is not None else None
-        if found is None or base is None or not allowed(base.name):
+        if found is None or base is None:
             raise unknown_model(name)
-        if not adapter_allowed(found.name):
+        if not (allowed(base.name) and adapter_allowed(found.name)):
             raise unknown_model(name)
         route = dataclasses.replace(base.route, name=name)
         return dataclasses.replace(base, route=route, adapter=found.adapter, base=base.name)

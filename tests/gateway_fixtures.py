@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import httpx
 import msgspec
 import pytest
 import uvicorn
+import yaml
 
 from deploy.supervisor import Sidecar
 from gateway.app import create_app
@@ -62,6 +67,35 @@ def sidecar_settings(sidecar: Sidecar, tokenizer_dir: Path, **limits: float) -> 
         ),
         tenancy=TenancySettings(auth=False),
     )
+
+
+def serve_process(
+    config: dict[str, Any], workdir: Path, name: str, timeout_s: float = 90.0
+) -> tuple[str, subprocess.Popen[bytes]]:
+    """`triton-gateway serve --config <name>.yaml` as its own process, once it is ready.
+
+    Returns its base URL and the process; the log is ``<workdir>/<name>.log``.
+    """
+    path = workdir / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(config))
+    port = free_port()
+    log_path = workdir / f"{name}.log"
+    command = [str(Path(sys.executable).parent / "triton-gateway"), "serve", "--config",
+               str(path), "--port", str(port)]  # fmt: skip
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            if httpx.get(f"{url}/health/ready", timeout=2).status_code == 200:
+                return url, process
+        except httpx.HTTPError:
+            pass
+        if process.poll() is not None or time.monotonic() > deadline:
+            process.kill()
+            raise RuntimeError(f"gateway {name} did not start: {log_path.read_text()}")
+        time.sleep(0.2)
 
 
 class LiveGateway:

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import torch
 
+from tests.test_engine_scheduler import reference
+
 ALL_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
@@ -71,14 +73,4 @@ def peft_greedy(
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", FutureWarning)
             model = PeftModel.from_pretrained(model, adapter_dir)
-    model.eval()
-    with torch.no_grad():
-        out = model.generate(
-            input_ids=torch.tensor([list(prompt)]),
-            attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-            do_sample=False,
-            max_new_tokens=max_new,
-        )
-    tokens: list[int] = out[0, len(prompt) :].tolist()
-    eos = model.generation_config.eos_token_id
-    return tokens[: tokens.index(eos)] if eos in tokens else tokens
+    return reference(model.eval(), tuple(prompt), max_new)

@@ -98,15 +98,11 @@ def test_smollm2_with_a_lora_adapter_through_triton_gateway_serve(
     """`triton-gateway serve` with its own sidecar: SmolLM2 plus a PEFT adapter made here gives
     Hugging Face + PEFT's greedy text, and the base model its own."""
     import signal
-    import subprocess
-    import sys
-    from pathlib import Path
 
-    import yaml
     from transformers import AutoTokenizer
 
     from deploy.models import ensure_smollm2
-    from tests.gateway_fixtures import free_port
+    from tests.gateway_fixtures import serve_process
     from tests.lora_fixtures import AdapterRecipe, make_peft_adapter, peft_greedy
 
     model_dir = ensure_smollm2()
@@ -135,24 +131,8 @@ def test_smollm2_with_a_lora_adapter_through_triton_gateway_serve(
         "tenancy": {"auth": False},
         "log_level": "WARNING",
     }
-    (workdir / "gateway.yaml").write_text(yaml.safe_dump(config))
-    port = free_port()
-    command = [str(Path(sys.executable).parent / "triton-gateway"), "serve", "--config",
-               str(workdir / "gateway.yaml"), "--port", str(port)]  # fmt: skip
-    log = (workdir / "serve.log").open("wb")
-    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
+    url, process = serve_process(config, workdir, "gateway", timeout_s=300)
     try:
-        deadline = time.monotonic() + 300
-        while True:
-            try:
-                if httpx.get(f"{url}/health/ready", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert process.poll() is None, (workdir / "serve.log").read_text()
-            assert time.monotonic() < deadline, "triton-gateway serve did not become ready"
-            time.sleep(0.5)
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
         for model, text in expected.items():
             reply = client.completions.create(

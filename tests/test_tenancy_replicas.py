@@ -10,7 +10,6 @@ import asyncio
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -20,12 +19,11 @@ from typing import Any
 
 import httpx
 import pytest
-import yaml
 
 from deploy.supervisor import Sidecar
 from gateway.tenancy.keys import digest, new_key
 from tests.engine_probe import EngineProcess
-from tests.gateway_fixtures import free_port
+from tests.gateway_fixtures import serve_process
 from tests.redis_server import RedisServer
 
 pytestmark = pytest.mark.slow
@@ -84,35 +82,7 @@ def _config(sidecar: Sidecar, model_dir: Path, redis_url: str, on_failure: str) 
 
 
 def _start(config: dict[str, Any], workdir: Path, name: str) -> Replica:
-    path = workdir / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(config))
-    port = free_port()
-    log = (workdir / f"{name}.log").open("wb")
-    process = subprocess.Popen(
-        [
-            str(Path(sys.executable).parent / "triton-gateway"),
-            "serve",
-            "--config",
-            str(path),
-            "--port",
-            str(port),
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 90
-    while True:
-        try:
-            if httpx.get(f"{url}/health/ready", timeout=2).status_code == 200:
-                return Replica(url, process)
-        except httpx.HTTPError:
-            pass
-        if process.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError(
-                f"gateway {name} did not start: {(workdir / f'{name}.log').read_text()}"
-            )
-        time.sleep(0.2)
+    return Replica(*serve_process(config, workdir, name))
 
 
 @pytest.fixture(scope="module")

@@ -171,11 +171,6 @@ class LoraCache:
             )
         )
 
-    def task_ids(self) -> list[int]:
-        """Cached task ids, least recently used first."""
-        with self._lock:
-            return list(self._adapters)
-
 
 @dataclass
 class LoraContext:

@@ -59,11 +59,11 @@ class Answers:
                     retry_after_s=self.retry_after_s,
                     headers=headers,
                 )
+            # fold closes the metered events, which settles the ticket before it returns.
             results = await until_disconnect(request.receive, fold(plan, metered))
-            with anyio.move_on_after(SETTLE_GRACE_S, shield=True):
-                await ticket.settle(meter.total())
             return Response(whole(plan, results, header), headers=headers)
         except BaseException:
+            # Settles what the events did not: they never started, or were cut off.
             with anyio.move_on_after(SETTLE_GRACE_S, shield=True):
                 await ticket.settle(meter.total())
             raise

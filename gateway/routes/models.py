@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import msgspec
 from litestar import get
 
 from gateway.lora import LoadedAdapter
@@ -21,13 +22,9 @@ def _card(model: ServedModel) -> ModelCard:
 
 
 def _adapter_card(adapter: LoadedAdapter, base: ServedModel) -> ModelCard:
-    return ModelCard(
-        id=adapter.name,
-        created=adapter.created,
-        owned_by=base.route.owned_by,
-        max_model_len=base.context_length,
-        root=adapter.path,
-        parent=base.name,
+    card = _card(base)
+    return msgspec.structs.replace(
+        card, id=adapter.name, created=adapter.created, root=adapter.path, parent=base.name
     )
 
 

@@ -27,7 +27,7 @@ from gateway.errors import (
 from gateway.generation import ChoiceEnd, Event, UsageMeter
 from gateway.metrics import GatewayMetrics
 from gateway.tenancy import gcra
-from gateway.tenancy.config import KeyEntry, TenancySettings, TenantPolicy
+from gateway.tenancy.config import TenancySettings, TenantPolicy
 from gateway.tenancy.directory import Directory
 from gateway.tenancy.keys import MalformedKey, matches, presented_key
 from gateway.tenancy.quota import Limits, MemoryStore, Quota, QuotaStore, Rejected, StoreUnavailable
@@ -206,10 +206,6 @@ class Tenancy:
             )
         except StoreUnavailable as exc:
             self._unavailable(exc, admitting=False)
-
-    async def create_key(self, entry: KeyEntry) -> None:
-        """Store a new key (admin API)."""
-        await self.directory.add_key(entry)
 
     @staticmethod
     def _key(headers: Mapping[str, str]) -> str:

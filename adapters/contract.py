@@ -10,6 +10,21 @@ TritonModelKind = Literal["ensemble", "tensorrt_llm_bls"]
 SeedOrigin = Literal["client", "choices", "variation"]
 
 
+GuideType = Literal["json", "json_schema", "regex", "ebnf_grammar", "structural_tag"]
+
+
+@dataclass(frozen=True, slots=True)
+class Guide:
+    """A grammar the output must follow, in TensorRT-LLM's guided-decoding terms."""
+
+    guide_type: GuideType
+    guide: str | None = None
+    param: str = "response_format"
+    """The request field that asked for it, named when the model cannot guide."""
+    optional: bool = False
+    """A hint (``tool_choice: auto``): left out, not refused, where the model cannot guide."""
+
+
 @dataclass(frozen=True, slots=True)
 class SamplingParams:
     """Sampling controls in TensorRT-LLM's terms; ``None`` means "leave the backend default"."""
@@ -28,6 +43,8 @@ class SamplingParams:
     defaulted: frozenset[str] = frozenset()
     """Fields filled in by defaults rather than by the client: left out for a model without
     the matching input."""
+    guide: Guide | None = None
+    """Guided decoding of the output (``response_format``, forced tool calls), or None."""
     seed_origin: SeedOrigin = "client"
     """Who chose ``seed``: the client (it must be honoured), the gateway to make the ``n``
     choices of one request differ (also required), or the gateway only so that unseeded

@@ -21,7 +21,7 @@ ENDOFTEXT = "<|endoftext|>"
 IM_START = "<|im_start|>"
 IM_END = "<|im_end|>"
 SPECIAL_TOKENS = (ENDOFTEXT, IM_START, IM_END)
-TINY_FORMAT_VERSION = 1
+TINY_FORMAT_VERSION = 2
 TINY_NAME = "tiny"
 SMOLLM2_NAME = "SmolLM2-135M-Instruct"
 SMOLLM2_ALIASES = frozenset({"smollm2", SMOLLM2_NAME})
@@ -43,8 +43,8 @@ CHATML_TEMPLATE = (
     "{%- endif -%}"
     "{{- '# Tools\\n\\nYou may call one or more functions. Function signatures:\\n<tools>' -}}"
     "{%- for tool in tools -%}{{- '\\n' + (tool | tojson) -}}{%- endfor -%}"
-    '{{- \'\\n</tools>\\n\\nFor each call return <tool_call>{"name": <function-name>, '
-    '"arguments": <args-json-object>}</tool_call><|im_end|>\\n\' -}}'
+    '{{- \'\\n</tools>\\n\\nFor each call return <tool_call>\\n{"name": <function-name>, '
+    '"arguments": <args-json-object>}\\n</tool_call><|im_end|>\\n\' -}}'
     "{%- endif -%}"
     "{%- for message in messages -%}"
     "{%- if not (tools and loop.first and message.role == 'system') -%}"
@@ -52,7 +52,8 @@ CHATML_TEMPLATE = (
     "{%- for call in message.tool_calls | default([], true) -%}"
     "{%- set fn = call.function if call.function is defined else call -%}"
     "{%- set args = fn.arguments if fn.arguments is string else (fn.arguments | tojson) -%}"
-    "{{- '<tool_call>{\"name\": \"' + fn.name + '\", \"arguments\": ' + args + '}</tool_call>' -}}"
+    '{{- \'<tool_call>\\n{"name": "\' + fn.name + \'", "arguments": \' -}}'
+    "{{- args + '}\\n</tool_call>' -}}"
     "{%- endfor -%}"
     "{{- '<|im_end|>\\n' -}}"
     "{%- endif -%}"

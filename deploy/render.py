@@ -155,7 +155,8 @@ def _extra_parameters(model: ModelSpec, name: str) -> dict[str, str]:
         }
     if name == "tensorrt_llm" and isinstance(model.engine, TorchEngine):
         engine = model.engine
-        return {
+        guided = {"guided_decoding_backend": "xgrammar"} if engine.guided_decoding else {}
+        return guided | {
             "torch_device": engine.device,
             "torch_dtype": engine.dtype,
             "torch_max_batch_size": str(engine.max_batch_size),

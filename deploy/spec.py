@@ -43,6 +43,9 @@ class TorchEngine(
     lora_cache_size: int = 8
     """LoRA adapters the engine keeps (least recently used evicted); a request for an evicted
     one is answered with TensorRT-LLM's "not found in cache" error, and the gateway resends."""
+    guided_decoding: bool = True
+    """Guided decoding with xgrammar (``guided_decoding_backend: xgrammar``): JSON, JSON schema,
+    regex, EBNF and structural-tag guides, which ``response_format`` and tool calls use."""
 
 
 class TensorRTLLMEngine(

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import random
+from dataclasses import replace
 
 from gateway.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
 from gateway.registry import ServedModel
+from gateway.tools import conversation, plan_output, response_guide
 from gateway.translate import (
     Plan,
     Prompt,
@@ -31,7 +33,12 @@ def _include_usage(request: SamplingFields) -> bool:
 async def plan_chat(model: ServedModel, request: ChatCompletionRequest) -> Plan:
     """The backend requests answering a chat completion."""
     check_chat(request, model.route.max_n)
-    prompt = await model.tokenizer.chat_prompt(template_messages(request.messages))
+    tokenizer = model.tokenizer
+    output = plan_output(
+        request, model.route.tool_call_format, tokenizer.template_text, tokenizer.takes_tools
+    )
+    messages, tools = conversation(template_messages(request.messages), output)
+    prompt = await tokenizer.chat_prompt(messages, tools)
     requested = first_given(request.max_completion_tokens, request.max_tokens)
     max_tokens = resolve_max_tokens(
         requested,
@@ -46,10 +53,13 @@ async def plan_chat(model: ServedModel, request: ChatCompletionRequest) -> Plan:
     )
     return Plan(
         model=model.name,
-        choices=fan_out([prompt], given(request.n) or 1, [params], _rng),
+        choices=fan_out(
+            [prompt], given(request.n) or 1, [replace(params, guide=output.guide)], _rng
+        ),
         stream=bool(given(request.stream)),
         include_usage=_include_usage(request),
         logprobs=logprobs,
+        output=output,
     )
 
 
@@ -62,6 +72,7 @@ async def plan_completion(model: ServedModel, request: CompletionRequest) -> Pla
     )
     requested = given(request.max_tokens)
     logprobs = given(request.logprobs) is not None
+    guide = response_guide(given(request.response_format))
     params = [
         sampling_params(
             request,
@@ -74,6 +85,7 @@ async def plan_completion(model: ServedModel, request: CompletionRequest) -> Pla
                 prompt_param="prompt",
             ),
             logprobs=logprobs,
+            guide=guide,
         )
         for prompt in prompts
     ]

@@ -39,6 +39,51 @@ class ChatMessage(Struct, frozen=True):
     tool_call_id: str | UnsetType = UNSET
 
 
+class FunctionDefinition(Struct, frozen=True, kw_only=True):
+    """``tools[].function``: a function the model may call."""
+
+    name: Annotated[str, Meta(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")]
+    description: str | UnsetType | None = UNSET
+    parameters: dict[str, Any] | UnsetType | None = UNSET
+    strict: bool | UnsetType | None = UNSET
+
+
+class Tool(Struct, frozen=True, kw_only=True):
+    """One entry of ``tools``."""
+
+    type: str
+    function: FunctionDefinition | UnsetType = UNSET
+
+
+class FunctionName(Struct, frozen=True):
+    """The function a named ``tool_choice`` forces."""
+
+    name: str
+
+
+class NamedToolChoice(Struct, frozen=True, kw_only=True):
+    """``tool_choice: {"type": "function", "function": {"name": ...}}``."""
+
+    type: str
+    function: FunctionName | UnsetType = UNSET
+
+
+class JsonSchemaFormat(Struct, frozen=True, kw_only=True):
+    """``response_format.json_schema``."""
+
+    name: str | UnsetType = UNSET
+    description: str | UnsetType | None = UNSET
+    schema: dict[str, Any] | UnsetType | None = UNSET
+    strict: bool | UnsetType | None = UNSET
+
+
+class ResponseFormat(Struct, frozen=True, kw_only=True):
+    """``response_format``: ``text``, ``json_object`` or ``json_schema``."""
+
+    type: str
+    json_schema: JsonSchemaFormat | UnsetType | None = UNSET
+
+
 class SamplingFields(Struct, frozen=True, kw_only=True):
     """Fields shared by chat and text completions."""
 
@@ -58,6 +103,7 @@ class SamplingFields(Struct, frozen=True, kw_only=True):
     min_p: Probability | UnsetType | None = UNSET
     repetition_penalty: Annotated[float, Meta(gt=0.0)] | UnsetType | None = UNSET
     min_tokens: NonNegativeInt | UnsetType | None = UNSET
+    response_format: ResponseFormat | UnsetType | None = UNSET
 
 
 class ChatCompletionRequest(SamplingFields, frozen=True, kw_only=True):
@@ -67,6 +113,11 @@ class ChatCompletionRequest(SamplingFields, frozen=True, kw_only=True):
     max_completion_tokens: PositiveInt | UnsetType | None = UNSET
     logprobs: bool | UnsetType | None = UNSET
     top_logprobs: Annotated[int, Meta(ge=0, le=20)] | UnsetType | None = UNSET
+    tools: list[Tool] | UnsetType | None = UNSET
+    tool_choice: str | NamedToolChoice | UnsetType | None = UNSET
+    parallel_tool_calls: bool | UnsetType | None = UNSET
+    functions: list[dict[str, Any]] | UnsetType | None = UNSET
+    function_call: str | dict[str, Any] | UnsetType | None = UNSET
 
 
 class CompletionRequest(SamplingFields, frozen=True, kw_only=True):
@@ -113,11 +164,43 @@ class ChatLogprobs(Struct, frozen=True):
     content: list[TokenLogprob] | None
 
 
+class FunctionCall(Struct, frozen=True, kw_only=True):
+    """The function and its JSON arguments in a tool call."""
+
+    name: str
+    arguments: str
+
+
+class ToolCall(Struct, frozen=True, kw_only=True):
+    """One entry of ``message.tool_calls``."""
+
+    id: str
+    type: str = "function"
+    function: FunctionCall
+
+
 class AssistantMessage(Struct, frozen=True, kw_only=True):
     """The generated message of a chat choice."""
 
     role: str = "assistant"
     content: str | None
+    tool_calls: list[ToolCall] | UnsetType = UNSET
+
+
+class FunctionCallDelta(Struct, frozen=True, kw_only=True):
+    """What a streamed chunk adds to a tool call's function."""
+
+    name: str | UnsetType = UNSET
+    arguments: str | UnsetType = UNSET
+
+
+class ToolCallDelta(Struct, frozen=True, kw_only=True):
+    """What a streamed chunk adds to one tool call: id, type and name first, then arguments."""
+
+    index: int
+    id: str | UnsetType = UNSET
+    type: str | UnsetType = UNSET
+    function: FunctionCallDelta
 
 
 class ChatChoice(Struct, frozen=True, kw_only=True):
@@ -145,6 +228,7 @@ class ChatDelta(Struct, frozen=True, kw_only=True):
 
     role: str | UnsetType = UNSET
     content: str | UnsetType = UNSET
+    tool_calls: list[ToolCallDelta] | UnsetType = UNSET
 
 
 class ChatChunkChoice(Struct, frozen=True, kw_only=True):

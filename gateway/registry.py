@@ -34,6 +34,7 @@ class ModelRoute:
     max_n: int
     defaults: SamplingDefaults
     owned_by: str
+    tool_call_format: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +109,7 @@ def _route(model: ModelSettings, spec: Spec | None, grpc_urls: Mapping[str, str]
         max_n=model.max_n,
         defaults=model.defaults,
         owned_by=model.owned_by,
+        tool_call_format=model.tool_call_format,
     )
 
 

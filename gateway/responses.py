@@ -26,6 +26,8 @@ from gateway.protocol import (
     TokenLogprob,
     Usage,
 )
+from gateway.tools.shape import DeltaShaper, whole_message
+from gateway.tools.shape import finish_reason as tool_finish
 from gateway.translate import Plan
 
 
@@ -87,19 +89,27 @@ def _finished(results: list[ChoiceResult]) -> list[ChoiceEnd]:
 def chat_completion(plan: Plan, results: list[ChoiceResult], header: Header) -> ChatCompletion:
     """A non-streaming chat answer."""
     ends = _finished(results)
+    choices = []
+    for result, end in zip(results, ends, strict=True):
+        message = AssistantMessage(content=result.text)
+        reason: str = end.finish_reason
+        if plan.output.parses_calls:
+            content, calls = whole_message(plan.output, result.text)
+            message = AssistantMessage(content=content, tool_calls=calls or UNSET)
+            reason = tool_finish(reason, len(calls))
+        choices.append(
+            ChatChoice(
+                index=result.index,
+                message=message,
+                logprobs=chat_logprobs(result.tokens, result.logprobs) if plan.logprobs else None,
+                finish_reason=reason,
+            )
+        )
     return ChatCompletion(
         id=header.id,
         created=header.created,
         model=header.model,
-        choices=[
-            ChatChoice(
-                index=result.index,
-                message=AssistantMessage(content=result.text),
-                logprobs=chat_logprobs(result.tokens, result.logprobs) if plan.logprobs else None,
-                finish_reason=end.finish_reason,
-            )
-            for result, end in zip(results, ends, strict=True)
-        ],
+        choices=choices,
         usage=usage_of(ends),
     )
 
@@ -143,8 +153,8 @@ async def _stream_shape(
     *,
     wrap: Callable[[list[ChoiceT], StreamUsage], ChunkT],
     on_start: Callable[[int], Iterable[ChoiceT]],
-    on_delta: Callable[[TextDelta], ChoiceT],
-    on_end: Callable[[ChoiceEnd], ChoiceT],
+    on_delta: Callable[[TextDelta], Iterable[ChoiceT]],
+    on_end: Callable[[ChoiceEnd], Iterable[ChoiceT]],
 ) -> AsyncGenerator[ChunkT, None]:
     """The skeleton both streams share: opening chunks per choice, deltas, endings, usage."""
     usage: StreamUsage = None if plan.include_usage else UNSET
@@ -158,9 +168,11 @@ async def _stream_shape(
                     yield wrap([choice], usage)
             if isinstance(event, ChoiceEnd):
                 ends.append(event)
-                yield wrap([on_end(event)], usage)
+                shaped = on_end(event)
             else:
-                yield wrap([on_delta(event)], usage)
+                shaped = on_delta(event)
+            for choice in shaped:
+                yield wrap([choice], usage)
     if plan.include_usage:
         yield wrap([], usage_of(ends))
 
@@ -175,19 +187,32 @@ def chat_chunks(
             id=header.id, created=header.created, model=header.model, choices=choices, usage=usage
         )
 
+    shapers: dict[int, DeltaShaper] = {}
+
     def on_start(index: int) -> list[ChatChunkChoice]:
+        if plan.output.parses_calls:
+            shapers[index] = DeltaShaper(plan.output)
         return [ChatChunkChoice(index=index, delta=ChatDelta(role="assistant", content=""))]
 
-    def on_delta(event: TextDelta) -> ChatChunkChoice:
+    def on_delta(event: TextDelta) -> list[ChatChunkChoice]:
         logprobs = chat_logprobs(event.tokens, event.logprobs) if plan.logprobs else None
-        return ChatChunkChoice(
-            index=event.index, delta=ChatDelta(content=event.text), logprobs=logprobs
-        )
+        shaper = shapers.get(event.index)
+        delta = ChatDelta(content=event.text) if shaper is None else shaper.delta(event.text)
+        if delta is None and logprobs is None:
+            return []
+        return [ChatChunkChoice(index=event.index, delta=delta or ChatDelta(), logprobs=logprobs)]
 
-    def on_end(event: ChoiceEnd) -> ChatChunkChoice:
-        return ChatChunkChoice(
-            index=event.index, delta=ChatDelta(), finish_reason=event.finish_reason
-        )
+    def on_end(event: ChoiceEnd) -> list[ChatChunkChoice]:
+        shaper = shapers.get(event.index)
+        reason: str = event.finish_reason
+        chunks = []
+        if shaper is not None:
+            held = shaper.end()
+            if held is not None:
+                chunks.append(ChatChunkChoice(index=event.index, delta=held))
+            reason = tool_finish(reason, shaper.calls)
+        chunks.append(ChatChunkChoice(index=event.index, delta=ChatDelta(), finish_reason=reason))
+        return chunks
 
     return _stream_shape(
         plan, events, wrap=wrap, on_start=on_start, on_delta=on_delta, on_end=on_end
@@ -210,7 +235,7 @@ def completion_chunks(
         offsets[index] = len(prompt)
         return [CompletionChoice(index=index, text=prompt)] if prompt else []
 
-    def on_delta(event: TextDelta) -> CompletionChoice:
+    def on_delta(event: TextDelta) -> list[CompletionChoice]:
         start = offsets[event.index]
         offsets[event.index] = start + len(event.text)
         logprobs = (
@@ -218,10 +243,10 @@ def completion_chunks(
             if plan.logprobs
             else None
         )
-        return CompletionChoice(index=event.index, text=event.text, logprobs=logprobs)
+        return [CompletionChoice(index=event.index, text=event.text, logprobs=logprobs)]
 
-    def on_end(event: ChoiceEnd) -> CompletionChoice:
-        return CompletionChoice(index=event.index, text="", finish_reason=event.finish_reason)
+    def on_end(event: ChoiceEnd) -> list[CompletionChoice]:
+        return [CompletionChoice(index=event.index, text="", finish_reason=event.finish_reason)]
 
     return _stream_shape(
         plan, events, wrap=wrap, on_start=on_start, on_delta=on_delta, on_end=on_end

@@ -10,6 +10,7 @@ import msgspec
 from gateway.tenancy.config import TenancySettings
 
 EntryModel = Literal["ensemble", "tensorrt_llm_bls"]
+ToolCallFormat = Literal["hermes", "llama3_json", "mistral", "pythonic"]
 
 
 class SettingsError(ValueError):
@@ -78,6 +79,9 @@ class ModelSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     """``owned_by`` shown by ``/v1/models``."""
     adapters: tuple[AdapterSettings, ...] = ()
     """LoRA adapters served on this model, loaded at start-up."""
+    tool_call_format: ToolCallFormat | None = None
+    """How the model writes tool calls (``hermes``, ``llama3_json``, ``mistral``, ``pythonic``);
+    guessed from the chat template when unset."""
 
 
 class LimitSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

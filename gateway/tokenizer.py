@@ -70,14 +70,29 @@ class PromptTokenizer:
         return bool(self._chat_template or getattr(self._tokenizer, "chat_template", None))
 
     @property
+    def template_text(self) -> str:
+        """The chat template's source (every named template of the tokenizer, joined)."""
+        template = self._chat_template or getattr(self._tokenizer, "chat_template", None)
+        if isinstance(template, dict):
+            return "\n".join(str(text) for text in template.values())
+        return str(template or "")
+
+    @property
+    def takes_tools(self) -> bool:
+        """Whether the chat template renders a ``tools`` list itself."""
+        return "tools" in self.template_text
+
+    @property
     def model_max_length(self) -> int | None:
         """The tokenizer's declared context length, when it is a real one."""
         length = getattr(self._tokenizer, "model_max_length", None)
         return int(length) if isinstance(length, int) and 0 < length < 10**7 else None
 
-    async def chat_prompt(self, messages: list[dict[str, Any]]) -> Prompt:
+    async def chat_prompt(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+    ) -> Prompt:
         """The templated conversation, ending with the assistant's turn, and its length."""
-        return await self._run(self._chat_prompt, messages)
+        return await self._run(self._chat_prompt, messages, tools)
 
     async def text_prompt(self, text: str) -> Prompt:
         """A raw completion prompt and its length."""
@@ -95,7 +110,9 @@ class PromptTokenizer:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._executor, functools.partial(function, *args))
 
-    def _chat_prompt(self, messages: list[dict[str, Any]]) -> Prompt:
+    def _chat_prompt(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+    ) -> Prompt:
         if not self.has_chat_template:
             raise InvalidRequestError(
                 "This model has no chat template; use /v1/completions.", param="model"
@@ -104,6 +121,7 @@ class PromptTokenizer:
             with self._lock:
                 text = self._tokenizer.apply_chat_template(
                     messages,
+                    tools=tools or None,
                     chat_template=self._chat_template,
                     tokenize=False,
                     add_generation_prompt=True,

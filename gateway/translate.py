@@ -8,7 +8,7 @@ from typing import Any, TypeVar
 
 from msgspec import UnsetType
 
-from adapters.contract import SamplingParams, SeedOrigin
+from adapters.contract import Guide, SamplingParams, SeedOrigin
 from gateway.errors import ContextLengthExceeded, InvalidRequestError
 from gateway.protocol import (
     ChatCompletionRequest,
@@ -17,6 +17,7 @@ from gateway.protocol import (
     SamplingFields,
 )
 from gateway.settings import SamplingDefaults
+from gateway.tools.plan import TEXT_ONLY, OutputPlan
 
 T = TypeVar("T")
 SEED_MASK = 2**64 - 1
@@ -50,6 +51,8 @@ class Plan:
     include_usage: bool
     logprobs: bool = False
     echo: bool = False
+    output: OutputPlan = TEXT_ONLY
+    """How the answer's text becomes content and tool calls (chat)."""
 
 
 def given(value: T | UnsetType | None) -> T | None:
@@ -173,7 +176,12 @@ def resolve_max_tokens(
 
 
 def sampling_params(
-    request: SamplingFields, defaults: SamplingDefaults, *, max_tokens: int, logprobs: bool
+    request: SamplingFields,
+    defaults: SamplingDefaults,
+    *,
+    max_tokens: int,
+    logprobs: bool,
+    guide: Guide | None = None,
 ) -> SamplingParams:
     """The neutral sampling parameters of a request, defaults filled in.
 
@@ -206,6 +214,7 @@ def sampling_params(
         stop=stop_sequences(None if isinstance(request.stop, UnsetType) else request.stop),
         logprobs=logprobs,
         defaulted=defaulted,
+        guide=guide,
     )
 
 

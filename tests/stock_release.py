@@ -1,8 +1,9 @@
 """Model repositories of the stock TensorRT-LLM models of a release, our engine as `tensorrt_llm`.
 
 Filled the way a user fills them: `fill_template.py` with only the values the backend's own
-examples set for that release (README at v0.19.0; `docs/llama.md` before, whose README has
-tables only), everything else left as shipped. The one change to drop the torch engine in is
+examples set for that release (README at v0.19.0, plus the two guided-decoding values of its
+`docs/guided_decoding.md`; `docs/llama.md` before, whose README has tables only), everything
+else left as shipped. The one change to drop the torch engine in is
 `tensorrt_llm`'s backend (`python`, with our engine's `model.py` in `tensorrt_llm/1/`).
 """
 
@@ -40,7 +41,8 @@ def _examples(release: str, decoupled: bool, tokenizer: str, engine: str) -> dic
             "tensorrt_llm": f"triton_backend:python,triton_max_batch_size:4,decoupled_mode:{mode},"
             f"engine_dir:{engine},max_queue_delay_microseconds:0,"
             "batching_strategy:inflight_fused_batching,max_queue_size:0,"
-            "encoder_input_features_data_type:TYPE_FP16,logits_datatype:TYPE_FP32",
+            "encoder_input_features_data_type:TYPE_FP16,logits_datatype:TYPE_FP32,"
+            f"tokenizer_dir:{tokenizer},guided_decoding_backend:xgrammar",
             "postprocessing": f"tokenizer_dir:{tokenizer},triton_max_batch_size:4,"
             "postprocessing_instance_count:1",
             "tensorrt_llm_bls": f"triton_max_batch_size:4,decoupled_mode:{mode},"

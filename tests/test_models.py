@@ -93,7 +93,7 @@ def test_tiny_tokenizer_is_chatml(tiny: Path) -> None:
             ],
             {"add_generation_prompt": True},
             "<|im_start|>user\nWeather?<|im_end|>\n<|im_start|>assistant\n"
-            '<tool_call>{"name": "w", "arguments": {"c": 1}}</tool_call><|im_end|>\n'
+            '<tool_call>\n{"name": "w", "arguments": {"c": 1}}\n</tool_call><|im_end|>\n'
             "<|im_start|>tool\nsunny<|im_end|>\n<|im_start|>assistant\n",
         ),
     ],

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import openai
@@ -46,6 +48,44 @@ def test_capital_of_france(demo_url: str) -> None:
     )
     text = "".join(chunk.choices[0].delta.content or "" for chunk in stream)
     assert text == answer.choices[0].message.content
+
+
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Get the current weather in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "description": "The city name"}},
+            "required": ["city"],
+        },
+    },
+}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_required_tool_call_names_the_city(demo_url: str, stream: bool) -> None:
+    client = openai.OpenAI(base_url=f"{demo_url}/v1", api_key="unused", max_retries=0)
+    params: dict[str, Any] = {
+        "model": DEMO_MODEL,
+        "messages": [{"role": "user", "content": "What is the weather in Paris?"}],
+        "tools": [WEATHER_TOOL],
+        "tool_choice": "required",
+        "parallel_tool_calls": False,
+        "temperature": 0,
+        "max_tokens": 60,
+    }
+    if stream:
+        with client.chat.completions.stream(**params) as events:
+            answer = events.get_final_completion()
+    else:
+        answer = client.chat.completions.create(**params)
+    (choice,) = answer.choices
+    assert choice.finish_reason == "tool_calls"
+    (call,) = choice.message.tool_calls or []
+    assert call.function.name == "get_weather"
+    assert json.loads(call.function.arguments) == {"city": "Paris"}
 
 
 @pytest.fixture(scope="module")

@@ -7,6 +7,7 @@ OpenAI: whole and streamed answers that agree, stop sequences, `n`, seeds, usage
 
 from __future__ import annotations
 
+import json
 import logging
 import socket
 import threading
@@ -36,6 +37,7 @@ pytestmark = pytest.mark.slow
 
 RELEASES = ("v0.8", "v0.11", "v0.19")
 LORA_RELEASES = ("v0.19",)
+GUIDED_RELEASES = ("v0.19",)
 """Releases whose stock ensemble and BLS carry the LoRA inputs (v0.8 and v0.11's do not)."""
 STACKS = [(release, decoupled) for release in RELEASES for decoupled in (True, False)]
 ENTRIES = ("ensemble", "bls")
@@ -232,6 +234,53 @@ def test_lora_adapters_pass_through_the_stock_models(
     if stack.decoupled:
         chunks = stack.client.completions.create(model=model, stream=True, **params)
         assert "".join(c.choices[0].text for c in chunks if c.choices) == expected
+
+
+@pytest.mark.parametrize("entry", ENTRIES)
+def test_structured_output_and_tool_calls_through_the_stock_models(
+    stack: Stack, entry: str
+) -> None:
+    """v0.19 passes the guide to the engine; older releases have no guided inputs: a 400."""
+    model = stack.model(entry)
+    schema = {
+        "type": "object",
+        "properties": {"answer": {"type": "integer", "minimum": 0, "maximum": 99}},
+        "required": ["answer"],
+    }
+    fmt = {"type": "json_schema", "json_schema": {"name": "answer", "schema": schema}}
+    tools = [{"type": "function", "function": {"name": "count", "parameters": schema}}]
+    if stack.release not in GUIDED_RELEASES:
+        with pytest.raises(openai.BadRequestError, match="guided_decoding_guide_type"):
+            stack.client.chat.completions.create(
+                model=model,
+                messages=MESSAGES,
+                response_format=fmt,  # type: ignore[arg-type]
+            )
+        return
+    reply = stack.client.chat.completions.create(
+        model=model,
+        messages=MESSAGES,
+        response_format=fmt,
+        max_tokens=80,  # type: ignore[arg-type]
+    )
+    assert 0 <= json.loads(reply.choices[0].message.content or "")["answer"] <= 99
+    called = stack.client.chat.completions.create(
+        model=model,
+        messages=MESSAGES,
+        tools=tools,  # type: ignore[arg-type]
+        tool_choice="required",
+        parallel_tool_calls=False,
+        max_tokens=80,
+        stream=stack.decoupled,
+    )
+    if stack.decoupled:
+        state = openai.lib.streaming.chat.ChatCompletionStreamState()
+        for chunk in called:
+            state.handle_chunk(chunk)  # type: ignore[arg-type]
+        called = state.current_completion_snapshot  # type: ignore[assignment]
+    (call,) = called.choices[0].message.tool_calls or []  # type: ignore[union-attr]
+    assert call.function.name == "count"
+    assert 0 <= json.loads(call.function.arguments)["answer"] <= 99
 
 
 def test_a_model_without_a_seed_input_answers_unseeded_requests(stack: Stack) -> None:

@@ -104,11 +104,24 @@ class TritonBackend:
         model = await self._model_config(target.url, target.triton_model)
         if model.is_ensemble and model.engine_model:
             engine = await self._model_config(target.url, model.engine_model)
-            model = replace(model, decoupled=engine.decoupled)
+            model = replace(
+                model, decoupled=engine.decoupled, guided_decoding=engine.guided_decoding
+            )
+        elif model.engine_model and model.engine_model != model.name:
+            model = replace(model, guided_decoding=await self._engine_guides(target, model))
         if not model.stops_abandoned and key not in self._models:
             logger.warning(STOCK_BLS_WARNING, target.triton_model, target.url)
         self._models[key] = model
         return model
+
+    async def _engine_guides(self, target: ModelTarget, model: ModelInputs) -> bool:
+        """Whether a BLS's engine guides; when its config cannot be read, the engine decides."""
+        try:
+            engine = await self._model_config(target.url, model.engine_model or "")
+        except BackendError as exc:
+            logger.debug("engine config of %s unreadable: %s", target.triton_model, exc)
+            return True
+        return engine.guided_decoding
 
     async def is_ready(self, target: ModelTarget) -> bool:
         """Whether the target model is loaded; an unreachable server is not ready."""

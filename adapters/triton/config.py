@@ -36,6 +36,9 @@ class ModelInputs:
     """BLS only: streamed ``text_output`` is the cumulative text, not a delta."""
     engine_model: str | None = None
     """The ``tensorrt_llm`` model behind it: the ensemble's engine step or the BLS parameter."""
+    guided_decoding: bool = False
+    """Whether the engine behind the model has guided decoding on (``guided_decoding_backend``
+    set, and for the C++ backend ``xgrammar_tokenizer_info_path`` too)."""
     stops_abandoned: bool = True
     """Whether an abandoned request can be stopped: an ensemble (a stop request to its engine
     step), the engine itself, or a BLS that forwards cancellation. The stock BLS cannot."""
@@ -77,6 +80,12 @@ class ModelInputs:
         return self.has("return_log_probs") and "output_log_probs" in self.outputs
 
     @property
+    def accepts_guides(self) -> bool:
+        """Whether guided-decoding inputs can be sent and the engine will honour them."""
+        names = ("guided_decoding_guide_type", "guided_decoding_guide")
+        return self.guided_decoding and all(self.has(name) for name in names)
+
+    @property
     def lora_config_columns(self) -> int | None:
         """Columns of a ``lora_config`` row (3, or 4 with DoRA); ``None`` without LoRA."""
         spec = self.inputs.get("lora_config")
@@ -110,8 +119,16 @@ def parse_model_config(document: Mapping[str, Any]) -> ModelInputs:
         decoupled=_truthy(policy.get("decoupled", False)),
         accumulate_tokens=_truthy(parameters.get("accumulate_tokens", "")),
         engine_model=engine_model,
+        guided_decoding=_guided_decoding(platform, parameters),
         stops_abandoned=stops_abandoned,
     )
+
+
+def _guided_decoding(platform: str, parameters: Mapping[str, str]) -> bool:
+    """An engine's guided decoding: the C++ backend needs the tokenizer info file as well."""
+    if parameters.get("guided_decoding_backend") != "xgrammar":
+        return False
+    return platform != "tensorrtllm" or "xgrammar_tokenizer_info_path" in parameters
 
 
 def wire_datatype(config_type: str) -> str:

@@ -35,6 +35,7 @@ _MESSAGE_RULES: tuple[tuple[str, type[BackendError]], ...] = (
     ("expected lora weights", InvalidRequest),
     ("invalid low_rank", InvalidRequest),
     ("not enabled for this model", InvalidRequest),
+    ("guided_decoding_guide", InvalidRequest),
     ("is only supported", InvalidRequest),
     ("is not supported with", InvalidRequest),
     ("exceeds maximum input length", InvalidRequest),

@@ -8,7 +8,13 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from adapters.contract import GenerationRequest, InvalidRequest, LoraAdapter, SamplingParams
+from adapters.contract import (
+    GenerationRequest,
+    Guide,
+    InvalidRequest,
+    LoraAdapter,
+    SamplingParams,
+)
 from adapters.triton.config import ModelInputs, TensorSpec
 
 Array = npt.NDArray[Any]
@@ -95,6 +101,8 @@ def build_inputs(
     if params.logprobs or model.counts_by_logprobs:
         tensors.append(_flag("return_log_probs", True))
     tensors.extend(_flags(request, model))
+    if params.guide is not None:
+        tensors.extend(guide_inputs(params.guide, model))
     if request.lora is not None:
         tensors.extend(lora_inputs(request.lora, model, with_weights=lora_weights))
     return [_unbatched(tensor) for tensor in tensors] if model.max_batch_size == 0 else tensors
@@ -143,6 +151,34 @@ def lora_inputs(
     tensors.append(_lora_weights(adapter, weights_spec))
     tensors.append(WireTensor("lora_config", "INT32", _lora_config(adapter, columns)))
     return tensors
+
+
+def guide_inputs(guide: Guide, model: ModelInputs) -> list[WireTensor]:
+    """``guided_decoding_guide_type`` and ``guided_decoding_guide``; a model that cannot guide
+    refuses the request, unless the guide is only a hint."""
+    if not model.accepts_guides:
+        if guide.optional:
+            return []
+        if model.has("guided_decoding_guide_type"):
+            why = (
+                f"guided decoding is not enabled on the engine of Triton model {model.name} "
+                "(tensorrt_llm parameter guided_decoding_backend: xgrammar, and "
+                "xgrammar_tokenizer_info_path for the C++ backend)"
+            )
+        else:
+            why = (
+                f"Triton model {model.name} has no guided_decoding_guide_type input "
+                "(TensorRT-LLM v0.19 and later have it)"
+            )
+        raise InvalidRequest(f"'{guide.param}' needs guided decoding, but {why}", param=guide.param)
+    tensors = [_text("guided_decoding_guide_type", guide.guide_type)]
+    if guide.guide is not None:
+        tensors.append(_text("guided_decoding_guide", guide.guide))
+    return tensors
+
+
+def _text(name: str, value: str) -> WireTensor:
+    return WireTensor(name, "BYTES", np.array([[value.encode()]], dtype=object))
 
 
 def _seed(params: SamplingParams, model: ModelInputs) -> list[WireTensor]:

@@ -11,6 +11,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from deploy.engine.guided import GrammarState, grammar_masks
 from deploy.engine.kvcache import BatchKVCache
 from deploy.engine.lora import LoraAdapter
 from deploy.engine.sampling import SamplingRows, banned_next_tokens, hits_stop_word, token_log_probs
@@ -37,6 +38,7 @@ class SequenceState:
     max_new_tokens: int
     begin_suppress: TokenIds = ()
     adapter: LoraAdapter | None = None
+    grammar: GrammarState | None = None
     history: list[int] = field(default_factory=list)
     generated: list[int] = field(default_factory=list)
     log_probs: list[float] = field(default_factory=list)
@@ -78,9 +80,13 @@ class SequenceState:
         now = time.time_ns()
         self.first_token_ns = self.first_token_ns or now
         self.last_token_ns = now
-        if token in self.end_ids:
+        if token in self.end_ids or (self.grammar is not None and token in self.grammar.stops):
             self.finish = FinishReason.END_ID
             return self.finish
+        if self.grammar is not None and not self.grammar.accept(token):
+            logger.warning(
+                "request %s: the grammar rejected token %d", self.request.request_id, token
+            )
         if logits is not None:
             self.generation_logits.append(logits)
         self.generated.append(token)
@@ -186,7 +192,10 @@ class DecodeBatch:
         Returns the outputs now due, each with the sequence it belongs to.
         """
         bans = [(row, token) for row, seq in enumerate(self.sequences) for token in seq.bans()]
-        tokens = self.sampling.choose(logits, bans)
+        allowed = grammar_masks(
+            [seq.grammar for seq in self.sequences], logits.shape[-1], logits.device
+        )
+        tokens = self.sampling.choose(logits, bans, allowed)
         self.sampling.record(tokens)
         if any(seq.request.return_log_probs for seq in self.sequences):
             log_probs = token_log_probs(logits, tokens).tolist()

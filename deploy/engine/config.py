@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from deploy.engine.guided import BACKEND, GuidedConfig
 from deploy.engine.types import EngineConfig, EngineError
 from deploy.params import flag, parameter
 
@@ -37,6 +38,21 @@ def _bool(model_config: Mapping[str, Any], key: str, default: bool) -> bool:
         raise EngineError(str(exc)) from exc
 
 
+def _guided(model_config: Mapping[str, Any]) -> GuidedConfig | None:
+    """Guided decoding is on with ``guided_decoding_backend: xgrammar``; the grammar's tokenizer
+    is the tokenizer info file (as the C++ backend reads it), else ``tokenizer_dir`` (as the
+    Python backend reads it), else the model's own tokenizer."""
+    backend = parameter(model_config, "guided_decoding_backend")
+    if backend is None:
+        return None
+    if backend != BACKEND:
+        raise EngineError(f"parameter guided_decoding_backend must be {BACKEND}, got {backend!r}")
+    return GuidedConfig(
+        tokenizer_info_path=parameter(model_config, "xgrammar_tokenizer_info_path"),
+        tokenizer_dir=parameter(model_config, "tokenizer_dir"),
+    )
+
+
 def settings_from_model_config(model_config: Mapping[str, Any]) -> ModelSettings:
     """Read `gpt_model_path`, `torch_*`, `max_beam_width` and the Triton-side parameters."""
     model_path = parameter(model_config, "gpt_model_path")
@@ -56,6 +72,7 @@ def settings_from_model_config(model_config: Mapping[str, Any]) -> ModelSettings
         max_seq_len=_int(model_config, "torch_max_seq_len", None),
         num_threads=_int(model_config, "torch_num_threads", None),
         lora_cache_size=max(1, _int(model_config, "torch_lora_cache_size", 8) or 8),
+        guided=_guided(model_config),
     )
     period = _int(model_config, "cancellation_check_period_ms", 100) or 100
     stats_period = _int(model_config, "stats_check_period_ms", 100) or 100

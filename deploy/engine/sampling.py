@@ -147,6 +147,20 @@ def choose_tokens(
     return torch.where(greedy, logits.argmax(dim=-1), sampled)
 
 
+def _guide(
+    processed: torch.Tensor, raw: torch.Tensor, rows: list[int], allowed: torch.Tensor
+) -> torch.Tensor:
+    """Mask the guided rows to their grammars' tokens (see ``SamplingRows.choose``)."""
+    index = torch.tensor(rows, dtype=torch.long, device=processed.device)
+    guided = processed[index].masked_fill(~allowed, float("-inf"))
+    dead = ~torch.isfinite(guided).any(dim=-1)
+    if bool(dead.any()):
+        fallback = raw[index].float().masked_fill(~allowed, float("-inf"))
+        guided = torch.where(dead.unsqueeze(1), fallback, guided)
+    processed[index] = guided
+    return processed
+
+
 def token_log_probs(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
     """Log-probability of each row's chosen token under the model's unprocessed distribution."""
     log_probs = torch.log_softmax(logits.float(), dim=-1)
@@ -263,12 +277,24 @@ class SamplingRows:
                 self.current_top_p[row] = max(decayed, _TOP_P_FLOOR)
         self.top_p = torch.tensor(self.current_top_p, dtype=torch.float32, device=self.bias.device)
 
-    def choose(self, logits: torch.Tensor, bans: Sequence[tuple[int, int]]) -> torch.Tensor:
-        """Process the raw logits [rows, vocab] and pick one token per row."""
+    def choose(
+        self,
+        logits: torch.Tensor,
+        bans: Sequence[tuple[int, int]],
+        allowed: tuple[list[int], torch.Tensor] | None = None,
+    ) -> torch.Tensor:
+        """Process the raw logits [rows, vocab] and pick one token per row.
+
+        ``allowed`` holds the guided rows and the tokens their grammars allow. Where the bans
+        leave a guided row nothing its grammar allows, the grammar alone decides: a grammar
+        that can only end gets its stop token even when the model suppresses it.
+        """
         processed = logits.float() + self.bias
         if bans:
             rows, cols = zip(*bans, strict=True)
             processed[list(rows), list(cols)] = float("-inf")
+        if allowed is not None:
+            processed = _guide(processed, logits, *allowed)
         if self.any_penalty:
             processed = apply_penalties(
                 processed,

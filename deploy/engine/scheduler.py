@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from deploy.engine.batch import DecodeBatch, SequenceState
+from deploy.engine.guided import NOT_ENABLED, GrammarState, GuidedDecoding
 from deploy.engine.kvcache import BatchKVCache
 from deploy.engine.lora import LoraAdapter, LoraCache
 from deploy.engine.runner import ModelRunner
@@ -35,6 +36,8 @@ class _Submit:
     callback: OutputCallback
     max_new_tokens: int
     adapter: LoraAdapter | None = None
+    grammar: object | None = None
+    """The request's compiled grammar (xgrammar ``CompiledGrammar``), when it is guided."""
 
 
 @dataclass(frozen=True)
@@ -115,8 +118,10 @@ class Engine:
         max_batch_size: int = 16,
         max_seq_len: int | None = None,
         lora_cache_size: int = 8,
+        guided: GuidedDecoding | None = None,
     ) -> None:
         self.runner = runner
+        self.guided = guided
         self.loras = LoraCache(lora_cache_size)
         self.max_batch_size = max_batch_size
         self.max_seq_len = max_seq_len or runner.max_positions
@@ -135,11 +140,17 @@ class Engine:
     def from_config(cls, config: EngineConfig) -> Engine:
         """Load the model and start the engine thread."""
         runner = ModelRunner.load(config)
+        guided = None
+        if config.guided is not None:
+            guided = GuidedDecoding.load(
+                config.guided, config.model_path, runner.vocab_size, runner.default_end_ids
+            )
         engine = cls(
             runner,
             max_batch_size=config.max_batch_size,
             max_seq_len=config.max_seq_len,
             lora_cache_size=config.lora_cache_size,
+            guided=guided,
         )
         engine.start()
         return engine
@@ -160,13 +171,18 @@ class Engine:
         adapter = None
         if request.lora is not None:
             adapter = self.loras.resolve(request.lora, self.runner.lora_targets)
+        grammar = None
+        if request.guide is not None:
+            if self.guided is None:
+                raise EngineError(NOT_ENABLED)
+            grammar = self.guided.compile(request.guide)
         with self._lock:
             if self._closed:
                 raise EngineError("the engine is shut down")
             if request.request_id in self._active:
                 raise EngineError(f"request id {request.request_id!r} is already running")
             self._active[request.request_id] = request.num_return_sequences
-            self._inbox.put(_Submit(request, callback, max_new, adapter))
+            self._inbox.put(_Submit(request, callback, max_new, adapter, grammar))
 
     def stop(self, request_id: str) -> None:
         """End a request early; each of its sequences gets a final output with what it has."""
@@ -298,6 +314,7 @@ class Engine:
                 max_new_tokens=entry.max_new_tokens,
                 begin_suppress=runner.begin_suppress_tokens,
                 adapter=entry.adapter,
+                grammar=self._grammar_state(entry, end_ids),
             )
             for index in range(n)
         ]
@@ -319,6 +336,11 @@ class Engine:
         for seq, output in group.advance(logits.unsqueeze(0).expand(n, -1)):
             self._emit(seq.callback, output)
         return group
+
+    def _grammar_state(self, entry: _Submit, end_ids: tuple[int, ...]) -> GrammarState | None:
+        if entry.grammar is None or self.guided is None:
+            return None
+        return self.guided.matcher(entry.grammar, end_ids)
 
     def _step(self) -> None:
         batch = self._batch

@@ -11,6 +11,7 @@ import numpy as np
 import numpy.typing as npt
 
 if TYPE_CHECKING:
+    from deploy.engine.guided import GuidedConfig, GuideRequest
     from deploy.engine.lora import LoraRequest
 
 TokenIds = tuple[int, ...]
@@ -86,6 +87,8 @@ class GenerationRequest:
     """Wall-clock arrival time (ns since the epoch), reported by ``return_perf_metrics``."""
     lora: LoraRequest | None = None
     """The item's ``LoraRequest`` (task id, and weights and config when sent), or None."""
+    guide: GuideRequest | None = None
+    """The grammar the output must follow (``guided_decoding_guide_type``), or None."""
 
 
 class FinishReason(enum.Enum):
@@ -156,6 +159,8 @@ class EngineConfig:
     num_threads: int | None = None
     lora_cache_size: int = 8
     """LoRA adapters kept between requests; the least recently used is evicted first."""
+    guided: GuidedConfig | None = None
+    """Guided decoding (``guided_decoding_backend: xgrammar``) and its tokenizer, or None."""
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ from typing import Any, TypeVar
 import numpy as np
 import numpy.typing as npt
 
+from deploy.engine.guided import GuideRequest
 from deploy.engine.lora import LoraRequest
 from deploy.engine.outputs import ItemContext
 from deploy.engine.types import (
@@ -30,8 +31,6 @@ _UNSUPPORTED_INPUTS = {
     "prompt_embedding_table": "prompt tuning",
     "draft_input_ids": "speculative decoding",
     "draft_logits": "speculative decoding",
-    "guided_decoding_guide_type": "guided decoding",
-    "guided_decoding_guide": "guided decoding",
     "context_phase_params": "disaggregated serving",
     "cross_attention_mask": "multimodal models",
     "mrope_rotary_cos_sin": "multimodal models",
@@ -208,6 +207,23 @@ def _lora(inputs: Inputs, item: int) -> LoraRequest | None:
     return LoraRequest(task_id, weights, config)
 
 
+def _text(inputs: Inputs, name: str, item: int) -> str | None:
+    row = _row(inputs, name, item)
+    if row is None or not row.size:
+        return None
+    value = row[0]
+    text = value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+    return text or None
+
+
+def _guide(inputs: Inputs, item: int) -> GuideRequest | None:
+    """The item's guided-decoding inputs; a guide without a type is ignored, as in C++."""
+    guide_type = _text(inputs, "guided_decoding_guide_type", item)
+    if guide_type is None:
+        return None
+    return GuideRequest(guide_type, _text(inputs, "guided_decoding_guide", item))
+
+
 def parse_items(
     inputs: Inputs, *, id_prefix: str, exclude_input_default: bool, vocab_size: int = 0
 ) -> list[tuple[GenerationRequest, ItemContext]]:
@@ -238,6 +254,7 @@ def parse_items(
             return_generation_logits=_flag(inputs, "return_generation_logits", item),
             arrival_ns=arrival,
             lora=_lora(inputs, item),
+            guide=_guide(inputs, item),
         )
         perf = _flag(inputs, "return_perf_metrics", item) or _flag(
             inputs, "return_kv_cache_reuse_stats", item

@@ -1,0 +1,78 @@
+"""Parsed pieces as OpenAI objects: a message's content and ``tool_calls``, streamed deltas."""
+
+from __future__ import annotations
+
+from msgspec import UNSET
+
+from gateway.protocol import (
+    ChatDelta,
+    FunctionCall,
+    FunctionCallDelta,
+    ToolCall,
+    ToolCallDelta,
+)
+from gateway.tools.parsing import Arguments, CallStart, Content, Folded, Parser, Piece
+from gateway.tools.plan import OutputPlan
+
+
+def finish_reason(reason: str, calls: int) -> str:
+    """``tool_calls`` when an answer that stopped by itself made calls."""
+    return "tool_calls" if calls and reason == "stop" else reason
+
+
+def whole_message(output: OutputPlan, text: str) -> tuple[str | None, list[ToolCall]]:
+    """Content (None when it is only the calls) and tool calls of a whole answer."""
+    parser = output.parser()
+    folded = Folded()
+    folded.add(parser.feed(text))
+    folded.add(parser.finish())
+    calls = [
+        ToolCall(id=call.id, function=FunctionCall(name=call.name, arguments=call.arguments))
+        for call in folded.calls
+    ]
+    content: str | None = folded.content
+    if calls and not (content or "").strip():
+        content = None
+    return content, calls
+
+
+class DeltaShaper:
+    """One streamed choice: text deltas in, chat deltas with content and tool-call deltas out."""
+
+    def __init__(self, output: OutputPlan) -> None:
+        self.parser: Parser = output.parser()
+
+    @property
+    def calls(self) -> int:
+        """Calls begun so far."""
+        return self.parser.calls
+
+    def delta(self, text: str) -> ChatDelta | None:
+        """The delta for new text, or None while it is held back."""
+        return _delta(self.parser.feed(text))
+
+    def end(self) -> ChatDelta | None:
+        """The delta of what was held back until the end, if any."""
+        return _delta(self.parser.finish())
+
+
+def _delta(pieces: list[Piece]) -> ChatDelta | None:
+    content = "".join(piece.text for piece in pieces if isinstance(piece, Content))
+    calls: list[ToolCallDelta] = []
+    for piece in pieces:
+        if isinstance(piece, CallStart):
+            calls.append(
+                ToolCallDelta(
+                    index=piece.index,
+                    id=piece.id,
+                    type="function",
+                    function=FunctionCallDelta(name=piece.name, arguments=""),
+                )
+            )
+        elif isinstance(piece, Arguments):
+            calls.append(
+                ToolCallDelta(index=piece.index, function=FunctionCallDelta(arguments=piece.text))
+            )
+    if not content and not calls:
+        return None
+    return ChatDelta(content=content or UNSET, tool_calls=calls or UNSET)

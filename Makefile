@@ -28,6 +28,7 @@ bench: $(STAMP)
 	$(BIN)/python -m deploy.bench
 	$(BIN)/python -m tests.bench_tenancy
 	$(BIN)/python -m tests.bench_lora
+	$(BIN)/python -m tests.bench_guided --smollm
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

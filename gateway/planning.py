@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-from dataclasses import replace
 
 from gateway.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
 from gateway.registry import ServedModel
@@ -49,13 +48,15 @@ async def plan_chat(model: ServedModel, request: ChatCompletionRequest) -> Plan:
     )
     logprobs = bool(given(request.logprobs))
     params = sampling_params(
-        request, model.route.defaults, max_tokens=max_tokens, logprobs=logprobs
+        request,
+        model.route.defaults,
+        max_tokens=max_tokens,
+        logprobs=logprobs,
+        guide=output.guide,
     )
     return Plan(
         model=model.name,
-        choices=fan_out(
-            [prompt], given(request.n) or 1, [replace(params, guide=output.guide)], _rng
-        ),
+        choices=fan_out([prompt], given(request.n) or 1, [params], _rng),
         stream=bool(given(request.stream)),
         include_usage=_include_usage(request),
         logprobs=logprobs,

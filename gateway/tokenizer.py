@@ -69,7 +69,7 @@ class PromptTokenizer:
         """Whether chat requests can be templated for this model."""
         return bool(self._chat_template or getattr(self._tokenizer, "chat_template", None))
 
-    @property
+    @functools.cached_property
     def template_text(self) -> str:
         """The chat template's source (every named template of the tokenizer, joined)."""
         template = self._chat_template or getattr(self._tokenizer, "chat_template", None)
@@ -77,7 +77,7 @@ class PromptTokenizer:
             return "\n".join(str(text) for text in template.values())
         return str(template or "")
 
-    @property
+    @functools.cached_property
     def takes_tools(self) -> bool:
         """Whether the chat template renders a ``tools`` list itself."""
         return "tools" in self.template_text

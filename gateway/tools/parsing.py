@@ -96,7 +96,6 @@ class CallScanner:
         self.args_open = False
         self.args_seen = False
         self.done = False
-        self.broken = False
 
     def feed(self, ch: str) -> None:
         """Take one character of the object (nothing after its closing brace)."""
@@ -146,15 +145,11 @@ class CallScanner:
         if ch == '"':
             self._open_string()
         elif ch in "{[":
-            if self.depth == 0 and ch != "{":
-                self.broken = True
             self.depth += 1
             if self.depth == 1:
                 self.expect = "key"
         elif ch in "}]":
             self._close()
-        elif self.depth == 0:
-            self.broken = True
         elif self.depth == 1:
             self._punctuation(ch)
 
@@ -232,11 +227,12 @@ def _merged(pieces: list[Piece]) -> list[Piece]:
         last = out[-1] if out else None
         if isinstance(piece, Content) and isinstance(last, Content):
             out[-1] = Content(last.text + piece.text)
-        elif isinstance(piece, Arguments) and isinstance(last, Arguments):
-            if last.index == piece.index:
-                out[-1] = Arguments(piece.index, last.text + piece.text)
-                continue
-            out.append(piece)
+        elif (
+            isinstance(piece, Arguments)
+            and isinstance(last, Arguments)
+            and last.index == piece.index
+        ):
+            out[-1] = Arguments(piece.index, last.text + piece.text)
         else:
             out.append(piece)
     return out

@@ -116,11 +116,13 @@ def _functions(tools: list[Tool] | None) -> tuple[Function, ...]:
     return tuple(functions)
 
 
-def _choice(request: ChatCompletionRequest, functions: tuple[Function, ...]) -> str:
-    """``none``, ``auto``, ``required`` or ``function:<name>``."""
+def _choice(
+    request: ChatCompletionRequest, functions: tuple[Function, ...]
+) -> tuple[str, Function | None]:
+    """``none``, ``auto``, ``required``, or ``function`` with the function it names."""
     choice = _given(request.tool_choice)
     if choice is None:
-        return "auto" if functions else "none"
+        return ("auto" if functions else "none"), None
     if isinstance(choice, NamedToolChoice):
         named = _given(choice.function)
         if choice.type != "function" or named is None:
@@ -128,12 +130,13 @@ def _choice(request: ChatCompletionRequest, functions: tuple[Function, ...]) -> 
                 'A named tool_choice is {"type": "function", "function": {"name": ...}}.',
                 param="tool_choice",
             )
-        if named.name not in {f.name for f in functions}:
+        function = next((f for f in functions if f.name == named.name), None)
+        if function is None:
             raise InvalidRequestError(
                 f"tool_choice names function {named.name!r}, which is not in tools.",
                 param="tool_choice",
             )
-        return f"function:{named.name}"
+        return "function", function
     if choice not in TOOL_CHOICES:
         raise InvalidRequestError(
             f"tool_choice must be none, auto, required or a named function, got {choice!r}.",
@@ -141,7 +144,7 @@ def _choice(request: ChatCompletionRequest, functions: tuple[Function, ...]) -> 
         )
     if choice != "none" and not functions:
         raise InvalidRequestError(f"tool_choice {choice!r} needs tools.", param="tool_choice")
-    return str(choice)
+    return str(choice), None
 
 
 def _calls_schema(functions: tuple[Function, ...], parallel: bool) -> dict[str, Any]:
@@ -191,7 +194,7 @@ def plan_output(
             param="functions" if _given(request.functions) is not None else "function_call",
         )
     functions = _functions(_given(request.tools))
-    choice = _choice(request, functions)
+    choice, named = _choice(request, functions)
     parallel = _given(request.parallel_tool_calls) is not False
     formatted = response_guide(_given(request.response_format))
     if choice == "none":
@@ -199,26 +202,24 @@ def plan_output(
     if formatted is not None:
         raise InvalidRequestError(
             f"response_format {formatted.guide_type} cannot be combined with tool_choice "
-            f"{choice.split(':')[0]!r}: send tool_choice 'none', or leave response_format out.",
+            f"{choice!r}: send tool_choice 'none', or leave response_format out.",
             param="response_format",
         )
+    fmt = tool_format(format_name or guess_format(template))
     base = OutputPlan(
         mode="format",
         functions=functions,
-        tool_format=tool_format(format_name or guess_format(template)),
+        tool_format=fmt,
         parallel=parallel,
         template_tools=takes_tools,
     )
     if choice == "required":
         schema = json.dumps(_calls_schema(functions, parallel))
         return replace(base, mode="calls", guide=Guide("json_schema", schema, param="tool_choice"))
-    if choice.startswith("function:"):
-        name = choice.removeprefix("function:")
-        schema = json.dumps(next(f.schema for f in functions if f.name == name))
-        guide = Guide("json_schema", schema, param="tool_choice")
-        return replace(base, mode="arguments", function=name, guide=guide)
-    assert base.tool_format is not None
-    return replace(base, guide=_auto_guide(base.tool_format, functions, parallel))
+    if named is not None:
+        guide = Guide("json_schema", json.dumps(named.schema), param="tool_choice")
+        return replace(base, mode="arguments", function=named.name, guide=guide)
+    return replace(base, guide=_auto_guide(fmt, functions, parallel))
 
 
 def conversation(

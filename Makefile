@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test bench lint clean
+.PHONY: install demo test bench lint clean gpu-bundle
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -29,6 +29,11 @@ bench: $(STAMP)
 	$(BIN)/python -m tests.bench_tenancy
 	$(BIN)/python -m tests.bench_lora
 	$(BIN)/python -m tests.bench_guided --smollm
+
+# An offline bundle for a GPU host running Python 3.12 (README: "On a GPU machine without network").
+gpu-bundle: $(STAMP)
+	$(BIN)/python -m deploy.offline pack .devrun/bundle --python 3.12 \
+		$(if $(HOST_PACKAGES),--exclude $(HOST_PACKAGES))
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -143,6 +143,12 @@ def required_inputs(config: str) -> list[str]:
 
 def _extra_parameters(model: ModelSpec, name: str) -> dict[str, str]:
     """Parameters our Python models read beyond the ones the release's template declares."""
+    if name in PYTHON_MODELS and model.text_python_env is not None:
+        return {"EXECUTION_ENV_PATH": model.text_python_env} | _model_parameters(model, name)
+    return _model_parameters(model, name)
+
+
+def _model_parameters(model: ModelSpec, name: str) -> dict[str, str]:
     if name == "tensorrt_llm_bls":
         postprocessing = template(model.release, "postprocessing").read_text()
         return {
@@ -248,6 +254,8 @@ def check_paths(model: ModelSpec) -> None:
         if model.engine.lora_prefetch_dir:
             locations["engine.lora_prefetch_dir"] = model.engine.lora_prefetch_dir
     locations["tokenizer_dir"] = model.tokenizer
+    if model.text_python_env is not None:
+        locations["text_python_env"] = model.text_python_env
     for field, location in locations.items():
         if looks_like_path(location) and not Path(location).expanduser().is_dir():
             raise RenderError(f"model {model.name!r}: {field} {location} does not exist")

@@ -122,6 +122,11 @@ class ModelSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """Instances of the BLS model."""
     exclude_input_in_output: bool = False
     """Engine-side default for leaving the prompt out of non-streamed output."""
+    text_python_env: str | None = None
+    """Python environment folder (the Python backend's ``EXECUTION_ENV_PATH``) of the models that
+    carry text: preprocessing, postprocessing and the BLS. Triton 2.51's stub garbles string
+    tensors under numpy 2, so where the engine's environment has numpy 2 (CUDA machines) these
+    run in one with numpy < 2 (``python -m deploy.offline install`` makes one)."""
 
     @property
     def prefix(self) -> str:
@@ -241,8 +246,14 @@ def _resolve_paths(spec: Spec, base_dir: Path) -> Spec:
         else:
             engine_dir = _resolve(model.engine.engine_dir, base_dir)
             engine = msgspec.structs.replace(model.engine, engine_dir=engine_dir or "")
-        tokenizer_dir = _resolve(model.tokenizer_dir, base_dir)
-        models.append(msgspec.structs.replace(model, engine=engine, tokenizer_dir=tokenizer_dir))
+        models.append(
+            msgspec.structs.replace(
+                model,
+                engine=engine,
+                tokenizer_dir=_resolve(model.tokenizer_dir, base_dir),
+                text_python_env=_resolve(model.text_python_env, base_dir),
+            )
+        )
     return msgspec.structs.replace(spec, models=models)
 
 

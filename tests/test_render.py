@@ -318,3 +318,34 @@ def test_bls_learns_what_the_releases_postprocessing_requires(release: str, requ
     assert bls["postprocessing_required_inputs"].string_value == required
     stock = {t.name for t in stock_config(release, "postprocessing").input if not t.optional}
     assert set(required.split(",")) == stock
+
+
+def test_text_python_env_goes_to_the_text_models_only(tmp_path: Path) -> None:
+    env = tmp_path / "text-env"
+    env.mkdir()
+    spec = parse_spec(_spec(TORCH, text_python_env=str(env)))
+    files = render_model(spec.models[0])
+    for name in PIPELINE_MODELS:
+        config = parse(files[f"m1_{name}/config.pbtxt"])
+        value = config.parameters.get("EXECUTION_ENV_PATH")
+        expected = (
+            str(env) if name in ("preprocessing", "postprocessing", "tensorrt_llm_bls") else None
+        )
+        assert (value.string_value if value is not None else None) == expected, name
+
+
+def test_missing_text_python_env_is_named(tmp_path: Path) -> None:
+    missing = tmp_path / "no-env"
+    spec = parse_spec(_spec(TORCH, text_python_env=str(missing)))
+    with pytest.raises(RenderError, match=f"text_python_env {missing} does not exist"):
+        render_spec(spec, tmp_path / "out")
+
+
+def test_relative_text_python_env_is_taken_from_the_spec_file(tmp_path: Path) -> None:
+    (tmp_path / "envs" / "text").mkdir(parents=True)
+    path = tmp_path / "spec.yaml"
+    path.write_text(
+        "models:\n  - name: m\n    engine: {kind: torch, model_dir: some/id}\n"
+        "    text_python_env: ./envs/text\n"
+    )
+    assert load_spec(path).models[0].text_python_env == str(tmp_path / "envs" / "text")

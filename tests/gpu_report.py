@@ -1,0 +1,160 @@
+"""Figures of the GPU benchmark: per-level summaries, the Markdown table and the plot."""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Level:
+    """One target at one concurrency."""
+
+    target: str
+    concurrency: int
+    requests: int
+    tokens_per_s: float
+    ttft_p50_ms: float
+    ttft_p99_ms: float
+    itl_p50_ms: float
+    itl_p99_ms: float
+    e2e_p50_ms: float
+    incomplete: int
+
+    def line(self) -> str:
+        return (
+            f"{self.target:8s} c={self.concurrency:3d} n={self.requests:4d} "
+            f"{self.tokens_per_s:9.1f} tok/s  TTFT p50 {self.ttft_p50_ms:7.1f} ms "
+            f"p99 {self.ttft_p99_ms:7.1f}  ITL p50 {self.itl_p50_ms:6.2f} ms "
+            f"p99 {self.itl_p99_ms:6.2f}  e2e p50 {self.e2e_p50_ms:8.1f} ms"
+        )
+
+
+def _quantile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def summarise(
+    target: str, concurrency: int, results: list[dict[str, Any]], wall: float, expected: int
+) -> Level:
+    """Aggregate tokens/s over the wall time; latencies over every request and token gap."""
+    ttft = [r["arrivals"][0] * 1000 for r in results if r["arrivals"]]
+    gaps = [
+        (later - earlier) * 1000
+        for r in results
+        for earlier, later in zip(r["arrivals"], r["arrivals"][1:], strict=False)
+    ]
+    tokens = sum(r["tokens"] for r in results)
+    return Level(
+        target=target,
+        concurrency=concurrency,
+        requests=len(results),
+        tokens_per_s=tokens / wall,
+        ttft_p50_ms=_quantile(ttft, 0.5),
+        ttft_p99_ms=_quantile(ttft, 0.99),
+        itl_p50_ms=_quantile(gaps, 0.5),
+        itl_p99_ms=_quantile(gaps, 0.99),
+        e2e_p50_ms=statistics.median(r["end"] * 1000 for r in results),
+        incomplete=sum(1 for r in results if r["tokens"] < expected),
+    )
+
+
+def _by(levels: list[Any], target: str) -> dict[int, Any]:
+    return {
+        level["concurrency"]: level for level in map(_as_dict, levels) if level["target"] == target
+    }
+
+
+def _as_dict(level: Any) -> dict[str, Any]:
+    return level if isinstance(level, dict) else dict(level.__dict__)
+
+
+def render_markdown(report: dict[str, Any]) -> str:
+    """The results table, the batching gain and the gateway's share."""
+    machine = report["machine"]
+    direct, gateway = _by(report["levels"], "direct"), _by(report["levels"], "gateway")
+    lines = [
+        f"# GPU run: {machine.get('gpu', 'CPU')}",
+        "",
+        f"- Machine: {machine.get('nvidia_smi', 'no GPU')}; {machine['cpus']} CPU cores; "
+        f"torch {machine['torch']} (CUDA {machine.get('cuda')}).",
+        f"- Models (random weights, bfloat16, PyTorch engine on {report['device']}, one "
+        "tritonserver): "
+        + ", ".join(
+            f"{name} {count / 1e9:.2f}B parameters" for name, count in report["parameters"].items()
+        )
+        + f"; gateway and sidecar ready in {report['ready_s']:.0f} s; GPU memory in use "
+        + ", ".join(
+            f"{value} ({when.replace('_', ' ')})"
+            for when, value in report["gpu_memory_used"].items()
+        )
+        + ".",
+        f"- Streaming completions of {report['tokens']} tokens each (a {report['prompt_chars']}"
+        "-character prompt), greedy; `direct` is gRPC streaming to the sidecar's `ensemble`, "
+        "`gateway` is `/v1/completions` with `stream: true` through `triton-gateway serve`.",
+        "",
+        "| concurrency | target | tokens/s | TTFT p50 | TTFT p99 | ITL p50 | ITL p99 "
+        "| end to end p50 | gateway share of end to end |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for concurrency in sorted(gateway):
+        for name, level in (("direct", direct.get(concurrency)), ("gateway", gateway[concurrency])):
+            if level is None:
+                continue
+            share = ""
+            if name == "gateway" and concurrency in direct:
+                added = level["e2e_p50_ms"] - direct[concurrency]["e2e_p50_ms"]
+                share = f"{added / level['e2e_p50_ms'] * 100:.1f}% ({added:+.1f} ms)"
+            lines.append(
+                f"| {concurrency} | {name} | {level['tokens_per_s']:.0f} | "
+                f"{level['ttft_p50_ms']:.1f} ms | {level['ttft_p99_ms']:.1f} ms | "
+                f"{level['itl_p50_ms']:.2f} ms | {level['itl_p99_ms']:.2f} ms | "
+                f"{level['e2e_p50_ms']:.0f} ms | {share} |"
+            )
+    lines.append("")
+    for name, levels in (("direct", direct), ("gateway", gateway)):
+        if 1 in levels and 32 in levels:
+            gain = levels[32]["tokens_per_s"] / levels[1]["tokens_per_s"]
+            lines.append(f"- In-flight batching gain, 32 streams vs 1 ({name}): {gain:.1f}x.")
+    incomplete = sum(level["incomplete"] for level in map(_as_dict, report["levels"]))
+    lines.append(f"- Requests that ended short of their tokens: {incomplete}.")
+    multi = report["multi_model"]
+    counts = ", ".join(f"{m} {n} tokens" for m, n in multi["tokens"].items())
+    lines.append(
+        f"- Two models in one tritonserver, {multi['streams_per_model']} chat streams each at "
+        f"once through the gateway: {counts} in {multi['wall_s']:.1f} s; every stream "
+        f"complete: {multi['all_complete']}."
+    )
+    return "\n".join(lines) + "\n"
+
+
+def render_plot(report: dict[str, Any], path: Path) -> None:
+    """Tokens/s and time to first token against concurrency, gateway and direct."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, (rate, ttft) = plt.subplots(1, 2, figsize=(10, 4))
+    for target, style in (("direct", "o--"), ("gateway", "s-")):
+        levels = _by(report["levels"], target)
+        xs = sorted(levels)
+        rate.plot(xs, [levels[x]["tokens_per_s"] for x in xs], style, label=target)
+        ttft.plot(xs, [levels[x]["ttft_p50_ms"] for x in xs], style, label=target)
+    for axis, label in ((rate, "tokens/s (all streams)"), (ttft, "time to first token p50 (ms)")):
+        axis.set_xscale("log", base=2)
+        axis.set_xlabel("concurrent streams")
+        axis.set_ylabel(label)
+        axis.grid(True, alpha=0.3)
+        axis.legend()
+    figure.suptitle(
+        f"{report['machine'].get('gpu', 'CPU')}: engine in tritonserver, gateway in front"
+    )
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import random
+from collections.abc import Awaitable
+from typing import Any
 
+from gateway.errors import InvalidRequestError
 from gateway.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
 from gateway.registry import ServedModel
 from gateway.tools import conversation, plan_output, response_guide
@@ -64,13 +67,32 @@ async def plan_chat(model: ServedModel, request: ChatCompletionRequest) -> Plan:
     )
 
 
+def _prompts(model: ServedModel, prompt: str | list[Any]) -> list[Awaitable[Prompt]]:
+    """Text, texts, token ids or lists of token ids, as OpenAI's ``prompt`` takes them."""
+    tokenizer = model.tokenizer
+    if isinstance(prompt, str):
+        return [tokenizer.text_prompt(prompt)]
+    if all(isinstance(item, str) for item in prompt):
+        return [tokenizer.text_prompt(item) for item in prompt]
+    if all(_is_token(item) for item in prompt):
+        return [tokenizer.token_prompt(prompt, "prompt")]
+    if all(isinstance(item, list) and item and all(map(_is_token, item)) for item in prompt):
+        return [tokenizer.token_prompt(ids, f"prompt[{i}]") for i, ids in enumerate(prompt)]
+    raise InvalidRequestError(
+        "prompt must be a string, a list of strings, a list of token ids or a list of "
+        "non-empty lists of token ids.",
+        param="prompt",
+    )
+
+
+def _is_token(item: object) -> bool:
+    return isinstance(item, int) and not isinstance(item, bool)
+
+
 async def plan_completion(model: ServedModel, request: CompletionRequest) -> Plan:
     """The backend requests answering a text completion, ``n`` per prompt."""
     check_completion(request, model.route.max_n)
-    texts = [request.prompt] if isinstance(request.prompt, str) else request.prompt
-    prompts: list[Prompt] = list(
-        await asyncio.gather(*(model.tokenizer.text_prompt(text) for text in texts))
-    )
+    prompts: list[Prompt] = list(await asyncio.gather(*_prompts(model, request.prompt)))
     requested = given(request.max_tokens)
     logprobs = given(request.logprobs) is not None
     guide = response_guide(given(request.response_format))

@@ -92,6 +92,8 @@ class SamplingFields(Struct, frozen=True, kw_only=True):
     temperature: Temperature | UnsetType | None = UNSET
     top_p: Probability | UnsetType | None = UNSET
     seed: int | UnsetType | None = UNSET
+    """TensorRT-LLM's seed is 64 bits: negative seeds are taken as their two's complement."""
+    logit_bias: dict[str, float] | UnsetType | None = UNSET
     stop: str | list[str] | UnsetType | None = UNSET
     presence_penalty: Penalty | UnsetType | None = UNSET
     frequency_penalty: Penalty | UnsetType | None = UNSET
@@ -123,7 +125,8 @@ class ChatCompletionRequest(SamplingFields, frozen=True, kw_only=True):
 class CompletionRequest(SamplingFields, frozen=True, kw_only=True):
     """Body of ``POST /v1/completions``."""
 
-    prompt: str | Annotated[list[str], Meta(min_length=1)]
+    prompt: str | Annotated[list[Any], Meta(min_length=1)]
+    """Text, a list of texts, token ids, or a list of token-id lists (``prompt_texts`` checks)."""
     echo: bool | UnsetType | None = UNSET
     logprobs: Annotated[int, Meta(ge=0, le=5)] | UnsetType | None = UNSET
     suffix: str | UnsetType | None = UNSET

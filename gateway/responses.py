@@ -119,7 +119,7 @@ def text_completion(plan: Plan, results: list[ChoiceResult], header: Header) -> 
     ends = _finished(results)
     choices = []
     for result, end in zip(results, ends, strict=True):
-        prefix = plan.choices[result.index].prompt.text if plan.echo else ""
+        prefix = plan.choices[result.index].prompt.echoed if plan.echo else ""
         logprobs = (
             completion_logprobs(result.tokens, result.logprobs, len(prefix))
             if plan.logprobs
@@ -231,7 +231,7 @@ def completion_chunks(
         )
 
     def on_start(index: int) -> list[CompletionChoice]:
-        prompt = plan.choices[index].prompt.text if plan.echo else ""
+        prompt = plan.choices[index].prompt.echoed if plan.echo else ""
         offsets[index] = len(prompt)
         return [CompletionChoice(index=index, text=prompt)] if prompt else []
 

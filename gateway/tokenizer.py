@@ -95,8 +95,12 @@ class PromptTokenizer:
         return await self._run(self._chat_prompt, messages, tools)
 
     async def text_prompt(self, text: str) -> Prompt:
-        """A raw completion prompt and its length."""
+        """A raw completion prompt and its length; an empty one starts from start-of-text."""
         return await self._run(self._text_prompt, text)
+
+    async def token_prompt(self, ids: list[int], param: str) -> Prompt:
+        """A prompt given as token ids, as text the preprocessing turns back into them."""
+        return await self._run(self._token_prompt, ids, param)
 
     async def count(self, text: str) -> int:
         """Tokens in generated text (no special tokens)."""
@@ -135,7 +139,31 @@ class PromptTokenizer:
         return Prompt(text=text, token_count=self._count(text, self._add_special_tokens))
 
     def _text_prompt(self, text: str) -> Prompt:
-        return Prompt(text=text, token_count=self._count(text, self._add_special_tokens))
+        count = self._count(text, self._add_special_tokens)
+        if count:
+            return Prompt(text=text, token_count=count)
+        # OpenAI answers an empty prompt as the start of a document.
+        start = self._tokenizer.bos_token or self._tokenizer.eos_token
+        if not start:
+            raise InvalidRequestError(
+                "The prompt is empty and this model's tokenizer has no start-of-text token.",
+                param="prompt",
+            )
+        return Prompt(text=start, token_count=self._count(start, False), shown=text)
+
+    def _token_prompt(self, ids: list[int], param: str) -> Prompt:
+        vocabulary = len(self._tokenizer)
+        for index, token in enumerate(ids):
+            if not 0 <= token < vocabulary:
+                raise InvalidRequestError(
+                    f"Token id {token} is outside this model's vocabulary of {vocabulary}.",
+                    param=f"{param}[{index}]",
+                )
+        if self._bos_added and ids and ids[0] == self._tokenizer.bos_token_id:
+            ids = ids[1:]
+        with self._lock:
+            text = self._tokenizer.decode(ids, skip_special_tokens=False)
+        return self._text_prompt(text)
 
     def _count(self, text: str, special: bool) -> int:
         with self._lock:

@@ -25,10 +25,20 @@ SEED_MASK = 2**64 - 1
 
 @dataclass(frozen=True, slots=True)
 class Prompt:
-    """A templated prompt and its length in the model's tokens."""
+    """A templated prompt and its length in the model's tokens.
+
+    ``shown`` is what ``echo`` repeats when it differs from the text sent (an empty prompt is
+    sent as the tokenizer's start-of-text token).
+    """
 
     text: str
     token_count: int
+    shown: str | None = None
+
+    @property
+    def echoed(self) -> str:
+        """The prompt as the client wrote it."""
+        return self.text if self.shown is None else self.shown
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,6 +144,18 @@ def _check_common(request: SamplingFields, max_n: int) -> None:
     n = given(request.n) or 1
     if n > max_n:
         raise InvalidRequestError(f"n must be at most {max_n} for this model, got {n}.", param="n")
+    seed = given(request.seed)
+    if seed is not None and not -(2**63) <= seed <= SEED_MASK:
+        raise InvalidRequestError(
+            f"seed must be a 64-bit integer (from {-(2**63)} to {SEED_MASK}), got {seed}.",
+            param="seed",
+        )
+    if given(request.logit_bias):
+        raise InvalidRequestError(
+            "logit_bias is not supported: the TensorRT-LLM models' bias inputs take words, not "
+            "token ids.",
+            param="logit_bias",
+        )
     if given(request.min_p):
         raise InvalidRequestError(
             "min_p is not supported by TensorRT-LLM models served through Triton.", param="min_p"

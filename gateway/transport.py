@@ -14,12 +14,18 @@ from litestar.response import Stream
 from litestar.types import Receive
 
 from gateway import sse
-from gateway.errors import ClientDisconnected, InternalServerError, from_decode_error, to_api_error
+from gateway.errors import (
+    ClientDisconnected,
+    InternalServerError,
+    InvalidRequestError,
+    from_decode_error,
+    to_api_error,
+)
 from gateway.protocol import ErrorEnvelope
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
-S = TypeVar("S", bound=msgspec.Struct)
+S = TypeVar("S")
 
 
 def decode_body(body: bytes, schema: type[S]) -> S:
@@ -28,6 +34,14 @@ def decode_body(body: bytes, schema: type[S]) -> S:
         return msgspec.json.decode(body, type=schema)
     except msgspec.DecodeError as exc:
         raise from_decode_error(exc) from None
+    except UnicodeDecodeError as exc:
+        raise InvalidRequestError(
+            f"The request body is not valid UTF-8 (byte {exc.start}); JSON must be UTF-8."
+        ) from None
+    except RecursionError:
+        raise InvalidRequestError(
+            "The JSON body of your request is nested too deeply to parse."
+        ) from None
 
 
 async def _disconnected(receive: Receive) -> None:

@@ -106,7 +106,16 @@ def test_chat_rejects_invalid_parameters(
     ("body", "param"),
     [
         ({"model": "tiny", "prompt": "x", "logprobs": 2}, "logprobs"),
-        ({"model": "tiny", "prompt": [1, 2]}, "prompt[0]"),
+        ({"model": "tiny", "prompt": [1, "a"]}, "prompt"),
+        ({"model": "tiny", "prompt": [[1], []]}, "prompt"),
+        ({"model": "tiny", "prompt": [True]}, "prompt"),
+        ({"model": "tiny", "prompt": [1, 10**9]}, "prompt[1]"),
+        ({"model": "tiny", "prompt": [[5], [10**9]]}, "prompt[1][0]"),
+        ({"model": "tiny", "prompt": "x", "seed": 2**64}, "seed"),
+        ({"model": "tiny", "prompt": "x", "seed": -(2**63) - 1}, "seed"),
+        ({"model": "tiny", "prompt": "x", "logit_bias": {"5": 10}}, "logit_bias"),
+        ({"model": "tiny", "prompt": "x", "n": 10**12}, "n"),
+        ({"model": "tiny", "prompt": "x", "max_tokens": 10**12}, "max_tokens"),
         ({"model": "tiny", "prompt": "x", "suffix": "y"}, "suffix"),
         ({"model": "tiny", "prompt": "word " * 80}, "prompt"),
         (
@@ -123,12 +132,25 @@ def test_completions_reject_invalid_parameters(
     assert error_of(response)["param"] == param
 
 
-@pytest.mark.parametrize("raw", [b"{not json", b"", b"[]", b'"text"'])
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"{not json",
+        b"",
+        b"[]",
+        b'"text"',
+        b'{"model": "tiny", "messages": [{"role": "user", "content": "\xff\xfe"}]}',
+        b'{"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "x": '
+        + b"[" * 1500
+        + b"]" * 1500
+        + b"}",
+    ],
+)
 def test_malformed_json_is_a_400_in_openai_shape(client: TestClient[Any], raw: bytes) -> None:
     response = client.post(
         "/v1/chat/completions", content=raw, headers={"content-type": "application/json"}
     )
-    assert response.status_code == 400
+    assert response.status_code == 400, response.text
     assert error_of(response)["type"] == "invalid_request_error"
 
 

@@ -77,8 +77,8 @@ async def put_tenant(
     name: str, request: Request[Any, Any, Any], administrator: None, tenancy: Tenancy
 ) -> TenantPolicy:
     """Create or replace a tenant's policy (the body is a policy; its name is the path's)."""
+    fields = decode_body(await request.body(), dict[str, Any])
     try:
-        fields = msgspec.json.decode(await request.body(), type=dict[str, Any])
         policy = msgspec.convert({**fields, "name": name}, TenantPolicy)
     except msgspec.DecodeError as exc:
         raise InvalidRequestError(f"Invalid tenant policy: {exc}") from None

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Literal, Protocol, runtime_checkable
 
@@ -84,6 +84,8 @@ class GenerationRequest:
     timeout_s: float = 600.0
     priority: int = 0
     """Triton request priority; 0 leaves the model's default."""
+    trace_headers: Mapping[str, str] = field(default_factory=dict)
+    """W3C trace context (``traceparent``, ``tracestate``) for the gRPC metadata."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,11 +10,12 @@ from typing import Any
 from litestar import Litestar, Request, Response
 from litestar.di import Provide
 from litestar.exceptions import HTTPException
+from opentelemetry.sdk.trace.export import SpanExporter
 
 from adapters.contract import Backend
 from gateway.errors import ClientDisconnected, from_http_exception, to_api_error
 from gateway.lifecycle import BackendFactory, Runtime, triton_backend
-from gateway.metrics import GatewayMetrics
+from gateway.observability import Observability
 from gateway.routes import admin, chat, completions, health, lora, models
 from gateway.routes.answer import RATE_LIMIT_HEADERS, Answers
 from gateway.settings import Settings
@@ -48,14 +49,18 @@ def create_app(
     *,
     backend: Backend | None = None,
     backend_factory: BackendFactory = triton_backend,
+    span_exporter: SpanExporter | None = None,
 ) -> Litestar:
     """The gateway as an ASGI app; ``backend`` replaces the Triton backend the app would create.
 
     Start-up (the ASGI lifespan) starts the configured sidecars, loads every model's tokenizer
     and creates the backend; shutdown turns readiness off, drains requests and stops sidecars.
+    ``span_exporter`` receives the spans (tests pass an in-memory one).
     """
-    metrics = GatewayMetrics()
-    runtime = Runtime(settings, backend=backend, backend_factory=backend_factory, metrics=metrics)
+    observability = Observability(settings.observability, span_exporter=span_exporter)
+    runtime = Runtime(
+        settings, backend=backend, backend_factory=backend_factory, observability=observability
+    )
 
     @asynccontextmanager
     async def lifespan(_: Litestar) -> AsyncIterator[None]:
@@ -73,12 +78,14 @@ def create_app(
             answers = Answers(
                 runtime.generation,
                 runtime.tenancy,
+                observability,
                 retry_after_s=settings.limits.retry_after_s,
             )
         return answers
 
     def tenant(request: Request[Any, Any, Any]) -> TenantPolicy:
-        caller = runtime.tenancy.authenticate(request.headers)
+        with observability.step("gateway.auth"):
+            caller = runtime.tenancy.authenticate(request.headers)
         request.state[RATE_LIMIT_HEADERS] = runtime.tenancy.known_headers(caller)
         return caller
 
@@ -96,6 +103,7 @@ def create_app(
             health.live,
             health.ready,
             health.metrics,
+            health.sidecar_metrics,
             *admin.ROUTES,
             *lora.ROUTES,
         ],
@@ -109,7 +117,9 @@ def create_app(
             "administrator": Provide(administrator, sync_to_thread=False),
         },
         exception_handlers={Exception: handler},
-        middleware=[metrics.middleware(lifecycle.request_started, lifecycle.request_finished)],
+        middleware=[
+            observability.middleware(lifecycle.request_started, lifecycle.request_finished)
+        ],
         lifespan=[lifespan],
         request_max_body_size=settings.limits.max_body_bytes,
         openapi_config=None,

@@ -55,8 +55,9 @@ def serve(settings: Settings) -> int:
     import uvicorn
 
     from gateway.app import create_app
+    from gateway.observability import configure_logging
 
-    logging.getLogger().setLevel(settings.log_level.upper())
+    configure_logging(settings.log_level, settings.observability.log_format)
     server = settings.server
     print(f"triton-gateway: OpenAI API on http://{server.host}:{server.port}/v1", flush=True)
     names = ", ".join(model.name for model in settings.models) or "every pipeline of the spec"
@@ -75,6 +76,7 @@ def serve(settings: Settings) -> int:
         host=server.host,
         port=server.port,
         log_level=settings.log_level.lower(),
+        log_config=None,
         timeout_graceful_shutdown=int(settings.limits.shutdown_grace_s),
     )
     return 0

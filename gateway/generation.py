@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from contextlib import aclosing
@@ -15,7 +14,7 @@ import anyio
 
 from adapters.contract import Backend, GenerationRequest, TokenChunk
 from gateway.errors import GatewayTimeoutError
-from gateway.metrics import GatewayMetrics
+from gateway.observability import GenerationWatch, Observability, ObservabilitySettings
 from gateway.registry import ServedModel
 from gateway.stops import StopMatcher
 from gateway.translate import ChoiceSpec, Plan
@@ -242,11 +241,11 @@ class GenerationService:
     """Turns a plan into one merged event stream over the backend."""
 
     def __init__(
-        self, backend: Backend, *, timeout_s: float, metrics: GatewayMetrics | None = None
+        self, backend: Backend, *, timeout_s: float, observability: Observability | None = None
     ) -> None:
         self._backend = backend
         self._timeout_s = timeout_s
-        self._metrics = metrics or GatewayMetrics()
+        self._observability = observability or Observability(ObservabilitySettings())
 
     def events(
         self,
@@ -265,6 +264,17 @@ class GenerationService:
             self._backend, model, logprobs=plan.logprobs, meter=meter or UsageMeter()
         )
         request_id = uuid.uuid4().hex
+        first = plan.choices[0].params
+        watch = self._observability.generation(
+            {
+                "gen_ai.request.model": model.name,
+                "gen_ai.request.max_tokens": first.max_tokens,
+                "gen_ai.request.choice.count": len(plan.choices),
+                "triton.model": model.target.triton_model,
+                "triton.request_id": request_id,
+            }
+        )
+        trace_headers = watch.trace_headers()
         streams = [
             runner.run(
                 spec,
@@ -276,25 +286,32 @@ class GenerationService:
                     timeout_s=self._timeout_s,
                     priority=priority,
                     lora=model.adapter,
+                    trace_headers=trace_headers,
                 ),
             )
             for spec in plan.choices
         ]
-        return self._observed(model.name, merge(streams, self._timeout_s))
+        return self._observed(watch, merge(streams, self._timeout_s))
 
     async def _observed(
-        self, model: str, events: AsyncGenerator[Event, None]
+        self, watch: GenerationWatch, events: AsyncGenerator[Event, None]
     ) -> AsyncGenerator[Event, None]:
-        start = time.monotonic()
-        first_text = True
-        async with aclosing(events):
-            async for event in events:
-                if isinstance(event, ChoiceEnd):
-                    self._metrics.record_tokens(model, event.prompt_tokens, event.completion_tokens)
-                elif first_text and event.text:
-                    first_text = False
-                    self._metrics.record_first_token(model, time.monotonic() - start)
-                yield event
+        error: BaseException | None = None
+        try:
+            async with aclosing(events):
+                async for event in events:
+                    if isinstance(event, ChoiceEnd):
+                        watch.ended(
+                            event.prompt_index, event.prompt_tokens, event.completion_tokens
+                        )
+                    elif event.text:
+                        watch.text(event.index)
+                    yield event
+        except BaseException as exc:
+            error = exc
+            raise
+        finally:
+            watch.close(error)
 
     async def collect(self, model: ServedModel, plan: Plan) -> list[ChoiceResult]:
         """Run a plan to the end and fold each choice's events."""

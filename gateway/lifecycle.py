@@ -16,7 +16,7 @@ from deploy.spec import Spec, load_spec, parse_spec
 from deploy.supervisor import Sidecar, sidecar_from_spec
 from gateway.generation import GenerationService
 from gateway.lora import AdapterError, AdapterExists
-from gateway.metrics import GatewayMetrics
+from gateway.observability import Observability
 from gateway.registry import ModelRegistry, ModelRoute, load_model, resolve_routes
 from gateway.settings import Settings, SettingsError, SidecarSettings
 from gateway.tenancy.config import TenancyConfigError, check_tenancy
@@ -98,7 +98,7 @@ class Runtime:
         *,
         backend: Backend | None,
         backend_factory: BackendFactory,
-        metrics: GatewayMetrics,
+        observability: Observability,
     ) -> None:
         try:
             check_tenancy(settings.tenancy)
@@ -107,8 +107,9 @@ class Runtime:
         self.settings = settings
         self.registry = ModelRegistry()
         self.lifecycle = Lifecycle()
-        self.metrics = metrics
-        self.tenancy = Tenancy(settings.tenancy, metrics)
+        self.observability = observability
+        self.metrics = observability.metrics
+        self.tenancy = Tenancy(settings.tenancy, self.metrics)
         self._backend = backend
         self._owns_backend = backend is None
         self._backend_factory = backend_factory
@@ -117,9 +118,15 @@ class Runtime:
         )
         self._generation: GenerationService | None = None
         self._sidecars: list[Sidecar] = []
+        self.metrics.watch_sidecars(lambda: list(self._sidecars))
         self._bring_up_task: asyncio.Task[None] | None = None
         self._workdir: Path | None = None
         self._temporary_workdir = False
+
+    @property
+    def sidecars(self) -> list[Sidecar]:
+        """The supervised sidecars (none when the gateway uses existing Tritons)."""
+        return list(self._sidecars)
 
     @property
     def backend(self) -> Backend:
@@ -157,7 +164,9 @@ class Runtime:
         if self._backend is None:
             self._backend = self._backend_factory(routes)
         self._generation = GenerationService(
-            self._backend, timeout_s=self.settings.limits.request_timeout_s, metrics=self.metrics
+            self._backend,
+            timeout_s=self.settings.limits.request_timeout_s,
+            observability=self.observability,
         )
         self.lifecycle.sidecars_ready = not self._sidecars
         self._bring_up_task = asyncio.create_task(self._bring_up(routes))
@@ -190,6 +199,7 @@ class Runtime:
             self._bring_up_task.cancel()
         await asyncio.to_thread(self._stop_sidecars)
         self._executor.shutdown(wait=False, cancel_futures=True)
+        await asyncio.to_thread(self.observability.close)
 
     async def _prepare_sidecars(self) -> tuple[Spec | None, dict[str, str]]:
         sidecars = self.settings.sidecars

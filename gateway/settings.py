@@ -7,6 +7,7 @@ from typing import Any, Literal
 
 import msgspec
 
+from gateway.observability import ObservabilitySettings
 from gateway.tenancy.config import TenancySettings
 
 EntryModel = Literal["ensemble", "tensorrt_llm_bls"]
@@ -136,6 +137,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     """API keys, tenants, their limits and where the limits are counted (auth is on)."""
     log_level: str = "INFO"
     """Logging level of the ``triton-gateway`` command."""
+    observability: ObservabilitySettings = ObservabilitySettings()
+    """Log format (text or JSON) and OpenTelemetry tracing."""
 
 
 def parse_settings(data: Any, *, base_dir: Path | None = None) -> Settings:

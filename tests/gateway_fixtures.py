@@ -16,6 +16,7 @@ import msgspec
 import pytest
 import uvicorn
 import yaml
+from opentelemetry.sdk.trace.export import SpanExporter
 
 from deploy.supervisor import Sidecar
 from gateway.app import create_app
@@ -101,11 +102,11 @@ def serve_process(
 class LiveGateway:
     """A gateway served by uvicorn in a background thread."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, span_exporter: SpanExporter | None = None) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         config = uvicorn.Config(
-            create_app(settings),
+            create_app(settings, span_exporter=span_exporter),
             host="127.0.0.1",
             port=self.port,
             log_level="warning",

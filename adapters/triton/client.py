@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import AsyncGenerator, Iterator, Sequence
+from collections.abc import AsyncGenerator, Iterator, Mapping, Sequence
 from contextlib import aclosing, contextmanager
 from dataclasses import replace
 from typing import Any
@@ -188,7 +188,13 @@ class TritonBackend:
             )
         return parse_model_config(document)
 
-    def _open(self, url: str, request: service_pb2.ModelInferRequest, timeout: float) -> Any:
+    def _open(
+        self,
+        url: str,
+        request: service_pb2.ModelInferRequest,
+        timeout: float,
+        metadata: Mapping[str, str] | None = None,
+    ) -> Any:
         """Start a ``ModelStreamInfer`` call carrying one request.
 
         tritonclient's asyncio ``stream_infer`` refuses the reserved
@@ -197,7 +203,9 @@ class TritonBackend:
         stream after the request's final response.
         """
         stub = self._client(url)._client_stub
-        return stub.ModelStreamInfer(iter([request]), timeout=timeout)
+        return stub.ModelStreamInfer(
+            iter([request]), timeout=timeout, metadata=tuple((metadata or {}).items()) or None
+        )
 
     async def _stream(
         self,
@@ -227,7 +235,7 @@ class TritonBackend:
         logger.debug("%s: streaming=%s outputs=%s", operation, streaming, outputs)
         finished = False
         held: list[TokenChunk] = []
-        call = self._open(target.url, message, _remaining(deadline))
+        call = self._open(target.url, message, _remaining(deadline), request.trace_headers)
         try:
             with map_triton_errors(operation):
                 while not finished:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Callable, Coroutine
 from typing import Any
 
 import anyio
@@ -10,6 +10,7 @@ import msgspec
 from litestar import Request, Response
 
 from gateway.generation import ChoiceResult, Event, GenerationService, UsageMeter, fold
+from gateway.observability import Observability
 from gateway.registry import ServedModel
 from gateway.responses import Header
 from gateway.tenancy import TenantPolicy
@@ -27,11 +28,32 @@ class Answers:
     """Turns an admitted plan into the HTTP answer: server-sent events or one JSON body."""
 
     def __init__(
-        self, generation: GenerationService, tenancy: Tenancy, *, retry_after_s: int
+        self,
+        generation: GenerationService,
+        tenancy: Tenancy,
+        observability: Observability,
+        *,
+        retry_after_s: int,
     ) -> None:
         self.generation = generation
         self.tenancy = tenancy
+        self.observability = observability
         self.retry_after_s = retry_after_s
+
+    async def plan(
+        self,
+        request: Request[Any, Any, Any],
+        tenant: TenantPolicy,
+        model: ServedModel,
+        operation: str,
+        planning: Coroutine[Any, Any, Plan],
+    ) -> Plan:
+        """Template and count the request (cancelled if the client leaves), observed."""
+        base = model.base or model.name
+        adapter = model.name if model.adapter is not None else None
+        self.observability.serving(base, adapter, tenant.name, operation)
+        with self.observability.step("gateway.template"):
+            return await until_disconnect(request.receive, planning)
 
     async def respond(
         self,
@@ -44,7 +66,8 @@ class Answers:
         whole: Whole,
     ) -> Response[Any]:
         """Reserve the plan against the tenant's limits, run it, and give back what it spared."""
-        ticket = await self.tenancy.admit(tenant, plan)
+        with self.observability.step("gateway.rate_limit"):
+            ticket = await self.tenancy.admit(tenant, plan)
         headers = ticket.headers()
         request.state[RATE_LIMIT_HEADERS] = headers
         meter = UsageMeter()

@@ -12,7 +12,7 @@ from gateway.registry import ModelRegistry
 from gateway.responses import Header, chat_chunks, chat_completion
 from gateway.routes.answer import Answers
 from gateway.tenancy import TenantPolicy
-from gateway.transport import decode_body, until_disconnect
+from gateway.transport import decode_body
 
 
 @post("/v1/chat/completions", status_code=200)
@@ -25,6 +25,6 @@ async def create_chat_completion(
     """Answer a conversation, whole or as server-sent events."""
     body = decode_body(await request.body(), ChatCompletionRequest)
     model = registry.get(body.model, tenant.allows_model, tenant.allows_adapter)
-    plan = await until_disconnect(request.receive, plan_chat(model, body))
+    plan = await answers.plan(request, tenant, model, "chat", plan_chat(model, body))
     header = Header.new("chatcmpl", model.name)
     return await answers.respond(request, tenant, model, plan, header, chat_chunks, chat_completion)

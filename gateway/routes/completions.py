@@ -12,7 +12,7 @@ from gateway.registry import ModelRegistry
 from gateway.responses import Header, completion_chunks, text_completion
 from gateway.routes.answer import Answers
 from gateway.tenancy import TenantPolicy
-from gateway.transport import decode_body, until_disconnect
+from gateway.transport import decode_body
 
 
 @post("/v1/completions", status_code=200)
@@ -25,7 +25,9 @@ async def create_completion(
     """Complete one or more prompts, whole or as server-sent events."""
     body = decode_body(await request.body(), CompletionRequest)
     model = registry.get(body.model, tenant.allows_model, tenant.allows_adapter)
-    plan = await until_disconnect(request.receive, plan_completion(model, body))
+    plan = await answers.plan(
+        request, tenant, model, "text_completion", plan_completion(model, body)
+    )
     header = Header.new("cmpl", model.name)
     return await answers.respond(
         request, tenant, model, plan, header, completion_chunks, text_completion

@@ -25,7 +25,7 @@ from gateway.errors import (
     ServiceUnavailableError,
 )
 from gateway.generation import ChoiceEnd, Event, UsageMeter
-from gateway.metrics import GatewayMetrics
+from gateway.observability.metrics import GatewayMetrics
 from gateway.tenancy import gcra
 from gateway.tenancy.config import TenancySettings, TenantPolicy
 from gateway.tenancy.directory import Directory

@@ -1,0 +1,204 @@
+"""Observability: Prometheus metrics, OpenTelemetry spans, request ids and access logs.
+
+The request path calls three things: the ASGI middleware (``Observability.middleware``) opens a
+``RequestRecord`` and the request's span; a route names the model and tenant once it knows them
+(``Observability.serving``); the generation service watches the events of the Triton call
+(``Observability.generation``). The record then yields the access line, the metrics and the
+span's attributes when the answer ends.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+from litestar.enums import ScopeType
+from litestar.types import ASGIApp, Message, Receive, Scope, Send
+from opentelemetry.sdk.trace.export import SpanExporter
+from opentelemetry.trace import Span, SpanKind
+
+from gateway.observability.logs import LogFormat, configure_logging, log_access
+from gateway.observability.metrics import GatewayMetrics
+from gateway.observability.record import (
+    REQUEST_ID_HEADER,
+    RequestRecord,
+    begin,
+    current,
+    end,
+    request_id_from,
+)
+from gateway.observability.tracing import PROPAGATED, Tracing, TracingSettings, finish_request
+
+__all__ = [
+    "GatewayMetrics",
+    "GenerationWatch",
+    "Observability",
+    "ObservabilitySettings",
+    "RequestRecord",
+    "TracingSettings",
+    "configure_logging",
+    "current",
+]
+
+
+class ObservabilitySettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Log format and tracing; metrics are always served at ``/metrics``."""
+
+    log_format: LogFormat = "text"
+    """``text``, or ``json``: one object per line with the request id and the access fields."""
+    tracing: TracingSettings = TracingSettings()
+
+
+class GenerationWatch:
+    """One request's Triton call: its span, queue time, first token, token gaps and usage."""
+
+    def __init__(self, owner: Observability, record: RequestRecord | None, span: Span) -> None:
+        self._owner = owner
+        self._record = record
+        self.span = span
+        self._last: dict[int, float] = {}
+        self._prompts: dict[int, int] = {}
+        if record is not None:
+            record.queue_s = record.elapsed()
+            owner.metrics.record_queue(record)
+
+    def trace_headers(self) -> dict[str, str]:
+        """Trace context for the gRPC metadata of the Triton call."""
+        incoming = self._record.trace_headers if self._record is not None else {}
+        return self._owner.tracing.outgoing(self.span, incoming)
+
+    def text(self, index: int) -> None:
+        """Choice ``index`` produced text."""
+        now = time.monotonic()
+        record = self._record
+        if record is not None and record.first_token_s is None:
+            record.first_token_s = now - record.start
+            self._owner.metrics.record_first_token(record)
+            self.span.add_event("gen_ai.first_token")
+        last = self._last.get(index)
+        if record is not None and last is not None:
+            self._owner.metrics.record_token_gap(record, now - last)
+        self._last[index] = now
+
+    def ended(self, prompt_index: int, prompt_tokens: int, completion_tokens: int) -> None:
+        """A choice ended with these token counts."""
+        record = self._record
+        if record is None:
+            return
+        self._owner.metrics.record_tokens(record, prompt_tokens, completion_tokens)
+        self._prompts[prompt_index] = prompt_tokens
+        record.prompt_tokens = sum(self._prompts.values())
+        record.completion_tokens += completion_tokens
+
+    def close(self, error: BaseException | None = None) -> None:
+        """The call ended (normally, failed, or cancelled)."""
+        if error is not None:
+            self.span.record_exception(error)
+        self.span.end()
+
+
+class Observability:
+    """Metrics, tracing and access logs of one app."""
+
+    def __init__(
+        self, settings: ObservabilitySettings, *, span_exporter: SpanExporter | None = None
+    ) -> None:
+        self.settings = settings
+        self.metrics = GatewayMetrics()
+        self.tracing = Tracing(settings.tracing, span_exporter)
+
+    def serving(self, model: str, adapter: str | None, tenant: str, operation: str) -> None:
+        """The current request goes to ``model`` (``adapter`` on it) for ``tenant``."""
+        record = current()
+        if record is None:
+            return
+        record.model, record.adapter, record.tenant = model, adapter or "", tenant
+        if record.span is not None and record.span.is_recording():
+            record.span.set_attributes(
+                {
+                    "gen_ai.operation.name": operation,
+                    "gen_ai.request.model": adapter or model,
+                    "gen_ai.system": "triton",
+                }
+            )
+
+    def step(self, name: str) -> Any:
+        """A child span of the current request (templating, authentication, admission)."""
+        return self.tracing.step(name)
+
+    def generation(self, attributes: dict[str, Any]) -> GenerationWatch:
+        """Start watching the current request's Triton call."""
+        record = current()
+        parent = record.span if record is not None else None
+        span = self.tracing.child(parent, "triton.generate", SpanKind.CLIENT, attributes)
+        return GenerationWatch(self, record, span)
+
+    def middleware(
+        self, on_start: Callable[[], None], on_end: Callable[[], None]
+    ) -> Callable[[ASGIApp], ASGIApp]:
+        """ASGI middleware: request id, root span, in-flight count, metrics and access line."""
+
+        def wrap(app: ASGIApp) -> ASGIApp:
+            async def observe(scope: Scope, receive: Receive, send: Send) -> None:
+                if scope["type"] != ScopeType.HTTP:
+                    await app(scope, receive, send)
+                    return
+                headers = {
+                    key.decode("latin-1").lower(): value.decode("latin-1")
+                    for key, value in scope.get("headers", ())
+                }
+                record = self._open(scope, headers)
+                echo = (REQUEST_ID_HEADER.encode(), record.request_id.encode())
+
+                async def capture(message: Message) -> None:
+                    if message["type"] == "http.response.start":
+                        record.status = message["status"]
+                        message["headers"] = [*message.get("headers", ()), echo]
+                    await send(message)
+
+                token = begin(record)
+                on_start()
+                self.metrics.in_flight.inc()
+                try:
+                    await app(scope, receive, capture)
+                except BaseException as exc:
+                    record.error = type(exc).__name__
+                    raise
+                finally:
+                    self.metrics.in_flight.dec()
+                    on_end()
+                    self._close(record)
+                    end(token)
+
+            return observe
+
+        return wrap
+
+    def _open(self, scope: Scope, headers: dict[str, str]) -> RequestRecord:
+        method = str(scope.get("method", ""))
+        route = str(scope.get("path_template") or "other")
+        record = RequestRecord(request_id_from(headers), method, route)
+        record.trace_headers = {k: v for k, v in headers.items() if k in PROPAGATED}
+        record.span = self.tracing.start_request(
+            f"{method} {route}",
+            headers,
+            {
+                "http.request.method": method,
+                "http.route": route,
+                "url.path": str(scope.get("path", "")),
+                "gateway.request_id": record.request_id,
+            },
+        )
+        return record
+
+    def _close(self, record: RequestRecord) -> None:
+        seconds = record.elapsed()
+        self.metrics.record_request(record, seconds)
+        finish_request(record)
+        log_access(record, seconds)
+
+    def close(self) -> None:
+        """Flush the span exporter."""
+        self.tracing.close()

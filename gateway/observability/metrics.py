@@ -1,0 +1,198 @@
+"""Prometheus metrics on a per-app registry.
+
+Label values come only from configuration (routes, model and adapter names, tenant names, limit
+names, sidecar names), so the number of series stays bounded whatever clients send.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from typing import Protocol
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from gateway.observability.record import RequestRecord
+
+LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
+TOKEN_GAP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 1, 2.5)
+MODEL_LABELS = ["model", "adapter", "tenant"]
+
+
+class SidecarState(Protocol):
+    """What the metrics read from a supervised tritonserver."""
+
+    name: str
+    restarts: int
+
+    @property
+    def pid(self) -> int | None: ...
+
+
+class _Sidecars(Collector):
+    """``gateway_sidecar_up`` and ``gateway_sidecar_restarts_total``, read at scrape time."""
+
+    def __init__(self, sidecars: Callable[[], Iterable[SidecarState]]) -> None:
+        self._sidecars = sidecars
+
+    def collect(self) -> Iterator[Metric]:
+        up = GaugeMetricFamily(
+            "gateway_sidecar_up",
+            "Whether a supervised tritonserver is running.",
+            labels=["sidecar"],
+        )
+        restarts = CounterMetricFamily(
+            "gateway_sidecar_restarts",
+            "Restarts of a supervised tritonserver after it exited.",
+            labels=["sidecar"],
+        )
+        for sidecar in self._sidecars():
+            up.add_metric([sidecar.name], 1.0 if sidecar.pid is not None else 0.0)
+            restarts.add_metric([sidecar.name], float(sidecar.restarts))
+        yield up
+        yield restarts
+
+
+class GatewayMetrics:
+    """Request, latency, token, tenancy and sidecar metrics of one app."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        registry = self.registry
+        self.requests = Counter(
+            "gateway_requests",
+            "HTTP requests answered, by route, method and status.",
+            ["route", "method", "status"],
+            registry=registry,
+        )
+        self.duration = Histogram(
+            "gateway_request_duration_seconds",
+            "Time from request to the last byte of the answer.",
+            ["route", "method"],
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.in_flight = Gauge(
+            "gateway_requests_in_flight", "Requests being answered.", registry=registry
+        )
+        self.generation_requests = Counter(
+            "gateway_generation_requests",
+            "Completion requests that reached a model, by model, adapter, tenant and status.",
+            [*MODEL_LABELS, "status"],
+            registry=registry,
+        )
+        self.time_to_first_token = Histogram(
+            "gateway_time_to_first_token_seconds",
+            "Time from the request's arrival to its first generated text.",
+            MODEL_LABELS,
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.inter_token_latency = Histogram(
+            "gateway_inter_token_latency_seconds",
+            "Time between consecutive pieces of streamed text of one choice.",
+            MODEL_LABELS,
+            buckets=TOKEN_GAP_BUCKETS,
+            registry=registry,
+        )
+        self.end_to_end = Histogram(
+            "gateway_e2e_request_latency_seconds",
+            "Time from a completion request's arrival to the end of its answer.",
+            MODEL_LABELS,
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.queue_time = Histogram(
+            "gateway_request_queue_seconds",
+            "Time from a completion request's arrival to its call to Triton (templating, "
+            "authentication and admission).",
+            MODEL_LABELS,
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.prompt_tokens = Counter(
+            "gateway_prompt_tokens", "Prompt tokens processed.", MODEL_LABELS, registry=registry
+        )
+        self.completion_tokens = Counter(
+            "gateway_completion_tokens",
+            "Completion tokens generated.",
+            MODEL_LABELS,
+            registry=registry,
+        )
+        self.rate_limited = Counter(
+            "gateway_rate_limited",
+            "Requests refused by a tenant limit, by tenant and limit.",
+            ["tenant", "limit"],
+            registry=registry,
+        )
+        self.limiter_unavailable = Counter(
+            "gateway_limiter_unavailable",
+            "Admissions while the rate-limit store was unreachable, by the policy applied.",
+            ["policy"],
+            registry=registry,
+        )
+        self.tenant_requests_in_flight = Gauge(
+            "gateway_tenant_requests_in_flight",
+            "Admitted requests of each tenant not yet settled, in this process.",
+            ["tenant"],
+            registry=registry,
+        )
+        self.tenant_tokens = Counter(
+            "gateway_tenant_tokens",
+            "Prompt plus completion tokens charged to each tenant.",
+            ["tenant"],
+            registry=registry,
+        )
+
+    def watch_sidecars(self, sidecars: Callable[[], Iterable[SidecarState]]) -> None:
+        """Report the state of the supervised sidecars ``sidecars()`` returns at each scrape."""
+        self.registry.register(_Sidecars(sidecars))
+
+    def record_rate_limited(self, tenant: str, limit: str) -> None:
+        """A limit refused a request of ``tenant``."""
+        self.rate_limited.labels(tenant, limit).inc()
+
+    def record_limiter_unavailable(self, policy: str) -> None:
+        """An admission met an unreachable store and applied ``policy``."""
+        self.limiter_unavailable.labels(policy).inc()
+
+    def tenant_in_flight(self, tenant: str, change: int) -> None:
+        """A request of ``tenant`` was admitted (+1) or settled (-1)."""
+        self.tenant_requests_in_flight.labels(tenant).inc(change)
+
+    def record_tenant_tokens(self, tenant: str, tokens: int) -> None:
+        """A settled request of ``tenant`` used ``tokens``."""
+        self.tenant_tokens.labels(tenant).inc(max(0, tokens))
+
+    def record_queue(self, record: RequestRecord) -> None:
+        """The request reached Triton ``record.queue_s`` after it arrived."""
+        if record.queue_s is not None:
+            self.queue_time.labels(*record.labels).observe(record.queue_s)
+
+    def record_first_token(self, record: RequestRecord) -> None:
+        """The request's first text came ``record.first_token_s`` after it arrived."""
+        if record.first_token_s is not None:
+            self.time_to_first_token.labels(*record.labels).observe(record.first_token_s)
+
+    def record_token_gap(self, record: RequestRecord, seconds: float) -> None:
+        """Two consecutive pieces of one choice's text came ``seconds`` apart."""
+        self.inter_token_latency.labels(*record.labels).observe(seconds)
+
+    def record_tokens(self, record: RequestRecord, prompt: int, completion: int) -> None:
+        """Token counts of one finished choice."""
+        self.prompt_tokens.labels(*record.labels).inc(prompt)
+        self.completion_tokens.labels(*record.labels).inc(completion)
+
+    def record_request(self, record: RequestRecord, seconds: float) -> None:
+        """One answered HTTP request; completion requests also by model, adapter and tenant."""
+        self.requests.labels(record.route, record.method, str(record.status)).inc()
+        self.duration.labels(record.route, record.method).observe(seconds)
+        if record.generates:
+            self.generation_requests.labels(*record.labels, str(record.status)).inc()
+            if record.status < 400:
+                self.end_to_end.labels(*record.labels).observe(seconds)
+
+    def render(self) -> bytes:
+        """The Prometheus text exposition of every metric."""
+        return generate_latest(self.registry)

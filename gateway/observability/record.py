@@ -1,0 +1,75 @@
+"""What the request path learns about one request, for its log line, metrics and span."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from typing import Any
+
+REQUEST_ID_HEADER = "x-request-id"
+_MAX_REQUEST_ID = 128
+
+
+@dataclass(eq=False)
+class RequestRecord:
+    """One HTTP request as observed: set by the middleware, filled in by the request path."""
+
+    request_id: str
+    method: str
+    route: str
+    start: float = field(default_factory=time.monotonic)
+    model: str = ""
+    adapter: str = ""
+    tenant: str = ""
+    status: int = 500
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    first_token_s: float | None = None
+    queue_s: float | None = None
+    error: str = ""
+    trace_headers: dict[str, str] = field(default_factory=dict)
+    """The client's W3C trace context headers."""
+    span: Any = None
+    """The request's root span (a no-op span when tracing is off)."""
+
+    @property
+    def generates(self) -> bool:
+        """Whether the request reached a model (completion routes past model lookup)."""
+        return bool(self.model)
+
+    @property
+    def labels(self) -> tuple[str, str, str]:
+        """``model``, ``adapter`` and ``tenant`` label values, all from configuration."""
+        return self.model, self.adapter, self.tenant
+
+    def elapsed(self) -> float:
+        """Seconds since the request arrived."""
+        return time.monotonic() - self.start
+
+
+_current: ContextVar[RequestRecord | None] = ContextVar("gateway_request", default=None)
+
+
+def current() -> RequestRecord | None:
+    """The record of the request being answered in this context, if any."""
+    return _current.get()
+
+
+def begin(record: RequestRecord) -> Any:
+    """Make ``record`` current; returns the token ``end`` takes."""
+    return _current.set(record)
+
+
+def end(token: Any) -> None:
+    """Restore the context ``begin`` changed."""
+    _current.reset(token)
+
+
+def request_id_from(headers: dict[str, str]) -> str:
+    """The client's ``X-Request-ID`` when it is printable and short, else a new one."""
+    given = headers.get(REQUEST_ID_HEADER, "")
+    if given and len(given) <= _MAX_REQUEST_ID and given.isprintable() and given.isascii():
+        return given
+    return uuid.uuid4().hex

@@ -8,12 +8,18 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from litestar import Litestar, Request, Response
+from litestar.datastructures import State
 from litestar.di import Provide
 from litestar.exceptions import HTTPException
 from opentelemetry.sdk.trace.export import SpanExporter
 
 from adapters.contract import Backend
-from gateway.errors import ClientDisconnected, from_http_exception, to_api_error
+from gateway.errors import (
+    ClientDisconnected,
+    ServiceUnavailableError,
+    from_http_exception,
+    to_api_error,
+)
 from gateway.lifecycle import BackendFactory, Runtime, triton_backend
 from gateway.observability import Observability
 from gateway.routes import admin, chat, completions, health, lora, models
@@ -89,6 +95,14 @@ def create_app(
         request.state[RATE_LIMIT_HEADERS] = runtime.tenancy.known_headers(caller)
         return caller
 
+    def refuse_when_draining(request: Request[Any, Any, Any]) -> None:
+        if runtime.lifecycle.refusing and request.url.path.startswith(("/v1/", "/admin/")):
+            raise ServiceUnavailableError(
+                "The gateway is shutting down; retry on another replica.",
+                code="shutting_down",
+                headers={"Retry-After": str(settings.limits.retry_after_s)},
+            )
+
     def administrator(request: Request[Any, Any, Any]) -> None:
         runtime.tenancy.authenticate_admin(request.headers)
 
@@ -121,6 +135,8 @@ def create_app(
             observability.middleware(lifecycle.request_started, lifecycle.request_finished)
         ],
         lifespan=[lifespan],
+        before_request=refuse_when_draining,
+        state=State({"runtime": runtime}),
         request_max_body_size=settings.limits.max_body_bytes,
         openapi_config=None,
         logging_config=None,

@@ -51,11 +51,10 @@ def demo_settings(host: str, port: int) -> Settings:
 
 
 def serve(settings: Settings) -> int:
-    """Run the gateway with uvicorn until interrupted; sidecars stop with it."""
-    import uvicorn
-
+    """Run the gateway with uvicorn until SIGTERM or Ctrl-C drains it; sidecars stop with it."""
     from gateway.app import create_app
     from gateway.observability import configure_logging
+    from gateway.serving import run
 
     configure_logging(settings.log_level, settings.observability.log_format)
     server = settings.server
@@ -71,14 +70,7 @@ def serve(settings: Settings) -> int:
     else:
         store = tenancy.store.kind
         print(f"  auth: on, {len(tenancy.keys)} key(s) configured, limits in {store}", flush=True)
-    uvicorn.run(
-        create_app(settings),
-        host=server.host,
-        port=server.port,
-        log_level=settings.log_level.lower(),
-        log_config=None,
-        timeout_graceful_shutdown=int(settings.limits.shutdown_grace_s),
-    )
+    run(create_app(settings), settings)
     return 0
 
 

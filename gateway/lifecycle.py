@@ -59,6 +59,9 @@ class Lifecycle:
     def __init__(self) -> None:
         self.started = False
         self.stopping = False
+        """Set on SIGTERM: readiness answers 503 (requests are still served)."""
+        self.refusing = False
+        """Set once the drain delay passed: new API requests are answered 503."""
         self.sidecars_ready = True
         self._active = 0
         self._idle = asyncio.Event()
@@ -79,6 +82,16 @@ class Lifecycle:
         self._active -= 1
         if self._active == 0:
             self._idle.set()
+
+    async def drain(self, delay_s: float, timeout_s: float) -> bool:
+        """Turn readiness off, keep serving ``delay_s``, then refuse new requests and wait
+        up to ``timeout_s`` for those in flight; ``False`` if some were still running."""
+        self.stopping = True
+        logger.info("draining: readiness off; serving new requests for %.1f s more", delay_s)
+        await asyncio.sleep(delay_s)
+        self.refusing = True
+        logger.info("draining: refusing new requests; %d in flight", self._active)
+        return await self.drained(timeout_s)
 
     async def drained(self, timeout_s: float) -> bool:
         """Wait until no request is in flight; ``False`` if the timeout passed first."""

@@ -95,7 +95,10 @@ class LimitSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     readiness_timeout_s: float = 2.0
     """How long ``/health/ready`` waits for each model's answer from Triton."""
     shutdown_grace_s: float = 30.0
-    """How long shutdown waits for in-flight requests before closing the backend."""
+    """How long shutdown waits for in-flight requests and streams to finish (the drain timeout)."""
+    drain_delay_s: float = 5.0
+    """On SIGTERM, how long readiness answers 503 while requests are still served, so load
+    balancers stop sending before new requests are refused with 503."""
     tokenizer_threads: int = 2
     """Threads that template and count tokens off the event loop."""
     retry_after_s: int = 5

@@ -4,30 +4,24 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import httpx
 import openai
 import pytest
-from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from prometheus_client.parser import text_string_to_metric_families
 
 from deploy.supervisor import Sidecar
 from gateway.observability.logs import JsonFormatter, RequestIdFilter
-from gateway.settings import ModelSettings, Settings, SidecarSettings
-from gateway.tenancy import TenancySettings
 from tests.gateway_fixtures import ENSEMBLE_MODEL, LiveGateway, sidecar_settings
 
 pytestmark = pytest.mark.slow
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
-TRACEPARENT = f"00-{TRACE_ID}-00f067aa0ba902b7-01"
 SECRET_PROMPT = "the launch code is 7391"
 
 
@@ -191,104 +185,3 @@ def test_access_line_has_the_facts_and_not_the_prompt(
     assert entry["logger"] == "gateway.access" and entry["status"] == 200
     assert entry["request_id"] == "access-1"
     assert entry["model"] == ENSEMBLE_MODEL
-
-
-class _Collector(BaseHTTPRequestHandler):
-    """An OTLP/HTTP receiver keeping every exported span."""
-
-    spans: ClassVar[list[tuple[str, str]]] = []
-
-    def do_POST(self) -> None:
-        body = self.rfile.read(int(self.headers["Content-Length"]))
-        found: list[tuple[str, str]] = []  # (trace id, parent span id), hex
-        if self.headers.get("Content-Type") == "application/json":
-            for resource in json.loads(body).get("resourceSpans", []):
-                for scope in resource.get("scopeSpans", []):
-                    found += [
-                        (s["traceId"].lower(), s.get("parentSpanId", "").lower())
-                        for s in scope.get("spans", [])
-                    ]
-        else:
-            request = trace_service_pb2.ExportTraceServiceRequest()
-            request.ParseFromString(body)
-            for resource in request.resource_spans:
-                for scope in resource.scope_spans:
-                    found += [(s.trace_id.hex(), s.parent_span_id.hex()) for s in scope.spans]
-        type(self).spans.extend(found)
-        self.send_response(200)
-        self.send_header("Content-Type", self.headers.get("Content-Type", "application/json"))
-        self.send_header("Content-Length", "2")
-        self.end_headers()
-        self.wfile.write(b"{}")
-
-    def log_message(self, *args: Any) -> None:
-        pass
-
-
-@pytest.fixture(scope="module")
-def collector() -> Iterator[str]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Collector)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/v1/traces"
-    server.shutdown()
-
-
-@pytest.fixture(scope="module")
-def supervised(
-    tiny_model_dir: Path, collector: str, exporter: InMemorySpanExporter, tmp_path_factory: Any
-) -> Iterator[str]:
-    """A gateway supervising its own sidecar, which exports its traces over OTLP."""
-    trace_args = [
-        "--trace-config=mode=opentelemetry",
-        "--trace-config=rate=1",
-        "--trace-config=level=TIMESTAMPS",
-        f"--trace-config=opentelemetry,url={collector}",
-        "--trace-config=opentelemetry,bsp_max_export_batch_size=1",
-    ]
-    spec = {
-        "models": [{"name": "otel", "engine": {"kind": "torch", "model_dir": str(tiny_model_dir)}}],
-        "sidecars": [{"name": "traced", "extra_args": trace_args}],
-    }
-    settings = Settings(
-        models=(ModelSettings(name="otel", pipeline="otel"),),
-        sidecars=SidecarSettings(inline=spec, workdir=str(tmp_path_factory.mktemp("otel"))),
-        tenancy=TenancySettings(auth=False),
-    )
-    gateway = LiveGateway(settings, span_exporter=exporter).start()
-    deadline = time.monotonic() + 120
-    while httpx.get(f"{gateway.url}/health/ready").status_code != 200:
-        assert time.monotonic() < deadline, "the supervised sidecar did not become ready"
-        time.sleep(0.5)
-    yield gateway.url
-    gateway.stop()
-
-
-def test_triton_spans_join_the_gateways_trace(
-    supervised: str, exporter: InMemorySpanExporter
-) -> None:
-    headers = {"traceparent": TRACEPARENT}
-    body = {"model": "otel", "prompt": "def f(x):", "max_tokens": 4, "stream": True}
-    with httpx.stream("POST", f"{supervised}/v1/completions", json=body, headers=headers) as answer:
-        assert answer.status_code == 200
-        list(answer.iter_lines())
-    gateway = _spans_of(exporter, int(TRACE_ID, 16))["triton.generate"]
-    ours = f"{gateway.context.span_id:016x}"
-    deadline = time.monotonic() + 30
-    joined: list[str] = []
-    while ours not in joined and time.monotonic() < deadline:
-        # Triton exports its request's spans in batches, its top span last.
-        joined = [parent for trace, parent in _Collector.spans if trace == TRACE_ID]
-        time.sleep(0.2)
-    assert ours in joined, f"Triton's spans in trace {TRACE_ID} have parents {joined}"
-
-
-def test_sidecar_state_and_triton_metrics_reach_the_gateway(supervised: str) -> None:
-    samples = _samples(httpx.get(f"{supervised}/metrics").text)
-    assert _value(samples, "gateway_sidecar_up", sidecar="traced") == 1
-    assert _value(samples, "gateway_sidecar_restarts_total", sidecar="traced") == 0
-    triton = httpx.get(f"{supervised}/metrics/sidecars/traced")
-    assert triton.status_code == 200
-    assert 'nv_inference_request_success{model="otel_ensemble"' in triton.text
-    missing = httpx.get(f"{supervised}/metrics/sidecars/nope")
-    assert missing.status_code == 404 and missing.json()["error"]["param"] == "name"

@@ -22,7 +22,7 @@ from gateway.errors import (
 )
 from gateway.lifecycle import BackendFactory, Runtime, triton_backend
 from gateway.observability import Observability
-from gateway.routes import admin, chat, completions, health, lora, models
+from gateway.routes import admin, chat, completions, docs, health, lora, models
 from gateway.routes.answer import RATE_LIMIT_HEADERS, Answers
 from gateway.settings import Settings
 from gateway.tenancy import TenantPolicy
@@ -118,6 +118,8 @@ def create_app(
             health.ready,
             health.metrics,
             health.sidecar_metrics,
+            docs.openapi_json,
+            docs.docs,
             *admin.ROUTES,
             *lora.ROUTES,
         ],

@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test bench lint clean gpu-bundle
+.PHONY: install demo test bench soak lint clean gpu-bundle
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -29,6 +29,10 @@ bench: $(STAMP)
 	$(BIN)/python -m tests.bench_tenancy
 	$(BIN)/python -m tests.bench_lora
 	$(BIN)/python -m tests.bench_guided --smollm
+
+# 200 concurrent streams against `triton-gateway serve` on the tiny model: errors, RSS, open files.
+soak: $(STAMP)
+	$(BIN)/python -m tests.soak
 
 # An offline bundle for a GPU host running Python 3.12 (README: "On a GPU machine without network").
 gpu-bundle: $(STAMP)

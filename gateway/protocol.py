@@ -29,13 +29,28 @@ class ContentPart(Struct, frozen=True):
     text: str | UnsetType = UNSET
 
 
+class FunctionCall(Struct, frozen=True, kw_only=True):
+    """The function and its JSON arguments in a tool call."""
+
+    name: str
+    arguments: str
+
+
+class ToolCall(Struct, frozen=True, kw_only=True):
+    """One entry of ``message.tool_calls``."""
+
+    id: str
+    type: str = "function"
+    function: FunctionCall
+
+
 class ChatMessage(Struct, frozen=True):
     """One message of a conversation."""
 
     role: Role
     content: str | list[ContentPart] | None = None
     name: str | UnsetType = UNSET
-    tool_calls: list[dict[str, Any]] | UnsetType | None = UNSET
+    tool_calls: list[ToolCall] | UnsetType | None = UNSET
     tool_call_id: str | UnsetType = UNSET
 
 
@@ -165,21 +180,6 @@ class ChatLogprobs(Struct, frozen=True):
     """``logprobs`` of a chat choice."""
 
     content: list[TokenLogprob] | None
-
-
-class FunctionCall(Struct, frozen=True, kw_only=True):
-    """The function and its JSON arguments in a tool call."""
-
-    name: str
-    arguments: str
-
-
-class ToolCall(Struct, frozen=True, kw_only=True):
-    """One entry of ``message.tool_calls``."""
-
-    id: str
-    type: str = "function"
-    function: FunctionCall
 
 
 class AssistantMessage(Struct, frozen=True, kw_only=True):

@@ -130,7 +130,8 @@ class PromptTokenizer:
                     tokenize=False,
                     add_generation_prompt=True,
                 )
-        except TemplateError as exc:
+        except (TemplateError, TypeError, ValueError, KeyError, IndexError) as exc:
+            # The template is fixed: what fails while rendering it is the conversation's shape.
             raise InvalidRequestError(
                 f"The conversation does not fit the model's chat template: {exc}", param="messages"
             ) from exc

@@ -6,6 +6,7 @@ import random
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
+import msgspec
 from msgspec import UnsetType
 
 from adapters.contract import Guide, SamplingParams, SeedOrigin
@@ -89,7 +90,7 @@ def template_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
         for key in ("name", "tool_calls", "tool_call_id"):
             value = given(getattr(message, key))
             if value is not None:
-                entry[key] = value
+                entry[key] = msgspec.to_builtins(value)
         converted.append(entry)
     return converted
 

@@ -90,6 +90,25 @@ def error_of(response: Any) -> dict[str, Any]:
         ({"model": "tiny"}, "messages", None),
         ({"messages": USER}, "model", None),
         ({"model": "tiny", "messages": [{"content": "x"}]}, "messages[0].role", None),
+        (
+            {"model": "tiny", "messages": [{"role": "assistant", "tool_calls": [{"x": 1}]}]},
+            "messages[0].tool_calls[0].id",
+            None,
+        ),
+        (
+            {
+                "model": "tiny",
+                "messages": [
+                    {"role": "user", "content": "x"},
+                    {
+                        "role": "assistant",
+                        "tool_calls": [{"id": "c", "type": "function", "function": {"name": "f"}}],
+                    },
+                ],
+            },
+            "messages[1].tool_calls[0].function.arguments",
+            None,
+        ),
     ],
 )
 def test_chat_rejects_invalid_parameters(

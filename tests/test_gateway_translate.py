@@ -174,6 +174,9 @@ def test_fan_out_numbers_choices_prompt_major() -> None:
     assert [s.params.max_tokens for s in specs] == [3, 3, 4, 4]
 
 
+CALL = {"id": "1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+
+
 def test_template_messages() -> None:
     request = chat(
         messages=[
@@ -182,14 +185,14 @@ def test_template_messages() -> None:
                 "role": "user",
                 "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}],
             },
-            {"role": "assistant", "content": None, "tool_calls": [{"id": "1", "type": "function"}]},
+            {"role": "assistant", "content": None, "tool_calls": [CALL]},
             {"role": "tool", "content": "42", "tool_call_id": "1"},
         ]
     )
     assert template_messages(request.messages) == [
         {"role": "system", "content": "be brief"},
         {"role": "user", "content": "ab"},
-        {"role": "assistant", "content": "", "tool_calls": [{"id": "1", "type": "function"}]},
+        {"role": "assistant", "content": "", "tool_calls": [CALL]},
         {"role": "tool", "content": "42", "tool_call_id": "1"},
     ]
 

@@ -65,7 +65,10 @@ def _distributions(paths: list[str] | None) -> dict[str, Any]:
 
 def runtime_closure(python_version: str, paths: list[str] | None = None) -> dict[str, Any]:
     """Name -> installed distribution of every package the gateway needs at run time."""
-    from packaging.requirements import Requirement
+    try:
+        from packaging.requirements import Requirement
+    except ImportError:  # an interpreter with pip but without packaging
+        from pip._vendor.packaging.requirements import Requirement  # type: ignore[assignment]
 
     installed = _distributions(paths)
     marker_env = {"python_version": python_version, "python_full_version": f"{python_version}.0"}
@@ -179,7 +182,8 @@ def install(bundle: Path, prefix: Path) -> None:
     for binary in [server / "bin" / "tritonserver", *server.glob("python_backend_stubs/*/*stub")]:
         binary.chmod(0o755)
     version = f"{sys.version_info.major}.{sys.version_info.minor}"
-    view = _text_view(prefix / "text-view", runtime_closure(version, [str(site), *base]))
+    closure = runtime_closure(version, [str(site), *base])
+    view = _text_view(prefix / "text-view", closure, site)
     text_site = _layer(text_env, [str(view)])
     # The text environment has no pip of its own: this interpreter's installs into it.
     command = [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps"]
@@ -191,7 +195,7 @@ def install(bundle: Path, prefix: Path) -> None:
     subprocess.run([str(text_env / "bin" / "python"), "-c", check], check=True)
 
 
-def _text_view(view: Path, closure: dict[str, Any]) -> Path:
+def _text_view(view: Path, closure: dict[str, Any], project: Path = SOURCE) -> Path:
     """A folder of links to the gateway's runtime packages alone, numpy excepted.
 
     The text environment sees only these: packages of the base built for numpy 2 (SciPy and
@@ -209,9 +213,9 @@ def _text_view(view: Path, closure: dict[str, Any]) -> Path:
             if (root / top).exists() and not link.exists():
                 link.symlink_to(root / top)
     for package in PACKAGES:
-        # An editable install lists no package folders: the source tree serves.
+        # The project is not in its own closure: its installed copy (or the source tree).
         if not (view / package).exists():
-            (view / package).symlink_to(SOURCE / package)
+            (view / package).symlink_to(project / package)
     return view
 
 

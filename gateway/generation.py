@@ -14,7 +14,7 @@ import anyio
 
 from adapters.contract import Backend, GenerationRequest, TokenChunk
 from gateway.errors import GatewayTimeoutError
-from gateway.observability import GenerationWatch, Observability, ObservabilitySettings
+from gateway.observability import Observability, ObservabilitySettings
 from gateway.registry import ServedModel
 from gateway.stops import StopMatcher
 from gateway.translate import ChoiceSpec, Plan
@@ -263,42 +263,42 @@ class GenerationService:
         runner = ChoiceRunner(
             self._backend, model, logprobs=plan.logprobs, meter=meter or UsageMeter()
         )
+        return self._observed(model, plan, runner, priority)
+
+    async def _observed(
+        self, model: ServedModel, plan: Plan, runner: ChoiceRunner, priority: int
+    ) -> AsyncGenerator[Event, None]:
+        # Everything starts at the first iteration, so an unconsumed generator leaves no span.
         request_id = uuid.uuid4().hex
-        first = plan.choices[0].params
         watch = self._observability.generation(
             {
                 "gen_ai.request.model": model.name,
-                "gen_ai.request.max_tokens": first.max_tokens,
+                "gen_ai.request.max_tokens": plan.choices[0].params.max_tokens,
                 "gen_ai.request.choice.count": len(plan.choices),
                 "triton.model": model.target.triton_model,
                 "triton.request_id": request_id,
             }
         )
-        trace_headers = watch.trace_headers()
-        streams = [
-            runner.run(
-                spec,
-                GenerationRequest(
-                    request_id=f"{request_id}-{spec.index}",
-                    prompt=spec.prompt.text,
-                    params=spec.params,
-                    stream=plan.stream,
-                    timeout_s=self._timeout_s,
-                    priority=priority,
-                    lora=model.adapter,
-                    trace_headers=trace_headers,
-                ),
-            )
-            for spec in plan.choices
-        ]
-        return self._observed(watch, merge(streams, self._timeout_s))
-
-    async def _observed(
-        self, watch: GenerationWatch, events: AsyncGenerator[Event, None]
-    ) -> AsyncGenerator[Event, None]:
         error: BaseException | None = None
         try:
-            async with aclosing(events):
+            trace_headers = watch.trace_headers()
+            streams = [
+                runner.run(
+                    spec,
+                    GenerationRequest(
+                        request_id=f"{request_id}-{spec.index}",
+                        prompt=spec.prompt.text,
+                        params=spec.params,
+                        stream=plan.stream,
+                        timeout_s=self._timeout_s,
+                        priority=priority,
+                        lora=model.adapter,
+                        trace_headers=trace_headers,
+                    ),
+                )
+                for spec in plan.choices
+            ]
+            async with aclosing(merge(streams, self._timeout_s)) as events:
                 async for event in events:
                     if isinstance(event, ChoiceEnd):
                         watch.ended(

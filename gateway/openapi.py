@@ -162,7 +162,7 @@ def document(version: str) -> dict[str, Any]:
 DOCS_PAGE = """<!doctype html>
 <html><head><meta charset="utf-8"><title>triton-gateway API</title></head>
 <body><redoc spec-url="/openapi.json"></redoc>
-<script src="https://cdn.redoc.ly/redoc/latest/bundles/redoc.standalone.js"></script>
+<script src="https://cdn.redoc.ly/redoc/v2.1.5/bundles/redoc.standalone.js"></script>
 <noscript>The API description is at <a href="/openapi.json">/openapi.json</a>.</noscript>
 </body></html>
 """

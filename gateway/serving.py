@@ -31,6 +31,7 @@ class DrainingServer(uvicorn.Server):
         self._runtime = runtime
         self._settings = settings
         self._draining: asyncio.Task[None] | None = None
+        self._signalled = False
         self._loop: asyncio.AbstractEventLoop | None = None
 
     async def startup(self, sockets: list[object] | None = None) -> None:  # type: ignore[override]
@@ -38,11 +39,12 @@ class DrainingServer(uvicorn.Server):
         await super().startup(sockets)  # type: ignore[arg-type]
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-        if self._draining is not None or self._loop is None or not self.started:
+        if self._signalled or self._loop is None or not self.started:
             # A second signal, or one before the server is up: uvicorn's own (prompt) exit.
-            self.force_exit = self._draining is not None
+            self.force_exit = self._signalled
             self.should_exit = True
             return
+        self._signalled = True
         logger.info("received %s: draining", signal.Signals(sig).name)
         self._loop.call_soon_threadsafe(self._start_drain)
 
@@ -59,6 +61,8 @@ class DrainingServer(uvicorn.Server):
             logger.warning(
                 "requests still in flight after %.0f s; stopping", limits.shutdown_grace_s
             )
+            # The grace is spent: uvicorn must not wait it out a second time.
+            self.config.timeout_graceful_shutdown = 1
         self.should_exit = True
 
 

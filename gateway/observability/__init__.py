@@ -17,7 +17,7 @@ import msgspec
 from litestar.enums import ScopeType
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
 from opentelemetry.sdk.trace.export import SpanExporter
-from opentelemetry.trace import Span, SpanKind
+from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
 from gateway.observability.logs import LogFormat, configure_logging, log_access
 from gateway.observability.metrics import GatewayMetrics
@@ -83,19 +83,23 @@ class GenerationWatch:
         self._last[index] = now
 
     def ended(self, prompt_index: int, prompt_tokens: int, completion_tokens: int) -> None:
-        """A choice ended with these token counts."""
+        """A choice ended with these token counts (choices of one prompt share its tokens)."""
         record = self._record
         if record is None:
             return
-        self._owner.metrics.record_tokens(record, prompt_tokens, completion_tokens)
+        first = prompt_index not in self._prompts
+        self._owner.metrics.record_tokens(record, prompt_tokens if first else 0, completion_tokens)
         self._prompts[prompt_index] = prompt_tokens
         record.prompt_tokens = sum(self._prompts.values())
         record.completion_tokens += completion_tokens
 
     def close(self, error: BaseException | None = None) -> None:
-        """The call ended (normally, failed, or cancelled)."""
-        if error is not None:
+        """The call ended (normally, failed, or cancelled by the client leaving)."""
+        if isinstance(error, Exception):
             self.span.record_exception(error)
+            self.span.set_status(Status(StatusCode.ERROR, type(error).__name__))
+        elif error is not None:
+            self.span.set_attribute("gateway.cancelled", True)
         self.span.end()
 
 

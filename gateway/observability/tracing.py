@@ -93,9 +93,11 @@ class Tracing:
 
     def outgoing(self, span: Span, headers: Mapping[str, str]) -> dict[str, str]:
         """Trace headers for the Triton call made under ``span``; the client's when off."""
-        if not self.enabled:
-            return {k: v for k, v in headers.items() if k in PROPAGATED}
         carrier: dict[str, str] = {}
+        if not self.enabled:
+            # Re-encoded, so only a valid W3C context (printable ASCII) reaches gRPC metadata.
+            _propagator.inject(carrier, context=_propagator.extract(dict(headers)))
+            return carrier
         _propagator.inject(carrier, context=trace.set_span_in_context(span, otel_context.Context()))
         return carrier
 

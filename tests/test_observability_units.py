@@ -1,0 +1,51 @@
+"""Pure parts of observability: trace context hand-off, usage counting, request ids."""
+
+from __future__ import annotations
+
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind, StatusCode
+
+from gateway.observability import Observability, ObservabilitySettings
+from gateway.observability.record import RequestRecord, begin, end, request_id_from
+from gateway.observability.tracing import Tracing, TracingSettings
+
+PARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+
+
+def test_with_tracing_off_only_a_valid_context_is_passed_on() -> None:
+    tracing = Tracing(TracingSettings())
+    span = tracing.child(None, "triton.generate", SpanKind.CLIENT, {})
+    assert tracing.outgoing(span, {"traceparent": PARENT}) == {"traceparent": PARENT}
+    sent = tracing.outgoing(span, {"traceparent": PARENT, "tracestate": "vendor=\u00e9t\u00e9"})
+    assert sent == {"traceparent": PARENT}
+    assert tracing.outgoing(span, {"traceparent": "garbage"}) == {}
+
+
+def test_prompt_tokens_count_once_per_prompt_and_errors_mark_the_span() -> None:
+    exporter = InMemorySpanExporter()
+    observability = Observability(ObservabilitySettings(), span_exporter=exporter)
+    record = RequestRecord("r1", "POST", "/v1/completions", model="m", tenant="t")
+    record.span = observability.tracing.start_request("POST /v1/completions", {}, {})
+    token = begin(record)
+    try:
+        watch = observability.generation({})
+        watch.ended(0, 10, 3)
+        watch.ended(0, 10, 4)  # a second choice of the same prompt
+        watch.ended(1, 6, 2)
+        watch.close(RuntimeError("backend failed"))
+    finally:
+        end(token)
+    assert (record.prompt_tokens, record.completion_tokens) == (16, 9)
+    labels = {"model": "m", "adapter": "", "tenant": "t"}
+    registry = observability.metrics.registry
+    assert registry.get_sample_value("gateway_prompt_tokens_total", labels) == 16
+    assert registry.get_sample_value("gateway_completion_tokens_total", labels) == 9
+    (span,) = [s for s in exporter.get_finished_spans() if s.name == "triton.generate"]
+    assert span.status.status_code == StatusCode.ERROR
+
+
+def test_request_ids() -> None:
+    assert request_id_from({"x-request-id": "abc-1"}) == "abc-1"
+    assert request_id_from({"x-request-id": "x" * 129}) != "x" * 129
+    assert request_id_from({"x-request-id": "caf\u00e9"}) != "caf\u00e9"
+    assert len(request_id_from({})) == 32

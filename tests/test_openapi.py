@@ -183,7 +183,7 @@ SCHEMA = schemathesis.openapi.from_dict(DOCUMENT).include(
 @pytest.mark.slow
 @SCHEMA.parametrize()
 @settings(
-    max_examples=25,
+    max_examples=15,
     deadline=None,
     suppress_health_check=list(HealthCheck),
     database=None,

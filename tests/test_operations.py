@@ -88,7 +88,6 @@ def _config(model_dir: Path, collector: str, **limits: float) -> dict[str, Any]:
         "--trace-config=rate=1",
         "--trace-config=level=TIMESTAMPS",
         f"--trace-config=opentelemetry,url={collector}",
-        "--trace-config=opentelemetry,bsp_max_export_batch_size=1",
     ]
     engine = {"kind": "torch", "model_dir": str(model_dir), "max_batch_size": 32}
     spec = {
@@ -196,7 +195,7 @@ def test_triton_spans_join_the_gateways_trace(gateway: tuple[str, Any, Path]) ->
     with httpx.stream("POST", f"{url}/v1/completions", json=body, headers=headers) as answer:
         assert answer.status_code == 200
         list(answer.iter_lines())
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 120
     ours: dict[str, tuple[str, str]] = {}
     parents: list[str] = []
     while time.monotonic() < deadline:
@@ -212,7 +211,10 @@ def test_triton_spans_join_the_gateways_trace(gateway: tuple[str, Any, Path]) ->
         time.sleep(0.3)
     assert "POST /v1/completions" in ours, f"the gateway exported {sorted(ours)}"
     assert ours["POST /v1/completions"][1] == "00f067aa0ba902b7"  # under the client's span
-    assert ours["triton.generate"][0] in parents, "Triton's spans are not under triton.generate"
+    from_triton = sum(1 for span in _Collector.spans if span[4] == "triton")
+    assert ours["triton.generate"][0] in parents, (
+        f"Triton's spans are not under triton.generate: {parents} ({from_triton} from Triton)"
+    )
 
 
 def test_triton_metrics_and_sidecar_state_reach_the_gateway(

@@ -28,7 +28,7 @@ from gateway.translate import (
 )
 from gateway.transport import decode_body
 
-SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
+SETTINGS = settings(max_examples=200, deadline=None, suppress_health_check=list(HealthCheck))
 TEMPLATE = "{% for m in messages %}{{ m.content }}{% endfor %}"
 
 scalars = st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=12)

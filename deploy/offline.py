@@ -195,6 +195,16 @@ def install(bundle: Path, prefix: Path) -> None:
     subprocess.run([str(text_env / "bin" / "python"), "-c", check], check=True)
 
 
+def link_distribution(dist: Any, folder: Path) -> None:
+    """Link each top-level entry of an installed distribution (packages, modules, metadata)."""
+    root = Path(dist.locate_file(""))
+    tops = {Path(str(file)).parts[0] for file in dist.files or ()}
+    for top in sorted(tops - {"..", "__pycache__"}):
+        link = folder / top
+        if (root / top).exists() and not link.exists():
+            link.symlink_to(root / top)
+
+
 def _text_view(view: Path, closure: dict[str, Any], project: Path = SOURCE) -> Path:
     """A folder of links to the gateway's runtime packages alone, numpy excepted.
 
@@ -204,14 +214,8 @@ def _text_view(view: Path, closure: dict[str, Any], project: Path = SOURCE) -> P
     shutil.rmtree(view, ignore_errors=True)
     view.mkdir(parents=True)
     for name, dist in closure.items():
-        if name == "numpy":
-            continue
-        root = Path(dist.locate_file(""))
-        tops = {Path(str(file)).parts[0] for file in dist.files or ()}
-        for top in sorted(tops - {"..", "__pycache__"}):
-            link = view / top
-            if (root / top).exists() and not link.exists():
-                link.symlink_to(root / top)
+        if name != "numpy":
+            link_distribution(dist, view)
     for package in PACKAGES:
         # The project is not in its own closure: its installed copy (or the source tree).
         if not (view / package).exists():

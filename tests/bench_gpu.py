@@ -33,8 +33,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import yaml
 
+from tests.gateway_fixtures import serve_process, stop_process
 from tests.gpu_report import Level, render_markdown, render_plot, summarise
 
 PROMPT = (
@@ -67,7 +67,8 @@ TOY = dict(
 _IDS = itertools.count()
 
 
-def free_port() -> int:
+def ephemeral_port() -> int:
+    """A port the OS hands out (not the tests' sequential range, which the gateway takes)."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
@@ -128,35 +129,6 @@ def gateway_config(
         "tenancy": {"auth": False},
         "limits": {"request_timeout_s": 300},
     }
-
-
-def start_gateway(
-    config: dict[str, Any], workdir: Path, log_path: Path, timeout_s: float
-) -> tuple[str, subprocess.Popen[bytes]]:
-    path = workdir / "gateway.yaml"
-    path.write_text(yaml.safe_dump(config))
-    port = free_port()
-    log = log_path.open("wb")
-    command = [
-        str(Path(sys.executable).parent / "triton-gateway"),
-        "serve",
-        "--config",
-        str(path),
-        "--port",
-        str(port),
-    ]
-    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and process.poll() is None:
-        try:
-            if httpx.get(f"{url}/health/ready", timeout=2).status_code == 200:
-                return url, process
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    process.kill()
-    raise RuntimeError(f"gateway did not start in {timeout_s:.0f} s; its log is {log_path}")
 
 
 async def gateway_stream(client: httpx.AsyncClient, model: str, tokens: int) -> dict[str, Any]:
@@ -364,10 +336,11 @@ def main(argv: list[str] | None = None) -> int:
         models[name] = workdir / name
         params[name] = build_model(models[name], args.tokenizer, shape, args.device)
     print(f"models built in {time.perf_counter() - started:.1f} s: {params}", flush=True)
-    grpc_port = free_port()
+    grpc_port = ephemeral_port()
     started = time.perf_counter()
     config = gateway_config(models, args, grpc_port)
-    url, process = start_gateway(config, workdir, args.out / "gateway.log", args.start_timeout)
+    # The gateway's log lands in --out beside the results, started or not.
+    url, process = serve_process(config, args.out, "gateway", timeout_s=args.start_timeout)
     ready_s = time.perf_counter() - started
     memory = {"ready": gpu_memory()}
     print(f"gateway and sidecar ready in {ready_s:.1f} s; GPU memory {memory['ready']}", flush=True)
@@ -375,11 +348,7 @@ def main(argv: list[str] | None = None) -> int:
         figures = asyncio.run(measure(args, url, f"127.0.0.1:{grpc_port}", list(models)))
         memory["after_load"] = gpu_memory()
     finally:
-        process.terminate()
-        try:
-            process.wait(60)
-        except subprocess.TimeoutExpired:
-            process.kill()
+        stop_process(process)
     report = {
         "machine": machine(),
         "device": args.device,

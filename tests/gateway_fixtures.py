@@ -99,6 +99,15 @@ def serve_process(
         time.sleep(0.2)
 
 
+def stop_process(process: subprocess.Popen[bytes], timeout_s: float = 60.0) -> None:
+    """SIGTERM a served gateway (it drains and stops its sidecars); SIGKILL if it hangs."""
+    process.terminate()
+    try:
+        process.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+
+
 class LiveGateway:
     """A gateway served by uvicorn in a background thread."""
 

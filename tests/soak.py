@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import subprocess
 import sys
 import tempfile
 import time
@@ -22,7 +21,7 @@ from typing import Any
 import httpx
 
 from deploy.models import ensure_tiny_model
-from tests.gateway_fixtures import serve_process
+from tests.gateway_fixtures import serve_process, stop_process
 
 
 def _rss_mib(pid: int) -> float:
@@ -118,11 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         report = asyncio.run(_load(url, process.pid, args))
     finally:
-        process.terminate()
-        try:
-            process.wait(60)
-        except subprocess.TimeoutExpired:
-            process.kill()
+        stop_process(process)
     samples = report["samples"]
     base = next(s for s in samples if s["t"] >= args.baseline - args.every / 2)
     last = samples[-1]

@@ -11,7 +11,14 @@ from pathlib import Path
 import httpx
 import pytest
 
-from deploy.offline import _layer, _names, _server_members, _text_view, runtime_closure
+from deploy.offline import (
+    _layer,
+    _names,
+    _server_members,
+    _text_view,
+    link_distribution,
+    runtime_closure,
+)
 from deploy.spec import parse_spec
 from deploy.supervisor import Sidecar, sidecar_from_spec
 
@@ -67,10 +74,7 @@ def text_env(tmp_path_factory: pytest.TempPathFactory) -> Path:
     view = _text_view(root / "text-view", runtime_closure(VERSION))
     env = root / "text-env"
     site = _layer(env, [str(view)])
-    numpy = distribution("numpy")
-    installed = Path(str(numpy.locate_file("")))
-    for top in {Path(str(file)).parts[0] for file in numpy.files or ()} - {"..", "__pycache__"}:
-        (site / top).symlink_to(installed / top)
+    link_distribution(distribution("numpy"), site)
     return env
 
 

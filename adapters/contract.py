@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol, runtime_checkable
 
-TritonModelKind = Literal["ensemble", "tensorrt_llm_bls"]
+TritonModelKind = Literal["ensemble", "tensorrt_llm_bls", "tensorrt_llm"]
 SeedOrigin = Literal["client", "choices", "variation"]
 
 
@@ -72,6 +72,33 @@ class ModelTarget:
     """The ``tensorrt_llm`` model behind ``triton_model``; stop requests go there."""
 
 
+class TextStream(Protocol):
+    """Text of one generated sequence from its token ids, as they arrive."""
+
+    def step(self, ids: Sequence[int]) -> str:
+        """The text the new ids complete."""
+        ...
+
+    def flush(self) -> str:
+        """Text still held back at the end of the sequence."""
+        ...
+
+
+class TokenText(Protocol):
+    """The model's tokenizer, for an entry that takes and returns token ids (``tensorrt_llm``)."""
+
+    end_id: int | None
+    pad_id: int | None
+
+    def word_ids(self, words: Sequence[str]) -> list[list[int]]:
+        """Stop words as token ids, each encoded alone."""
+        ...
+
+    def text_stream(self) -> TextStream:
+        """A fresh incremental decoder for one sequence."""
+        ...
+
+
 @dataclass(frozen=True, slots=True)
 class GenerationRequest:
     """One prompt to complete. The prompt is already templated text."""
@@ -80,6 +107,10 @@ class GenerationRequest:
     prompt: str
     params: SamplingParams
     stream: bool
+    prompt_ids: Sequence[int] = ()
+    """The prompt as token ids (what the engine gets from the ``tensorrt_llm`` entry)."""
+    tokens: TokenText | None = None
+    """The tokenizer, required by the ``tensorrt_llm`` entry."""
     lora: LoraAdapter | None = None
     timeout_s: float = 600.0
     priority: int = 0

@@ -280,6 +280,7 @@ class GenerationService:
             }
         )
         error: BaseException | None = None
+        tokens = model.tokenizer if model.target.kind == "tensorrt_llm" else None
         try:
             trace_headers = watch.trace_headers()
             streams = [
@@ -288,6 +289,8 @@ class GenerationService:
                     GenerationRequest(
                         request_id=f"{request_id}-{spec.index}",
                         prompt=spec.prompt.text,
+                        prompt_ids=spec.prompt.ids,
+                        tokens=tokens,
                         params=spec.params,
                         stream=plan.stream,
                         timeout_s=self._timeout_s,

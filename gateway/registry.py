@@ -14,7 +14,7 @@ from deploy.spec import ModelSpec, Spec, TorchEngine
 from gateway.errors import unknown_model
 from gateway.lora import LoraLibrary
 from gateway.settings import ModelSettings, SamplingDefaults, Settings, SettingsError
-from gateway.tokenizer import PromptTokenizer
+from gateway.text.prompts import PromptTokenizer
 
 logger = logging.getLogger(__name__)
 DEFAULT_TRITON_URL = "127.0.0.1:8001"
@@ -35,6 +35,7 @@ class ModelRoute:
     defaults: SamplingDefaults
     owned_by: str
     tool_call_format: str | None = None
+    skip_special_tokens: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,6 +95,9 @@ def _route(model: ModelSettings, spec: Spec | None, grpc_urls: Mapping[str, str]
     add_special = model.add_special_tokens
     if add_special is None:
         add_special = pipeline.add_special_tokens if pipeline is not None else True
+    skip_special = model.skip_special_tokens
+    if skip_special is None:
+        skip_special = pipeline.skip_special_tokens if pipeline is not None else True
     return ModelRoute(
         name=model.name,
         target=ModelTarget(
@@ -110,6 +114,7 @@ def _route(model: ModelSettings, spec: Spec | None, grpc_urls: Mapping[str, str]
         defaults=model.defaults,
         owned_by=model.owned_by,
         tool_call_format=model.tool_call_format,
+        skip_special_tokens=skip_special,
     )
 
 
@@ -180,6 +185,7 @@ def load_model(route: ModelRoute, executor: Executor) -> ServedModel:
         executor,
         chat_template_file=route.chat_template_file,
         add_special_tokens=route.add_special_tokens,
+        skip_special_tokens=route.skip_special_tokens,
     )
     context_length = route.context_length or tokenizer.model_max_length or DEFAULT_CONTEXT_LENGTH
     logger.info(

@@ -10,7 +10,7 @@ import msgspec
 from gateway.observability import ObservabilitySettings
 from gateway.tenancy.config import TenancySettings
 
-EntryModel = Literal["ensemble", "tensorrt_llm_bls"]
+EntryModel = Literal["ensemble", "tensorrt_llm_bls", "tensorrt_llm"]
 ToolCallFormat = Literal["hermes", "llama3_json", "mistral", "pythonic"]
 
 
@@ -57,7 +57,9 @@ class ModelSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     pipeline: str | None = None
     """Pipeline of the ``sidecars`` spec that serves this model; fills the fields left unset."""
     entry: EntryModel = "ensemble"
-    """Which pipeline model to call when ``pipeline`` is set."""
+    """Which pipeline model to call: ``ensemble``, ``tensorrt_llm_bls``, or ``tensorrt_llm``
+    itself (the gateway then tokenizes and detokenizes, skipping two Python-backend steps per
+    request and per streamed chunk)."""
     triton_url: str | None = None
     """Triton gRPC ``host:port``; defaults to the pipeline's sidecar, else 127.0.0.1:8001."""
     triton_model: str | None = None
@@ -72,6 +74,9 @@ class ModelSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     """Most prompt plus completion tokens; defaults to the engine's ``max_seq_len``, else 4096."""
     add_special_tokens: bool | None = None
     """Whether Triton's preprocessing adds special tokens (BOS); defaults to the pipeline's."""
+    skip_special_tokens: bool | None = None
+    """Whether generated special tokens are left out of the text (entry ``tensorrt_llm``, where
+    the gateway decodes); defaults to the pipeline's postprocessing, else true."""
     max_n: int = 8
     """Largest ``n`` (choices per prompt) a request may ask for."""
     defaults: SamplingDefaults = SamplingDefaults()

@@ -35,6 +35,8 @@ class Prompt:
     text: str
     token_count: int
     shown: str | None = None
+    ids: tuple[int, ...] = ()
+    """The prompt's token ids as the engine takes them (special tokens included)."""
 
     @property
     def echoed(self) -> str:

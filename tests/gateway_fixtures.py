@@ -29,6 +29,8 @@ BLS_MODEL = "tiny-bls"
 ACCUMULATING_BLS_MODEL = "tiny2-bls"
 SYNC_ENSEMBLE_MODEL = "tiny3"
 SYNC_BLS_MODEL = "tiny3-bls"
+ENGINE_MODEL = "tiny-engine"
+"""The tiny pipeline's ``tensorrt_llm`` model itself: the gateway tokenizes and detokenizes."""
 
 
 def free_port() -> int:
@@ -62,6 +64,7 @@ def sidecar_settings(sidecar: Sidecar, tokenizer_dir: Path, **limits: float) -> 
             model(ACCUMULATING_BLS_MODEL, "tiny2_tensorrt_llm_bls", "tensorrt_llm_bls"),
             model(SYNC_ENSEMBLE_MODEL, "tiny3_ensemble", "ensemble"),
             model(SYNC_BLS_MODEL, "tiny3_tensorrt_llm_bls", "tensorrt_llm_bls"),
+            model(ENGINE_MODEL, "tiny_tensorrt_llm", "tensorrt_llm"),
         ),
         limits=msgspec.structs.replace(
             LimitSettings(request_timeout_s=60.0, shutdown_grace_s=5.0), **limits

@@ -9,7 +9,7 @@ import openai
 import pytest
 from transformers import AutoTokenizer
 
-from tests.gateway_fixtures import BLS_MODEL, ENSEMBLE_MODEL, gateway_url  # noqa: F401
+from tests.gateway_fixtures import BLS_MODEL, ENGINE_MODEL, ENSEMBLE_MODEL, gateway_url  # noqa: F401
 
 pytestmark = pytest.mark.slow
 PROMPT = "def add(a, b):"
@@ -21,7 +21,7 @@ def client(gateway_url: str) -> Iterator[openai.OpenAI]:  # noqa: F811
         yield c
 
 
-@pytest.mark.parametrize("model", [ENSEMBLE_MODEL, BLS_MODEL])
+@pytest.mark.parametrize("model", [ENSEMBLE_MODEL, BLS_MODEL, ENGINE_MODEL])
 @pytest.mark.parametrize("stream", [False, True])
 def test_empty_prompt_is_answered_from_start_of_text(
     client: openai.OpenAI, model: str, stream: bool
@@ -39,7 +39,7 @@ def test_empty_prompt_is_answered_from_start_of_text(
     assert "<|" not in text  # the start token is not echoed
 
 
-@pytest.mark.parametrize("model", [ENSEMBLE_MODEL, BLS_MODEL])
+@pytest.mark.parametrize("model", [ENSEMBLE_MODEL, BLS_MODEL, ENGINE_MODEL])
 def test_token_id_prompts_answer_as_their_text(
     client: openai.OpenAI, model: str, tiny_model_dir: Path
 ) -> None:

@@ -12,6 +12,7 @@ import pytest
 from deploy.supervisor import Sidecar
 from tests.gateway_fixtures import (  # noqa: F401
     BLS_MODEL,
+    ENGINE_MODEL,
     ENSEMBLE_MODEL,
     SYNC_BLS_MODEL,
     SYNC_ENSEMBLE_MODEL,
@@ -73,6 +74,8 @@ def in_flight(url: str) -> float:
         (ENSEMBLE_MODEL, False),
         (BLS_MODEL, True),
         (BLS_MODEL, False),
+        (ENGINE_MODEL, True),
+        (ENGINE_MODEL, False),
         # Not decoupled: one answer per request, which the client gives up waiting for.
         (SYNC_ENSEMBLE_MODEL, False),
         (SYNC_BLS_MODEL, False),

@@ -1,4 +1,5 @@
-"""Templating and counting with a real tokenizer: no double BOS, counts as the engine sees them."""
+"""Templating and counting with a real tokenizer: no double BOS, counts as the engine sees them,
+and the same prompts, ids and text as ``transformers`` (which the serving process never imports)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from tokenizers.processors import TemplateProcessing
 from transformers import AutoTokenizer
 
 from gateway.errors import InvalidRequestError
-from gateway.tokenizer import PromptTokenizer, strip_leading_bos
+from gateway.text.prompts import PromptTokenizer, strip_leading_bos
 
 BOS = "<|endoftext|>"
 BOS_TEMPLATE = (
@@ -28,8 +29,9 @@ def executor() -> Iterator[ThreadPoolExecutor]:
         yield pool
 
 
-def llama_like(model_dir: Path) -> Any:
-    """The tiny tokenizer made to add a BOS, with a template that writes one too."""
+def llama_like(model_dir: Path, out: Path) -> Any:
+    """The tiny tokenizer made to add a BOS, with a template that writes one too, saved in
+    ``out``."""
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     tokenizer.bos_token = BOS
     bos_id = tokenizer.convert_tokens_to_ids(BOS)
@@ -37,6 +39,7 @@ def llama_like(model_dir: Path) -> Any:
         single=f"{BOS} $A", pair=f"{BOS} $A $B", special_tokens=[(BOS, bos_id)]
     )
     tokenizer.chat_template = BOS_TEMPLATE
+    tokenizer.save_pretrained(out)
     return tokenizer
 
 
@@ -50,17 +53,18 @@ def test_strip_leading_bos(text: str, bos: str | None, expected: str) -> None:
 
 @pytest.mark.parametrize("preprocessing_adds_bos", [True, False])
 async def test_no_double_bos(
-    tiny_model_dir: Path, executor: ThreadPoolExecutor, preprocessing_adds_bos: bool
+    tiny_model_dir: Path, executor: ThreadPoolExecutor, preprocessing_adds_bos: bool, tmp_path: Path
 ) -> None:
-    tokenizer = llama_like(tiny_model_dir)
-    prompt = await PromptTokenizer(
-        tokenizer, executor, add_special_tokens=preprocessing_adds_bos
+    tokenizer = llama_like(tiny_model_dir, tmp_path)
+    prompt = await PromptTokenizer.load(
+        str(tmp_path), executor, add_special_tokens=preprocessing_adds_bos
     ).chat_prompt(CONVERSATION)
     assert prompt.text.endswith("<|im_start|>assistant\n")
     assert prompt.text.startswith(BOS) is not preprocessing_adds_bos
     ids = tokenizer.encode(prompt.text, add_special_tokens=preprocessing_adds_bos)
     assert ids.count(tokenizer.bos_token_id) == 1  # what the engine will see
     assert prompt.token_count == len(ids)
+    assert list(prompt.ids) == ids
 
 
 async def test_chat_template_file_overrides_the_tokenizer(

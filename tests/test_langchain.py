@@ -9,13 +9,13 @@ import pytest
 from langchain_core.messages import AIMessage, AIMessageChunk
 from langchain_openai import ChatOpenAI
 
-from tests.gateway_fixtures import BLS_MODEL, ENSEMBLE_MODEL, gateway_url  # noqa: F401
+from tests.gateway_fixtures import BLS_MODEL, ENGINE_MODEL, ENSEMBLE_MODEL, gateway_url  # noqa: F401
 
 pytestmark = pytest.mark.slow
 QUESTION = "Tell me about the river."
 
 
-@pytest.mark.parametrize("model", [ENSEMBLE_MODEL, BLS_MODEL])
+@pytest.mark.parametrize("model", [ENSEMBLE_MODEL, BLS_MODEL, ENGINE_MODEL])
 def test_invoke_stream_and_batch(gateway_url: str, model: str) -> None:  # noqa: F811
     sent: list[dict[str, object]] = []
     wire = httpx.Client(event_hooks={"request": [lambda r: sent.append(json.loads(r.read()))]})

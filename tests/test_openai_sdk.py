@@ -11,6 +11,7 @@ from openai.types.chat import ChatCompletionMessageParam
 from tests.gateway_fixtures import (  # noqa: F401
     ACCUMULATING_BLS_MODEL,
     BLS_MODEL,
+    ENGINE_MODEL,
     ENSEMBLE_MODEL,
     SYNC_BLS_MODEL,
     SYNC_ENSEMBLE_MODEL,
@@ -20,7 +21,14 @@ from tests.gateway_fixtures import (  # noqa: F401
 pytestmark = pytest.mark.slow
 # tiny2 and tiny3 are deployed like releases without num_output_tokens (the gateway counts the
 # log probs of the tokens instead); tiny3 is not decoupled (a stream is one chunk).
-MODELS = [ENSEMBLE_MODEL, BLS_MODEL, ACCUMULATING_BLS_MODEL, SYNC_ENSEMBLE_MODEL, SYNC_BLS_MODEL]
+MODELS = [
+    ENSEMBLE_MODEL,
+    BLS_MODEL,
+    ACCUMULATING_BLS_MODEL,
+    SYNC_ENSEMBLE_MODEL,
+    SYNC_BLS_MODEL,
+    ENGINE_MODEL,
+]
 HELLO: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hello there"}]
 
 

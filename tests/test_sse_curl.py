@@ -14,6 +14,7 @@ import pytest
 from deploy.supervisor import Sidecar
 from tests.gateway_fixtures import (  # noqa: F401
     BLS_MODEL,
+    ENGINE_MODEL,
     ENSEMBLE_MODEL,
     LiveGateway,
     gateway_url,
@@ -51,7 +52,7 @@ def reframe(raw: bytes) -> tuple[list[dict[str, Any]], bytes]:
     return events, expected + b"data: [DONE]\n\n"
 
 
-@pytest.mark.parametrize("model", [ENSEMBLE_MODEL, BLS_MODEL])
+@pytest.mark.parametrize("model", [ENSEMBLE_MODEL, BLS_MODEL, ENGINE_MODEL])
 def test_chat_stream_framing(gateway_url: str, model: str) -> None:  # noqa: F811
     body = {
         "model": model,

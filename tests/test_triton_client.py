@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import functools
 import time
 from collections.abc import AsyncGenerator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
@@ -22,18 +25,48 @@ from adapters.contract import (
     TritonModelKind,
 )
 from adapters.triton import TritonBackend
+from deploy.models import ensure_tiny_model
 from deploy.supervisor import Sidecar, free_port
+from gateway.text.prompts import PromptTokenizer
 from tests.engine_probe import EngineProcess
 
 PROMPT = "def add(a, b):\n"
-MODELS = ["tiny_ensemble", "tiny_tensorrt_llm_bls", "tiny2_tensorrt_llm_bls"]
+MODELS = [
+    "tiny_ensemble",
+    "tiny_tensorrt_llm_bls",
+    "tiny2_tensorrt_llm_bls",
+    "tiny_tensorrt_llm",
+    "tiny2_tensorrt_llm",
+]
+ENTRIES = ["tiny_ensemble", "tiny_tensorrt_llm_bls", "tiny_tensorrt_llm"]
+"""One model of each entry kind: the ensemble, the BLS, and the engine itself."""
 LONG = 3000
 """Tokens a runaway generation would still produce: many seconds of engine work."""
 
 
 def target(sidecar: Sidecar, model: str) -> ModelTarget:
-    kind: TritonModelKind = "ensemble" if model.endswith("_ensemble") else "tensorrt_llm_bls"
+    kind: TritonModelKind = "tensorrt_llm_bls"
+    if model.endswith("_ensemble"):
+        kind = "ensemble"
+    elif model.endswith("_tensorrt_llm"):
+        kind = "tensorrt_llm"
     return ModelTarget(url=sidecar.grpc_url, triton_model=model, kind=kind)
+
+
+@functools.cache
+def tiny_tokens() -> PromptTokenizer:
+    """The tiny model's tokenizer, as the gateway loads it."""
+    return PromptTokenizer.load(str(ensure_tiny_model()), ThreadPoolExecutor(1))
+
+
+def addressed(where: ModelTarget, request: GenerationRequest) -> GenerationRequest:
+    """The request with its token ids and tokenizer when it goes to the engine itself."""
+    if where.kind != "tensorrt_llm":
+        return request
+    tokens = tiny_tokens()
+    return dataclasses.replace(
+        request, prompt_ids=tokens._prompt(request.prompt).ids, tokens=tokens
+    )
 
 
 def greedy(
@@ -51,7 +84,7 @@ def greedy(
 async def collect(
     backend: TritonBackend, where: ModelTarget, request: GenerationRequest
 ) -> list[TokenChunk]:
-    return [chunk async for chunk in backend.generate(where, request)]
+    return [chunk async for chunk in backend.generate(where, addressed(where, request))]
 
 
 def test_backend_satisfies_the_contract() -> None:
@@ -112,7 +145,11 @@ async def test_streamed_text_equals_non_streamed_text(sidecar: Sidecar, model: s
     assert whole[0].token_count == 24
     assert sum(chunk.token_count or 0 for chunk in pieces) == 24
     assert all(chunk.logprobs == () for chunk in whole + pieces), "nobody asked for them"
-    if described.reports_input_tokens:
+    if described.is_engine:
+        # The gateway sent the ids: it knows how many.
+        prompt_ids = tiny_tokens()._prompt(PROMPT).ids
+        assert {chunk.prompt_tokens for chunk in whole + pieces} == {len(prompt_ids)}
+    elif described.reports_input_tokens:
         assert whole[0].prompt_tokens == pieces[0].prompt_tokens
         assert whole[0].prompt_tokens is not None and whole[0].prompt_tokens > 0
     else:
@@ -154,7 +191,7 @@ async def test_request_options_reach_the_engine(sidecar: Sidecar) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("model", ["tiny_ensemble", "tiny_tensorrt_llm_bls"])
+@pytest.mark.parametrize("model", ENTRIES)
 async def test_deadline_raises_backend_timeout_and_frees_the_engine(
     sidecar: Sidecar, model: str
 ) -> None:
@@ -173,7 +210,7 @@ async def test_deadline_raises_backend_timeout_and_frees_the_engine(
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("model", ["tiny_ensemble", "tiny_tensorrt_llm_bls"])
+@pytest.mark.parametrize("model", ENTRIES)
 @pytest.mark.parametrize("stream", [False, True])
 async def test_logprobs_come_with_the_tokens(sidecar: Sidecar, model: str, stream: bool) -> None:
     async with TritonBackend() as backend:
@@ -187,7 +224,7 @@ async def test_logprobs_come_with_the_tokens(sidecar: Sidecar, model: str, strea
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("model", ["tiny_ensemble", "tiny_tensorrt_llm_bls"])
+@pytest.mark.parametrize("model", ENTRIES)
 @pytest.mark.parametrize("params", [{"max_tokens": 0}, {"temperature": -1.0}])
 async def test_rejected_parameters_are_invalid_requests(
     sidecar: Sidecar, model: str, params: dict[str, Any]
@@ -226,7 +263,8 @@ async def abandon_after_three_chunks(chunks: AsyncGenerator[TokenChunk, None], h
 @pytest.mark.parametrize(
     ("model", "how"),
     [("tiny_ensemble", "aclose"), ("tiny_ensemble", "cancel"), ("tiny_tensorrt_llm_bls", "aclose"),
-     ("tiny2_tensorrt_llm_bls", "cancel")],
+     ("tiny2_tensorrt_llm_bls", "cancel"), ("tiny_tensorrt_llm", "aclose"),
+     ("tiny2_tensorrt_llm", "cancel")],
 )  # fmt: skip
 async def test_abandoning_the_stream_stops_the_engine(
     sidecar: Sidecar, model: str, how: str
@@ -235,7 +273,9 @@ async def test_abandoning_the_stream_stops_the_engine(
     engine = EngineProcess(sidecar, model.split("_", 1)[0] + "_tensorrt_llm")
     where = target(sidecar, model)
     async with TritonBackend() as backend:
-        chunks = backend.generate(where, greedy(LONG, stream=True, min_tokens=LONG))
+        chunks = backend.generate(
+            where, addressed(where, greedy(LONG, stream=True, min_tokens=LONG))
+        )
         abandon = await abandon_after_three_chunks(chunks, how)
         generating = await engine.busy_seconds(1.0)
         await abandon

@@ -25,7 +25,7 @@ from adapters.contract import (
 )
 from adapters.triton.config import ModelInputs, parse_model_config
 from adapters.triton.errors import classify
-from adapters.triton.responses import CountSource, ResponseDecoder, merge_chunks
+from adapters.triton.responses import CountSource, EngineDecoder, ResponseDecoder, merge_chunks
 from adapters.triton.tensors import (
     WireTensor,
     build_inputs,
@@ -225,12 +225,7 @@ class TritonBackend:
             outputs,
             priority=request.priority,
         )
-        decoder = ResponseDecoder(
-            cumulative=streaming and model.accumulate_tokens,
-            counts=_count_source(model),
-            keep_logprobs=request.params.logprobs,
-            echo_prefix="" if streaming or model.has("exclude_input_in_output") else request.prompt,
-        )
+        decoder = _decoder(request, model, streaming)
         operation = f"request {request_id} to {target.triton_model}"
         logger.debug("%s: streaming=%s outputs=%s", operation, streaming, outputs)
         finished = False
@@ -265,7 +260,7 @@ class TritonBackend:
             call.cancel()
             if not finished:
                 logger.info("%s abandoned before its final response; cancelled", operation)
-                if model.is_ensemble:
+                if model.is_ensemble or model.is_engine:
                     self._stop_later(
                         target.url, target.engine_model or model.engine_model, request_id
                     )
@@ -319,6 +314,28 @@ def infer_request(
     if priority > 0:
         message.parameters["priority"].uint64_param = priority
     return message
+
+
+def _decoder(
+    request: GenerationRequest, model: ModelInputs, streaming: bool
+) -> ResponseDecoder | EngineDecoder:
+    """How responses become chunks: text outputs, or token ids through the gateway's tokenizer."""
+    echoes = not streaming and not model.has("exclude_input_in_output")
+    if model.is_engine:
+        if request.tokens is None:
+            raise BackendError(f"{model.name} returns token ids: the request has no tokenizer")
+        return EngineDecoder(
+            request.tokens.text_stream(),
+            prompt_tokens=len(request.prompt_ids),
+            echoed=request.prompt_ids if echoes else (),
+            keep_logprobs=request.params.logprobs,
+        )
+    return ResponseDecoder(
+        cumulative=streaming and model.accumulate_tokens,
+        counts=_count_source(model),
+        keep_logprobs=request.params.logprobs,
+        echo_prefix=request.prompt if echoes else "",
+    )
 
 
 def _count_source(model: ModelInputs) -> CountSource:

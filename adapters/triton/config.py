@@ -48,6 +48,16 @@ class ModelInputs:
         """Whether Triton schedules this model as an ensemble of steps."""
         return self.platform == "ensemble"
 
+    @property
+    def is_engine(self) -> bool:
+        """Whether this is the ``tensorrt_llm`` model itself: token ids in and out."""
+        return "input_ids" in self.inputs and self.engine_model == self.name
+
+    @property
+    def stream_input(self) -> str:
+        """The input that turns streaming on: ``streaming`` on the engine, else ``stream``."""
+        return "streaming" if self.is_engine else "stream"
+
     def has(self, name: str) -> bool:
         """Whether the model declares input ``name``."""
         return name in self.inputs

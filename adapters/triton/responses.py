@@ -10,7 +10,7 @@ from typing import Any, Literal
 import numpy as np
 import numpy.typing as npt
 
-from adapters.contract import TokenChunk
+from adapters.contract import TextStream, TokenChunk
 
 logger = logging.getLogger(__name__)
 
@@ -47,13 +47,13 @@ class ResponseDecoder:
         self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self._seen = b""
         self._started = False
-        self._logprobs_seen = 0
+        self._logprobs = LogprobCursor()
 
     def decode(self, outputs: Outputs, *, final: bool = False) -> TokenChunk:
         """The chunk for one response; ``final`` for the request's last one."""
         text = self._text(outputs, final=final)
         reported = _first_int(outputs.get("num_output_tokens"))
-        logprobs = self._new_logprobs(outputs.get("output_log_probs"), reported)
+        logprobs = self._logprobs.new(outputs.get("output_log_probs"), reported)
         count: int | None = None
         if self._counts == "reported":
             count = reported or 0
@@ -70,19 +70,6 @@ class ResponseDecoder:
     def finish(self) -> TokenChunk:
         """A closing chunk for a stream that ended without a response flagged final."""
         return self.decode({}, final=True)
-
-    def _new_logprobs(self, array: npt.NDArray[Any] | None, count: int | None) -> tuple[float, ...]:
-        """The log probs of this response's new tokens.
-
-        TensorRT-LLM sends every log prob generated so far with each streamed response, and
-        pads rows past their length: the new ones follow those already seen, `count` of them
-        when the response says how many tokens it carries.
-        """
-        row = _first_row(array)
-        start = self._logprobs_seen
-        new = row[start:] if count is None else row[start : start + count]
-        self._logprobs_seen = start + len(new)
-        return tuple(float(value) for value in new)
 
     def _text(self, outputs: Outputs, *, final: bool) -> str:
         raw = _first_bytes(outputs.get("text_output"))
@@ -104,6 +91,87 @@ class ResponseDecoder:
             len(seen) - common,
         )
         return cumulative[common:]
+
+
+class LogprobCursor:
+    """The log probs of each response's new tokens.
+
+    TensorRT-LLM sends every log prob generated so far with each streamed response, and pads
+    rows past their length: the new ones follow those already seen, ``count`` of them when the
+    response says how many tokens it carries.
+    """
+
+    __slots__ = ("_seen",)
+
+    def __init__(self) -> None:
+        self._seen = 0
+
+    def new(self, array: npt.NDArray[Any] | None, count: int | None) -> tuple[float, ...]:
+        """This response's new log probs."""
+        if array is None or array.size == 0:
+            return ()
+        row = _first_row(array)
+        start = self._seen
+        new = row[start:] if count is None else row[start : start + count]
+        self._seen = start + len(new)
+        return tuple(new.tolist())
+
+
+class EngineDecoder:
+    """Decodes the responses of a request sent to ``tensorrt_llm`` itself: token ids to text.
+
+    Streamed responses carry only their new ids; a whole answer carries every id, the prompt's
+    first unless the engine excluded them (``echoed`` is the prompt to drop from its start). Token
+    counts are exact: one per id. ``text`` turns ids into text as the pipeline's
+    postprocessing would.
+    """
+
+    def __init__(
+        self,
+        text: TextStream,
+        *,
+        prompt_tokens: int,
+        echoed: Sequence[int] = (),
+        keep_logprobs: bool = True,
+    ) -> None:
+        self._text = text
+        self._prompt_tokens = prompt_tokens
+        self._echoed = list(echoed)
+        self._keep_logprobs = keep_logprobs
+        self._logprobs = LogprobCursor()
+
+    def decode(self, outputs: Outputs, *, final: bool = False) -> TokenChunk:
+        """The chunk for one response; ``final`` for the request's last one."""
+        ids = _ids(outputs)
+        if self._echoed and ids:
+            if ids[: len(self._echoed)] == self._echoed:
+                ids = ids[len(self._echoed) :]
+            self._echoed = []
+        text = self._text.step(ids) if ids else ""
+        if final:
+            text += self._text.flush()
+        logprobs = self._logprobs.new(outputs.get("output_log_probs"), len(ids))
+        return TokenChunk(
+            text=text,
+            token_count=len(ids),
+            prompt_tokens=self._prompt_tokens,
+            logprobs=logprobs if self._keep_logprobs else (),
+            final=final,
+        )
+
+    def finish(self) -> TokenChunk:
+        """A closing chunk for a stream that ended without a response flagged final."""
+        return self.decode({}, final=True)
+
+
+def _ids(outputs: Outputs) -> list[int]:
+    """The first beam's ids of a response, cut to its ``sequence_length``."""
+    tokens = outputs.get("output_ids")
+    if tokens is None or tokens.size == 0:
+        return []
+    row = tokens.reshape(-1, tokens.shape[-1])[0]
+    length = _first_int(outputs.get("sequence_length"))
+    return list(row[: len(row) if length is None else length].tolist())
 
 
 def merge_chunks(chunks: Sequence[TokenChunk]) -> TokenChunk:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,6 +46,14 @@ _SAMPLING_INPUTS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("repetition_penalty", ("repetition_penalty",)),
     ("min_tokens", ("min_tokens", "min_length")),
 )
+# The engine's own names where the ensemble and BLS rename them.
+_ENGINE_SAMPLING_INPUTS = tuple(
+    (
+        field_name,
+        tuple({"top_k": "runtime_top_k", "top_p": "runtime_top_p"}.get(n, n) for n in names),
+    )
+    for field_name, names in _SAMPLING_INPUTS
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,7 +73,7 @@ class WireTensor:
 
 def streams(request: GenerationRequest, model: ModelInputs) -> bool:
     """Whether the request is sent as streaming: a non-decoupled model answers once."""
-    return request.stream and model.decoupled and model.has("stream")
+    return request.stream and model.decoupled and model.has(model.stream_input)
 
 
 def build_inputs(
@@ -76,11 +85,16 @@ def build_inputs(
     cannot honour. ``lora_weights`` adds the adapter's weights and config to its task id.
     """
     params = request.params
-    tensors = [
-        WireTensor("text_input", "BYTES", np.array([[request.prompt.encode()]], dtype=object)),
-        _scalar(model.inputs.get("max_tokens"), "max_tokens", params.max_tokens, "INT32"),
-    ]
-    for field_name, names in _SAMPLING_INPUTS:
+    if model.is_engine:
+        tensors = _engine_prompt(request, model)
+        sampling = _ENGINE_SAMPLING_INPUTS
+    else:
+        tensors = [
+            WireTensor("text_input", "BYTES", np.array([[request.prompt.encode()]], dtype=object)),
+            _scalar(model.inputs.get("max_tokens"), "max_tokens", params.max_tokens, "INT32"),
+        ]
+        sampling = _SAMPLING_INPUTS
+    for field_name, names in sampling:
         value = getattr(params, field_name)
         if value is None:
             continue
@@ -92,13 +106,12 @@ def build_inputs(
         tensors.append(_scalar(spec, field_name, value))
     tensors.extend(_seed(params, model))
     if params.stop:
-        if not model.has("stop_words"):
-            raise InvalidRequest("this model does not support stop sequences", param="stop")
-        words = np.array([[word.encode() for word in params.stop]], dtype=object)
-        tensors.append(WireTensor("stop_words", "BYTES", words))
+        tensors.append(_stop_words(request, model))
     if params.logprobs and not model.supports_logprobs:
         raise InvalidRequest("this model does not return log probabilities", param="logprobs")
-    if params.logprobs or model.counts_by_logprobs:
+    # The engine's ids count its tokens; the text entries count by log probs where they must.
+    counts_by_logprobs = model.counts_by_logprobs and not model.is_engine
+    if params.logprobs or counts_by_logprobs:
         tensors.append(_flag("return_log_probs", True))
     tensors.extend(_flags(request, model))
     if params.guide is not None:
@@ -108,8 +121,50 @@ def build_inputs(
     return [_unbatched(tensor) for tensor in tensors] if model.max_batch_size == 0 else tensors
 
 
+def _engine_prompt(request: GenerationRequest, model: ModelInputs) -> list[WireTensor]:
+    """Token ids, their count, the output budget, and the tokenizer's end and pad ids."""
+    tokens = request.tokens
+    if tokens is None or not request.prompt_ids:
+        raise InvalidRequest(f"{model.name} takes token ids: the request has none", param="prompt")
+    tensors = [
+        WireTensor("input_ids", "INT32", np.array([request.prompt_ids], dtype=np.int32)),
+        WireTensor("input_lengths", "INT32", np.array([[len(request.prompt_ids)]], np.int32)),
+        _scalar(model.inputs.get("request_output_len"), "max_tokens", request.params.max_tokens),
+    ]
+    for name, value in (("end_id", tokens.end_id), ("pad_id", tokens.pad_id)):
+        if value is not None and model.has(name):
+            tensors.append(_scalar(model.inputs[name], name, value))
+    return tensors
+
+
+def _stop_words(request: GenerationRequest, model: ModelInputs) -> WireTensor:
+    """Stop sequences as text (``stop_words``), or as the engine's ``[1, 2, P]`` id lists."""
+    stop = request.params.stop
+    if model.has("stop_words"):
+        return WireTensor("stop_words", "BYTES", np.array([[w.encode() for w in stop]], object))
+    if not model.has("stop_words_list") or request.tokens is None:
+        raise InvalidRequest("this model does not support stop sequences", param="stop")
+    return WireTensor("stop_words_list", "INT32", word_list(request.tokens.word_ids(stop)))
+
+
+def word_list(words: Sequence[Sequence[int]]) -> Array:
+    """TensorRT-LLM's ``[1, 2, P]`` word list: flat ids padded with 0, end offsets with -1."""
+    flat = [token for word in words for token in word]
+    width = max(1, len(flat))
+    out = np.zeros((1, 2, width), dtype=np.int32)
+    out[0, 1, :] = -1
+    out[0, 0, : len(flat)] = flat
+    out[0, 1, : len(words)] = np.cumsum([len(word) for word in words], dtype=np.int32)
+    return out
+
+
 def requested_outputs(request: GenerationRequest, model: ModelInputs) -> list[str]:
     """The outputs to ask for: text, counts the model reports, log probs when wanted."""
+    if model.is_engine:
+        names = ["output_ids", "sequence_length"]
+        if request.params.logprobs and model.supports_logprobs:
+            names.append("output_log_probs")
+        return names
     names = ["text_output"]
     if model.reports_input_tokens:
         names.append("num_input_tokens")
@@ -202,13 +257,13 @@ def _seed(params: SamplingParams, model: ModelInputs) -> list[WireTensor]:
 
 def _flags(request: GenerationRequest, model: ModelInputs) -> list[WireTensor]:
     flags = []
-    if model.has("stream"):
-        flags.append(_flag("stream", streams(request, model)))
+    if model.has(model.stream_input):
+        flags.append(_flag(model.stream_input, streams(request, model)))
     if model.has("exclude_input_in_output"):
         flags.append(_flag("exclude_input_in_output", True))
-    if model.reports_input_tokens:
+    if model.reports_input_tokens and not model.is_engine:
         flags.append(_flag("return_num_input_tokens", True))
-    if model.reports_output_tokens:
+    if model.reports_output_tokens and not model.is_engine:
         flags.append(_flag("return_num_output_tokens", True))
     return flags
 

@@ -1,22 +1,23 @@
-"""A served model's tokenizer and chat template, run in worker threads off the event loop."""
+"""A served model's tokenizer and chat template: prompts templated and counted off the event loop,
+and streamed token ids turned back into text."""
 
 from __future__ import annotations
 
 import asyncio
 import functools
-import logging
-import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
 from pathlib import Path
 from typing import Any, TypeVar
 
 from jinja2 import TemplateError
 
+from deploy.pipeline.detokenizer import IncrementalDetokenizer
 from gateway.errors import InvalidRequestError
+from gateway.text.hub import TextTokenizer, load_tokenizer
+from gateway.text.template import pick_template, render_chat
 from gateway.translate import Prompt
 
-logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
@@ -27,24 +28,60 @@ def strip_leading_bos(text: str, bos_token: str | None) -> str:
     return text
 
 
+class TextStream:
+    """The text of one generated sequence, from its token ids as they stream in.
+
+    Decodes as the pipeline's postprocessing does (special tokens skipped or not, no clean-up of
+    spaces), a short window at a time, holding back an incomplete UTF-8 character.
+    """
+
+    __slots__ = ("_decode", "_detokenizer")
+
+    def __init__(self, decode: Callable[[Sequence[int]], str]) -> None:
+        self._detokenizer = IncrementalDetokenizer()
+        self._decode = decode
+
+    def step(self, ids: Sequence[int]) -> str:
+        """Text of the new tokens that is complete so far."""
+        return self._detokenizer.step(ids, self._decode)
+
+    def flush(self) -> str:
+        """What is still held back, at the end of the sequence."""
+        if not self._detokenizer.pending:
+            return ""
+        return self._detokenizer.flush(self._decode)
+
+
 class PromptTokenizer:
     """Templates conversations and counts tokens exactly as Triton's preprocessing will."""
 
     def __init__(
         self,
-        tokenizer: Any,
+        tokenizer: TextTokenizer,
         executor: Executor,
         *,
         chat_template: str | None = None,
         add_special_tokens: bool = True,
+        skip_special_tokens: bool = True,
     ) -> None:
         self._tokenizer = tokenizer
         self._executor = executor
         self._chat_template = chat_template
         self._add_special_tokens = add_special_tokens
-        # Hugging Face fast tokenizers are not safe to call from several threads at once.
-        self._lock = threading.Lock()
+        self._skip_special_tokens = skip_special_tokens
+        special = tokenizer.special_tokens
+        self.bos_token = special.get("bos_token")
+        self.eos_token = special.get("eos_token")
+        self._bos_id = tokenizer.token_id(self.bos_token)
+        end_id = tokenizer.token_id(self.eos_token)
+        pad_id = tokenizer.token_id(special.get("pad_token"))
+        self.end_id = end_id
+        """The engine's default end id: the eos token (None when the tokenizer has none)."""
+        self.pad_id = end_id if pad_id is None else pad_id
         self._bos_added = self._adds_bos()
+        self.decode_ids = functools.partial(
+            tokenizer.decode, skip_special_tokens=skip_special_tokens
+        )
 
     @classmethod
     def load(
@@ -54,25 +91,27 @@ class PromptTokenizer:
         *,
         chat_template_file: str | None = None,
         add_special_tokens: bool = True,
+        skip_special_tokens: bool = True,
     ) -> PromptTokenizer:
-        """Load a Hugging Face tokenizer (blocking: call it from a worker thread)."""
-        from transformers import AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+        """Load a Hugging Face tokenizer folder (blocking: call it from a worker thread)."""
         template = Path(chat_template_file).read_text() if chat_template_file else None
         return cls(
-            tokenizer, executor, chat_template=template, add_special_tokens=add_special_tokens
+            load_tokenizer(tokenizer_dir),
+            executor,
+            chat_template=template,
+            add_special_tokens=add_special_tokens,
+            skip_special_tokens=skip_special_tokens,
         )
 
     @property
     def has_chat_template(self) -> bool:
         """Whether chat requests can be templated for this model."""
-        return bool(self._chat_template or getattr(self._tokenizer, "chat_template", None))
+        return bool(self._chat_template or self._tokenizer.chat_template)
 
     @functools.cached_property
     def template_text(self) -> str:
         """The chat template's source (every named template of the tokenizer, joined)."""
-        template = self._chat_template or getattr(self._tokenizer, "chat_template", None)
+        template = self._chat_template or self._tokenizer.chat_template
         if isinstance(template, dict):
             return "\n".join(str(text) for text in template.values())
         return str(template or "")
@@ -85,8 +124,13 @@ class PromptTokenizer:
     @property
     def model_max_length(self) -> int | None:
         """The tokenizer's declared context length, when it is a real one."""
-        length = getattr(self._tokenizer, "model_max_length", None)
-        return int(length) if isinstance(length, int) and 0 < length < 10**7 else None
+        length = self._tokenizer.model_max_length
+        return length if length is not None and 0 < length < 10**7 else None
+
+    @property
+    def vocabulary_size(self) -> int:
+        """Tokens the tokenizer knows, added ones included."""
+        return len(self._tokenizer)
 
     async def chat_prompt(
         self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
@@ -104,11 +148,20 @@ class PromptTokenizer:
 
     async def count(self, text: str) -> int:
         """Tokens in generated text (no special tokens)."""
-        return await self._run(self._count, text, False)
+        return await self._run(self._count, text)
 
     async def pieces(self, text: str) -> list[str]:
         """Generated text split into the model's tokens."""
         return await self._run(self._pieces, text)
+
+    def word_ids(self, words: Sequence[str]) -> list[list[int]]:
+        """Stop words as the preprocessing encodes them: alone, no special tokens, empty dropped."""
+        encoded = (self._tokenizer.encode(word, add_special_tokens=False) for word in words)
+        return [ids for ids in encoded if ids]
+
+    def text_stream(self) -> TextStream:
+        """A fresh incremental decoder for one streamed sequence."""
+        return TextStream(self.decode_ids)
 
     async def _run(self, function: Callable[..., T], *args: Any) -> T:
         loop = asyncio.get_running_loop()
@@ -117,40 +170,44 @@ class PromptTokenizer:
     def _chat_prompt(
         self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
     ) -> Prompt:
-        if not self.has_chat_template:
+        template = self._chat_template or self._tokenizer.chat_template
+        if not template:
             raise InvalidRequestError(
                 "This model has no chat template; use /v1/completions.", param="model"
             )
         try:
-            with self._lock:
-                text = self._tokenizer.apply_chat_template(
-                    messages,
-                    tools=tools or None,
-                    chat_template=self._chat_template,
-                    tokenize=False,
-                    add_generation_prompt=True,
-                )
+            text = render_chat(
+                pick_template(template, tools=bool(tools)),
+                messages,
+                tools=tools or None,
+                special_tokens=self._tokenizer.special_tokens,
+            )
         except (TemplateError, TypeError, ValueError, KeyError, IndexError) as exc:
             # The template is fixed: what fails while rendering it is the conversation's shape.
             raise InvalidRequestError(
                 f"The conversation does not fit the model's chat template: {exc}", param="messages"
             ) from exc
         if self._bos_added:
-            text = strip_leading_bos(text, self._tokenizer.bos_token)
-        return Prompt(text=text, token_count=self._count(text, self._add_special_tokens))
+            text = strip_leading_bos(text, self.bos_token)
+        return self._prompt(text)
+
+    def _prompt(self, text: str, shown: str | None = None) -> Prompt:
+        ids = self._tokenizer.encode(text, add_special_tokens=self._add_special_tokens)
+        return Prompt(text=text, token_count=len(ids), shown=shown, ids=tuple(ids))
 
     def _text_prompt(self, text: str) -> Prompt:
-        count = self._count(text, self._add_special_tokens)
-        if count:
-            return Prompt(text=text, token_count=count)
+        prompt = self._prompt(text)
+        if prompt.token_count:
+            return prompt
         # OpenAI answers an empty prompt as the start of a document.
-        start = self._tokenizer.bos_token or self._tokenizer.eos_token
+        start = self.bos_token or self.eos_token
         if not start:
             raise InvalidRequestError(
                 "The prompt is empty and this model's tokenizer has no start-of-text token.",
                 param="prompt",
             )
-        return Prompt(text=start, token_count=self._count(start, False), shown=text)
+        ids = self._tokenizer.encode(start, add_special_tokens=False)
+        return Prompt(text=start, token_count=len(ids), shown=text, ids=tuple(ids))
 
     def _token_prompt(self, ids: list[int], param: str) -> Prompt:
         vocabulary = len(self._tokenizer)
@@ -160,24 +217,20 @@ class PromptTokenizer:
                     f"Token id {token} is outside this model's vocabulary of {vocabulary}.",
                     param=f"{param}[{index}]",
                 )
-        if self._bos_added and ids and ids[0] == self._tokenizer.bos_token_id:
+        if self._bos_added and ids and ids[0] == self._bos_id:
             ids = ids[1:]
-        with self._lock:
-            text = self._tokenizer.decode(ids, skip_special_tokens=False)
+        text = self._tokenizer.decode(ids, skip_special_tokens=False)
         return self._text_prompt(text)
 
-    def _count(self, text: str, special: bool) -> int:
-        with self._lock:
-            return len(self._tokenizer.encode(text, add_special_tokens=special))
+    def _count(self, text: str) -> int:
+        return len(self._tokenizer.encode(text, add_special_tokens=False))
 
     def _pieces(self, text: str) -> list[str]:
-        with self._lock:
-            ids = self._tokenizer.encode(text, add_special_tokens=False)
-            return [self._tokenizer.decode([token_id]) for token_id in ids]
+        ids = self._tokenizer.encode(text, add_special_tokens=False)
+        return [self._tokenizer.decode([token], skip_special_tokens=False) for token in ids]
 
     def _adds_bos(self) -> bool:
-        bos_id = getattr(self._tokenizer, "bos_token_id", None)
-        if not self._add_special_tokens or bos_id is None:
+        if not self._add_special_tokens or self._bos_id is None:
             return False
         ids = self._tokenizer.encode("a", add_special_tokens=True)
-        return bool(ids) and ids[0] == bos_id
+        return bool(ids) and ids[0] == self._bos_id

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from deploy.spec import (
     PIPELINE_MODELS,
+    LoadTestEngine,
     ModelSpec,
     SidecarSpec,
     Spec,
@@ -22,6 +23,11 @@ from deploy.spec import (
 TEMPLATES = Path(__file__).parent / "templates"
 BACKENDS = Path(__file__).parent / "backends"
 PYTHON_MODELS = ("preprocessing", "postprocessing", "tensorrt_llm_bls")
+LOADTEST_MODEL_PY = (
+    '"""Triton entry point of the ZERO-COMPUTE load-test `tensorrt_llm` model (benchmarks only:\n'
+    'its text is meaningless); the implementation is in deploy.loadtest."""\n\n'
+    "from deploy.loadtest import TritonPythonModel  # noqa: F401\n"
+)
 
 PLACEHOLDER = re.compile(r"\$\{(\w+)\}")
 PARAMETER_BLOCK = re.compile(
@@ -103,6 +109,8 @@ def _engine_values(model: ModelSpec) -> dict[str, str]:
             "engine_dir": engine.model_dir,
             "max_beam_width": "1",
         }
+    if isinstance(engine, LoadTestEngine):
+        return values | {"triton_backend": "python", "max_beam_width": "1"}
     return (
         values
         | {
@@ -143,7 +151,10 @@ def required_inputs(config: str) -> list[str]:
 
 def _extra_parameters(model: ModelSpec, name: str) -> dict[str, str]:
     """Parameters our Python models read beyond the ones the release's template declares."""
-    if name in PYTHON_MODELS and model.text_python_env is not None:
+    in_text_env = name in PYTHON_MODELS or (
+        name == "tensorrt_llm" and isinstance(model.engine, LoadTestEngine)
+    )
+    if in_text_env and model.text_python_env is not None:
         return {"EXECUTION_ENV_PATH": model.text_python_env} | _model_parameters(model, name)
     return _model_parameters(model, name)
 
@@ -169,6 +180,9 @@ def _model_parameters(model: ModelSpec, name: str) -> dict[str, str]:
             "torch_max_seq_len": str(engine.max_seq_len),
             "torch_lora_cache_size": str(engine.lora_cache_size),
         }
+    if name == "tensorrt_llm" and isinstance(model.engine, LoadTestEngine):
+        token = model.engine.token_id
+        return {"load_test_model": "true"} | _optional({"loadtest_token_id": token})
     return {}
 
 
@@ -207,7 +221,7 @@ def render_config(model: ModelSpec, name: str) -> str:
     where = f"model {model.name!r}, {model.release}/{name}/config.pbtxt"
     text = fill(text, template_values(model, name), where=where)
     text = re.sub(r'^name: "\w+"', f'name: "{model.triton_name(name)}"', text, count=1, flags=re.M)
-    if name == "tensorrt_llm" and isinstance(model.engine, TorchEngine):
+    if name == "tensorrt_llm" and isinstance(model.engine, TorchEngine | LoadTestEngine):
         # Releases before v0.11 write the C++ backend into the template instead of a placeholder.
         text = re.sub(r'^backend: "\w+"', 'backend: "python"', text, count=1, flags=re.M)
     if name == "ensemble":
@@ -235,7 +249,9 @@ def render_model(model: ModelSpec) -> dict[str, str]:
     for name in PIPELINE_MODELS:
         triton_name = model.triton_name(name)
         files[f"{triton_name}/config.pbtxt"] = render_config(model, name)
-        if name in PYTHON_MODELS or (
+        if name == "tensorrt_llm" and isinstance(model.engine, LoadTestEngine):
+            files[f"{triton_name}/1/model.py"] = LOADTEST_MODEL_PY
+        elif name in PYTHON_MODELS or (
             name == "tensorrt_llm" and isinstance(model.engine, TorchEngine)
         ):
             files[f"{triton_name}/1/model.py"] = (BACKENDS / name / "model.py").read_text()
@@ -253,6 +269,8 @@ def check_paths(model: ModelSpec) -> None:
         locations["engine.engine_dir"] = model.engine.engine_dir
         if model.engine.lora_prefetch_dir:
             locations["engine.lora_prefetch_dir"] = model.engine.lora_prefetch_dir
+    elif isinstance(model.engine, LoadTestEngine):
+        locations["engine.tokenizer_dir"] = model.engine.tokenizer_dir
     locations["tokenizer_dir"] = model.tokenizer
     if model.text_python_env is not None:
         locations["text_python_env"] = model.text_python_env

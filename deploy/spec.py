@@ -91,7 +91,24 @@ class TensorRTLLMEngine(
     """Any other ``tensorrt_llm`` template placeholder, by name."""
 
 
-Engine = TorchEngine | TensorRTLLMEngine
+class LoadTestEngine(
+    msgspec.Struct, frozen=True, forbid_unknown_fields=True, tag="loadtest", tag_field="kind"
+):
+    """A ZERO-COMPUTE load-test stand-in for the ``tensorrt_llm`` model, only for benchmarks.
+
+    It answers every request at once with made-up tokens (meaningless text), so a benchmark
+    measures the serving overhead alone: the gateway and Triton's pre- and postprocessing.
+    """
+
+    tokenizer_dir: str
+    """Tokenizer folder, hub id or built-in name (``tiny``, ``smollm2``) of the pipeline's pre-
+    and postprocessing; the load-test model itself never loads it."""
+    token_id: int | None = None
+    """The token id every output position holds; by default the request's own ``input_ids`` in
+    a cycle (never ``end_id``), so the detokenized text is made of real words."""
+
+
+Engine = TorchEngine | TensorRTLLMEngine | LoadTestEngine
 
 
 class ModelSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -105,7 +122,8 @@ class ModelSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """TensorRT-LLM release whose model configs are rendered: ``v0.8``, ``v0.11``, ``v0.19``, or
     ``latest`` (TensorRT-LLM 1.x ``triton_backend``: ``min_tokens``/``seed`` and token counts)."""
     tokenizer_dir: str | None = None
-    """Tokenizer directory or hub id; defaults to the torch engine's ``model_dir``."""
+    """Tokenizer directory or hub id; defaults to the torch engine's ``model_dir`` or the load-test
+    engine's ``tokenizer_dir``."""
     triton_max_batch_size: int = 64
     """``max_batch_size`` of every model config."""
     decoupled: bool = True
@@ -126,7 +144,8 @@ class ModelSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """Python environment folder (the Python backend's ``EXECUTION_ENV_PATH``) of the models that
     carry text: preprocessing, postprocessing and the BLS. Triton 2.51's stub garbles string
     tensors under numpy 2, so where the engine's environment has numpy 2 (CUDA machines) these
-    run in one with numpy < 2 (``python -m deploy.offline install`` makes one)."""
+    run in one with numpy < 2 (``python -m deploy.offline install`` makes one). The load-test
+    engine's ``tensorrt_llm`` model, all numpy, runs there too."""
 
     @property
     def prefix(self) -> str:
@@ -144,6 +163,8 @@ class ModelSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
             return self.tokenizer_dir
         if isinstance(self.engine, TorchEngine):
             return self.engine.model_dir
+        if isinstance(self.engine, LoadTestEngine):
+            return self.engine.tokenizer_dir
         raise SpecError(f"model {self.name!r}: tokenizer_dir is required for a tensorrtllm engine")
 
 
@@ -243,6 +264,9 @@ def _resolve_paths(spec: Spec, base_dir: Path) -> Spec:
         if isinstance(model.engine, TorchEngine):
             model_dir = _resolve(model.engine.model_dir, base_dir)
             engine = msgspec.structs.replace(model.engine, model_dir=model_dir or "")
+        elif isinstance(model.engine, LoadTestEngine):
+            tokenizer_dir = _resolve(model.engine.tokenizer_dir, base_dir)
+            engine = msgspec.structs.replace(model.engine, tokenizer_dir=tokenizer_dir or "")
         else:
             engine_dir = _resolve(model.engine.engine_dir, base_dir)
             engine = msgspec.structs.replace(model.engine, engine_dir=engine_dir or "")
@@ -257,6 +281,13 @@ def _resolve_paths(spec: Spec, base_dir: Path) -> Spec:
     return msgspec.structs.replace(spec, models=models)
 
 
+def _check_engine(model: ModelSpec) -> None:
+    if isinstance(model.engine, TorchEngine) and model.engine.max_batch_size < 1:
+        raise SpecError(f"model {model.name!r}: engine max_batch_size must be >= 1")
+    if isinstance(model.engine, LoadTestEngine) and (model.engine.token_id or 0) < 0:
+        raise SpecError(f"model {model.name!r}: engine token_id must be >= 0")
+
+
 def _check(spec: Spec) -> None:
     if not spec.models:
         raise SpecError("the spec serves no models")
@@ -269,8 +300,7 @@ def _check(spec: Spec) -> None:
         seen.add(model.name)
         if model.triton_max_batch_size < 1:
             raise SpecError(f"model {model.name!r}: triton_max_batch_size must be >= 1")
-        if isinstance(model.engine, TorchEngine) and model.engine.max_batch_size < 1:
-            raise SpecError(f"model {model.name!r}: engine max_batch_size must be >= 1")
+        _check_engine(model)
     hosted: dict[str, str] = {}
     names = {s.name for s in spec.sidecars}
     if len(names) != len(spec.sidecars):

@@ -1,0 +1,252 @@
+"""Closed-loop load: N workers each sending one request after another for a while, timing each.
+
+Two clients with as little overhead of their own as Python allows, so the server's cost shows:
+raw HTTP/1.1 on kept-alive sockets (JSON bodies and server-sent events, chunked or not), and
+Triton's gRPC ``ModelStreamInfer`` with one prebuilt request on one channel.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc  # type: ignore[import-untyped]
+import msgspec
+from tritonclient.grpc import service_pb2, service_pb2_grpc
+
+_DONE = b"[DONE]"
+
+
+@dataclass(slots=True)
+class Sample:
+    """One request as the client saw it: start, first token, end (seconds), token arrivals."""
+
+    start: float
+    first: float = 0.0
+    end: float = 0.0
+    tokens: int = 0
+    gaps: list[float] = field(default_factory=list)
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Stats:
+    """The figures of one load level."""
+
+    requests: int
+    errors: int
+    seconds: float
+    tokens: int
+    ttft_ms: tuple[float, float]
+    itl_ms: tuple[float, float]
+    e2e_ms: tuple[float, float]
+    first_error: str | None
+
+    @property
+    def rps(self) -> float:
+        """Completed requests per second."""
+        return self.requests / self.seconds if self.seconds else 0.0
+
+
+def percentiles(values: list[float]) -> tuple[float, float]:
+    """p50 and p99 in milliseconds (zeros when there are no values)."""
+    if not values:
+        return (0.0, 0.0)
+    ordered = sorted(values)
+    p99 = ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))]
+    return (statistics.median(ordered) * 1e3, p99 * 1e3)
+
+
+def summarize(samples: list[Sample], seconds: float) -> Stats:
+    """Percentiles over the successful requests; errors counted apart."""
+    good = [s for s in samples if s.error is None]
+    errors = [s.error for s in samples if s.error is not None]
+    return Stats(
+        requests=len(good),
+        errors=len(errors),
+        seconds=seconds,
+        tokens=sum(s.tokens for s in good),
+        ttft_ms=percentiles([s.first - s.start for s in good]),
+        itl_ms=percentiles([gap for s in good for gap in s.gaps]),
+        e2e_ms=percentiles([s.end - s.start for s in good]),
+        first_error=errors[0] if errors else None,
+    )
+
+
+Send = Callable[[Sample], Awaitable[None]]
+
+
+async def run_level(
+    connect: Callable[[], Awaitable[Send]], concurrency: int, seconds: float
+) -> tuple[list[Sample], float]:
+    """``concurrency`` workers, each on its own connection, sending until ``seconds`` pass.
+
+    Returns every finished request and the time from the start to the last one's end.
+    """
+    senders = [await connect() for _ in range(concurrency)]
+    samples: list[Sample] = []
+    started = time.perf_counter()
+    deadline = started + seconds
+
+    async def worker(send: Send) -> None:
+        while time.perf_counter() < deadline:
+            sample = Sample(start=time.perf_counter())
+            try:
+                await send(sample)
+            except Exception as exc:
+                sample.error = f"{type(exc).__name__}: {exc}"[:300]
+            sample.end = time.perf_counter()
+            samples.append(sample)
+
+    await asyncio.gather(*(worker(send) for send in senders))
+    return samples, time.perf_counter() - started
+
+
+class HttpClient:
+    """One kept-alive HTTP/1.1 connection sending the same POST again and again."""
+
+    def __init__(self, host: str, port: int, path: str, body: dict[str, Any], key: str) -> None:
+        payload = msgspec.json.encode(body)
+        self._stream = bool(body.get("stream"))
+        self._request = (
+            f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
+            f"Authorization: Bearer {key}\r\nContent-Length: {len(payload)}\r\n\r\n"
+        ).encode() + payload
+        self._host, self._port = host, port
+        self._reader: asyncio.StreamReader | None = None
+        self._writer: asyncio.StreamWriter | None = None
+
+    async def send(self, sample: Sample) -> None:
+        """Send once and read the whole answer, timing its tokens."""
+        if self._writer is None or self._writer.is_closing():
+            self._reader, self._writer = await asyncio.open_connection(self._host, self._port)
+        reader, writer = self._reader, self._writer
+        assert reader is not None
+        try:
+            writer.write(self._request)
+            status, headers = await _head(reader)
+            if self._stream and status == 200:
+                await self._events(reader, headers, sample)
+            else:
+                body = await _body(reader, headers)
+                if status != 200:
+                    raise RuntimeError(f"HTTP {status}: {body[:200]!r}")
+                sample.first = time.perf_counter()
+                sample.tokens = _usage_tokens(body)
+            if headers.get(b"connection") == b"close":
+                writer.close()
+        except BaseException:
+            writer.close()
+            self._writer = None
+            raise
+
+    async def _events(self, reader: asyncio.StreamReader, headers: Headers, sample: Sample) -> None:
+        last = 0.0
+        buffer = b""
+        done = False
+        # Read to the body's end even after [DONE], so the connection can be used again.
+        async for piece in _pieces(reader, headers):
+            buffer += piece
+            *events, buffer = buffer.split(b"\n\n")
+            for event in events:
+                data = event.removeprefix(b"data: ")
+                if data == _DONE:
+                    done = True
+                if _has_text(data):
+                    now = time.perf_counter()
+                    if sample.tokens:
+                        sample.gaps.append(now - last)
+                    else:
+                        sample.first = now
+                    sample.tokens += 1
+                    last = now
+                elif b'"error"' in data[:12]:
+                    raise RuntimeError(f"in-band error: {data[:200]!r}")
+        if not done:
+            raise RuntimeError("the stream ended without [DONE]")
+
+
+Headers = dict[bytes, bytes]
+
+
+async def _head(reader: asyncio.StreamReader) -> tuple[int, Headers]:
+    raw = await reader.readuntil(b"\r\n\r\n")
+    lines = raw.split(b"\r\n")
+    status = int(lines[0].split(b" ", 2)[1])
+    headers = {}
+    for line in lines[1:]:
+        name, _, value = line.partition(b":")
+        if name:
+            headers[name.strip().lower()] = value.strip().lower()
+    return status, headers
+
+
+async def _pieces(reader: asyncio.StreamReader, headers: Headers) -> Any:
+    """The body as it arrives: chunked transfer, a fixed length, or until the socket closes."""
+    if headers.get(b"transfer-encoding") == b"chunked":
+        while True:
+            size = int((await reader.readuntil(b"\r\n"))[:-2].split(b";")[0], 16)
+            if size == 0:
+                await reader.readuntil(b"\r\n")
+                return
+            data = await reader.readexactly(size + 2)
+            yield data[:-2]
+    elif b"content-length" in headers:
+        yield await reader.readexactly(int(headers[b"content-length"]))
+    else:
+        while piece := await reader.read(65536):
+            yield piece
+
+
+async def _body(reader: asyncio.StreamReader, headers: Headers) -> bytes:
+    return b"".join([piece async for piece in _pieces(reader, headers)])
+
+
+_TEXT_KEYS = (b'"content":"', b'"text":"')
+
+
+def _has_text(data: bytes) -> bool:
+    """Whether an OpenAI chunk carries generated text (not the role-only or closing chunk)."""
+    for key in _TEXT_KEYS:
+        at = data.find(key)
+        if at >= 0 and data[at + len(key) : at + len(key) + 1] != b'"':
+            return True
+    return False
+
+
+def _usage_tokens(body: bytes) -> int:
+    usage = msgspec.json.decode(body).get("usage") or {}
+    return int(usage.get("completion_tokens") or 0)
+
+
+class TritonStreamClient:
+    """Direct Triton: one prebuilt ``ModelInferRequest`` sent on ``ModelStreamInfer`` each time."""
+
+    def __init__(self, channel: grpc.aio.Channel, request: service_pb2.ModelInferRequest) -> None:
+        self._stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        self._request = request
+
+    async def send(self, sample: Sample) -> None:
+        """One request; every non-empty response counts as its tokens."""
+        call = self._stub.ModelStreamInfer(iter([self._request]))
+        last = 0.0
+        async for response in call:
+            if response.error_message:
+                raise RuntimeError(response.error_message)
+            infer = response.infer_response
+            if infer.raw_output_contents and any(infer.raw_output_contents):
+                now = time.perf_counter()
+                if sample.tokens:
+                    sample.gaps.append(now - last)
+                else:
+                    sample.first = now
+                sample.tokens += 1
+                last = now
+            final = infer.parameters.get("triton_final_response")
+            if final is not None and final.bool_param:
+                break
+        call.cancel()

@@ -25,6 +25,7 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -q
 
 bench: $(STAMP)
+	$(BIN)/python -m tests.bench_serving
 	$(BIN)/python -m deploy.bench
 	$(BIN)/python -m tests.bench_tenancy
 	$(BIN)/python -m tests.bench_lora

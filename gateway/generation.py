@@ -237,6 +237,25 @@ async def merge(
             await asyncio.gather(*tasks, return_exceptions=True)
 
 
+async def single(
+    stream: AsyncGenerator[Event, None], timeout_s: float
+) -> AsyncGenerator[Event, None]:
+    """One choice's events under the deadline, in the caller's task (no queue, no task)."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    async with aclosing(stream):
+        while True:
+            try:
+                async with asyncio.timeout_at(deadline):
+                    event = await anext(stream)
+            except StopAsyncIteration:
+                return
+            except TimeoutError:
+                raise GatewayTimeoutError(
+                    f"The model did not finish within {timeout_s:.0f} s."
+                ) from None
+            yield event
+
+
 class GenerationService:
     """Turns a plan into one merged event stream over the backend."""
 
@@ -301,7 +320,8 @@ class GenerationService:
                 )
                 for spec in plan.choices
             ]
-            async with aclosing(merge(streams, self._timeout_s)) as events:
+            merged = single(streams[0], self._timeout_s) if len(streams) == 1 else None
+            async with aclosing(merged or merge(streams, self._timeout_s)) as events:
                 async for event in events:
                     if isinstance(event, ChoiceEnd):
                         watch.ended(

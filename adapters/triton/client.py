@@ -32,6 +32,7 @@ from adapters.triton.tensors import (
     requested_outputs,
     stop_request_inputs,
     streams,
+    wire_array,
 )
 
 logger = logging.getLogger(__name__)
@@ -234,10 +235,8 @@ class TritonBackend:
         try:
             with map_triton_errors(operation):
                 while not finished:
-                    # asyncio.timeout, unlike wait_for on 3.11, never swallows a cancellation
-                    # that arrives together with a response.
-                    async with asyncio.timeout(_remaining(deadline)):
-                        response = await call.read()
+                    # The call carries the deadline: gRPC ends it with DEADLINE_EXCEEDED.
+                    response = await call.read()
                     if response is grpc.aio.EOF:
                         finished = True
                         chunk = decoder.finish()
@@ -351,9 +350,17 @@ def _is_final(response: service_pb2.ModelInferResponse, model: ModelInputs) -> b
 
 
 def _outputs(response: service_pb2.ModelInferResponse, names: Sequence[str]) -> dict[str, Any]:
-    result = InferResult(response)
-    arrays = {name: result.as_numpy(name) for name in names}
-    return {name: array for name, array in arrays.items() if array is not None}
+    """The wanted outputs as arrays, read straight from the raw contents Triton sends."""
+    raw = response.raw_output_contents
+    if len(raw) != len(response.outputs):
+        result = InferResult(response)
+        arrays = {name: result.as_numpy(name) for name in names}
+        return {name: array for name, array in arrays.items() if array is not None}
+    return {
+        tensor.name: wire_array(tensor.datatype, raw[index], tuple(tensor.shape))
+        for index, tensor in enumerate(response.outputs)
+        if tensor.name in names
+    }
 
 
 async def _drain(call: Any) -> None:

@@ -71,6 +71,21 @@ class WireTensor:
         return b"".join(len(item).to_bytes(4, "little") + item for item in self.array.flat)
 
 
+def wire_array(datatype: str, raw: bytes, shape: tuple[int, ...]) -> Array:
+    """An output tensor from its raw contents (``BYTES``: 4-byte little-endian length prefixes)."""
+    if datatype != "BYTES":
+        return np.frombuffer(raw, dtype=_NUMPY_TYPES.get(datatype, np.uint8)).reshape(shape)
+    items = []
+    offset = 0
+    while offset < len(raw):
+        size = int.from_bytes(raw[offset : offset + 4], "little")
+        items.append(raw[offset + 4 : offset + 4 + size])
+        offset += 4 + size
+    array = np.empty(len(items), dtype=object)
+    array[:] = items
+    return array.reshape(shape)
+
+
 def streams(request: GenerationRequest, model: ModelInputs) -> bool:
     """Whether the request is sent as streaming: a non-decoupled model answers once."""
     return request.stream and model.decoupled and model.has(model.stream_input)

@@ -186,7 +186,8 @@ def plot(cells: Sequence[CellLike], path: Path) -> None:
                 and c.endpoint == "completions"
             ]  # fmt: skip
             if points:
-                axis.plot(*zip(*points, strict=True), marker="o", label=target)
+                color = f"C{TARGETS.index(target)}"
+                axis.plot(*zip(*points, strict=True), marker="o", label=target, color=color)
         axis.set_xscale("log", base=2)
         if log:
             axis.set_yscale("log")

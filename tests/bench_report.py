@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from tests.loadgen import Stats
 
@@ -12,7 +13,10 @@ DIRECT = "direct Triton"
 TARGETS = ("direct Triton", "gateway", "gateway, engine entry", "LiteLLM")
 
 
-class CellLike(Protocol):
+@dataclass(frozen=True)
+class Cell:
+    """One measured load level of one target."""
+
     engine: str
     target: str
     endpoint: str
@@ -23,10 +27,12 @@ class CellLike(Protocol):
     triton_cpu_s: float
 
     @property
-    def cpu_ms_per_request(self) -> float: ...
+    def cpu_ms_per_request(self) -> float:
+        """Server CPU (its process tree) per completed request."""
+        return 1e3 * self.cpu_s / self.stats.requests if self.stats.requests else 0.0
 
 
-def print_cell(cell: CellLike) -> None:
+def print_cell(cell: Cell) -> None:
     """One line as each level finishes."""
     s = cell.stats
     mode = "stream" if cell.stream else "whole"
@@ -39,7 +45,7 @@ def print_cell(cell: CellLike) -> None:
     )
 
 
-def _find(cells: Iterable[CellLike], **where: Any) -> CellLike | None:
+def _find(cells: Iterable[Cell], **where: Any) -> Cell | None:
     for cell in cells:
         if all(getattr(cell, key) == value for key, value in where.items()):
             return cell
@@ -50,10 +56,10 @@ def _fmt(value: float | None, unit: str = "", digits: int = 2) -> str:
     return "-" if value is None else f"{value:,.{digits}f}{unit}"
 
 
-def headline(meta: dict[str, Any], cells: Sequence[CellLike]) -> list[str]:  # noqa: C901
+def headline(meta: dict[str, Any], cells: Sequence[Cell]) -> list[str]:  # noqa: C901
     """The figures of the targets side by side (load-test engine, completions)."""
 
-    def pick(target: str, stream: bool, level: int) -> CellLike | None:
+    def pick(target: str, stream: bool, level: int) -> Cell | None:
         endpoint = "completions"
         return _find(
             cells, engine="loadtest", target=target, endpoint=endpoint, stream=stream,
@@ -115,7 +121,7 @@ def headline(meta: dict[str, Any], cells: Sequence[CellLike]) -> list[str]:  # n
     return lines
 
 
-def detail(cells: Sequence[CellLike], tokens: int) -> list[str]:
+def detail(cells: Sequence[Cell], tokens: int) -> list[str]:
     """Every measured level."""
     lines = [
         "| engine | endpoint | mode | target | c | req/s | TTFT p50/p99 ms | ITL p50/p99 ms "
@@ -138,7 +144,7 @@ def detail(cells: Sequence[CellLike], tokens: int) -> list[str]:
     return lines
 
 
-def markdown(meta: dict[str, Any], cells: Sequence[CellLike]) -> str:
+def markdown(meta: dict[str, Any], cells: Sequence[Cell]) -> str:
     """The whole report."""
     parts = [
         "# Serving overhead: direct Triton, this gateway, LiteLLM",
@@ -146,7 +152,7 @@ def markdown(meta: dict[str, Any], cells: Sequence[CellLike]) -> str:
         f"{meta['date']}; {meta['machine']}; clients, servers and tritonserver on the same "
         f"machine; {meta['seconds_per_level']:g} s per level after a warm-up; "
         f"{meta['tokens']} tokens per request; gateway with auth and the rate limiter on, "
-        f"{meta['gateway_workers']} worker(s); LiteLLM {meta['litellm_version']}, one worker. "
+        "one worker; LiteLLM {meta['litellm_version']}, one worker. "
         "`loadtest` is the zero-compute load-test engine behind the stock ensemble; `tiny` is "
         "the tiny real model on the torch engine. CPU is per server process tree (from /proc).",
         "",
@@ -162,7 +168,7 @@ def markdown(meta: dict[str, Any], cells: Sequence[CellLike]) -> str:
     return "\n".join(parts)
 
 
-def plot(cells: Sequence[CellLike], path: Path) -> None:
+def plot(cells: Sequence[Cell], path: Path) -> None:
     """Requests/s, first-token latency and server CPU against concurrency, per target."""
     import matplotlib
 

@@ -26,7 +26,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -41,33 +41,15 @@ from deploy.spec import parse_spec
 from deploy.supervisor import Sidecar, sidecar_from_spec
 from gateway.tenancy.keys import digest
 from tests import bench_report, litellm_proxy
+from tests.bench_report import Cell
 from tests.gateway_fixtures import serve_process, stop_process
-from tests.loadgen import HttpClient, Sample, Stats, TritonStreamClient, run_level, summarize
+from tests.loadgen import HttpClient, Sample, TritonStreamClient, run_level, summarize
 
 LEVELS = (1, 8, 32, 128)
 TOKENS = 16
 KEY = "sk-bench-0123456789abcdef0123456789abcdef"
 PROMPT = "The quick brown fox jumps over the lazy dog"
 RESULTS = Path(__file__).resolve().parent.parent / "results"
-
-
-@dataclass(frozen=True)
-class Cell:
-    """One measured load level of one target."""
-
-    engine: str
-    target: str
-    endpoint: str
-    stream: bool
-    concurrency: int
-    stats: Stats
-    cpu_s: float
-    triton_cpu_s: float
-
-    @property
-    def cpu_ms_per_request(self) -> float:
-        """Server CPU (its process tree) per completed request."""
-        return 1e3 * self.cpu_s / self.stats.requests if self.stats.requests else 0.0
 
 
 def bench_spec(tokenizer_dir: Path) -> Any:
@@ -92,7 +74,7 @@ def bench_spec(tokenizer_dir: Path) -> Any:
     )
 
 
-def gateway_config(sidecar: Sidecar, tokenizer_dir: Path, workers: int) -> dict[str, Any]:
+def gateway_config(sidecar: Sidecar, tokenizer_dir: Path) -> dict[str, Any]:
     """Every pipeline through both entries; auth on and a rate limiter that admits everything."""
 
     def model(name: str, pipeline: str, entry: str) -> dict[str, Any]:
@@ -241,7 +223,6 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=3.0, help="measured time per level")
     parser.add_argument("--levels", default=",".join(map(str, LEVELS)), help="concurrencies")
-    parser.add_argument("--workers", type=int, default=1, help="gateway worker processes")
     parser.add_argument("--no-litellm", action="store_true", help="leave LiteLLM out")
     parser.add_argument("--out", type=Path, default=RESULTS, help="folder of the report")
     args = parser.parse_args(argv)
@@ -261,11 +242,13 @@ def main(argv: list[str] | None = None) -> int:
         with sidecar:
             sidecar.wait_ready(300, first_start=True)
             bench = Bench(sidecar, args.seconds, levels)
-            config = gateway_config(sidecar, tokenizer_dir, args.workers)
+            config = gateway_config(sidecar, tokenizer_dir)
             url, gateway = serve_process(config, workdir, "gateway")
             try:
                 gateway_rss = rss_mib(gateway.pid)
-                asyncio.run(run_all(bench, url, gateway.pid, sidecar, proxy, workdir))
+                asyncio.run(
+                    run_all(bench, url, gateway.pid, sidecar, proxy, tokenizer_dir, workdir)
+                )
                 gateway_rss = max(gateway_rss, rss_mib(gateway.pid))
             finally:
                 stop_process(gateway)
@@ -274,7 +257,6 @@ def main(argv: list[str] | None = None) -> int:
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, {platform.python_version()}",
         "seconds_per_level": args.seconds,
         "tokens": TOKENS,
-        "gateway_workers": args.workers,
         "gateway_rss_mib": round(gateway_rss, 1),
         "litellm_rss_mib": None if litellm_rss is None else round(litellm_rss, 1),
         "litellm_version": litellm_proxy.VERSION,
@@ -300,6 +282,7 @@ async def run_all(
     gateway_pid: int,
     sidecar: Sidecar,
     proxy: Path | None,
+    tokenizer_dir: Path,
     workdir: Path,
 ) -> None:
     """Every target against the load-test pipeline, then the end-to-end row on the tiny model."""
@@ -307,7 +290,6 @@ async def run_all(
     await bench.direct("loadtest", "loadtest_ensemble")
     await bench.http("loadtest", "gateway", url, "loadtest", gateway_pid, both)
     await bench.http("loadtest", "gateway, engine entry", url, "loadtest-engine", gateway_pid, both)
-    tokenizer_dir = ensure_tiny_model()
     levels = bench.levels
     if proxy is not None:
         async with litellm_proxy.running(proxy, sidecar, tokenizer_dir, workdir, KEY) as (

@@ -32,6 +32,16 @@ class Sample:
     gaps: list[float] = field(default_factory=list)
     error: str | None = None
 
+    def token(self) -> None:
+        """A token arrived now."""
+        now = time.perf_counter()
+        if self.tokens:
+            self.gaps.append(now - self.end)
+        else:
+            self.first = now
+        self.tokens += 1
+        self.end = now
+
 
 @dataclass(frozen=True, slots=True)
 class Stats:
@@ -145,7 +155,6 @@ class HttpClient:
             raise
 
     async def _events(self, reader: asyncio.StreamReader, headers: Headers, sample: Sample) -> None:
-        last = 0.0
         buffer = b""
         done = False
         # Read to the body's end even after [DONE], so the connection can be used again.
@@ -157,13 +166,7 @@ class HttpClient:
                 if data == _DONE:
                     done = True
                 if _has_text(data):
-                    now = time.perf_counter()
-                    if sample.tokens:
-                        sample.gaps.append(now - last)
-                    else:
-                        sample.first = now
-                    sample.tokens += 1
-                    last = now
+                    sample.token()
                 elif b'"error"' in data[:12]:
                     raise RuntimeError(f"in-band error: {data[:200]!r}")
         if not done:
@@ -233,19 +236,12 @@ class TritonStreamClient:
     async def send(self, sample: Sample) -> None:
         """One request; every non-empty response counts as its tokens."""
         call = self._stub.ModelStreamInfer(iter([self._request]))
-        last = 0.0
         async for response in call:
             if response.error_message:
                 raise RuntimeError(response.error_message)
             infer = response.infer_response
             if infer.raw_output_contents and any(infer.raw_output_contents):
-                now = time.perf_counter()
-                if sample.tokens:
-                    sample.gaps.append(now - last)
-                else:
-                    sample.first = now
-                sample.tokens += 1
-                last = now
+                sample.token()
             final = infer.parameters.get("triton_final_response")
             if final is not None and final.bool_param:
                 break

@@ -95,7 +95,8 @@ def create_app(
         request.state[RATE_LIMIT_HEADERS] = runtime.tenancy.known_headers(caller)
         return caller
 
-    def refuse_when_draining(request: Request[Any, Any, Any]) -> None:
+    async def refuse_when_draining(request: Request[Any, Any, Any]) -> None:
+        # Async: litestar runs a synchronous hook in a worker thread, on every request.
         if runtime.lifecycle.refusing and request.url.path.startswith(("/v1/", "/admin/")):
             raise ServiceUnavailableError(
                 "The gateway is shutting down; retry on another replica.",

@@ -136,6 +136,7 @@ class ChoiceRunner:
         counted: int | None = 0
         prompt_tokens: int | None = None
         chunks = self._backend.generate(self._model.target, request)
+        exhausted = False
         try:
             async for chunk in chunks:
                 self._meter.generated(spec, chunk.token_count)
@@ -147,8 +148,11 @@ class ChoiceRunner:
                     yield await self._delta(spec.index, text, chunk)
                 if matcher.stopped:
                     break
+            else:
+                exhausted = True
         finally:
-            await close_quietly(chunks)
+            if not exhausted:
+                await close_quietly(chunks)
         tail = matcher.flush()
         if tail:
             yield TextDelta(spec.index, tail)

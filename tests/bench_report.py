@@ -10,7 +10,11 @@ from typing import Any
 from tests.loadgen import Stats
 
 DIRECT = "direct Triton"
-TARGETS = ("direct Triton", "gateway", "gateway, engine entry", "LiteLLM")
+DIRECT_ENGINE = "direct Triton, engine"
+DIRECTS = (DIRECT, DIRECT_ENGINE)
+TARGETS = (DIRECT, "gateway", DIRECT_ENGINE, "gateway, engine entry", "LiteLLM")
+FLOOR = {"gateway": DIRECT, "LiteLLM": DIRECT, "gateway, engine entry": DIRECT_ENGINE}
+"""Each server's floor: direct Triton to the same entry model."""
 
 
 @dataclass(frozen=True)
@@ -80,10 +84,16 @@ def headline(meta: dict[str, Any], cells: Sequence[Cell]) -> list[str]:  # noqa:
         cell = pick(target, True, 1)
         return _fmt(cell and cell.stats.ttft_ms[0], " ms")
 
+    def added_ttft(target: str) -> str:
+        cell, floor = pick(target, True, 1), pick(FLOOR.get(target, ""), True, 1)
+        if cell is None or floor is None:
+            return "-"
+        return _fmt(cell.stats.ttft_ms[0] - floor.stats.ttft_ms[0], " ms")
+
     def cpu(stream: bool) -> Any:
         def value(target: str) -> str:
             cell = pick(target, stream, 1)
-            if target == DIRECT or cell is None:
+            if target in DIRECTS or cell is None:
                 return "-"
             return _fmt(cell.cpu_ms_per_request, " ms")
 
@@ -91,13 +101,13 @@ def headline(meta: dict[str, Any], cells: Sequence[Cell]) -> list[str]:  # noqa:
 
     def per_token(target: str) -> str:
         whole, streamed = pick(target, False, 1), pick(target, True, 1)
-        if target == DIRECT or whole is None or streamed is None:
+        if target in DIRECTS or whole is None or streamed is None:
             return "-"
         extra = streamed.cpu_ms_per_request - whole.cpu_ms_per_request
         return _fmt(1e3 * extra / meta["tokens"], " µs", 0)
 
     def rps(target: str) -> str:
-        cell, floor = pick(target, True, 32), pick(DIRECT, True, 32)
+        cell, floor = pick(target, True, 32), pick(FLOOR.get(target, ""), True, 32)
         if cell is None:
             return "-"
         ratio = f" ({100 * cell.stats.rps / floor.stats.rps:.0f}%)" if floor else ""
@@ -109,6 +119,7 @@ def headline(meta: dict[str, Any], cells: Sequence[Cell]) -> list[str]:  # noqa:
     row("completion, non-streaming, p50 (c=1)", e2e)
     row("server CPU per non-streaming request (c=1)", cpu(False))
     row("streaming time to first token, p50 (c=1)", ttft)
+    row("added time to first token over direct Triton to the same entry (c=1)", added_ttft)
     row(f"server CPU per streamed request, {meta['tokens']} tokens (c=1)", cpu(True))
     row("server CPU per streamed token (streamed minus whole, c=1)", per_token)
     row("streaming requests/s at concurrency 32", rps)
@@ -133,7 +144,7 @@ def detail(cells: Sequence[Cell], tokens: int) -> list[str]:
         mode = "stream" if cell.stream else "whole"
         per_token = 1e3 * cell.cpu_ms_per_request / tokens if cell.stream else None
         triton = 1e3 * cell.triton_cpu_s / s.requests if s.requests else 0.0
-        server = None if cell.target == DIRECT else cell.cpu_ms_per_request
+        server = None if cell.target in DIRECTS else cell.cpu_ms_per_request
         lines.append(
             f"| {cell.engine} | {cell.endpoint} | {mode} | {cell.target} | {cell.concurrency} "
             f"| {s.rps:,.1f} | {s.ttft_ms[0]:.2f} / {s.ttft_ms[1]:.2f} "
@@ -183,7 +194,7 @@ def plot(cells: Sequence[Cell], path: Path) -> None:
     ]
     for axis, (title, value, log) in zip(axes, panels, strict=True):
         for target in TARGETS:
-            if "CPU" in title and target == DIRECT:
+            if "CPU" in title and target in DIRECTS:
                 continue
             points = [
                 (c.concurrency, value(c))

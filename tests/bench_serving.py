@@ -4,7 +4,8 @@ One tritonserver serves two pipelines: ``loadtest`` (the zero-compute load-test 
 stock ensemble, so only serving costs show) and ``tiny`` (the tiny real model on the torch
 engine). In ONE run the same closed-loop clients drive, at each concurrency:
 
-1. direct Triton: gRPC ``ModelStreamInfer`` to the ensemble, one prebuilt request (the floor);
+1. direct Triton: gRPC ``ModelStreamInfer``, one prebuilt request, to the ensemble and to the
+   ``tensorrt_llm`` model (the floor of each gateway entry);
 2. this gateway (``triton-gateway serve``, auth and rate limiter on) over the ensemble entry, and
    over the ``tensorrt_llm`` entry (the gateway tokenizes and detokenizes itself);
 3. LiteLLM's proxy (pinned, its own virtualenv, ``triton/`` provider to the ensemble's generate
@@ -40,6 +41,7 @@ from deploy.models import ensure_tiny_model
 from deploy.spec import parse_spec
 from deploy.supervisor import Sidecar, sidecar_from_spec
 from gateway.tenancy.keys import digest
+from gateway.text.hub import load_tokenizer
 from tests import bench_report, litellm_proxy
 from tests.bench_report import Cell
 from tests.gateway_fixtures import serve_process, stop_process
@@ -151,6 +153,27 @@ def direct_request(model: str, stream: bool) -> Any:
     return infer_request(model, "bench", tensors, ["text_output"])
 
 
+def direct_engine_request(model: str, stream: bool, tokenizer_dir: Path) -> Any:
+    """The prebuilt gRPC request to the ``tensorrt_llm`` model: the prompt's token ids."""
+    tokenizer = load_tokenizer(str(tokenizer_dir))
+    ids = tokenizer.encode(PROMPT, add_special_tokens=True)
+    end_id = tokenizer.token_id(tokenizer.special_tokens.get("eos_token"))
+
+    def scalar(name: str, value: int, dtype: Any = np.int32) -> WireTensor:
+        datatype = "BOOL" if dtype is np.bool_ else "INT32"
+        return WireTensor(name, datatype, np.array([[value]], dtype=dtype))
+
+    tensors = [
+        WireTensor("input_ids", "INT32", np.array([ids], dtype=np.int32)),
+        scalar("input_lengths", len(ids)),
+        scalar("request_output_len", TOKENS),
+        scalar("streaming", stream, np.bool_),
+    ]
+    if end_id is not None:
+        tensors += [scalar("end_id", end_id), scalar("pad_id", end_id)]
+    return infer_request(model, "bench", tensors, ["output_ids", "sequence_length"])
+
+
 class Bench:
     """Runs every target at every level against one sidecar, collecting cells."""
 
@@ -191,16 +214,21 @@ class Bench:
             self.cells.append(cell)
             bench_report.print_cell(cell)
 
-    async def direct(self, engine: str, model: str) -> None:
-        """Direct Triton gRPC to the ensemble, streamed and whole, on one channel."""
+    async def direct(self, engine: str, model: str, tokenizer_dir: Path | None = None) -> None:
+        """Direct Triton gRPC, streamed and whole, on one channel: to the ensemble, or to the
+        ``tensorrt_llm`` model when ``tokenizer_dir`` gives the prompt's ids."""
+        target = bench_report.DIRECT if tokenizer_dir is None else bench_report.DIRECT_ENGINE
         async with grpc.aio.insecure_channel(self.sidecar.grpc_url) as channel:
             for stream in (False, True):
-                request = direct_request(model, stream)
+                if tokenizer_dir is None:
+                    request = direct_request(model, stream)
+                else:
+                    request = direct_engine_request(model, stream, tokenizer_dir)
 
                 async def connect(request: Any = request) -> Callable[[Sample], Awaitable[None]]:
                     return TritonStreamClient(channel, request).send
 
-                await self.measure(engine, "direct Triton", "completions", stream, connect, None)
+                await self.measure(engine, target, "completions", stream, connect, None)
 
     async def http(
         self, engine: str, target: str, url: str, model: str, pid: int, endpoints: tuple[str, ...]
@@ -288,6 +316,7 @@ async def run_all(
     """Every target against the load-test pipeline, then the end-to-end row on the tiny model."""
     both = ("completions", "chat")
     await bench.direct("loadtest", "loadtest_ensemble")
+    await bench.direct("loadtest", "loadtest_tensorrt_llm", tokenizer_dir)
     await bench.http("loadtest", "gateway", url, "loadtest", gateway_pid, both)
     await bench.http("loadtest", "gateway, engine entry", url, "loadtest-engine", gateway_pid, both)
     levels = bench.levels
@@ -302,6 +331,7 @@ async def run_all(
             await bench.http("tiny", "LiteLLM", litellm_url, "tiny", pid, ("completions",))
     bench.levels = tuple(level for level in levels if level <= 8)
     await bench.direct("tiny", "tiny_ensemble")
+    await bench.direct("tiny", "tiny_tensorrt_llm", tokenizer_dir)
     await bench.http("tiny", "gateway", url, "tiny", gateway_pid, ("completions",))
     engine_entry = "gateway, engine entry"
     await bench.http("tiny", engine_entry, url, "tiny-engine", gateway_pid, ("completions",))

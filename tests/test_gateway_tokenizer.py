@@ -13,7 +13,7 @@ from tokenizers.processors import TemplateProcessing
 from transformers import AutoTokenizer
 
 from gateway.errors import InvalidRequestError
-from gateway.text.prompts import PromptTokenizer, strip_leading_bos
+from gateway.text.prompts import INLINE_CHARS, PromptTokenizer, strip_leading_bos
 
 BOS = "<|endoftext|>"
 BOS_TEMPLATE = (
@@ -100,3 +100,36 @@ async def test_counts_and_pieces(tiny_model_dir: Path, executor: ThreadPoolExecu
     assert "".join(pieces) == text
     assert await tokenizer.count(text) == len(pieces)
     assert (await tokenizer.text_prompt(text)).token_count == len(pieces)
+
+
+class CountingExecutor(ThreadPoolExecutor):
+    """An executor that counts the work handed to it."""
+
+    def __init__(self) -> None:
+        super().__init__(1)
+        self.submitted = 0
+
+    def submit(self, *args: Any, **kwargs: Any) -> Any:
+        self.submitted += 1
+        return super().submit(*args, **kwargs)
+
+
+async def test_short_inputs_stay_on_the_loop_and_long_ones_go_to_the_executor(
+    tiny_model_dir: Path,
+) -> None:
+    with CountingExecutor() as pool:
+        tokenizer = PromptTokenizer.load(str(tiny_model_dir), pool)
+        short = await tokenizer.text_prompt("a short prompt")
+        await tokenizer.chat_prompt(CONVERSATION)
+        assert pool.submitted == 0
+        long_text = "word " * (INLINE_CHARS // 5 + 1)
+        long = await tokenizer.text_prompt(long_text)
+        await tokenizer.chat_prompt([{"role": "user", "content": long_text}])
+        await tokenizer.count(long_text)
+        assert pool.submitted == 3
+    # Either way the answer is the same tokenization.
+    assert short.ids == tuple(
+        tokenizer._tokenizer.encode("a short prompt", add_special_tokens=True)
+    )
+    encoded = tokenizer._tokenizer.encode(long_text, add_special_tokens=True)
+    assert long.ids == tuple(encoded)

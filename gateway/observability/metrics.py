@@ -7,7 +7,7 @@ names, sidecar names), so the number of series stays bounded whatever clients se
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
-from typing import Protocol
+from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -52,6 +52,25 @@ class _Sidecars(Collector):
             restarts.add_metric([sidecar.name], float(sidecar.restarts))
         yield up
         yield restarts
+
+
+class _Children:
+    """A labelled metric's children, each looked up in prometheus_client once per label set.
+
+    Label values are bounded (see above), and so is this cache.
+    """
+
+    __slots__ = ("_children", "_metric")
+
+    def __init__(self, metric: Any) -> None:
+        self._metric = metric
+        self._children: dict[tuple[str, ...], Any] = {}
+
+    def __call__(self, *values: str) -> Any:
+        child = self._children.get(values)
+        if child is None:
+            child = self._children[values] = self._metric.labels(*values)
+        return child
 
 
 class GatewayMetrics:
@@ -145,6 +164,18 @@ class GatewayMetrics:
             registry=registry,
         )
 
+        self._requests = _Children(self.requests)
+        self._duration = _Children(self.duration)
+        self._generation_requests = _Children(self.generation_requests)
+        self._time_to_first_token = _Children(self.time_to_first_token)
+        self._inter_token_latency = _Children(self.inter_token_latency)
+        self._end_to_end = _Children(self.end_to_end)
+        self._queue_time = _Children(self.queue_time)
+        self._prompt_tokens = _Children(self.prompt_tokens)
+        self._completion_tokens = _Children(self.completion_tokens)
+        self._tenant_requests_in_flight = _Children(self.tenant_requests_in_flight)
+        self._tenant_tokens = _Children(self.tenant_tokens)
+
     def watch_sidecars(self, sidecars: Callable[[], Iterable[SidecarState]]) -> None:
         """Report the state of the supervised sidecars ``sidecars()`` returns at each scrape."""
         self.registry.register(_Sidecars(sidecars))
@@ -159,39 +190,39 @@ class GatewayMetrics:
 
     def tenant_in_flight(self, tenant: str, change: int) -> None:
         """A request of ``tenant`` was admitted (+1) or settled (-1)."""
-        self.tenant_requests_in_flight.labels(tenant).inc(change)
+        self._tenant_requests_in_flight(tenant).inc(change)
 
     def record_tenant_tokens(self, tenant: str, tokens: int) -> None:
         """A settled request of ``tenant`` used ``tokens``."""
-        self.tenant_tokens.labels(tenant).inc(max(0, tokens))
+        self._tenant_tokens(tenant).inc(max(0, tokens))
 
     def record_queue(self, record: RequestRecord) -> None:
         """The request reached Triton ``record.queue_s`` after it arrived."""
         if record.queue_s is not None:
-            self.queue_time.labels(*record.labels).observe(record.queue_s)
+            self._queue_time(*record.labels).observe(record.queue_s)
 
     def record_first_token(self, record: RequestRecord) -> None:
         """The request's first text came ``record.first_token_s`` after it arrived."""
         if record.first_token_s is not None:
-            self.time_to_first_token.labels(*record.labels).observe(record.first_token_s)
+            self._time_to_first_token(*record.labels).observe(record.first_token_s)
 
     def record_token_gap(self, record: RequestRecord, seconds: float) -> None:
         """Two consecutive pieces of one choice's text came ``seconds`` apart."""
-        self.inter_token_latency.labels(*record.labels).observe(seconds)
+        self._inter_token_latency(*record.labels).observe(seconds)
 
     def record_tokens(self, record: RequestRecord, prompt: int, completion: int) -> None:
         """Token counts of one finished choice."""
-        self.prompt_tokens.labels(*record.labels).inc(prompt)
-        self.completion_tokens.labels(*record.labels).inc(completion)
+        self._prompt_tokens(*record.labels).inc(prompt)
+        self._completion_tokens(*record.labels).inc(completion)
 
     def record_request(self, record: RequestRecord, seconds: float) -> None:
         """One answered HTTP request; completion requests also by model, adapter and tenant."""
-        self.requests.labels(record.route, record.method, str(record.status)).inc()
-        self.duration.labels(record.route, record.method).observe(seconds)
+        self._requests(record.route, record.method, str(record.status)).inc()
+        self._duration(record.route, record.method).observe(seconds)
         if record.generates:
-            self.generation_requests.labels(*record.labels, str(record.status)).inc()
+            self._generation_requests(*record.labels, str(record.status)).inc()
             if record.status < 400:
-                self.end_to_end.labels(*record.labels).observe(seconds)
+                self._end_to_end(*record.labels).observe(seconds)
 
     def render(self) -> bytes:
         """The Prometheus text exposition of every metric."""

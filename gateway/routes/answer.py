@@ -5,18 +5,18 @@ from __future__ import annotations
 from collections.abc import AsyncGenerator, Callable, Coroutine
 from typing import Any
 
-import anyio
 import msgspec
-from litestar import Request, Response
+from litestar import Request
+from litestar.types import ASGIApp
 
 from gateway.generation import ChoiceResult, Event, GenerationService, UsageMeter, fold
 from gateway.observability import Observability
 from gateway.registry import ServedModel
 from gateway.responses import Header
 from gateway.tenancy import TenantPolicy
-from gateway.tenancy.service import SETTLE_GRACE_S, Tenancy
+from gateway.tenancy.service import Tenancy
 from gateway.translate import Plan
-from gateway.transport import stream_response, until_disconnect
+from gateway.transport import JsonAnswer, stream_response, until_disconnect
 
 Chunks = Callable[[Plan, AsyncGenerator[Event, None], Header], AsyncGenerator[Any, None]]
 Whole = Callable[[Plan, list[ChoiceResult], Header], msgspec.Struct]
@@ -64,7 +64,7 @@ class Answers:
         header: Header,
         chunks: Chunks,
         whole: Whole,
-    ) -> Response[Any]:
+    ) -> ASGIApp:
         """Reserve the plan against the tenant's limits, run it, and give back what it spared."""
         with self.observability.step("gateway.rate_limit"):
             ticket = await self.tenancy.admit(tenant, plan)
@@ -84,9 +84,8 @@ class Answers:
                 )
             # fold closes the metered events, which settles the ticket before it returns.
             results = await until_disconnect(request.receive, fold(plan, metered))
-            return Response(whole(plan, results, header), headers=headers)
+            return JsonAnswer(whole(plan, results, header), headers)
         except BaseException:
             # Settles what the events did not: they never started, or were cut off.
-            with anyio.move_on_after(SETTLE_GRACE_S, shield=True):
-                await ticket.settle(meter.total())
+            await ticket.settle_shielded(meter.total())
             raise

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from litestar import Request, Response, post
+from litestar import Request, post
+from litestar.types import ASGIApp
 
 from gateway.planning import plan_chat
 from gateway.protocol import ChatCompletionRequest
@@ -21,7 +22,7 @@ async def create_chat_completion(
     tenant: TenantPolicy,
     registry: ModelRegistry,
     answers: Answers,
-) -> Response[Any]:
+) -> ASGIApp:
     """Answer a conversation, whole or as server-sent events."""
     body = decode_body(await request.body(), ChatCompletionRequest)
     model = registry.get(body.model, tenant.allows_model, tenant.allows_adapter)

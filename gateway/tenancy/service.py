@@ -9,6 +9,7 @@ client left. Every answer carries OpenAI's ``x-ratelimit-*`` headers.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import uuid
@@ -102,8 +103,16 @@ class Ticket:
                         meter.ended(event)
                     yield event
         finally:
-            with anyio.move_on_after(SETTLE_GRACE_S, shield=True):
-                await self.settle(meter.total())
+            await self.settle_shielded(meter.total())
+
+    async def settle_shielded(self, used: int) -> None:
+        """``settle``, completed even when the request is being cancelled (within a grace)."""
+        task = asyncio.current_task()
+        if task is not None and not task.cancelling():
+            await self.settle(used)
+            return
+        with anyio.move_on_after(SETTLE_GRACE_S, shield=True):
+            await self.settle(used)
 
     async def settle(self, used: int) -> None:
         """Give back what the request reserved but did not use, and end its lease."""

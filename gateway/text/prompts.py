@@ -19,6 +19,21 @@ from gateway.text.template import pick_template, render_chat
 from gateway.translate import Prompt
 
 T = TypeVar("T")
+INLINE_CHARS = 4096
+"""Inputs up to this many characters are templated and tokenized on the event loop: that takes
+tens of microseconds, less than a hop to a worker thread and back. Longer ones go to the
+executor so the loop keeps serving other requests."""
+
+
+def _chat_chars(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> int:
+    """A cheap upper bound of a conversation's size; tools always count as long."""
+    if tools:
+        return INLINE_CHARS + 1
+    total = 0
+    for message in messages:
+        content = message.get("content")
+        total += len(content) if isinstance(content, str) else INLINE_CHARS // 4
+    return total
 
 
 def strip_leading_bos(text: str, bos_token: str | None) -> str:
@@ -136,23 +151,23 @@ class PromptTokenizer:
         self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
     ) -> Prompt:
         """The templated conversation, ending with the assistant's turn, and its length."""
-        return await self._run(self._chat_prompt, messages, tools)
+        return await self._run(_chat_chars(messages, tools), self._chat_prompt, messages, tools)
 
     async def text_prompt(self, text: str) -> Prompt:
         """A raw completion prompt and its length; an empty one starts from start-of-text."""
-        return await self._run(self._text_prompt, text)
+        return await self._run(len(text), self._text_prompt, text)
 
     async def token_prompt(self, ids: list[int], param: str) -> Prompt:
         """A prompt given as token ids, as text the preprocessing turns back into them."""
-        return await self._run(self._token_prompt, ids, param)
+        return await self._run(len(ids) * 4, self._token_prompt, ids, param)
 
     async def count(self, text: str) -> int:
         """Tokens in generated text (no special tokens)."""
-        return await self._run(self._count, text)
+        return await self._run(len(text), self._count, text)
 
     async def pieces(self, text: str) -> list[str]:
         """Generated text split into the model's tokens."""
-        return await self._run(self._pieces, text)
+        return await self._run(len(text), self._pieces, text)
 
     def word_ids(self, words: Sequence[str]) -> list[list[int]]:
         """Stop words as the preprocessing encodes them: alone, no special tokens, empty dropped."""
@@ -163,7 +178,10 @@ class PromptTokenizer:
         """A fresh incremental decoder for one streamed sequence."""
         return TextStream(self.decode_ids)
 
-    async def _run(self, function: Callable[..., T], *args: Any) -> T:
+    async def _run(self, chars: int, function: Callable[..., T], *args: Any) -> T:
+        """``function(*args)`` on the loop for an input of ``chars`` characters, or off it."""
+        if chars <= INLINE_CHARS:
+            return function(*args)
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._executor, functools.partial(function, *args))
 

@@ -93,18 +93,20 @@ def headline(meta: dict[str, Any], cells: Sequence[Cell]) -> list[str]:  # noqa:
     def cpu(stream: bool) -> Any:
         def value(target: str) -> str:
             cell = pick(target, stream, 1)
-            if target in DIRECTS or cell is None:
+            if cell is None:
                 return "-"
-            return _fmt(cell.cpu_ms_per_request, " ms")
+            client = " (gRPC client)" if target in DIRECTS else ""
+            return _fmt(cell.cpu_ms_per_request, " ms") + client
 
         return value
 
     def per_token(target: str) -> str:
         whole, streamed = pick(target, False, 1), pick(target, True, 1)
-        if target in DIRECTS or whole is None or streamed is None:
+        if whole is None or streamed is None:
             return "-"
         extra = streamed.cpu_ms_per_request - whole.cpu_ms_per_request
-        return _fmt(1e3 * extra / meta["tokens"], " µs", 0)
+        client = " (gRPC client)" if target in DIRECTS else ""
+        return _fmt(1e3 * extra / meta["tokens"], " µs", 0) + client
 
     def rps(target: str) -> str:
         cell, floor = pick(target, True, 32), pick(FLOOR.get(target, ""), True, 32)
@@ -144,7 +146,7 @@ def detail(cells: Sequence[Cell], tokens: int) -> list[str]:
         mode = "stream" if cell.stream else "whole"
         per_token = 1e3 * cell.cpu_ms_per_request / tokens if cell.stream else None
         triton = 1e3 * cell.triton_cpu_s / s.requests if s.requests else 0.0
-        server = None if cell.target in DIRECTS else cell.cpu_ms_per_request
+        server = cell.cpu_ms_per_request
         lines.append(
             f"| {cell.engine} | {cell.endpoint} | {mode} | {cell.target} | {cell.concurrency} "
             f"| {s.rps:,.1f} | {s.ttft_ms[0]:.2f} / {s.ttft_ms[1]:.2f} "
@@ -165,7 +167,9 @@ def markdown(meta: dict[str, Any], cells: Sequence[Cell]) -> str:
         f"{meta['tokens']} tokens per request; gateway with auth and the rate limiter on, "
         "one worker; LiteLLM {meta['litellm_version']}, one worker. "
         "`loadtest` is the zero-compute load-test engine behind the stock ensemble; `tiny` is "
-        "the tiny real model on the torch engine. CPU is per server process tree (from /proc).",
+        "the tiny real model on the torch engine. CPU is per server process tree (from /proc); "
+        "on the direct Triton rows it is the benchmark's own gRPC client (grpcio's asyncio "
+        "API), the floor any Python client of Triton pays.",
         "",
         *headline(meta, cells),
         "",

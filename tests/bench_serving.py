@@ -12,8 +12,9 @@ engine). In ONE run the same closed-loop clients drive, at each concurrency:
    endpoints, one worker).
 
 Figures: requests/s; time to first token, inter-token latency and end-to-end p50/p99; server CPU
-per request and per streamed token from ``/proc`` (each server's process tree); RSS. Written to
-``results/bench-serving.{md,json,png}`` and printed.
+per request and per streamed token from ``/proc`` (each server's process tree; for direct
+Triton, the benchmark's own gRPC client: the floor any asyncio Python client of Triton pays);
+RSS. Written to ``results/bench-serving.{md,json,png}`` and printed.
 """
 
 from __future__ import annotations
@@ -193,12 +194,16 @@ class Bench:
         connect: Callable[[], Awaitable[Callable[[Sample], Awaitable[None]]]],
         server_pid: int | None,
     ) -> None:
-        """Each level: a short warm-up, then ``seconds`` measured."""
+        """Each level: a short warm-up, then ``seconds`` measured.
+
+        CPU is the server's process tree, or with no server (direct Triton) this process: the
+        gRPC client's own cost.
+        """
         triton_pid = self.sidecar.pid
         assert triton_pid is not None
         for level in self.levels:
             await run_level(connect, level, min(0.5, self.seconds))
-            cpu = cpu_seconds(server_pid) if server_pid else 0.0
+            cpu = cpu_seconds(server_pid) if server_pid else time.process_time()
             triton = cpu_seconds(triton_pid)
             samples, elapsed = await run_level(connect, level, self.seconds)
             cell = Cell(
@@ -208,7 +213,7 @@ class Bench:
                 stream=stream,
                 concurrency=level,
                 stats=summarize(samples, elapsed),
-                cpu_s=(cpu_seconds(server_pid) - cpu) if server_pid else 0.0,
+                cpu_s=(cpu_seconds(server_pid) if server_pid else time.process_time()) - cpu,
                 triton_cpu_s=cpu_seconds(triton_pid) - triton,
             )
             self.cells.append(cell)

@@ -26,6 +26,7 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python -m tests.bench_serving
+	$(BIN)/python -m tests.bench_gateway_cpu
 	$(BIN)/python -m deploy.bench
 	$(BIN)/python -m tests.bench_tenancy
 	$(BIN)/python -m tests.bench_lora

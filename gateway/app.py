@@ -84,16 +84,14 @@ def create_app(
             answers = Answers(
                 runtime.generation,
                 runtime.tenancy,
+                runtime.registry,
                 observability,
                 retry_after_s=settings.limits.retry_after_s,
             )
         return answers
 
     def tenant(request: Request[Any, Any, Any]) -> TenantPolicy:
-        with observability.step("gateway.auth"):
-            caller = runtime.tenancy.authenticate(request.headers)
-        request.state[RATE_LIMIT_HEADERS] = runtime.tenancy.known_headers(caller)
-        return caller
+        return answering().caller(request)
 
     async def refuse_when_draining(request: Request[Any, Any, Any]) -> None:
         # Async: litestar runs a synchronous hook in a worker thread, on every request.

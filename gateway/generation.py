@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
@@ -13,15 +12,14 @@ from typing import Literal
 import anyio
 
 from adapters.contract import Backend, GenerationRequest, TokenChunk
-from gateway.errors import GatewayTimeoutError
 from gateway.observability import Observability, ObservabilitySettings
 from gateway.registry import ServedModel
 from gateway.stops import StopMatcher
+from gateway.streams import CLEANUP_GRACE_S, merge, single
 from gateway.translate import ChoiceSpec, Plan
 
 logger = logging.getLogger(__name__)
 FinishReason = Literal["stop", "length"]
-CLEANUP_GRACE_S = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,87 +175,6 @@ class ChoiceRunner:
         count = len(chunk.logprobs)
         pieces = await self._model.tokenizer.pieces(chunk.text) if count > 1 else None
         return TextDelta(index, text, chunk.logprobs, token_texts(chunk.text, count, pieces))
-
-
-class _Finished:
-    pass
-
-
-class _TimedOut:
-    pass
-
-
-@dataclass(frozen=True, slots=True)
-class _Failed:
-    error: Exception
-
-
-async def merge(
-    streams: Sequence[AsyncGenerator[Event, None]], timeout_s: float
-) -> AsyncGenerator[Event, None]:
-    """Interleave several event streams, each iterated whole in its own task, under a deadline.
-
-    The queue is unbounded (one item per generated token at most), so producers never block on
-    a consumer that left. Leaving cancels the producers; one that does not notice (a
-    cancellation lost in ``asyncio.wait_for`` on Python 3.11) stops at its next event. Either
-    way its stream is closed, which cancels the backend request.
-    """
-    loop = asyncio.get_running_loop()
-    queue: asyncio.Queue[Event | _Finished | _Failed | _TimedOut] = asyncio.Queue()
-    consumer_left = False
-
-    async def pump(stream: AsyncGenerator[Event, None]) -> None:
-        try:
-            async with aclosing(stream):
-                async for event in stream:
-                    if consumer_left:
-                        return
-                    queue.put_nowait(event)
-        except Exception as exc:
-            queue.put_nowait(_Failed(exc))
-        else:
-            queue.put_nowait(_Finished())
-
-    tasks = [asyncio.ensure_future(pump(stream)) for stream in streams]
-    timer = loop.call_at(loop.time() + timeout_s, queue.put_nowait, _TimedOut())
-    running = len(tasks)
-    try:
-        while running:
-            item = await queue.get()
-            if isinstance(item, _Finished):
-                running -= 1
-            elif isinstance(item, _Failed):
-                raise item.error
-            elif isinstance(item, _TimedOut):
-                raise GatewayTimeoutError(f"The model did not finish within {timeout_s:.0f} s.")
-            else:
-                yield item
-    finally:
-        consumer_left = True
-        timer.cancel()
-        for task in tasks:
-            task.cancel()
-        with anyio.move_on_after(CLEANUP_GRACE_S, shield=True):
-            await asyncio.gather(*tasks, return_exceptions=True)
-
-
-async def single(
-    stream: AsyncGenerator[Event, None], timeout_s: float
-) -> AsyncGenerator[Event, None]:
-    """One choice's events under the deadline, in the caller's task (no queue, no task)."""
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    async with aclosing(stream):
-        while True:
-            try:
-                async with asyncio.timeout_at(deadline):
-                    event = await anext(stream)
-            except StopAsyncIteration:
-                return
-            except TimeoutError:
-                raise GatewayTimeoutError(
-                    f"The model did not finish within {timeout_s:.0f} s."
-                ) from None
-            yield event
 
 
 class GenerationService:

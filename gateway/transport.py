@@ -99,7 +99,7 @@ class EventStream:
     generation, and the app returns quietly.
     """
 
-    __slots__ = ("_error_body", "_first", "_headers", "_rest")
+    __slots__ = ("_error_body", "_first", "_headers", "_on_close", "_rest")
 
     def __init__(
         self,
@@ -107,10 +107,12 @@ class EventStream:
         rest: AsyncGenerator[msgspec.Struct, None],
         error_body: Callable[[Exception], ErrorEnvelope],
         headers: Mapping[str, str],
+        on_close: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self._first = first
         self._rest = rest
         self._error_body = error_body
+        self._on_close = on_close
         self._headers = _raw_headers({**sse.HEADERS, **headers}, sse.CONTENT_TYPE)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -139,7 +141,11 @@ class EventStream:
         finally:
             watcher.remove_done_callback(on_disconnect)
             watcher.cancel()
-            await self._rest.aclose()
+            try:
+                await self._rest.aclose()
+            finally:
+                if self._on_close is not None:
+                    await self._on_close()
 
     async def _send_events(self, send: Send) -> None:
         frame = sse.frame
@@ -157,8 +163,9 @@ async def stream_response(
     *,
     retry_after_s: int,
     headers: Mapping[str, str] | None = None,
+    on_close: Callable[[], Awaitable[None]] | None = None,
 ) -> EventStream:
-    """An SSE answer whose first chunk is already produced.
+    """An SSE answer whose first chunk is already produced; ``on_close`` runs when it ends.
 
     Waiting for the first chunk before answering lets failures that happen before any output
     (Triton down, a rejected request) get their proper HTTP status instead of an in-band error.
@@ -175,4 +182,4 @@ async def stream_response(
     def error_body(exc: Exception) -> ErrorEnvelope:
         return to_api_error(exc, retry_after_s=retry_after_s).envelope()
 
-    return EventStream(first, chunks, error_body, headers or {})
+    return EventStream(first, chunks, error_body, headers or {}, on_close)

@@ -189,3 +189,32 @@ async def test_a_generation_past_the_timeout_fails_and_is_cancelled(served: Serv
     with pytest.raises(GatewayTimeoutError):
         await GenerationService(backend, timeout_s=0.2).collect(served, plan())
     assert backend.closed_early == [backend.requests[0].request_id]
+
+
+async def test_the_deadline_passing_while_the_consumer_is_busy_ends_the_stream(
+    served: ServedModel,
+) -> None:
+    backend = ScriptedBackend(chunks(*["t"] * 100))
+    events = GenerationService(backend, timeout_s=0.1).events(served, plan())
+    assert isinstance(await anext(events), TextDelta)
+    await asyncio.sleep(0.2)  # the consumer is away when the deadline passes
+    with pytest.raises(GatewayTimeoutError):
+        await anext(events)
+    await events.aclose()
+    assert backend.closed_early == [backend.requests[0].request_id]
+
+
+async def test_a_cancellation_from_elsewhere_is_not_taken_for_the_deadline(
+    served: ServedModel,
+) -> None:
+    backend = ScriptedBackend(chunks(*["t"] * 100), delay_s=0.05)
+
+    async def consume() -> None:
+        await GenerationService(backend, timeout_s=5).collect(served, plan())
+
+    task = asyncio.ensure_future(consume())
+    await asyncio.sleep(0.12)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert backend.closed_early == [backend.requests[0].request_id]

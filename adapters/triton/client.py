@@ -137,32 +137,38 @@ class TritonBackend:
             return False
         return bool(ready)
 
-    async def generate(
+    def generate(
         self, target: ModelTarget, request: GenerationRequest
     ) -> AsyncGenerator[TokenChunk, None]:
         """Stream the completion; ``aclose()`` or cancelling the task cancels the Triton request."""
+        if request.lora is None:
+            return self._stream(target, request)
+        return self._with_adapter(target, request)
+
+    async def _with_adapter(
+        self, target: ModelTarget, request: GenerationRequest
+    ) -> AsyncGenerator[TokenChunk, None]:
+        """The stream of a LoRA request: the adapter's weights go with its first request to a
+        server, and again once if the engine evicted them before any output."""
+        assert request.lora is not None
         deadline = asyncio.get_running_loop().time() + request.timeout_s
-        with map_triton_errors(f"describing {target.triton_model}"):
-            async with asyncio.timeout(_remaining(deadline)):
-                model = await self.describe(target)
-        lora_key = (target.url, target.triton_model, request.lora.task_id) if request.lora else None
-        send_weights = lora_key is not None and lora_key not in self._lora_sent
+        lora_key = (target.url, target.triton_model, request.lora.task_id)
+        send_weights = lora_key not in self._lora_sent
         yielded = False
         while True:
-            chunks = self._stream(target, model, request, deadline, send_weights)
+            chunks = self._stream(target, request, deadline=deadline, send_weights=send_weights)
             try:
                 async with aclosing(chunks):
                     async for chunk in chunks:
                         yielded = True
                         yield chunk
             except LoraNotCached:
-                if yielded or send_weights or request.lora is None or request.lora.weights is None:
+                if yielded or send_weights or request.lora.weights is None:
                     raise
                 logger.info("LoRA task %d was evicted; resending its weights", request.lora.task_id)
                 send_weights = True
                 continue
-            if lora_key is not None:
-                self._lora_sent.add(lora_key)
+            self._lora_sent.add(lora_key)
             return
 
     async def close(self) -> None:
@@ -211,11 +217,17 @@ class TritonBackend:
     async def _stream(
         self,
         target: ModelTarget,
-        model: ModelInputs,
         request: GenerationRequest,
-        deadline: float,
-        send_weights: bool,
+        *,
+        deadline: float | None = None,
+        send_weights: bool = False,
     ) -> AsyncGenerator[TokenChunk, None]:
+        """One Triton request's chunks (the call carries the deadline)."""
+        if deadline is None:
+            deadline = asyncio.get_running_loop().time() + request.timeout_s
+        with map_triton_errors(f"describing {target.triton_model}"):
+            async with asyncio.timeout(_remaining(deadline)):
+                model = await self.describe(target)
         streaming = streams(request, model)
         outputs = requested_outputs(request, model)
         request_id = f"{request.request_id or 'gen'}-{uuid.uuid4().hex[:12]}"

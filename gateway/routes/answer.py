@@ -11,7 +11,7 @@ from litestar.types import ASGIApp
 
 from gateway.generation import ChoiceResult, Event, GenerationService, UsageMeter, fold
 from gateway.observability import Observability
-from gateway.registry import ServedModel
+from gateway.registry import ModelRegistry, ServedModel
 from gateway.responses import Header
 from gateway.tenancy import TenantPolicy
 from gateway.tenancy.service import Tenancy
@@ -31,14 +31,23 @@ class Answers:
         self,
         generation: GenerationService,
         tenancy: Tenancy,
+        registry: ModelRegistry,
         observability: Observability,
         *,
         retry_after_s: int,
     ) -> None:
         self.generation = generation
         self.tenancy = tenancy
+        self.registry = registry
         self.observability = observability
         self.retry_after_s = retry_after_s
+
+    def caller(self, request: Request[Any, Any, Any]) -> TenantPolicy:
+        """The tenant whose key ``request`` carries; its rate-limit headers go on every answer."""
+        with self.observability.step("gateway.auth"):
+            tenant = self.tenancy.authenticate(request.headers)
+        request.state[RATE_LIMIT_HEADERS] = self.tenancy.known_headers(tenant)
+        return tenant
 
     async def plan(
         self,
@@ -72,20 +81,24 @@ class Answers:
         request.state[RATE_LIMIT_HEADERS] = headers
         meter = UsageMeter()
         events = self.generation.events(model, plan, meter, priority=tenant.priority)
-        metered = ticket.metered(events, meter)
+
+        async def settle() -> None:
+            await ticket.settle_shielded(meter.total())
+
         try:
             if plan.stream:
-                # Once the stream is answered, the events settle the ticket when they end.
+                # Once the stream is answered, it settles the ticket when it ends, however.
                 return await stream_response(
                     request.receive,
-                    chunks(plan, metered, header),
+                    chunks(plan, events, header),
                     retry_after_s=self.retry_after_s,
                     headers=headers,
+                    on_close=settle,
                 )
-            # fold closes the metered events, which settles the ticket before it returns.
-            results = await until_disconnect(request.receive, fold(plan, metered))
+            results = await until_disconnect(request.receive, fold(plan, events))
+            await settle()
             return JsonAnswer(whole(plan, results, header), headers)
         except BaseException:
-            # Settles what the events did not: they never started, or were cut off.
-            await ticket.settle_shielded(meter.total())
+            # Settles what was not: the events never started, failed or were cut off.
+            await settle()
             raise

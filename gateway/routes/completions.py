@@ -9,23 +9,17 @@ from litestar.types import ASGIApp
 
 from gateway.planning import plan_completion
 from gateway.protocol import CompletionRequest
-from gateway.registry import ModelRegistry
 from gateway.responses import Header, completion_chunks, text_completion
 from gateway.routes.answer import Answers
-from gateway.tenancy import TenantPolicy
 from gateway.transport import decode_body
 
 
 @post("/v1/completions", status_code=200)
-async def create_completion(
-    request: Request[Any, Any, Any],
-    tenant: TenantPolicy,
-    registry: ModelRegistry,
-    answers: Answers,
-) -> ASGIApp:
+async def create_completion(request: Request[Any, Any, Any], answers: Answers) -> ASGIApp:
     """Complete one or more prompts, whole or as server-sent events."""
+    tenant = answers.caller(request)
     body = decode_body(await request.body(), CompletionRequest)
-    model = registry.get(body.model, tenant.allows_model, tenant.allows_adapter)
+    model = answers.registry.get(body.model, tenant.allows_model, tenant.allows_adapter)
     plan = await answers.plan(
         request, tenant, model, "text_completion", plan_completion(model, body)
     )

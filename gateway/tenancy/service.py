@@ -13,8 +13,7 @@ import asyncio
 import logging
 import math
 import uuid
-from collections.abc import AsyncGenerator, Mapping
-from contextlib import aclosing
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import anyio
@@ -25,7 +24,6 @@ from gateway.errors import (
     RateLimitError,
     ServiceUnavailableError,
 )
-from gateway.generation import ChoiceEnd, Event, UsageMeter
 from gateway.observability.metrics import GatewayMetrics
 from gateway.tenancy import gcra
 from gateway.tenancy.config import TenancySettings, TenantPolicy
@@ -77,7 +75,7 @@ def rate_limit_headers(quota: Quota | None) -> dict[str, str]:
 
 @dataclass(eq=False)
 class Ticket:
-    """One admitted request: its reservation, lease and headers, settled once its events end."""
+    """One admitted request: its reservation, lease and headers, settled once its answer ends."""
 
     tenancy: Tenancy
     tenant: TenantPolicy
@@ -91,19 +89,6 @@ class Ticket:
     def headers(self) -> dict[str, str]:
         """The rate-limit headers of the answer."""
         return rate_limit_headers(self.quota)
-
-    async def metered(
-        self, events: AsyncGenerator[Event, None], meter: UsageMeter
-    ) -> AsyncGenerator[Event, None]:
-        """Pass the events on; settle with what ``meter`` counted when they end, however."""
-        try:
-            async with aclosing(events):
-                async for event in events:
-                    if isinstance(event, ChoiceEnd):
-                        meter.ended(event)
-                    yield event
-        finally:
-            await self.settle_shielded(meter.total())
 
     async def settle_shielded(self, used: int) -> None:
         """``settle``, completed even when the request is being cancelled (within a grace)."""

@@ -165,7 +165,7 @@ def markdown(meta: dict[str, Any], cells: Sequence[Cell]) -> str:
         f"{meta['date']}; {meta['machine']}; clients, servers and tritonserver on the same "
         f"machine; {meta['seconds_per_level']:g} s per level after a warm-up; "
         f"{meta['tokens']} tokens per request; gateway with auth and the rate limiter on, "
-        "one worker; LiteLLM {meta['litellm_version']}, one worker. "
+        f"one worker; LiteLLM {meta['litellm_version']}, one worker. "
         "`loadtest` is the zero-compute load-test engine behind the stock ensemble; `tiny` is "
         "the tiny real model on the torch engine. CPU is per server process tree (from /proc); "
         "on the direct Triton rows it is the benchmark's own gRPC client (grpcio's asyncio "

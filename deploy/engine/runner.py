@@ -85,7 +85,10 @@ class ModelRunner:
         self.default_end_ids = _token_ids(eos if eos is not None else text_config.eos_token_id)
         self.suppress_tokens = _token_ids(getattr(generation, "suppress_tokens", None))
         self.begin_suppress_tokens = _token_ids(getattr(generation, "begin_suppress_tokens", None))
-        self._keep_last_logits = "logits_to_keep" in inspect.signature(model.forward).parameters
+        forward = inspect.signature(model.forward).parameters
+        self._keep_last_logits = "logits_to_keep" in forward
+        # transformers 5.24 renamed the forward's KV cache argument (the old name warns).
+        self._cache_arg = "cache" if "cache" in forward else "past_key_values"
         self.lora_targets = LoraTargets.of(model, device)
         self._lora = LoraContext()
         self._lora_installed = False
@@ -130,7 +133,8 @@ class ModelRunner:
         extra = {"logits_to_keep": 1} if self._keep_last_logits and not all_logits else {}
         self._use_adapters([adapter])
         with torch.inference_mode():
-            out = self.model(input_ids=ids, past_key_values=cache, use_cache=True, **extra)
+            extra[self._cache_arg] = cache
+            out = self.model(input_ids=ids, use_cache=True, **extra)
         logits = out.logits[0].float()
         return logits[-1], cache, logits if all_logits else None
 
@@ -150,8 +154,8 @@ class ModelRunner:
                 input_ids=ids,
                 attention_mask=mask,
                 position_ids=positions,
-                past_key_values=kv.cache,
                 use_cache=True,
+                **{self._cache_arg: kv.cache},
             )
         return out.logits[:, -1, :].float()
 

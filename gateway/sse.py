@@ -2,12 +2,8 @@
 
 from __future__ import annotations
 
-import logging
-
 import msgspec
 
-logger = logging.getLogger(__name__)
-MEDIA_TYPE = "text/event-stream"
 CONTENT_TYPE = b"text/event-stream; charset=utf-8"
 HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 DONE = b"data: [DONE]\n\n"

@@ -29,6 +29,10 @@ class _Failed:
     error: Exception
 
 
+def _timed_out(timeout_s: float) -> GatewayTimeoutError:
+    return GatewayTimeoutError(f"The model did not finish within {timeout_s:.0f} s.")
+
+
 async def merge(
     streams: Sequence[AsyncGenerator[E, None]], timeout_s: float
 ) -> AsyncGenerator[E, None]:
@@ -66,7 +70,7 @@ async def merge(
             elif isinstance(item, _Failed):
                 raise item.error
             elif isinstance(item, _TimedOut):
-                raise GatewayTimeoutError(f"The model did not finish within {timeout_s:.0f} s.")
+                raise _timed_out(timeout_s)
             else:
                 yield item
     finally:
@@ -103,7 +107,7 @@ class _Deadline:
             self.cancelled = self.waiting.cancel()
 
     def error(self) -> GatewayTimeoutError:
-        return GatewayTimeoutError(f"The model did not finish within {self.timeout_s:.0f} s.")
+        return _timed_out(self.timeout_s)
 
 
 async def single(stream: AsyncGenerator[E, None], timeout_s: float) -> AsyncGenerator[E, None]:

@@ -167,8 +167,10 @@ def _model_parameters(model: ModelSpec, name: str) -> dict[str, str]:
             "preprocessing_model_name": model.triton_name("preprocessing"),
             "postprocessing_model_name": model.triton_name("postprocessing"),
             "postprocessing_required_inputs": ",".join(required_inputs(postprocessing)),
-            # Tells the gateway that this BLS forwards client cancellation to the engine.
+            # Tell the gateway that this BLS forwards client cancellation to the engine, and
+            # every input it declares (the stock one before v0.13 drops `temperature`).
             "forwards_cancellation": "true",
+            "forwards_declared_inputs": "true",
         }
     if name == "tensorrt_llm" and isinstance(model.engine, TorchEngine):
         engine = model.engine

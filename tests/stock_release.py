@@ -88,8 +88,15 @@ def _without_seed(ensemble: str) -> str:
     return text.replace('name: "ensemble"', f'name: "{NOSEED_ENSEMBLE}"', 1)
 
 
-def write_stock_repository(release: str, decoupled: bool, model_dir: Path, out: Path) -> list[str]:
-    """The release's stock models filled as its examples fill them; returns the model names."""
+def write_stock_repository(
+    release: str,
+    decoupled: bool,
+    model_dir: Path,
+    out: Path,
+    engine: Path = BACKENDS / "tensorrt_llm" / "model.py",
+) -> list[str]:
+    """The release's stock models filled as its examples fill them, ``engine`` as the
+    ``tensorrt_llm`` model's ``model.py``; returns the model names."""
     source = STOCK_MODELS / f"{release}.0"
     examples = _examples(release, decoupled, str(model_dir), str(model_dir))
     names = [name for name in examples if name != "tensorrt_llm_bls" or BLS_LOADS[release]]
@@ -100,7 +107,7 @@ def write_stock_repository(release: str, decoupled: bool, model_dir: Path, out: 
         if name == "tensorrt_llm":
             text = re.sub(r'^backend: "\w+"', 'backend: "python"', text, count=1, flags=re.M)
             (out / name / "1").mkdir()
-            shutil.copy(BACKENDS / "tensorrt_llm" / "model.py", out / name / "1" / "model.py")
+            shutil.copy(engine, out / name / "1" / "model.py")
         config.write_text(text)
         if name == "ensemble":
             # The shipped folder holds an empty version directory that a copy of it may lack.
@@ -124,10 +131,16 @@ class StockStack:
         return BLS_LOADS[self.release]
 
 
-def start_stock_sidecar(release: str, decoupled: bool, model_dir: Path, workdir: Path) -> Sidecar:
+def start_stock_sidecar(
+    release: str,
+    decoupled: bool,
+    model_dir: Path,
+    workdir: Path,
+    engine: Path = BACKENDS / "tensorrt_llm" / "model.py",
+) -> Sidecar:
     """Start tritonserver on the release's stock repository (stopped by the caller)."""
     repository = workdir / "repo"
-    write_stock_repository(release, decoupled, model_dir, repository)
+    write_stock_repository(release, decoupled, model_dir, repository, engine)
     sidecar = Sidecar(
         f"stock{release.replace('.', '')}",
         repository,

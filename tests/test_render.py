@@ -188,6 +188,7 @@ def test_names_are_prefixed_and_wired(engine: dict[str, object], release: str) -
     assert bls["preprocessing_model_name"].string_value == "m1_preprocessing"
     assert bls["postprocessing_model_name"].string_value == "m1_postprocessing"
     assert bls["forwards_cancellation"].string_value == "true"
+    assert bls["forwards_declared_inputs"].string_value == "true"
     assert configs["preprocessing"].parameters["tokenizer_dir"].string_value == "tok/id"
 
 

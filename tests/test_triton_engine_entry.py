@@ -55,6 +55,14 @@ def engine_request(stream: bool = True, **params: Any) -> GenerationRequest:
     )
 
 
+@pytest.mark.parametrize("params", [{"temperature": 0.0, "top_p": 1.0}, {"top_k": 1}])
+def test_greedy_reaches_the_engine_as_runtime_top_k_1(params: dict[str, Any]) -> None:
+    tensors = {t.name: t for t in build_inputs(engine_request(**params), ENGINE)}
+
+    assert tensors["runtime_top_k"].array.tolist() == [[1]]
+    assert "top_k" not in tensors
+
+
 def test_the_engine_gets_ids_lengths_budget_and_special_ids() -> None:
     tensors = {t.name: t for t in build_inputs(engine_request(top_k=3, top_p=0.5), ENGINE)}
     assert tensors["input_ids"].array.tolist() == [[104, 105]]

@@ -363,3 +363,90 @@ def test_a_defaulted_field_the_model_lacks_is_left_out() -> None:
     with pytest.raises(InvalidRequest) as caught:
         build_inputs(request(top_p=0.5), model)
     assert caught.value.param == "top_p"
+
+
+def _with_parameter(document: dict[str, Any], key: str, value: str) -> dict[str, Any]:
+    document["config"].setdefault("parameters", {})[key] = {"string_value": value}
+    return document
+
+
+STOCK_BLS = {
+    release: parse_model_config(stock_release("tensorrt_llm_bls", release=release))
+    for release in ("v0.8", "v0.11", "v0.19", "latest")
+}
+DROPS_TEMPERATURE = {"v0.8": True, "v0.11": True, "v0.19": False, "latest": False}
+OUR_OLD_BLS = parse_model_config(
+    _with_parameter(
+        stock_release("tensorrt_llm_bls", release="v0.8"), "forwards_declared_inputs", "true"
+    )
+)
+
+
+@pytest.mark.parametrize("release", list(STOCK_BLS))
+def test_only_the_stock_bls_before_v0_13_drops_temperature(release: str) -> None:
+    model = STOCK_BLS[release]
+
+    assert "temperature" in model.inputs
+    assert (model.drops("temperature") == "temperature") is DROPS_TEMPERATURE[release]
+    assert not OUR_OLD_BLS.dropped
+
+
+@pytest.mark.parametrize(
+    ("model", "top_k_input"),
+    [*((STOCK_BLS[r], "top_k") for r in STOCK_BLS), (ENSEMBLE, "top_k"), (OUR_OLD_BLS, "top_k")],
+    ids=[*STOCK_BLS, "ensemble", "our-v0.8-bls"],
+)  # fmt: skip
+@pytest.mark.parametrize(
+    "params",
+    [{"temperature": 0.0, "top_p": 1.0}, {"temperature": 0.0, "top_k": 40},
+     {"top_k": 1, "temperature": 0.7},
+     {"temperature": 0.0, "top_k": 40, "defaulted": frozenset({"top_k"})}],
+    ids=["temperature-0", "temperature-0-over-top-k", "top-k-1", "temperature-0-over-default"],
+)  # fmt: skip
+def test_greedy_requests_also_reach_the_engine_as_top_k_1(
+    model: ModelInputs, top_k_input: str, params: dict[str, Any]
+) -> None:
+    tensors = by_name(build_inputs(request(**params), model))
+
+    assert tensors[top_k_input].array.tolist() == [[1]]
+    assert ("temperature" in tensors) is not bool(model.dropped)
+    if "temperature" in tensors:
+        assert tensors["temperature"].array.tolist() == [[pytest.approx(params["temperature"])]]
+
+
+@pytest.mark.parametrize("release", ["v0.8", "v0.11"])
+def test_a_temperature_the_stock_bls_drops_is_refused_by_name(release: str) -> None:
+    with pytest.raises(InvalidRequest) as caught:
+        build_inputs(request(temperature=0.7, top_p=0.9), STOCK_BLS[release])
+
+    assert caught.value.param == "temperature"
+    assert "does not pass it on to its engine" in str(caught.value)
+    assert "tensorrt_llm_bls" in str(caught.value)
+
+
+@pytest.mark.parametrize("release", ["v0.8", "v0.11"])
+@pytest.mark.parametrize(
+    "params",
+    [{"temperature": 1.0, "top_p": 0.9},
+     {"temperature": 0.2, "top_p": 0.9, "defaulted": frozenset({"temperature"})}],
+    ids=["engine-default", "gateway-default"],
+)  # fmt: skip
+def test_a_temperature_the_stock_bls_drops_is_left_out_where_that_changes_nothing(
+    release: str, params: dict[str, Any]
+) -> None:
+    tensors = by_name(build_inputs(request(**params), STOCK_BLS[release]))
+
+    assert "temperature" not in tensors
+    assert "top_k" not in tensors
+    assert tensors["top_p"].array.tolist() == [[pytest.approx(0.9)]]
+
+
+def test_without_a_top_k_input_greedy_needs_the_temperature_to_arrive() -> None:
+    model = parse_model_config(
+        without_inputs(stock_release("tensorrt_llm_bls", release="v0.8"), "top_k")
+    )
+
+    with pytest.raises(InvalidRequest) as caught:
+        build_inputs(request(temperature=0.0), model)
+    assert caught.value.param == "temperature"
+    assert "temperature" in by_name(build_inputs(request(temperature=0.0), ENSEMBLE))

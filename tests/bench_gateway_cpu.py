@@ -9,7 +9,7 @@ driven as an ASGI app in this process, and the Triton calls are answered by repl
 responses a real tritonserver (the zero-compute load-test engine) gave to the same requests.
 
 Printed as a table (CPU µs per request, whole and streamed, and per streamed token) and written
-to ``results/bench-gateway-cpu.md``.
+to ``bench-gateway-cpu.md`` in ``--out`` (default ``.bench/results``, untracked).
 """
 
 from __future__ import annotations

@@ -14,7 +14,8 @@ engine). In ONE run the same closed-loop clients drive, at each concurrency:
 Figures: requests/s; time to first token, inter-token latency and end-to-end p50/p99; server CPU
 per request and per streamed token from ``/proc`` (each server's process tree; for direct
 Triton, the benchmark's own gRPC client: the floor any asyncio Python client of Triton pays);
-RSS. Written to ``results/bench-serving.{md,json,png}`` and printed.
+RSS. Written to ``--out`` (default ``.bench/results``, untracked) as ``bench-serving.{md,json,png}``
+and printed.
 """
 
 from __future__ import annotations
@@ -52,7 +53,8 @@ LEVELS = (1, 8, 32, 128)
 TOKENS = 16
 KEY = "sk-bench-0123456789abcdef0123456789abcdef"
 PROMPT = "The quick brown fox jumps over the lazy dog"
-RESULTS = Path(__file__).resolve().parent.parent / "results"
+RESULTS = Path(__file__).resolve().parent.parent / ".bench" / "results"
+"""Where reports go by default: untracked; ``--out results`` updates the committed ones."""
 
 
 def bench_spec(tokenizer_dir: Path) -> Any:

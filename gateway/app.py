@@ -24,7 +24,7 @@ from gateway.lifecycle import BackendFactory, Runtime, triton_backend
 from gateway.observability import Observability
 from gateway.routes import admin, chat, completions, docs, health, lora, models
 from gateway.routes.answer import RATE_LIMIT_HEADERS, Answers
-from gateway.settings import Settings
+from gateway.settings import Settings, SettingsError
 from gateway.tenancy import TenantPolicy
 
 logger = logging.getLogger(__name__)
@@ -70,7 +70,12 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(_: Litestar) -> AsyncIterator[None]:
-        await runtime.start()
+        try:
+            await runtime.start()
+        except SettingsError as exc:
+            # A configuration that cannot be served: `serve` exits with the reason (no
+            # traceback of a failed ASGI start-up), and the app never becomes ready.
+            runtime.lifecycle.fail(str(exc))
         try:
             yield
         finally:
@@ -119,6 +124,7 @@ def create_app(
             health.sidecar_metrics,
             docs.openapi_json,
             docs.docs,
+            docs.docs_asset,
             *admin.ROUTES,
             *lora.ROUTES,
         ],

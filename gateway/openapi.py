@@ -160,9 +160,12 @@ def document(version: str) -> dict[str, Any]:
 
 
 DOCS_PAGE = """<!doctype html>
-<html><head><meta charset="utf-8"><title>triton-gateway API</title></head>
-<body><redoc spec-url="/openapi.json"></redoc>
-<script src="https://cdn.redoc.ly/redoc/v2.1.5/bundles/redoc.standalone.js"></script>
-<noscript>The API description is at <a href="/openapi.json">/openapi.json</a>.</noscript>
+<html><head><meta charset="utf-8"><title>triton-gateway API</title>
+<link rel="stylesheet" href="docs/assets/swagger-ui.css">
+<link rel="icon" type="image/png" href="docs/assets/favicon-32x32.png"></head>
+<body><div id="swagger-ui"></div>
+<script src="docs/assets/swagger-ui-bundle.js"></script>
+<script>SwaggerUIBundle({url: "openapi.json", dom_id: "#swagger-ui", validatorUrl: null});</script>
+<noscript>The API description is at <a href="openapi.json">openapi.json</a>.</noscript>
 </body></html>
 """

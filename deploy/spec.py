@@ -32,8 +32,9 @@ class TorchEngine(
 
     model_dir: str
     """A Hugging Face model directory or hub id (or ``tiny`` / ``smollm2``)."""
-    device: str = "cpu"
-    """Torch device: ``cpu``, ``cuda`` or ``cuda:N``."""
+    device: str = "auto"
+    """Torch device: ``auto`` (CUDA when the machine has it, else the CPU), ``cpu``, ``cuda`` or
+    ``cuda:N``."""
     dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"
     """Weights and activations dtype; ``auto`` is float32 on CPU and bfloat16 on CUDA."""
     max_batch_size: int = 16

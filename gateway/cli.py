@@ -6,6 +6,7 @@ import argparse
 import logging
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 import msgspec
 
@@ -60,7 +61,8 @@ def serve(settings: Settings) -> int:
     server = settings.server
     print(f"triton-gateway: OpenAI API on http://{server.host}:{server.port}/v1", flush=True)
     names = ", ".join(model.name for model in settings.models) or "every pipeline of the spec"
-    print(f"  models: {names}; readiness at /health/ready; Ctrl-C stops", flush=True)
+    waits = " once its sidecars have loaded" if settings.sidecars is not None else ""
+    print(f"  models: {names}; ready{waits} (/health/ready); Ctrl-C stops", flush=True)
     tenancy = settings.tenancy
     if not tenancy.auth:
         print(
@@ -70,7 +72,10 @@ def serve(settings: Settings) -> int:
     else:
         store = tenancy.store.kind
         print(f"  auth: on, {len(tenancy.keys)} key(s) configured, limits in {store}", flush=True)
-    run(create_app(settings), settings)
+    failure = run(create_app(settings), settings)
+    if failure is not None:
+        print(f"error: {failure}", file=sys.stderr, flush=True)
+        return 1
     return 0
 
 
@@ -88,6 +93,26 @@ def _demo(args: argparse.Namespace) -> int:
         "triton-gateway demo: preparing SmolLM2-135M-Instruct (first run converts it)", flush=True
     )
     return serve(demo_settings(args.host, args.port))
+
+
+def _init(args: argparse.Namespace) -> int:
+    from deploy.models import ensure_smollm2
+    from gateway.starter import ADAPTER, MODEL, write_starter
+
+    folder = Path(args.folder)
+    print("triton-gateway init: preparing SmolLM2-135M-Instruct (converted once)", flush=True)
+    try:
+        keys = write_starter(folder, ensure_smollm2())
+    except FileExistsError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(f"wrote {folder / 'gateway.yaml'}, {folder / 'deploy.yaml'} and the adapter {ADAPTER}")
+    print("API keys (shown once; only their sha256 is in gateway.yaml):")
+    print(f"  admin:  {keys.admin}")
+    print(f"  team-a: {keys.team_a}   ({MODEL} and {ADAPTER})")
+    print(f"  team-b: {keys.team_b}   ({MODEL} only)")
+    print(f"next: triton-gateway serve --config {folder / 'gateway.yaml'}")
+    return 0
 
 
 def _new_key(args: argparse.Namespace) -> int:
@@ -121,6 +146,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--host", default="127.0.0.1", help="address to bind")
     demo.add_argument("--port", type=int, default=8000, help="port to bind")
     demo.set_defaults(func=_demo)
+    init = sub.add_parser("init", help="write a runnable CPU configuration to start from")
+    init.add_argument("folder", help="where to write gateway.yaml, deploy.yaml and an adapter")
+    init.set_defaults(func=_init)
     sub.add_parser("deploy", help="render or run sidecars (triton-gateway deploy --help)")
     keys = sub.add_parser("keys", help="make API keys").add_subparsers(dest="keys", required=True)
     new = keys.add_parser("new", help="print a new API key and its configuration line")

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 from adapters.contract import Backend, ModelTarget
-from deploy.spec import Spec, load_spec, parse_spec
+from deploy.spec import Spec, SpecError, load_spec, parse_spec
 from deploy.supervisor import Sidecar, sidecar_from_spec
 from gateway.generation import GenerationService
 from gateway.lora import AdapterError, AdapterExists
@@ -37,10 +37,13 @@ def read_spec(sidecars: SidecarSettings) -> Spec:
     """The deploy spec of the sidecars, built-in model names resolved (may convert a model)."""
     from deploy.cli import resolve_aliases
 
-    if sidecars.spec is not None:
-        spec = load_spec(sidecars.spec)
-    else:
-        spec = parse_spec(sidecars.inline or {})
+    try:
+        if sidecars.spec is not None:
+            spec = load_spec(sidecars.spec)
+        else:
+            spec = parse_spec(sidecars.inline or {})
+    except SpecError as exc:
+        raise SettingsError(f"deploy spec: {exc}") from exc
     return resolve_aliases(spec)
 
 
@@ -63,6 +66,9 @@ class Lifecycle:
         self.refusing = False
         """Set once the drain delay passed: new API requests are answered 503."""
         self.sidecars_ready = True
+        self.failure: str | None = None
+        """Why the gateway can never become ready (a sidecar that could not load at start)."""
+        self.failed = asyncio.Event()
         self._active = 0
         self._idle = asyncio.Event()
         self._idle.set()
@@ -71,6 +77,11 @@ class Lifecycle:
     def accepting(self) -> bool:
         """Started, sidecars up, and not shutting down."""
         return self.started and self.sidecars_ready and not self.stopping
+
+    def fail(self, reason: str) -> None:
+        """The gateway can never serve: the server exits, non-zero, with ``reason``."""
+        self.failure = reason
+        self.failed.set()
 
     def request_started(self) -> None:
         """A request came in."""
@@ -135,6 +146,7 @@ class Runtime:
         self._bring_up_task: asyncio.Task[None] | None = None
         self._workdir: Path | None = None
         self._temporary_workdir = False
+        self._hurried = False
 
     @property
     def sidecars(self) -> list[Sidecar]:
@@ -202,7 +214,7 @@ class Runtime:
     async def stop(self) -> None:
         """Readiness off, drain in-flight requests, close the backend, stop the sidecars."""
         self.lifecycle.stopping = True
-        grace = self.settings.limits.shutdown_grace_s
+        grace = 0.0 if self._hurried else self.settings.limits.shutdown_grace_s
         if not await self.lifecycle.drained(grace):
             logger.warning("requests still in flight after %.0f s; shutting down anyway", grace)
         if self._backend is not None and self._owns_backend:
@@ -233,12 +245,14 @@ class Runtime:
 
     async def _bring_up(self, routes: tuple[ModelRoute, ...]) -> None:
         """Start the sidecars, then read each model's Triton config so the first request is fast."""
-        try:
-            for sidecar in self._sidecars:
+        for sidecar in self._sidecars:
+            try:
                 await asyncio.to_thread(sidecar.start)
-        except Exception:
-            logger.exception("a sidecar failed to start; the gateway stays not ready")
-            return
+            except Exception as exc:
+                reason = f"sidecar {sidecar.name!r} could not start: {exc}"
+                logger.error("%s", reason)
+                self.lifecycle.fail(reason)
+                return
         self.lifecycle.sidecars_ready = True
         backend = self._backend
         if not isinstance(backend, DescribesModels):
@@ -254,8 +268,13 @@ class Runtime:
             logger.info("read the Triton config of %s", route.target.triton_model)
             logger.debug("%s: %r", route.target.triton_model, described)
 
+    def hurry(self) -> None:
+        """Stop without waiting for requests (a second signal); sidecars get a short grace."""
+        self._hurried = True
+
     def _stop_sidecars(self) -> None:
+        grace_s = 2.0 if self._hurried else 15.0
         for sidecar in reversed(self._sidecars):
-            sidecar.stop()
+            sidecar.stop(grace_s)
         if self._temporary_workdir and self._workdir is not None:
             shutil.rmtree(self._workdir, ignore_errors=True)

@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Executor
 from dataclasses import dataclass
+from pathlib import Path
 
 from adapters.contract import LoraAdapter, ModelTarget
 from deploy.spec import ModelSpec, Spec, TorchEngine
@@ -179,14 +180,28 @@ class ModelRegistry:
 
 
 def load_model(route: ModelRoute, executor: Executor) -> ServedModel:
-    """Load one model's tokenizer and template (blocking: call from a worker thread)."""
-    tokenizer = PromptTokenizer.load(
-        route.tokenizer_dir,
-        executor,
-        chat_template_file=route.chat_template_file,
-        add_special_tokens=route.add_special_tokens,
-        skip_special_tokens=route.skip_special_tokens,
-    )
+    """Load one model's tokenizer and template (blocking: call from a worker thread); one that
+    cannot be loaded (no such folder, a hub id the hub refuses or cannot be reached for) is a
+    ``SettingsError`` naming the model and the reason."""
+    try:
+        tokenizer = PromptTokenizer.load(
+            route.tokenizer_dir,
+            executor,
+            chat_template_file=route.chat_template_file,
+            add_special_tokens=route.add_special_tokens,
+            skip_special_tokens=route.skip_special_tokens,
+        )
+    except (OSError, ValueError) as exc:
+        where = route.tokenizer_dir
+        reason = f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"
+        if Path(where).expanduser().is_dir():
+            message = f"model {route.name!r}: cannot load the tokenizer in {where}: {reason}"
+        else:
+            message = (
+                f"model {route.name!r}: no tokenizer folder {where!r}, and as a Hugging Face "
+                f"hub id it fails: {reason}"
+            )
+        raise SettingsError(message) from exc
     context_length = route.context_length or tokenizer.model_max_length or DEFAULT_CONTEXT_LENGTH
     logger.info(
         "model %s -> %s/%s (context %d tokens)",

@@ -178,8 +178,10 @@ def _local_path(value: str | None, base_dir: Path) -> str | None:
 
 
 def _file_path(value: str | None, base_dir: Path) -> str | None:
-    if value is None:
-        return None
+    return None if value is None else _under(value, base_dir)
+
+
+def _under(value: str, base_dir: Path) -> str:
     return str((base_dir / Path(value).expanduser()).resolve())
 
 
@@ -189,6 +191,10 @@ def _resolve_paths(settings: Settings, base_dir: Path) -> Settings:
             model,
             tokenizer_dir=_local_path(model.tokenizer_dir, base_dir),
             chat_template=_file_path(model.chat_template, base_dir),
+            adapters=tuple(
+                msgspec.structs.replace(adapter, path=_under(adapter.path, base_dir))
+                for adapter in model.adapters
+            ),
         )
         for model in settings.models
     )

@@ -281,3 +281,17 @@ def test_validate_request_errors(overrides: dict[str, Any], message: str) -> Non
 def test_validate_request_caps_output_to_the_sequence_limit(max_new: int, expected: int) -> None:
     request = _request(max_new_tokens=max_new)
     assert validate_request(request, vocab_size=32, max_seq_len=8, max_batch_size=4) == expected
+
+
+def test_the_device_defaults_to_cuda_only_where_there_is_one() -> None:
+    from deploy.engine.runner import resolve_device
+    from deploy.engine.types import EngineError
+
+    expected = "cuda" if torch.cuda.is_available() else "cpu"
+    assert resolve_device("auto").type == expected
+    assert resolve_device("cpu") == torch.device("cpu")
+    with pytest.raises(EngineError, match="not a torch device"):
+        resolve_device("gpu-please")
+    if not torch.cuda.is_available():
+        with pytest.raises(EngineError, match=r"no CUDA device.*device: auto or cpu"):
+            resolve_device("cuda:1")

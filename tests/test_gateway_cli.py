@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -40,3 +43,37 @@ def test_deploy_is_delegated(tmp_path: Path, tiny_model_dir: Path) -> None:
     )
     assert main(["deploy", "render", str(spec), str(tmp_path / "out")]) == 0
     assert (tmp_path / "out" / "main" / "tiny_ensemble" / "config.pbtxt").is_file()
+
+
+@pytest.mark.slow
+def test_serve_exits_with_the_reason_when_a_sidecar_cannot_load(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """Not a banner and a gateway that is never ready: exit 1, the engine's error, no leftovers."""
+    empty = tmp_path / "no-model"
+    empty.mkdir()
+    config = tmp_path / "gateway.yaml"
+    config.write_text(
+        "sidecars:\n  inline:\n    models:\n      - name: m\n"
+        f"        tokenizer_dir: {tiny_model_dir}\n"
+        f"        engine: {{kind: torch, model_dir: {empty}}}\n"
+        "models: [{name: m, pipeline: m}]\ntenancy: {auth: false}\n"
+    )
+    command = [str(Path(sys.executable).parent / "triton-gateway"), "serve", "--config",
+               str(config), "--port", "0"]  # fmt: skip
+    servers = _tritonservers()
+    workdirs = set(Path(tempfile.gettempdir()).glob("triton-gateway-*"))
+    done = subprocess.run(command, capture_output=True, text=True, timeout=180)
+
+    assert done.returncode == 1
+    error = done.stderr[done.stderr.index("error: sidecar") :]
+    assert error.startswith("error: sidecar 'main' could not start")
+    assert f"cannot load model '{empty}'" in error
+    assert _tritonservers() <= servers
+    assert set(Path(tempfile.gettempdir()).glob("triton-gateway-*")) <= workdirs
+
+
+def _tritonservers() -> set[int]:
+    import psutil
+
+    return {p.pid for p in psutil.process_iter(["name"]) if p.info["name"] == "tritonserver"}

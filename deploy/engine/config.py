@@ -66,7 +66,7 @@ def settings_from_model_config(model_config: Mapping[str, Any]) -> ModelSettings
         raise EngineError("parameter torch_max_batch_size must be at least 1")
     engine = EngineConfig(
         model_path=model_path,
-        device=parameter(model_config, "torch_device") or "cpu",
+        device=parameter(model_config, "torch_device") or "auto",
         dtype=parameter(model_config, "torch_dtype") or "auto",
         max_batch_size=max_batch_size,
         max_seq_len=_int(model_config, "torch_max_seq_len", None),

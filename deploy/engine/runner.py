@@ -30,6 +30,24 @@ _DTYPES = {
 _DEFAULT_CPU_THREADS = 4
 
 
+def resolve_device(name: str) -> torch.device:
+    """The device named by `torch_device`: "auto" is CUDA when available, else the CPU; a CUDA
+    device on a machine without one is refused with the reason."""
+    key = name.strip().lower()
+    if key == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(key)
+    except RuntimeError as exc:
+        raise EngineError(f"torch_device {name!r} is not a torch device: {exc}") from exc
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise EngineError(
+            f"torch_device {name!r} asks for CUDA, but this machine's torch has no CUDA device "
+            f"(torch {torch.__version__}); use device: auto or cpu"
+        )
+    return device
+
+
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     """The dtype named by `torch_dtype`; "auto" is float32 on CPU, bfloat16 (or float16) on CUDA."""
     key = name.strip().lower()
@@ -96,7 +114,7 @@ class ModelRunner:
     @classmethod
     def load(cls, config: EngineConfig) -> ModelRunner:
         """Load `config.model_path` (local folder or hub id) onto the configured device."""
-        device = torch.device(config.device)
+        device = resolve_device(config.device)
         threads = configure_threads(device, config.num_threads)
         dtype = resolve_dtype(config.dtype, device)
         hf_logging.disable_progress_bar()

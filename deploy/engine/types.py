@@ -152,7 +152,7 @@ class EngineConfig:
     """Where the model comes from and how the engine runs it."""
 
     model_path: str
-    device: str = "cpu"
+    device: str = "auto"
     dtype: str = "auto"
     max_batch_size: int = 16
     max_seq_len: int | None = None

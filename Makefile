@@ -37,7 +37,7 @@ test: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python -m tests.bench_serving --out $(BENCH_OUT)
 	$(BIN)/python -m tests.bench_gateway_cpu --out $(BENCH_OUT)
-	$(BIN)/python -m deploy.bench
+	$(BIN)/python -m deploy.devtools.bench
 	$(BIN)/python -m tests.bench_tenancy
 	$(BIN)/python -m tests.bench_lora
 	$(BIN)/python -m tests.bench_guided --smollm
@@ -48,7 +48,7 @@ soak: $(STAMP)
 
 # An offline bundle for a GPU host running Python 3.12 (README: "On a GPU machine without network").
 gpu-bundle: $(STAMP)
-	$(BIN)/python -m deploy.offline pack .devrun/bundle --python 3.12 \
+	$(BIN)/python -m deploy.devtools.offline pack .devrun/bundle --python 3.12 \
 		$(if $(HOST_PACKAGES),--exclude $(HOST_PACKAGES))
 
 lint: $(STAMP)

@@ -2,6 +2,6 @@
 
 import sys
 
-from deploy.cli import main
+from deploy.sidecar.cli import main
 
 sys.exit(main())

@@ -28,7 +28,7 @@ DEMO_MODEL = "smollm2"
 
 def demo_settings(host: str, port: int) -> Settings:
     """SmolLM2-135M-Instruct on the PyTorch engine in a local sidecar, served as ``smollm2``."""
-    from deploy.models import ensure_smollm2
+    from deploy.sidecar.models import ensure_smollm2
 
     model_dir = ensure_smollm2()
     spec = {
@@ -96,7 +96,7 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _init(args: argparse.Namespace) -> int:
-    from deploy.models import ensure_smollm2
+    from deploy.sidecar.models import ensure_smollm2
     from gateway.starter import ADAPTER, MODEL, write_starter
 
     folder = Path(args.folder)
@@ -164,7 +164,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``triton-gateway``."""
     args_list = list(sys.argv[1:] if argv is None else argv)
     if args_list[:1] == ["deploy"]:
-        from deploy.cli import main as deploy_main
+        from deploy.sidecar.cli import main as deploy_main
 
         return deploy_main(args_list[1:])
     args = build_parser().parse_args(args_list)

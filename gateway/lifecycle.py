@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 from adapters.contract import Backend, ModelTarget
-from deploy.spec import Spec, SpecError, load_spec, parse_spec
-from deploy.supervisor import Sidecar, sidecar_from_spec
+from deploy.sidecar.spec import Spec, SpecError, load_spec, parse_spec
+from deploy.sidecar.supervisor import Sidecar, sidecar_from_spec
 from gateway.generation import GenerationService
 from gateway.lora import AdapterError, AdapterExists
 from gateway.observability import Observability
@@ -35,7 +35,7 @@ def triton_backend(routes: tuple[ModelRoute, ...]) -> Backend:
 
 def read_spec(sidecars: SidecarSettings) -> Spec:
     """The deploy spec of the sidecars, built-in model names resolved (may convert a model)."""
-    from deploy.cli import resolve_aliases
+    from deploy.sidecar.models import resolve_aliases
 
     try:
         if sidecars.spec is not None:

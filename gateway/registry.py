@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from adapters.contract import LoraAdapter, ModelTarget
-from deploy.spec import ModelSpec, Spec, TorchEngine
+from deploy.sidecar.spec import ModelSpec, Spec, TorchEngine
 from gateway.errors import unknown_model
 from gateway.lora import LoraLibrary
 from gateway.settings import ModelSettings, SamplingDefaults, Settings, SettingsError

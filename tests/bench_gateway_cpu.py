@@ -30,9 +30,9 @@ import msgspec
 from litestar.types import Message
 
 from adapters.triton.client import TritonBackend
-from deploy.models import ensure_tiny_model
-from deploy.spec import parse_spec
-from deploy.supervisor import sidecar_from_spec
+from deploy.sidecar.models import ensure_tiny_model
+from deploy.sidecar.spec import parse_spec
+from deploy.sidecar.supervisor import sidecar_from_spec
 from gateway.app import create_app
 from gateway.observability.logs import configure_logging
 from gateway.settings import parse_settings

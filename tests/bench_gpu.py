@@ -2,9 +2,10 @@
 
 The recipe, for a machine with a CUDA build of torch and no network (the lent H100 is one):
 
-1. Where pip works: ``python -m deploy.offline pack .devrun/bundle --python 3.12 --exclude
+1. Where pip works: ``python -m deploy.devtools.offline pack .devrun/bundle --python 3.12 --exclude
    <the target's pip freeze>`` and copy a tokenizer folder (``--tokenizer``) beside it.
-2. On the GPU machine: ``python3 -m deploy.offline install .devrun/bundle --prefix /tmp/gw``,
+2. On the GPU machine:
+   ``python3 -m deploy.devtools.offline install .devrun/bundle --prefix /tmp/gw``,
    then ``/tmp/gw/env/bin/python -m tests.bench_gpu --text-env /tmp/gw/text-env
    --tokenizer DIR --out results``.
 

@@ -12,9 +12,16 @@ import statistics
 import time
 from typing import Any
 
-from deploy.engine import Engine, EngineConfig, GenerationRequest, SamplingParams
-from deploy.engine.guided import GuidedConfig, GuidedDecoding, GuideRequest
-from deploy.models import ensure_smollm2, ensure_tiny_model
+from deploy.sidecar.models import ensure_smollm2, ensure_tiny_model
+from deploy.triton.engine.guided import GuidedDecoding
+from deploy.triton.engine.scheduler import Engine
+from deploy.triton.engine.types import (
+    EngineConfig,
+    EngineRequest,
+    GuidedConfig,
+    GuideRequest,
+    SamplingConfig,
+)
 from gateway.tools.formats import Function, tool_format
 from gateway.tools.plan import _auto_guide, _calls_schema
 from tests.test_engine_scheduler import Result
@@ -56,11 +63,11 @@ def _run(engine: Engine, prompts: list[tuple[int, ...]], max_new: int, guide: An
     results = []
     start = time.perf_counter()
     for index, prompt in enumerate(prompts):
-        request = GenerationRequest(
+        request = EngineRequest(
             f"bench-{time.monotonic_ns()}-{index}",
             prompt,
             max_new,
-            sampling=SamplingParams(temperature=1.0, top_p=0.95, seed=index, min_tokens=max_new),
+            sampling=SamplingConfig(temperature=1.0, top_p=0.95, seed=index, min_tokens=max_new),
             guide=guide,
         )
         result = Result(1)
@@ -128,7 +135,7 @@ def mask_cost(model_dir: str) -> None:
     import xgrammar as xgr
     from transformers import AutoTokenizer
 
-    from deploy.engine.guided import grammar_masks
+    from deploy.triton.engine.guided import grammar_masks
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     guided = GuidedDecoding(xgr.TokenizerInfo.from_huggingface(tokenizer))

@@ -16,8 +16,15 @@ from pathlib import Path
 
 import numpy as np
 
-from deploy.engine import Engine, EngineConfig, GenerationRequest, SamplingParams, SequenceOutput
-from deploy.engine.lora import MODULES, LoraRequest
+from deploy.triton.engine.lora import MODULES
+from deploy.triton.engine.scheduler import Engine
+from deploy.triton.engine.types import (
+    EngineConfig,
+    EngineRequest,
+    LoraRequest,
+    SamplingConfig,
+    SequenceOutput,
+)
 
 STREAMS = 16
 RANK = 8
@@ -54,10 +61,10 @@ def _run(
         if output.finished:
             done.release()
 
-    sampling = SamplingParams(temperature=0.0, min_tokens=tokens)
+    sampling = SamplingConfig(temperature=0.0, min_tokens=tokens)
     started = time.perf_counter()
     for index in range(STREAMS):
-        request = GenerationRequest(
+        request = EngineRequest(
             f"bench-{time.monotonic_ns()}-{index}",
             prompt,
             tokens,
@@ -81,7 +88,7 @@ def main() -> None:
     args = parser.parse_args()
     model_dir = args.model_dir
     if model_dir is None:
-        from deploy.models import build_tiny_model
+        from deploy.sidecar.models import build_tiny_model
 
         model_dir = str(build_tiny_model(Path(tempfile.mkdtemp()) / "tiny"))
     config = EngineConfig(

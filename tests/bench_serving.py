@@ -39,9 +39,9 @@ import psutil
 
 from adapters.triton.client import infer_request
 from adapters.triton.tensors import WireTensor
-from deploy.models import ensure_tiny_model
-from deploy.spec import parse_spec
-from deploy.supervisor import Sidecar, sidecar_from_spec
+from deploy.sidecar.models import ensure_tiny_model
+from deploy.sidecar.spec import parse_spec
+from deploy.sidecar.supervisor import Sidecar, sidecar_from_spec
 from gateway.tenancy.keys import digest
 from gateway.text.hub import load_tokenizer
 from tests import bench_report, litellm_proxy

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from deploy.spec import Spec, parse_spec
-from deploy.supervisor import Sidecar, sidecar_from_spec
+from deploy.sidecar.spec import Spec, parse_spec
+from deploy.sidecar.supervisor import Sidecar, sidecar_from_spec
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
@@ -17,7 +17,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The deterministic tiny Llama with its byte-level BPE tokenizer and ChatML template."""
-    from deploy.models import build_tiny_model
+    from deploy.sidecar.models import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("models") / "tiny")
 

@@ -6,7 +6,7 @@ import asyncio
 import os
 from pathlib import Path
 
-from deploy.supervisor import Sidecar
+from deploy.sidecar.supervisor import Sidecar
 
 
 class EngineProcess:

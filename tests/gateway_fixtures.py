@@ -18,7 +18,7 @@ import uvicorn
 import yaml
 from opentelemetry.sdk.trace.export import SpanExporter
 
-from deploy.supervisor import Sidecar
+from deploy.sidecar.supervisor import Sidecar
 from gateway.app import create_app
 from gateway.settings import LimitSettings, ModelSettings, Settings
 from gateway.tenancy import TenancySettings

@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import yaml
 
-from deploy.supervisor import Sidecar, free_port
+from deploy.sidecar.supervisor import Sidecar, free_port
 
 VERSION = "1.106.1"
 VENV = Path(__file__).resolve().parent.parent / ".bench" / "litellm"

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from deploy.loadtest import TritonPythonModel as LoadTestModel
+from deploy.triton.loadtest.engine import TritonPythonModel as LoadTestModel
 
 RECORD = "received.jsonl"
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import httpx
 
-from deploy.models import ensure_tiny_model
+from deploy.sidecar.models import ensure_tiny_model
 from tests.gateway_fixtures import serve_process, stop_process
 
 

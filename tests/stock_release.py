@@ -15,9 +15,9 @@ import string
 from dataclasses import dataclass
 from pathlib import Path
 
-from deploy.render import BACKENDS
-from deploy.supervisor import Sidecar
-from deploy.tritonbin import find_tritonserver
+from deploy.sidecar.render import BACKENDS
+from deploy.sidecar.supervisor import Sidecar
+from deploy.sidecar.tritonbin import find_tritonserver
 
 STOCK_MODELS = Path(__file__).resolve().parents[2] / "shared" / "reference" / "stock-models"
 FILL_DEFAULTS = {"max_queue_size": "0", "max_queue_delay_microseconds": "0"}

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from deploy.pipeline.detokenizer import DetokenizerCache, IncrementalDetokenizer
-from deploy.pipeline.tokenization import decode
+from deploy.triton.pipeline.detokenizer import DetokenizerCache, IncrementalDetokenizer
+from deploy.triton.pipeline.tokenization import decode
 
 TEXTS = [
     "héllo 世界 🎉 naïve",

@@ -11,8 +11,16 @@ from typing import Any
 
 import pytest
 
-from deploy.engine import Engine, EngineConfig, EngineError, FinishReason, SamplingParams
-from deploy.engine.guided import GuidedConfig, GuideRequest, write_tokenizer_info
+from deploy.triton.engine.guided import write_tokenizer_info
+from deploy.triton.engine.scheduler import Engine
+from deploy.triton.engine.types import (
+    EngineConfig,
+    EngineError,
+    FinishReason,
+    GuidedConfig,
+    GuideRequest,
+    SamplingConfig,
+)
 from tests.test_engine_scheduler import make, run, submit
 
 WEATHER = {
@@ -64,13 +72,13 @@ def text_of(tokenizer: Any, tokens: list[int]) -> str:
     return str(tokenizer.decode(tokens))
 
 
-SAMPLED = SamplingParams(temperature=1.0, top_p=0.9, seed=7, min_tokens=0)
+SAMPLED = SamplingConfig(temperature=1.0, top_p=0.9, seed=7, min_tokens=0)
 
 
 @pytest.mark.parametrize("sampling", [None, SAMPLED], ids=["greedy", "sampled"])
 @pytest.mark.parametrize("prompt", ["What is the weather in Paris?", "def add(a, b):", "x"])
 def test_json_schema_output_validates_and_ends_when_complete(
-    engine: Engine, tokenizer: Any, prompt: str, sampling: SamplingParams | None
+    engine: Engine, tokenizer: Any, prompt: str, sampling: SamplingConfig | None
 ) -> None:
     guide = GuideRequest("json_schema", json.dumps(WEATHER))
     extra = {} if sampling is None else {"sampling": sampling}

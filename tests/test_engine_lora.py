@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from deploy.engine import Engine, EngineConfig, EngineError
-from deploy.engine.lora import LoraRequest
+from deploy.triton.engine.scheduler import Engine
+from deploy.triton.engine.types import EngineConfig, EngineError, LoraRequest
 from gateway.lora.convert import BaseShapes, load_adapter
 from tests.lora_fixtures import peft_greedy
 from tests.test_engine_scheduler import make, run, submit

@@ -10,9 +10,8 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from deploy.engine import EngineError, GenerationRequest, SamplingParams, validate_request
-from deploy.engine.kvcache import BatchKVCache
-from deploy.engine.sampling import (
+from deploy.triton.engine.kvcache import BatchKVCache
+from deploy.triton.engine.sampling import (
     SamplingRows,
     apply_penalties,
     banned_next_tokens,
@@ -25,6 +24,8 @@ from deploy.engine.sampling import (
     static_bias,
     token_log_probs,
 )
+from deploy.triton.engine.scheduler import validate_request
+from deploy.triton.engine.types import EngineError, EngineRequest, SamplingConfig
 
 INF = float("inf")
 
@@ -32,16 +33,16 @@ INF = float("inf")
 @pytest.mark.parametrize(
     ("params", "greedy"),
     [
-        (SamplingParams(), True),
-        (SamplingParams(temperature=0.0, top_p=0.9), True),
-        (SamplingParams(top_k=1, temperature=1.5), True),
-        (SamplingParams(top_k=5), False),
-        (SamplingParams(top_p=0.9), False),
-        (SamplingParams(top_k=0, top_p=0.0, temperature=0.7), True),
-        (SamplingParams(top_k=50, top_p=0.95, temperature=0.7), False),
+        (SamplingConfig(), True),
+        (SamplingConfig(temperature=0.0, top_p=0.9), True),
+        (SamplingConfig(top_k=1, temperature=1.5), True),
+        (SamplingConfig(top_k=5), False),
+        (SamplingConfig(top_p=0.9), False),
+        (SamplingConfig(top_k=0, top_p=0.0, temperature=0.7), True),
+        (SamplingConfig(top_k=50, top_p=0.95, temperature=0.7), False),
     ],
 )
-def test_greedy_follows_tensorrt_llm_rules(params: SamplingParams, greedy: bool) -> None:
+def test_greedy_follows_tensorrt_llm_rules(params: SamplingConfig, greedy: bool) -> None:
     assert params.greedy is greedy
 
 
@@ -197,12 +198,12 @@ def test_token_log_probs_are_log_softmax_of_the_raw_logits() -> None:
     assert token_log_probs(logits, torch.tensor([1])).item() == pytest.approx(math.log(0.75))
 
 
-def _rows(seeds: list[int], params: SamplingParams, prompt: tuple[int, ...] = ()) -> SamplingRows:
+def _rows(seeds: list[int], params: SamplingConfig, prompt: tuple[int, ...] = ()) -> SamplingRows:
     return SamplingRows.for_request(params, seeds, torch.zeros(5), prompt, torch.device("cpu"))
 
 
 def test_sampling_rows_are_reproducible_per_seed_whatever_the_batch() -> None:
-    params = SamplingParams(temperature=1.0, top_p=1.0)
+    params = SamplingConfig(temperature=1.0, top_p=1.0)
     logits = torch.zeros(1, 5)
     alone = [_rows([11], params).choose(logits, []).item() for _ in range(3)]
     assert len(set(alone)) == 1
@@ -214,8 +215,8 @@ def test_sampling_rows_are_reproducible_per_seed_whatever_the_batch() -> None:
 
 
 def test_sampling_rows_select_extend_and_record_keep_rows_aligned() -> None:
-    penalised = SamplingParams(presence_penalty=5.0)
-    rows = _rows([1], SamplingParams())
+    penalised = SamplingConfig(presence_penalty=5.0)
+    rows = _rows([1], SamplingConfig())
     rows.extend(_rows([2, 3], penalised, prompt=(4,)))
     rows.record(torch.tensor([0, 1, 2]))
     rows.select([2, 0])
@@ -253,9 +254,9 @@ def test_batch_kv_cache_left_pads_joins_and_trims() -> None:
     assert batch.length == 0
 
 
-def _request(**overrides: Any) -> GenerationRequest:
+def _request(**overrides: Any) -> EngineRequest:
     values: dict[str, Any] = {"request_id": "r", "input_ids": (1, 2, 3), "max_new_tokens": 5}
-    return GenerationRequest(**(values | overrides))
+    return EngineRequest(**(values | overrides))
 
 
 @pytest.mark.parametrize(
@@ -267,8 +268,8 @@ def _request(**overrides: Any) -> GenerationRequest:
         ({"input_ids": (1,) * 8}, "no room is left"),
         ({"input_ids": (1, 50)}, "outside the vocabulary"),
         ({"stop_words": ((99,),)}, "stop_words_list"),
-        ({"sampling": SamplingParams(temperature=-1.0)}, "temperature"),
-        ({"sampling": SamplingParams(top_p=1.5)}, "runtime_top_p"),
+        ({"sampling": SamplingConfig(temperature=-1.0)}, "temperature"),
+        ({"sampling": SamplingConfig(top_p=1.5)}, "runtime_top_p"),
         ({"embedding_bias": np.zeros(3, np.float32)}, "embedding_bias"),
     ],
 )
@@ -284,8 +285,8 @@ def test_validate_request_caps_output_to_the_sequence_limit(max_new: int, expect
 
 
 def test_the_device_defaults_to_cuda_only_where_there_is_one() -> None:
-    from deploy.engine.runner import resolve_device
-    from deploy.engine.types import EngineError
+    from deploy.triton.engine.runner import resolve_device
+    from deploy.triton.engine.types import EngineError
 
     expected = "cuda" if torch.cuda.is_available() else "cpu"
     assert resolve_device("auto").type == expected

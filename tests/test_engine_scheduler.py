@@ -14,19 +14,19 @@ import numpy as np
 import pytest
 import torch
 
-from deploy.engine import (
-    Engine,
+from deploy.triton.engine.scheduler import Engine
+from deploy.triton.engine.types import (
     EngineConfig,
     EngineError,
+    EngineRequest,
     FinishReason,
-    GenerationRequest,
-    SamplingParams,
+    SamplingConfig,
     SequenceOutput,
 )
 
 TIMEOUT_S = 60.0
-GREEDY = SamplingParams(temperature=0.0, min_tokens=0)
-SAMPLED = SamplingParams(temperature=1.5, top_p=1.0, seed=42)
+GREEDY = SamplingConfig(temperature=0.0, min_tokens=0)
+SAMPLED = SamplingConfig(temperature=1.5, top_p=1.0, seed=42)
 MAX_SEQ_LEN = 256
 
 
@@ -81,18 +81,18 @@ def prompts(tiny_model_dir: Path) -> list[tuple[int, ...]]:
 _ids = iter(range(1_000_000))
 
 
-def make(prompt: tuple[int, ...], max_new: int = 24, **overrides: Any) -> GenerationRequest:
+def make(prompt: tuple[int, ...], max_new: int = 24, **overrides: Any) -> EngineRequest:
     values: dict[str, Any] = {"sampling": GREEDY}
-    return GenerationRequest(f"r{next(_ids)}", prompt, max_new, **(values | overrides))
+    return EngineRequest(f"r{next(_ids)}", prompt, max_new, **(values | overrides))
 
 
-def submit(engine: Engine, request: GenerationRequest) -> Result:
+def submit(engine: Engine, request: EngineRequest) -> Result:
     result = Result(request.num_return_sequences)
     engine.submit(request, result)
     return result
 
 
-def run(engine: Engine, request: GenerationRequest) -> Result:
+def run(engine: Engine, request: EngineRequest) -> Result:
     return submit(engine, request).wait()
 
 
@@ -212,7 +212,7 @@ def test_min_tokens_holds_back_the_end_id(engine: Engine, prompts: list[tuple[in
     at = fresh_index(full, 2)
     ends_early = run(engine, make(prompts[0], end_ids=(full[at],))).tokens()
     assert ends_early == full[:at]
-    params = SamplingParams(temperature=0.0, min_tokens=at + 4)
+    params = SamplingConfig(temperature=0.0, min_tokens=at + 4)
     held = run(engine, make(prompts[0], end_ids=(full[at],), sampling=params)).tokens()
     assert len(held) >= at + 4
     assert full[at] not in held[: at + 4]
@@ -259,7 +259,7 @@ def test_num_return_sequences_are_independent_samples_of_one_prompt(
 def test_top_k_one_is_greedy_at_any_temperature(
     engine: Engine, prompts: list[tuple[int, ...]]
 ) -> None:
-    params = SamplingParams(temperature=1.7, top_k=1, seed=3, min_tokens=0)
+    params = SamplingConfig(temperature=1.7, top_k=1, seed=3, min_tokens=0)
     assert (
         run(engine, make(prompts[1], sampling=params)).tokens()
         == run(engine, make(prompts[1])).tokens()
@@ -269,12 +269,12 @@ def test_top_k_one_is_greedy_at_any_temperature(
 @pytest.mark.parametrize(
     "params",
     [
-        SamplingParams(temperature=0.0, presence_penalty=1e6),
-        SamplingParams(temperature=0.0, frequency_penalty=1e6),
+        SamplingConfig(temperature=0.0, presence_penalty=1e6),
+        SamplingConfig(temperature=0.0, frequency_penalty=1e6),
     ],
 )
 def test_penalties_stop_tokens_from_repeating(
-    engine: Engine, prompts: list[tuple[int, ...]], params: SamplingParams
+    engine: Engine, prompts: list[tuple[int, ...]], params: SamplingConfig
 ) -> None:
     plain = run(engine, make(prompts[3], 60, end_ids=())).tokens()
     assert len(set(plain)) < len(plain)
@@ -285,7 +285,7 @@ def test_penalties_stop_tokens_from_repeating(
 def test_repetition_penalty_covers_the_prompt(
     engine: Engine, prompts: list[tuple[int, ...]]
 ) -> None:
-    params = SamplingParams(temperature=0.0, repetition_penalty=1e6)
+    params = SamplingConfig(temperature=0.0, repetition_penalty=1e6)
     prompt = prompts[3]
     tokens = run(engine, make(prompt, 20, end_ids=(), sampling=params)).tokens()
     history = list(prompt)

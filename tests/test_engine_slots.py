@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from deploy.supervisor import Sidecar
+from deploy.sidecar.supervisor import Sidecar
 from tests.test_engine_triton import Stream, request, tokens_of
 
 pytestmark = pytest.mark.slow

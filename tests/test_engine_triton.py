@@ -13,7 +13,7 @@ import pytest
 import torch
 import tritonclient.grpc as grpcclient
 
-from deploy.supervisor import Sidecar
+from deploy.sidecar.supervisor import Sidecar
 
 pytestmark = pytest.mark.slow
 

@@ -9,11 +9,16 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-from deploy.engine import EngineError, SamplingParams
-from deploy.engine.config import settings_from_model_config
-from deploy.engine.outputs import ItemContext, OutputLayout, response_tensors
-from deploy.engine.types import FinishReason, SequenceOutput, Timings
-from deploy.engine.wire import (
+from deploy.triton.engine.config import settings_from_model_config
+from deploy.triton.engine.outputs import ItemContext, OutputLayout, response_tensors
+from deploy.triton.engine.types import (
+    EngineError,
+    FinishReason,
+    SamplingConfig,
+    SequenceOutput,
+    Timings,
+)
+from deploy.triton.engine.wire import (
     LOOKAHEAD_ERROR,
     is_stop_request,
     parse_items,
@@ -61,7 +66,7 @@ def test_parse_items_defaults_and_old_input_names() -> None:
     request, context = items[0]
     assert request.request_id == "k/0"
     assert request.input_ids == (5, 6, 7)
-    assert request.sampling == SamplingParams(seed=9, min_tokens=3)
+    assert request.sampling == SamplingConfig(seed=9, min_tokens=3)
     assert request.end_ids == ()
     assert context.exclude_input is True
     assert context.streaming is False

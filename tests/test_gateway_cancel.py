@@ -9,7 +9,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from deploy.supervisor import Sidecar
+from deploy.sidecar.supervisor import Sidecar
 from tests.gateway_fixtures import (  # noqa: F401
     BLS_MODEL,
     ENGINE_MODEL,

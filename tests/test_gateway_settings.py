@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from deploy.spec import parse_spec
+from deploy.sidecar.spec import parse_spec
 from gateway.registry import resolve_routes
 from gateway.settings import (
     ModelSettings,

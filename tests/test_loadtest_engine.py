@@ -13,9 +13,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from deploy.render import RenderError, check_paths, render_config, render_model
-from deploy.spec import LoadTestEngine, SpecError, parse_spec
-from deploy.supervisor import Sidecar, sidecar_from_spec
+from deploy.sidecar.render import RenderError, check_paths, render_config, render_model
+from deploy.sidecar.spec import LoadTestEngine, SpecError, parse_spec
+from deploy.sidecar.supervisor import Sidecar, sidecar_from_spec
 from tests.test_pipeline_triton import Stream, generate, texts
 
 RELEASES = ("v0.8", "v0.11", "v0.19", "latest")
@@ -38,13 +38,13 @@ ALL = frozenset(
 
 @pytest.fixture(scope="module")
 def lt() -> Iterator[types.ModuleType]:
-    """``deploy.loadtest`` imported outside tritonserver (its pb_utils is a bare stand-in)."""
+    """``deploy.triton.loadtest.engine`` imported outside tritonserver (pb_utils stood in)."""
     with pytest.MonkeyPatch.context() as patch:
         stand_in = types.ModuleType("triton_python_backend_utils")
         patch.setitem(sys.modules, "triton_python_backend_utils", stand_in)
-        sys.modules.pop("deploy.loadtest", None)
-        yield importlib.import_module("deploy.loadtest")
-        sys.modules.pop("deploy.loadtest", None)
+        sys.modules.pop("deploy.triton.loadtest.engine", None)
+        yield importlib.import_module("deploy.triton.loadtest.engine")
+        sys.modules.pop("deploy.triton.loadtest.engine", None)
 
 
 def _inputs(**values: Any) -> dict[str, np.ndarray]:
@@ -174,7 +174,7 @@ def test_renders_a_python_model_importing_deploy_loadtest(release: str) -> None:
     assert "torch_" not in config and "guided_decoding_backend" not in config
     assert '"loadtest_token_id"' in config and '"load_test_model"' in config
     model_py = render_model(model)["lt_tensorrt_llm/1/model.py"]
-    assert "from deploy.loadtest import TritonPythonModel" in model_py
+    assert "from deploy.triton.loadtest.engine import TritonPythonModel" in model_py
     assert "torch" not in model_py
     check_paths(model)
 

@@ -16,7 +16,7 @@ import msgspec
 import openai
 import pytest
 
-from deploy.supervisor import Sidecar
+from deploy.sidecar.supervisor import Sidecar
 from gateway.settings import AdapterSettings, ModelSettings, Settings
 from gateway.tenancy.config import KeyEntry, TenancySettings, TenantPolicy
 from gateway.tenancy.keys import digest, new_key

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from deploy import models
+from deploy.sidecar import models
 
 PROMPT = [{"role": "user", "content": "What is the capital of France?"}]
 
@@ -155,7 +155,10 @@ def test_tiny_seed_changes_weights_only(tiny: Path, tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_tiny_build_is_identical_in_another_process(tiny: Path, tmp_path: Path) -> None:
-    code = "import sys; from deploy.models import build_tiny_model; build_tiny_model(sys.argv[1])"
+    code = (
+        "import sys; from deploy.sidecar.models import build_tiny_model; "
+        "build_tiny_model(sys.argv[1])"
+    )
     env = {**os.environ, "PYTHONHASHSEED": "12345"}
     target = tmp_path / "subprocess"
     subprocess.run([sys.executable, "-c", code, str(target)], check=True, env=env)

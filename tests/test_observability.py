@@ -16,7 +16,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from prometheus_client.parser import text_string_to_metric_families
 
-from deploy.supervisor import Sidecar
+from deploy.sidecar.supervisor import Sidecar
 from gateway.observability.logs import JsonFormatter, RequestIdFilter
 from tests.gateway_fixtures import ENSEMBLE_MODEL, LiveGateway, sidecar_settings
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from deploy.offline import (
+from deploy.devtools.offline import (
     _layer,
     _names,
     _server_members,
@@ -19,8 +19,8 @@ from deploy.offline import (
     link_distribution,
     runtime_closure,
 )
-from deploy.spec import parse_spec
-from deploy.supervisor import Sidecar, sidecar_from_spec
+from deploy.sidecar.spec import parse_spec
+from deploy.sidecar.supervisor import Sidecar, sidecar_from_spec
 
 VERSION = f"{sys.version_info.major}.{sys.version_info.minor}"
 

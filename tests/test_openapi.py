@@ -22,7 +22,7 @@ from schemathesis.checks import (
     response_schema_conformance,
 )
 
-from deploy.supervisor import Sidecar
+from deploy.sidecar.supervisor import Sidecar
 from gateway.app import create_app
 from gateway.openapi import document
 from gateway.settings import LimitSettings, ModelSettings, Settings

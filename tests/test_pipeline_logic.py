@@ -9,9 +9,9 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-from deploy import params
-from deploy.pipeline import bls_logic as bl
-from deploy.pipeline import tokenization as tk
+from deploy.triton import params
+from deploy.triton.pipeline import bls_logic as bl
+from deploy.triton.pipeline import tokenization as tk
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 
-from deploy.supervisor import Sidecar
+from deploy.sidecar.supervisor import Sidecar
 
 pytestmark = pytest.mark.slow
 
@@ -336,9 +336,9 @@ def test_concurrent_streams_each_get_their_own_text(sidecar: Sidecar, reference:
 @pytest.fixture(scope="module")
 def smollm_sidecar(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sidecar]:
     """A sidecar serving SmolLM2-135M-Instruct (converted from the PyPI GGUF) as ``smol``."""
-    from deploy.models import ensure_smollm2
-    from deploy.spec import parse_spec
-    from deploy.supervisor import sidecar_from_spec
+    from deploy.sidecar.models import ensure_smollm2
+    from deploy.sidecar.spec import parse_spec
+    from deploy.sidecar.supervisor import sidecar_from_spec
 
     try:
         model_dir = str(ensure_smollm2())

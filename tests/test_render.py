@@ -9,11 +9,11 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-from deploy.render import RenderError, fill, render_config, render_model, render_spec
-from deploy.spec import PIPELINE_MODELS, SpecError, load_spec, parse_spec
+from deploy.sidecar.render import RenderError, fill, render_config, render_model, render_spec
+from deploy.sidecar.spec import PIPELINE_MODELS, SpecError, load_spec, parse_spec
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "reference"
-PACKAGED = Path(__file__).resolve().parents[1] / "deploy" / "templates"
+PACKAGED = Path(__file__).resolve().parents[1] / "deploy" / "sidecar" / "templates"
 RELEASES = ("v0.8", "v0.11", "v0.19", "latest")
 
 TORCH = {"kind": "torch", "model_dir": "some/hub-id"}

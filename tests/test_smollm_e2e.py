@@ -91,7 +91,7 @@ def test_required_tool_call_names_the_city(demo_url: str, stream: bool) -> None:
 @pytest.fixture(scope="module")
 def stock_v019_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """SmolLM2 behind the stock v0.19.0 models (decoupled), the gateway in front."""
-    from deploy.models import ensure_smollm2
+    from deploy.sidecar.models import ensure_smollm2
     from gateway.settings import ModelSettings, Settings
     from gateway.tenancy import TenancySettings
     from tests.stock_release import STOCK_MODELS, start_stock_sidecar
@@ -141,7 +141,7 @@ def test_smollm2_with_a_lora_adapter_through_triton_gateway_serve(
 
     from transformers import AutoTokenizer
 
-    from deploy.models import ensure_smollm2
+    from deploy.sidecar.models import ensure_smollm2
     from tests.gateway_fixtures import serve_process
     from tests.lora_fixtures import AdapterRecipe, make_peft_adapter, peft_greedy
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from deploy.supervisor import Sidecar
+from deploy.sidecar.supervisor import Sidecar
 from tests.gateway_fixtures import (  # noqa: F401
     BLS_MODEL,
     ENGINE_MODEL,

@@ -10,10 +10,10 @@ from pathlib import Path
 import psutil
 import pytest
 
-from deploy.render import RenderError
-from deploy.spec import parse_spec
-from deploy.supervisor import Sidecar, SidecarError, sidecar_from_spec, start_all, stop_all
-from deploy.tritonbin import (
+from deploy.sidecar.render import RenderError
+from deploy.sidecar.spec import parse_spec
+from deploy.sidecar.supervisor import Sidecar, SidecarError, sidecar_from_spec, start_all, stop_all
+from deploy.sidecar.tritonbin import (
     ServerArgs,
     TritonBinary,
     build_command,

@@ -13,7 +13,7 @@ import msgspec
 import openai
 import pytest
 
-from deploy.supervisor import Sidecar
+from deploy.sidecar.supervisor import Sidecar
 from gateway.tenancy import KeyEntry, StoreSettings, TenancySettings, TenantPolicy
 from gateway.tenancy.keys import digest, new_key
 from tests.gateway_fixtures import LiveGateway, sidecar_settings

@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 import pytest
 
-from deploy.supervisor import Sidecar
+from deploy.sidecar.supervisor import Sidecar
 from gateway.tenancy.keys import digest, new_key
 from tests.engine_probe import EngineProcess
 from tests.gateway_fixtures import serve_process

@@ -107,7 +107,7 @@ def test_same_as_transformers_on_the_tiny_model(
 
 @pytest.mark.smollm
 def test_same_as_transformers_on_smollm2(executor: ThreadPoolExecutor) -> None:
-    from deploy.models import ensure_smollm2
+    from deploy.sidecar.models import ensure_smollm2
 
     _parity(ensure_smollm2(), executor)
 

@@ -25,8 +25,8 @@ from adapters.contract import (
     TritonModelKind,
 )
 from adapters.triton import TritonBackend
-from deploy.models import ensure_tiny_model
-from deploy.supervisor import Sidecar, free_port
+from deploy.sidecar.models import ensure_tiny_model
+from deploy.sidecar.supervisor import Sidecar, free_port
 from gateway.text.prompts import PromptTokenizer
 from tests.engine_probe import EngineProcess
 

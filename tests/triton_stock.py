@@ -10,7 +10,7 @@ from typing import Any
 from google.protobuf import json_format, text_format
 from tritonclient.grpc import model_config_pb2
 
-TEMPLATES = Path(__file__).resolve().parents[1] / "deploy" / "templates"
+TEMPLATES = Path(__file__).resolve().parents[1] / "deploy" / "sidecar" / "templates"
 COUNT_INPUTS = ("return_num_input_tokens", "return_num_output_tokens")
 COUNT_OUTPUTS = ("num_input_tokens", "num_output_tokens")
 

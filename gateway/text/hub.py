@@ -163,7 +163,7 @@ def load_tokenizer(name_or_path: str) -> TextTokenizer:
 
 
 def _folder(name_or_path: str) -> Path:
-    from deploy.models import resolve_model_dir
+    from deploy.sidecar.models import resolve_model_dir
 
     path = Path(resolve_model_dir(name_or_path))
     if path.is_dir():

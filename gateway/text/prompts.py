@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 
 from jinja2 import TemplateError
 
-from deploy.pipeline.detokenizer import IncrementalDetokenizer
+from deploy.triton.pipeline.detokenizer import IncrementalDetokenizer
 from gateway.errors import InvalidRequestError
 from gateway.text.hub import TextTokenizer, load_tokenizer
 from gateway.text.template import pick_template, render_chat

@@ -1,3 +1,0 @@
-"""Triton entry point of the `tensorrt_llm` model backed by the PyTorch engine."""
-
-from deploy.engine.triton_model import TritonPythonModel  # noqa: F401

@@ -1,0 +1,375 @@
+"""Supervise tritonserver sidecars: start, wait for readiness, restart on crashes, stop cleanly."""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import ctypes
+import logging
+import os
+import re
+import signal
+import socket
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.request
+import uuid
+import weakref
+from collections import deque
+from pathlib import Path
+from typing import IO
+
+from deploy.sidecar.render import render_files, write_repository
+from deploy.sidecar.spec import SidecarSpec, Spec, TensorRTLLMEngine
+from deploy.sidecar.tritonbin import (
+    ServerArgs,
+    TritonBinary,
+    build_command,
+    find_tritonserver,
+    orchestrator_env,
+    parse_gpu_ids,
+)
+
+logger = logging.getLogger(__name__)
+SHM_DIR = Path("/dev/shm")
+ERROR_LINE = re.compile(r"^E\d{4} |^error: ")
+_LIVE: weakref.WeakSet[Sidecar] = weakref.WeakSet()
+
+
+class SidecarError(RuntimeError):
+    """A sidecar that did not start, or stopped serving for good."""
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nobody listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def _load_libc() -> ctypes.CDLL | None:
+    try:
+        return ctypes.CDLL("libc.so.6", use_errno=True)
+    except OSError:
+        return None
+
+
+# Loaded here, not in the forked child, where dlopen could deadlock on the loader lock.
+_LIBC = _load_libc()
+
+
+def _die_with_parent() -> None:
+    """In the child: get SIGTERM when the supervising thread's process dies."""
+    if _LIBC is not None:
+        _LIBC.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+class Sidecar:
+    """One tritonserver process hosting a rendered repository, restarted with backoff on crashes."""
+
+    def __init__(
+        self,
+        name: str,
+        repository: Path,
+        binary: TritonBinary,
+        *,
+        host: str = "127.0.0.1",
+        http_port: int = 0,
+        grpc_port: int = 0,
+        metrics_port: int = 0,
+        env: dict[str, str] | None = None,
+        orchestrator_gpus: tuple[int, ...] | None = None,
+        startup_timeout_s: float = 300.0,
+        max_restarts: int = 5,
+        backoff_s: tuple[float, float] = (0.5, 30.0),
+        log_path: Path | None = None,
+        log_verbose: int = 0,
+        extra_args: tuple[str, ...] = (),
+    ) -> None:
+        self.name = name
+        self.repository = Path(repository)
+        self.binary = binary
+        self.host = host
+        self.http_port = http_port or free_port(host)
+        self.grpc_port = grpc_port or free_port(host)
+        self.metrics_port = metrics_port or free_port(host)
+        self.startup_timeout_s = startup_timeout_s
+        self.max_restarts = max_restarts
+        self.backoff_s = backoff_s
+        self.log_path = log_path or self.repository.parent / f"{name}.log"
+        self.restarts = 0
+        self._env = {**binary.env, **(orchestrator_env() if orchestrator_gpus is not None else {})}
+        self._env.update(env or {})
+        self._args = ServerArgs(
+            repository=self.repository,
+            host=host,
+            http_port=self.http_port,
+            grpc_port=self.grpc_port,
+            metrics_port=self.metrics_port,
+            shm_prefix=f"tgw_{name}_{uuid.uuid4().hex[:8]}_",
+            orchestrator_gpus=orchestrator_gpus,
+            log_verbose=log_verbose,
+            extra_args=extra_args,
+        )
+        self._process: subprocess.Popen[bytes] | None = None
+        self._spawned = threading.Event()
+        self._stopping = threading.Event()
+        self._spawn_lock = threading.Lock()
+        self._ever_ready = False
+        self.failed = threading.Event()
+        """Set once the sidecar stopped serving for good (start failure or too many crashes)."""
+        self._failed: str | None = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def command(self) -> list[str]:
+        """The tritonserver command line."""
+        return build_command(self.binary, self._args)
+
+    @property
+    def http_url(self) -> str:
+        """Base URL of the HTTP/REST endpoint."""
+        return f"http://{self.host}:{self.http_port}"
+
+    @property
+    def grpc_url(self) -> str:
+        """``host:port`` of the gRPC endpoint."""
+        return f"{self.host}:{self.grpc_port}"
+
+    @property
+    def metrics_url(self) -> str:
+        """URL of tritonserver's Prometheus metrics."""
+        return f"http://{self.host}:{self.metrics_port}/metrics"
+
+    @property
+    def pid(self) -> int | None:
+        """PID of the running tritonserver, if any."""
+        process = self._process
+        return process.pid if process is not None and process.poll() is None else None
+
+    def is_ready(self, timeout: float = 2.0) -> bool:
+        """Whether tritonserver answers ready (all its models loaded).
+
+        Any caller seeing it ready counts: a server killed right after a caller saw it ready,
+        before the watcher polled, has started and is restarted rather than given up on.
+        """
+        url = f"{self.http_url}/v2/health/ready"
+        try:
+            with urllib.request.urlopen(url, timeout=timeout) as response:
+                ready = bool(response.status == 200)
+        except (urllib.error.URLError, OSError):
+            return False
+        self._ever_ready |= ready
+        return ready
+
+    def start(self) -> Sidecar:
+        """Start tritonserver and block until it is ready; raise with the log's tail otherwise."""
+        if self._thread is not None:
+            raise SidecarError(f"sidecar {self.name!r} was already started")
+        self._thread = threading.Thread(target=self._run, name=f"sidecar-{self.name}", daemon=True)
+        _LIVE.add(self)
+        self._thread.start()
+        try:
+            self.wait_ready(self.startup_timeout_s, first_start=True)
+        except BaseException:
+            self.stop()
+            raise
+        logger.info("sidecar %s ready (pid %s, grpc %s)", self.name, self.pid, self.grpc_url)
+        return self
+
+    def wait_ready(self, timeout: float, *, first_start: bool = False) -> None:
+        """Block until tritonserver is ready, it exits for good, or ``timeout`` passes."""
+        deadline = time.monotonic() + timeout
+        self._spawned.wait(timeout)
+        while time.monotonic() < deadline:
+            if self._failed is not None:
+                raise SidecarError(f"{self._failed}; {self._diagnosis()}")
+            process = self._process
+            if first_start and process is not None and process.poll() is not None:
+                raise SidecarError(
+                    f"tritonserver of sidecar {self.name!r} exited with code "
+                    f"{process.returncode} while starting; {self._diagnosis()}"
+                )
+            if self.is_ready(timeout=1.0):
+                return
+            time.sleep(0.2)
+        raise SidecarError(
+            f"sidecar {self.name!r} not ready after {timeout:.0f} s; {self._diagnosis()}"
+        )
+
+    def stop(self, grace_s: float = 15.0) -> None:
+        """SIGTERM, wait ``grace_s``, then SIGKILL the whole process group; remove shm leftovers."""
+        with self._spawn_lock:
+            # Under the lock no new process can be spawned after this one is read.
+            self._stopping.set()
+            process = self._process
+        if process is not None and process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(grace_s)
+            except subprocess.TimeoutExpired:
+                logger.warning("sidecar %s ignored SIGTERM for %.0f s; killing", self.name, grace_s)
+        self._kill_group()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=grace_s)
+        self._remove_shm()
+        _LIVE.discard(self)
+
+    def log_tail(self, lines: int = 40) -> str:
+        """The last lines of the server log."""
+        try:
+            with open(self.log_path, errors="replace") as log:
+                return "".join(deque(log, maxlen=lines))
+        except FileNotFoundError:
+            return "(no log)"
+
+    def error_lines(self, lines: int = 20) -> str:
+        """The last error lines tritonserver logged (model load failures among them)."""
+        try:
+            with open(self.log_path, errors="replace") as log:
+                return "".join(deque((line for line in log if ERROR_LINE.match(line)), lines))
+        except FileNotFoundError:
+            return ""
+
+    def _diagnosis(self) -> str:
+        errors = self.error_lines()
+        return (f"errors logged:\n{errors}" if errors else "") + f"log tail:\n{self.log_tail()}"
+
+    def __enter__(self) -> Sidecar:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def _spawn(self, log: IO[bytes]) -> subprocess.Popen[bytes]:
+        env = {**os.environ, **self._env}
+        return subprocess.Popen(
+            self.command,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            start_new_session=True,
+            preexec_fn=_die_with_parent,
+        )
+
+    def _run(self) -> None:
+        """Own the process: spawning happens here so PDEATHSIG follows this long-lived thread."""
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        delay = self.backoff_s[0]
+        with open(self.log_path, "ab") as log:
+            while True:
+                with self._spawn_lock:
+                    if self._stopping.is_set():
+                        return
+                    self._process = self._spawn(log)
+                self._spawned.set()
+                self._ever_ready |= self._watch(self._process)
+                if self._stopping.is_set():
+                    return
+                code = self._process.returncode
+                self._kill_group()
+                self._remove_shm()
+                if not self._ever_ready:
+                    self._give_up(
+                        f"tritonserver of sidecar {self.name!r} exited with code {code} "
+                        "while starting"
+                    )
+                    return
+                if self.restarts >= self.max_restarts:
+                    self._give_up(f"sidecar {self.name!r} crashed {self.restarts + 1} times")
+                    return
+                logger.warning(
+                    "sidecar %s exited with %s; restart in %.1f s", self.name, code, delay
+                )
+                if self._stopping.wait(delay):
+                    return
+                self.restarts += 1
+                delay = min(delay * 2, self.backoff_s[1])
+
+    def _give_up(self, reason: str) -> None:
+        self._failed = reason
+        logger.error("%s; giving up", reason)
+        self.failed.set()
+
+    def _watch(self, process: subprocess.Popen[bytes]) -> bool:
+        """Wait for the process to exit; report whether it had become ready."""
+        was_ready = False
+        while process.poll() is None:
+            if not was_ready and self.is_ready(timeout=1.0):
+                was_ready = True
+            if self._stopping.wait(0.2 if not was_ready else 0.5):
+                process.wait()
+                break
+        return was_ready
+
+    def _kill_group(self) -> None:
+        process = self._process
+        if process is None:
+            return
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(process.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(5)
+
+    def _remove_shm(self) -> None:
+        for leftover in SHM_DIR.glob(f"{self._args.shm_prefix}*"):
+            with contextlib.suppress(OSError):
+                leftover.unlink()
+
+
+def sidecar_from_spec(spec: Spec, sidecar: SidecarSpec, workdir: Path) -> Sidecar:
+    """Render the repository of one sidecar of a spec and build (not start) its supervisor."""
+    repository = write_repository(
+        render_files(spec, sidecar), Path(workdir) / sidecar.name / "repo"
+    )
+    binary = find_tritonserver(sidecar.tritonserver, sidecar.backend_directory)
+    trtllm = [m for m in spec.models_of(sidecar) if isinstance(m.engine, TensorRTLLMEngine)]
+    gpus = None
+    if trtllm:
+        gpus = tuple(
+            sorted({g for m in trtllm for g in parse_gpu_ids(m.engine.gpu_device_ids)})  # type: ignore[union-attr]
+        )
+    return Sidecar(
+        sidecar.name,
+        repository,
+        binary,
+        host=sidecar.host,
+        http_port=sidecar.http_port,
+        grpc_port=sidecar.grpc_port,
+        metrics_port=sidecar.metrics_port,
+        env=dict(sidecar.env),
+        orchestrator_gpus=gpus,
+        startup_timeout_s=sidecar.startup_timeout_s,
+        max_restarts=sidecar.max_restarts,
+        log_path=Path(workdir) / f"{sidecar.name}.log",
+        log_verbose=sidecar.log_verbose,
+        extra_args=tuple(sidecar.extra_args),
+    )
+
+
+def start_all(spec: Spec, workdir: Path) -> list[Sidecar]:
+    """Start every sidecar of a spec; on failure stop the ones already running."""
+    started: list[Sidecar] = []
+    try:
+        for sidecar in spec.sidecars:
+            started.append(sidecar_from_spec(spec, sidecar, workdir).start())
+    except BaseException:
+        stop_all(started)
+        raise
+    return started
+
+
+def stop_all(sidecars: list[Sidecar]) -> None:
+    """Stop sidecars, last started first."""
+    for sidecar in reversed(sidecars):
+        sidecar.stop()
+
+
+@atexit.register
+def _stop_live() -> None:
+    for sidecar in list(_LIVE):
+        sidecar.stop(grace_s=5.0)

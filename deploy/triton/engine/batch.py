@@ -1,0 +1,221 @@
+"""Sequences being generated and the decode batch that holds them row by row."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+import torch
+
+from deploy.triton.engine.guided import GrammarState, grammar_masks
+from deploy.triton.engine.kvcache import BatchKVCache
+from deploy.triton.engine.lora import LoadedLora
+from deploy.triton.engine.sampling import (
+    SamplingRows,
+    banned_next_tokens,
+    hits_stop_word,
+    token_log_probs,
+)
+from deploy.triton.engine.types import (
+    EngineRequest,
+    FinishReason,
+    OutputCallback,
+    SequenceOutput,
+    Timings,
+    TokenIds,
+)
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(eq=False)
+class SequenceState:
+    """One output sequence of a request: its tokens so far and how it must end."""
+
+    request: EngineRequest
+    index: int
+    callback: OutputCallback
+    end_ids: TokenIds
+    max_new_tokens: int
+    begin_suppress: TokenIds = ()
+    adapter: LoadedLora | None = None
+    grammar: GrammarState | None = None
+    history: list[int] = field(default_factory=list)
+    generated: list[int] = field(default_factory=list)
+    log_probs: list[float] = field(default_factory=list)
+    cum_log_prob: float = 0.0
+    emitted: int = 0
+    finish: FinishReason | None = None
+    context_logits: npt.NDArray[np.float32] | None = None
+    generation_logits: list[npt.NDArray[np.float32]] = field(default_factory=list)
+    scheduled_ns: int = 0
+    first_token_ns: int = 0
+    last_token_ns: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.history:
+            self.history = list(self.request.input_ids)
+        if not self.scheduled_ns:
+            self.scheduled_ns = time.time_ns()
+
+    @property
+    def next_input(self) -> int:
+        """The last generated token, which the next decode step feeds to the model."""
+        return self.generated[-1]
+
+    def bans(self) -> list[int]:
+        """Tokens this sequence must not generate next."""
+        return banned_next_tokens(
+            self.history,
+            len(self.generated),
+            self.request.sampling.min_tokens,
+            self.end_ids,
+            self.request.bad_words,
+            self.begin_suppress,
+        )
+
+    def accept(
+        self, token: int, log_prob: float, logits: npt.NDArray[np.float32] | None = None
+    ) -> FinishReason | None:
+        """Take the chosen token (and the raw logits it came from, when they are returned)."""
+        now = time.time_ns()
+        self.first_token_ns = self.first_token_ns or now
+        self.last_token_ns = now
+        if token in self.end_ids or (self.grammar is not None and token in self.grammar.stops):
+            self.finish = FinishReason.END_ID
+            return self.finish
+        if self.grammar is not None and not self.grammar.accept(token):
+            logger.warning(
+                "request %s: the grammar rejected token %d", self.request.request_id, token
+            )
+        if logits is not None:
+            self.generation_logits.append(logits)
+        self.generated.append(token)
+        self.history.append(token)
+        self.log_probs.append(log_prob)
+        self.cum_log_prob += log_prob
+        count = len(self.generated)
+        if count >= self.request.sampling.min_tokens and hits_stop_word(
+            self.generated, self.request.stop_words
+        ):
+            self.finish = FinishReason.STOP_WORDS
+        elif count >= self.max_new_tokens:
+            self.finish = FinishReason.LENGTH
+        return self.finish
+
+    def take_output(self) -> SequenceOutput | None:
+        """The output due now: new tokens when streaming, everything once finished otherwise."""
+        streaming = self.request.streaming
+        if self.finish is None and (not streaming or self.emitted == len(self.generated)):
+            return None
+        start = self.emitted if streaming else 0
+        self.emitted = len(self.generated)
+        request = self.request
+        log_probs = np.asarray(self.log_probs, np.float32) if request.return_log_probs else None
+        generation_logits = None
+        if request.return_generation_logits:
+            generation_logits = _stack(self.generation_logits)
+        return SequenceOutput(
+            request_id=request.request_id,
+            sequence_index=self.index,
+            token_ids=np.asarray(self.generated[start:], dtype=np.int32),
+            log_probs=log_probs,
+            cum_log_prob=self.cum_log_prob,
+            finish_reason=self.finish,
+            new_from=start,
+            context_logits=self.context_logits,
+            generation_logits=generation_logits,
+            timings=Timings(
+                arrival_ns=request.arrival_ns or self.scheduled_ns,
+                first_scheduled_ns=self.scheduled_ns,
+                first_token_ns=self.first_token_ns,
+                last_token_ns=self.last_token_ns,
+            ),
+            cached_tokens=len(self.history),
+        )
+
+    def error_output(self, message: str) -> SequenceOutput:
+        """A final output reporting a failure."""
+        self.finish = FinishReason.ERROR
+        return SequenceOutput(
+            request_id=self.request.request_id,
+            sequence_index=self.index,
+            token_ids=np.zeros(0, dtype=np.int32),
+            log_probs=None,
+            cum_log_prob=self.cum_log_prob,
+            finish_reason=FinishReason.ERROR,
+            error=message,
+        )
+
+
+def _stack(rows: list[npt.NDArray[np.float32]]) -> npt.NDArray[np.float32]:
+    """Per-token logits as one `[tokens, vocab]` array (`[0, 0]` before the first token)."""
+    return np.stack(rows) if rows else np.zeros((0, 0), np.float32)
+
+
+class DecodeBatch:
+    """Sequences decoded together; row r of the KV cache and sampling state is sequences[r]."""
+
+    def __init__(
+        self, sequences: list[SequenceState], kv: BatchKVCache, sampling: SamplingRows
+    ) -> None:
+        self.sequences = sequences
+        self.kv = kv
+        self.sampling = sampling
+
+    @classmethod
+    def empty(cls, vocab_size: int, device: torch.device) -> DecodeBatch:
+        """A batch with no sequences."""
+        return cls([], BatchKVCache.empty(device), SamplingRows.empty(vocab_size, device))
+
+    def __len__(self) -> int:
+        return len(self.sequences)
+
+    def keep(self, rows: Sequence[int]) -> None:
+        """Keep only `rows`, in that order."""
+        if len(rows) == len(self.sequences):
+            return
+        self.sequences = [self.sequences[r] for r in rows]
+        self.kv.select(rows)
+        self.sampling.select(rows)
+
+    def extend(self, other: DecodeBatch) -> None:
+        """Move the sequences of `other` into this batch."""
+        if not other.sequences:
+            return
+        self.sequences = self.sequences + other.sequences
+        self.kv.extend(other.kv)
+        self.sampling.extend(other.sampling)
+
+    def advance(self, logits: torch.Tensor) -> list[tuple[SequenceState, SequenceOutput]]:
+        """Choose each row's next token from its logits; finished rows leave the batch.
+
+        Returns the outputs now due, each with the sequence it belongs to.
+        """
+        bans = [(row, token) for row, seq in enumerate(self.sequences) for token in seq.bans()]
+        allowed = grammar_masks(
+            [seq.grammar for seq in self.sequences], logits.shape[-1], logits.device
+        )
+        tokens = self.sampling.choose(logits, bans, allowed)
+        self.sampling.record(tokens)
+        if any(seq.request.return_log_probs for seq in self.sequences):
+            log_probs = token_log_probs(logits, tokens).tolist()
+        else:
+            log_probs = [0.0] * len(self.sequences)
+        outputs: list[tuple[SequenceState, SequenceOutput]] = []
+        running: list[int] = []
+        for row, (seq, token) in enumerate(zip(self.sequences, tokens.tolist(), strict=True)):
+            raw = None
+            if seq.request.return_generation_logits:
+                raw = logits[row].float().cpu().numpy()
+            if seq.accept(int(token), float(log_probs[row]), raw) is None:
+                running.append(row)
+            output = seq.take_output()
+            if output is not None:
+                outputs.append((seq, output))
+        self.keep(running)
+        return outputs

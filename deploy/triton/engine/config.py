@@ -1,0 +1,84 @@
+"""Settings of the engine's Triton model, read from the parameters of its config.pbtxt."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from deploy.triton.engine.guided import BACKEND
+from deploy.triton.engine.types import EngineConfig, EngineError, GuidedConfig
+from deploy.triton.params import flag, parameter
+
+
+@dataclass(frozen=True)
+class ModelParameters:
+    """Engine configuration plus the Triton-side behaviour of the model."""
+
+    engine: EngineConfig
+    exclude_input_in_output: bool = False
+    cancellation_check_period_ms: int = 100
+    stats_check_period_ms: int = 100
+
+
+def _int(model_config: Mapping[str, Any], key: str, default: int | None) -> int | None:
+    value = parameter(model_config, key)
+    if value is None:
+        return default
+    try:
+        return int(value)
+    except ValueError as exc:
+        raise EngineError(f"parameter {key} must be an integer, got {value!r}") from exc
+
+
+def _bool(model_config: Mapping[str, Any], key: str, default: bool) -> bool:
+    try:
+        return flag(parameter(model_config, key), default=default, name=key)
+    except ValueError as exc:
+        raise EngineError(str(exc)) from exc
+
+
+def _guided(model_config: Mapping[str, Any]) -> GuidedConfig | None:
+    """Guided decoding is on with ``guided_decoding_backend: xgrammar``; the grammar's tokenizer
+    is the tokenizer info file (as the C++ backend reads it), else ``tokenizer_dir`` (as the
+    Python backend reads it), else the model's own tokenizer."""
+    backend = parameter(model_config, "guided_decoding_backend")
+    if backend is None:
+        return None
+    if backend != BACKEND:
+        raise EngineError(f"parameter guided_decoding_backend must be {BACKEND}, got {backend!r}")
+    return GuidedConfig(
+        tokenizer_info_path=parameter(model_config, "xgrammar_tokenizer_info_path"),
+        tokenizer_dir=parameter(model_config, "tokenizer_dir"),
+    )
+
+
+def settings_from_model_config(model_config: Mapping[str, Any]) -> ModelParameters:
+    """Read `gpt_model_path`, `torch_*`, `max_beam_width` and the Triton-side parameters."""
+    model_path = parameter(model_config, "gpt_model_path")
+    if model_path is None:
+        raise EngineError("parameter gpt_model_path (a Hugging Face model folder or id) is unset")
+    beam_width = _int(model_config, "max_beam_width", 1)
+    if beam_width != 1:
+        raise EngineError(f"max_beam_width {beam_width} is not supported: the torch engine has 1")
+    max_batch_size = _int(model_config, "torch_max_batch_size", 16)
+    if max_batch_size is None or max_batch_size < 1:
+        raise EngineError("parameter torch_max_batch_size must be at least 1")
+    engine = EngineConfig(
+        model_path=model_path,
+        device=parameter(model_config, "torch_device") or "auto",
+        dtype=parameter(model_config, "torch_dtype") or "auto",
+        max_batch_size=max_batch_size,
+        max_seq_len=_int(model_config, "torch_max_seq_len", None),
+        num_threads=_int(model_config, "torch_num_threads", None),
+        lora_cache_size=max(1, _int(model_config, "torch_lora_cache_size", 8) or 8),
+        guided=_guided(model_config),
+    )
+    period = _int(model_config, "cancellation_check_period_ms", 100) or 100
+    stats_period = _int(model_config, "stats_check_period_ms", 100) or 100
+    return ModelParameters(
+        engine=engine,
+        exclude_input_in_output=_bool(model_config, "exclude_input_in_output", False),
+        cancellation_check_period_ms=max(1, period),
+        stats_check_period_ms=max(1, stats_period),
+    )

@@ -1,0 +1,186 @@
+"""Output tensors of the `tensorrt_llm` model's responses, shaped as the C++ backend shapes them.
+
+What a response carries depends on the request's flags and on the release whose config is
+deployed: releases before v0.14 (their configs declare no `sequence_index`) answered outputs a
+request did not ask for with zero placeholders, and the stock v0.8 postprocessing reads them
+unconditionally; later releases leave those outputs out.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from deploy.triton.engine.types import SequenceOutput
+
+Array = npt.NDArray[Any]
+Builder = Callable[[], Array]
+TOKENS_PER_BLOCK = 64
+"""KV-cache block size the perf metrics count in (TensorRT-LLM's default `tokens_per_block`)."""
+_NUMPY_TYPES: dict[str, type[np.generic]] = {
+    "TYPE_FP32": np.float32,
+    "TYPE_FP16": np.float16,
+    "TYPE_FP64": np.float64,
+}
+
+
+@dataclass(frozen=True)
+class OutputLayout:
+    """What the deployed config says about outputs: the logits dtype and the release's habits."""
+
+    logits_dtype: type[np.generic] = np.float32
+    placeholders: bool = False
+    """Answer unrequested log-prob and logits outputs with zeros (releases before v0.14)."""
+
+    @classmethod
+    def from_model_config(cls, model_config: Mapping[str, Any]) -> OutputLayout:
+        """Read the `context_logits` dtype and whether the config predates `sequence_index`."""
+        outputs = {str(o.get("name")): o for o in model_config.get("output", ())}
+        declared = str(outputs.get("context_logits", {}).get("data_type", "TYPE_FP32"))
+        return cls(
+            logits_dtype=_NUMPY_TYPES.get(declared, np.float32),
+            placeholders="sequence_index" not in outputs,
+        )
+
+
+@dataclass(frozen=True)
+class ItemContext:
+    """What shapes the responses of one batch item of a Triton request."""
+
+    batch_index: int
+    batch_size: int
+    prompt: npt.NDArray[np.int32]
+    streaming: bool
+    exclude_input: bool
+    return_log_probs: bool
+    return_num_input_tokens: bool
+    return_num_output_tokens: bool
+    num_return_sequences: int = 1
+    return_context_logits: bool = False
+    return_generation_logits: bool = False
+    return_perf_metrics: bool = False
+    max_new_tokens: int = 0
+    """Effective output budget: TensorRT-LLM sizes generation logits by it."""
+    vocab_size: int = 0
+
+
+def _cell(value: float, dtype: type[np.generic]) -> Array:
+    return np.array([[value]], dtype=dtype)
+
+
+def _output_ids(output: SequenceOutput, context: ItemContext) -> Array:
+    ids = output.token_ids.astype(np.int32)
+    if not context.streaming and not context.exclude_input:
+        ids = np.concatenate([context.prompt, ids]).astype(np.int32)
+    return ids
+
+
+def _log_probs(
+    output: SequenceOutput, context: ItemContext, layout: OutputLayout
+) -> dict[str, Builder]:
+    """Every log prob generated so far (streamed responses too, as the executor sends them)."""
+    log_probs = output.log_probs
+    if context.return_log_probs and log_probs is not None:
+        return {
+            "cum_log_probs": lambda: _cell(output.cum_log_prob, np.float32),
+            "output_log_probs": lambda: log_probs.astype(np.float32).reshape(1, 1, -1),
+        }
+    if not layout.placeholders:
+        return {}
+    return {
+        "cum_log_probs": lambda: np.zeros((1, 1), np.float32),
+        "output_log_probs": lambda: np.zeros((1, 1, context.prompt.size), np.float32),
+    }
+
+
+def _generation_logits(output: SequenceOutput, context: ItemContext, layout: OutputLayout) -> Array:
+    """`[1, 1, max_new_tokens, vocab]` (zero-padded), or `[1, new, 1, vocab]` per streamed chunk
+    in releases since v0.14."""
+    rows = np.asarray(output.generation_logits).reshape(-1, context.vocab_size)
+    if context.streaming and not layout.placeholders:
+        new = rows[output.new_from :]
+        return new.reshape(1, new.shape[0], 1, context.vocab_size).astype(layout.logits_dtype)
+    width = max(context.max_new_tokens, rows.shape[0])
+    padded = np.zeros((1, 1, width, context.vocab_size), layout.logits_dtype)
+    padded[0, 0, : rows.shape[0]] = rows
+    return padded
+
+
+def _logits(
+    output: SequenceOutput, context: ItemContext, layout: OutputLayout
+) -> dict[str, Builder]:
+    dtype = layout.logits_dtype
+    tensors: dict[str, Builder] = {}
+    if context.return_context_logits and output.context_logits is not None:
+        context_logits = output.context_logits
+        tensors["context_logits"] = lambda: context_logits.astype(dtype)[np.newaxis]
+    elif layout.placeholders:
+        tensors["context_logits"] = lambda: np.zeros((1, 1, 1), dtype)
+    if context.return_generation_logits and output.generation_logits is not None:
+        tensors["generation_logits"] = lambda: _generation_logits(output, context, layout)
+    elif layout.placeholders:
+        tensors["generation_logits"] = lambda: np.zeros((1, 1, 1, 1), dtype)
+    return tensors
+
+
+def _perf_metrics(output: SequenceOutput) -> dict[str, Builder]:
+    """TensorRT-LLM's per-request perf metrics.
+
+    The KV cache here is not paged and never reuses a prefix: every block the sequence holds
+    (counted in `TOKENS_PER_BLOCK` tokens) is newly allocated, none reused, and no draft tokens.
+    """
+    timings = output.timings
+    if timings is None:
+        return {}
+    blocks = math.ceil(output.cached_tokens / TOKENS_PER_BLOCK)
+    values: dict[str, tuple[float, type[np.generic]]] = {
+        "kv_cache_alloc_new_blocks": (blocks, np.int32),
+        "kv_cache_reused_blocks": (0, np.int32),
+        "kv_cache_alloc_total_blocks": (blocks, np.int32),
+        "arrival_time_ns": (timings.arrival_ns, np.int64),
+        "first_scheduled_time_ns": (timings.first_scheduled_ns, np.int64),
+        "first_token_time_ns": (timings.first_token_ns, np.int64),
+        "last_token_time_ns": (timings.last_token_ns, np.int64),
+        "acceptance_rate": (0.0, np.float32),
+        "total_accepted_draft_tokens": (0, np.int32),
+        "total_draft_tokens": (0, np.int32),
+    }
+    return {name: functools.partial(_cell, value, dtype) for name, (value, dtype) in values.items()}
+
+
+def response_tensors(
+    output: SequenceOutput,
+    context: ItemContext,
+    requested: Collection[str],
+    layout: OutputLayout = OutputLayout(),
+) -> dict[str, Array]:
+    """The output tensors of one response, limited to the `requested` names.
+
+    Streaming responses carry only new tokens; a non-streaming response carries the prompt too
+    unless `exclude_input_in_output`. `batch_index` comes only with a batch of several items and
+    `sequence_index` only with several return sequences, as from the C++ backend.
+    """
+    ids = _output_ids(output, context)
+    builders: dict[str, Builder] = {
+        "output_ids": lambda: ids.reshape(1, 1, -1),
+        "sequence_length": lambda: _cell(ids.size, np.int32),
+        **_log_probs(output, context, layout),
+        **_logits(output, context, layout),
+    }
+    if context.batch_size > 1:
+        builders["batch_index"] = lambda: _cell(context.batch_index, np.int32)
+    if context.num_return_sequences > 1:
+        builders["sequence_index"] = lambda: _cell(output.sequence_index, np.int32)
+    if context.return_perf_metrics:
+        builders.update(_perf_metrics(output))
+    if context.return_num_input_tokens:
+        builders["num_input_tokens"] = lambda: _cell(context.prompt.size, np.int32)
+    if context.return_num_output_tokens:
+        builders["num_output_tokens"] = lambda: _cell(ids.size, np.int32)
+    return {name: build() for name, build in builders.items() if name in requested}

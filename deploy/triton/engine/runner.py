@@ -1,0 +1,186 @@
+"""Loads a Hugging Face causal LM and runs its prefill and batched decode forward passes."""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from transformers import AutoModelForCausalLM, DynamicCache
+from transformers.utils import logging as hf_logging
+
+from deploy.triton.engine.kvcache import BatchKVCache
+from deploy.triton.engine.lora import LoadedLora, LoraContext, LoraTargets, install
+from deploy.triton.engine.types import EngineConfig, EngineError, TokenIds
+
+logger = logging.getLogger(__name__)
+
+_DTYPES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+    "half": torch.float16,
+}
+_DEFAULT_CPU_THREADS = 4
+
+
+def resolve_device(name: str) -> torch.device:
+    """The device named by `torch_device`: "auto" is CUDA when available, else the CPU; a CUDA
+    device on a machine without one is refused with the reason."""
+    key = name.strip().lower()
+    if key == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(key)
+    except RuntimeError as exc:
+        raise EngineError(f"torch_device {name!r} is not a torch device: {exc}") from exc
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise EngineError(
+            f"torch_device {name!r} asks for CUDA, but this machine's torch has no CUDA device "
+            f"(torch {torch.__version__}); use device: auto or cpu"
+        )
+    return device
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    """The dtype named by `torch_dtype`; "auto" is float32 on CPU, bfloat16 (or float16) on CUDA."""
+    key = name.strip().lower()
+    if key == "auto":
+        if device.type != "cuda":
+            return torch.float32
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    if key not in _DTYPES:
+        raise EngineError(f"torch_dtype {name!r} is not one of auto, {', '.join(_DTYPES)}")
+    return _DTYPES[key]
+
+
+def configure_threads(device: torch.device, num_threads: int | None) -> int:
+    """Bound torch's CPU thread pool; returns the thread count.
+
+    torch defaults to one thread per core, which inside a sidecar competes with tritonserver,
+    the other stub processes and the client: intra-op barriers then stall on descheduled
+    threads (a 10x slowdown was measured on 2 cores). The default takes half the cores, at
+    most 4, and 1 when the model runs on a GPU.
+    """
+    if num_threads is None:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
+        limit = _DEFAULT_CPU_THREADS if device.type == "cpu" else 1
+        num_threads = max(1, min(limit, cores // 2))
+    torch.set_num_threads(num_threads)
+    try:
+        torch.set_num_interop_threads(1)
+    except RuntimeError:
+        logger.debug("torch inter-op pool already started; left as is")
+    return num_threads
+
+
+def _token_ids(value: Any) -> TokenIds:
+    if value is None:
+        return ()
+    if isinstance(value, int):
+        return (value,)
+    return tuple(int(v) for v in value)
+
+
+class ModelRunner:
+    """Forward passes of one causal LM: single-sequence prefill and batched one-token decode."""
+
+    def __init__(self, model: Any, device: torch.device) -> None:
+        self.model = model
+        self.device = device
+        text_config = model.config.get_text_config()
+        self.vocab_size = int(text_config.vocab_size)
+        max_positions = getattr(text_config, "max_position_embeddings", None)
+        self.max_positions: int | None = int(max_positions) if max_positions else None
+        generation = getattr(model, "generation_config", None)
+        eos = getattr(generation, "eos_token_id", None)
+        self.default_end_ids = _token_ids(eos if eos is not None else text_config.eos_token_id)
+        self.suppress_tokens = _token_ids(getattr(generation, "suppress_tokens", None))
+        self.begin_suppress_tokens = _token_ids(getattr(generation, "begin_suppress_tokens", None))
+        forward = inspect.signature(model.forward).parameters
+        self._keep_last_logits = "logits_to_keep" in forward
+        # transformers 5.24 renamed the forward's KV cache argument (the old name warns).
+        self._cache_arg = "cache" if "cache" in forward else "past_key_values"
+        self.lora_targets = LoraTargets.of(model, device)
+        self._lora = LoraContext()
+        self._lora_installed = False
+
+    @classmethod
+    def load(cls, config: EngineConfig) -> ModelRunner:
+        """Load `config.model_path` (local folder or hub id) onto the configured device."""
+        device = resolve_device(config.device)
+        threads = configure_threads(device, config.num_threads)
+        dtype = resolve_dtype(config.dtype, device)
+        hf_logging.disable_progress_bar()
+        try:
+            model = AutoModelForCausalLM.from_pretrained(config.model_path, dtype=dtype)
+        except (OSError, ValueError) as exc:
+            raise OSError(f"cannot load model {config.model_path!r}: {exc}") from exc
+        model = model.to(device).eval()
+        if device.type == "cuda":
+            # cuDNN attention rebuilds its graph whenever the KV length changes, i.e. on every
+            # decode step (15 ms of CPU each, measured on an H200); flash/efficient kernels don't.
+            torch.backends.cuda.enable_cudnn_sdp(False)
+        logger.info(
+            "loaded %s on %s as %s (%d CPU threads)",
+            config.model_path,
+            device,
+            model.dtype,
+            threads,
+        )
+        return cls(model, device)
+
+    def prefill(
+        self,
+        input_ids: Sequence[int],
+        *,
+        all_logits: bool = False,
+        adapter: LoadedLora | None = None,
+    ) -> tuple[torch.Tensor, DynamicCache, torch.Tensor | None]:
+        """Run the prompt (through `adapter`, if any); returns the next-token logits [vocab]
+        (float32), its KV cache and, with `all_logits`, the logits of every prompt position
+        [prompt_len, vocab]."""
+        ids = torch.tensor([list(input_ids)], dtype=torch.long, device=self.device)
+        cache = DynamicCache()
+        extra = {"logits_to_keep": 1} if self._keep_last_logits and not all_logits else {}
+        self._use_adapters([adapter])
+        with torch.inference_mode():
+            extra[self._cache_arg] = cache
+            out = self.model(input_ids=ids, use_cache=True, **extra)
+        logits = out.logits[0].float()
+        return logits[-1], cache, logits if all_logits else None
+
+    def decode(
+        self,
+        tokens: Sequence[int],
+        kv: BatchKVCache,
+        adapters: Sequence[LoadedLora | None] = (),
+    ) -> torch.Tensor:
+        """Feed one token per row, each row through its adapter (if any); returns next-token
+        logits [rows, vocab] (float32)."""
+        mask, positions = kv.step_inputs()
+        ids = torch.tensor(list(tokens), dtype=torch.long, device=self.device).unsqueeze(1)
+        self._use_adapters(adapters)
+        with torch.inference_mode():
+            out = self.model(
+                input_ids=ids,
+                attention_mask=mask,
+                position_ids=positions,
+                use_cache=True,
+                **{self._cache_arg: kv.cache},
+            )
+        return out.logits[:, -1, :].float()
+
+    def _use_adapters(self, adapters: Sequence[LoadedLora | None]) -> None:
+        if not self._lora_installed:
+            if not any(adapters):
+                return
+            install(self.model, self._lora)
+            self._lora_installed = True
+        self._lora.use(list(adapters))

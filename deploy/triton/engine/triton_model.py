@@ -1,0 +1,303 @@
+"""Triton Python-backend model serving the torch engine under the `tensorrt_llm` tensor contract."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import itertools
+import json
+import logging
+import queue
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import torch
+import triton_python_backend_utils as pb_utils
+
+from deploy.triton.engine.config import ModelParameters, settings_from_model_config
+from deploy.triton.engine.outputs import ItemContext, OutputLayout, response_tensors
+from deploy.triton.engine.scheduler import Engine, validate_request
+from deploy.triton.engine.triton_metrics import EngineMetrics, stat_values
+from deploy.triton.engine.types import EngineError, SequenceOutput
+from deploy.triton.engine.wire import is_stop_request, parse_items
+
+logger = logging.getLogger(__name__)
+
+_FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+_NO_STOP_ID = "Trying to stop a request but request ID is not provided"
+# The C++ backend's words for what only a decoupled model can do.
+_STREAMING_NEEDS_DECOUPLED = (
+    "Streaming is only supported if model is deployed using decoupled mode."
+)
+_BATCH_NEEDS_DECOUPLED = (
+    "Batch size > 1 requires the tensorrt_llm backend to be using decoupled transaction policy"
+)
+_SEQUENCES_NEED_DECOUPLED = (
+    "num_return_sequences > 1 requires the tensorrt_llm backend to be using decoupled "
+    "transaction policy: each sequence is a response of its own"
+)
+
+
+@dataclass(eq=False)
+class _Pending:
+    """A Triton request in flight: where its responses go and how many sequences are left."""
+
+    request: Any
+    triton_id: str
+    sender: Any
+    requested: frozenset[str]
+    contexts: dict[str, ItemContext]
+    remaining: int
+    closed: bool = False
+    cancel_sent: bool = False
+    # Triton frees a request once its final response is out; asking it `is_cancelled()` then,
+    # or while that response is being sent, crashes tritonserver (seen with 2.51).
+    final_guard: threading.Lock = field(default_factory=threading.Lock)
+    final_sent: bool = False
+
+    def is_cancelled(self) -> bool:
+        """Whether the client cancelled; never asks Triton once the final response is out."""
+        with self.final_guard:
+            if self.final_sent:
+                return False
+            check = getattr(self.sender, "is_cancelled", None) or self.request.is_cancelled
+            return bool(check())
+
+    def send(self, response: Any, *, final: bool) -> None:
+        """Send one response; the final one under the guard that cancellation polling takes."""
+        if not final:
+            self.sender.send(response)
+            return
+        with self.final_guard:
+            self.final_sent = True
+            self.sender.send(response, flags=_FINAL)
+
+
+_STRING_INPUTS = frozenset({"guided_decoding_guide_type", "guided_decoding_guide"})
+
+
+def _as_array(tensor: Any) -> npt.NDArray[Any]:
+    # Numeric tensors cross the stub boundary through DLPack: the 2.51 stub's own numpy
+    # conversion breaks when the environment has numpy 2 (as on the CUDA test machines).
+    if tensor.name() in _STRING_INPUTS:
+        return np.asarray(tensor.as_numpy())
+    array: npt.NDArray[Any] = torch.utils.dlpack.from_dlpack(tensor.to_dlpack()).cpu().numpy()
+    return array
+
+
+def _output(name: str, value: npt.NDArray[Any]) -> Any:
+    return pb_utils.Tensor.from_dlpack(name, torch.from_numpy(np.ascontiguousarray(value)))
+
+
+def _inputs(request: Any) -> dict[str, Any]:
+    return {tensor.name(): _as_array(tensor) for tensor in request.inputs()}
+
+
+def _error_response(message: str) -> Any:
+    return pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(message))
+
+
+class TritonPythonModel:
+    """The `tensorrt_llm` model: in-flight batched in both transaction policies.
+
+    `execute` only hands requests to the engine and returns; responses go out through each
+    request's response sender from the engine's threads. A non-decoupled model gets exactly one
+    response per request that way (Triton 24.06+), so requests still join running batches and
+    stop requests and cancellation reach running generations, as with the C++ backend.
+    """
+
+    def initialize(self, args: dict[str, str]) -> None:
+        """Read the parameters, load the model and start the engine and its helper threads."""
+        if not logging.getLogger().handlers:
+            logging.basicConfig(level=logging.INFO, format="%(name)s %(levelname)s %(message)s")
+        model_config = json.loads(args["model_config"])
+        self._settings: ModelParameters = settings_from_model_config(model_config)
+        self._layout = OutputLayout.from_model_config(model_config)
+        self._decoupled = pb_utils.using_decoupled_model_transaction_policy(model_config)
+        self._engine = Engine.from_config(self._settings.engine)
+        self._lock = threading.Lock()
+        self._pending: dict[str, _Pending] = {}
+        self._keys = itertools.count()
+        self._stopping = threading.Event()
+        self._outbox: queue.SimpleQueue[tuple[_Pending, Any, bool] | None] = queue.SimpleQueue()
+        self._sender = threading.Thread(target=self._send_loop, name="engine-sender", daemon=True)
+        self._watcher = threading.Thread(
+            target=self._watch_cancellation, name="engine-cancellation", daemon=True
+        )
+        self._sender.start()
+        self._watcher.start()
+        self._metrics = EngineMetrics(
+            args.get("model_name", "tensorrt_llm"),
+            args.get("model_version", "1"),
+            self._stat_values,
+            self._settings.stats_check_period_ms / 1000.0,
+        ).start()
+
+    def execute(self, requests: list[Any]) -> None:
+        """Hand requests to the engine; responses follow from the engine's threads."""
+        for request in requests:
+            self._accept(request, request.get_response_sender())
+
+    def finalize(self) -> None:
+        """Cancel what is still running (each request still gets its final response)."""
+        self._stopping.set()
+        self._metrics.stop()
+        self._engine.shutdown()
+        self._outbox.put(None)
+        self._sender.join(timeout=10)
+        self._watcher.join(timeout=5)
+
+    def _stat_values(self) -> dict[tuple[str, str], float]:
+        engine = self._engine
+        gpu = torch.cuda.memory_allocated() if engine.runner.device.type == "cuda" else 0
+        return stat_values(
+            engine.stats(),
+            max_batch_size=engine.max_batch_size,
+            max_seq_len=engine.max_seq_len or 0,
+            gpu_bytes=gpu,
+        )
+
+    def _accept(self, request: Any, sender: Any) -> None:
+        triton_id = request.request_id()
+        state = _Pending(request, triton_id, sender, frozenset(), {}, remaining=0)
+        try:
+            inputs = _inputs(request)
+            if is_stop_request(inputs):
+                self._stop(triton_id, state)
+                return
+            key = f"{next(self._keys)}:{triton_id}"
+            items = self._checked(
+                parse_items(
+                    inputs,
+                    id_prefix=key,
+                    exclude_input_default=self._settings.exclude_input_in_output,
+                    vocab_size=self._engine.runner.vocab_size,
+                )
+            )
+        except EngineError as exc:
+            self._deliver(state, _error_response(str(exc)), final=True)
+            return
+        except Exception as exc:
+            logger.exception("could not read request %r", triton_id)
+            self._deliver(state, _error_response(f"invalid request: {exc}"), final=True)
+            return
+        state.requested = frozenset(request.requested_output_names())
+        state.contexts = {engine_request.request_id: ctx for engine_request, ctx in items}
+        state.remaining = sum(req.num_return_sequences for req, _ in items)
+        with self._lock:
+            self._pending[key] = state
+        for engine_request, _ in items:
+            try:
+                self._engine.submit(engine_request, functools.partial(self._on_output, state))
+            except EngineError as exc:
+                self._fail(state, str(exc))
+                break
+
+    def _checked(self, items: list[tuple[Any, ItemContext]]) -> list[tuple[Any, ItemContext]]:
+        """Validate every item before any runs; contexts learn each item's effective budget."""
+        engine = self._engine
+        checked = []
+        for request, context in items:
+            if not self._decoupled:
+                if request.streaming:
+                    raise EngineError(_STREAMING_NEEDS_DECOUPLED)
+                if len(items) > 1:
+                    raise EngineError(_BATCH_NEEDS_DECOUPLED)
+                if request.num_return_sequences > 1:
+                    raise EngineError(_SEQUENCES_NEED_DECOUPLED)
+            budget = validate_request(
+                request, engine.runner.vocab_size, engine.max_seq_len, engine.max_batch_size
+            )
+            checked.append((request, dataclasses.replace(context, max_new_tokens=budget)))
+        return checked
+
+    def _stop(self, triton_id: str, state: _Pending) -> None:
+        if not triton_id:
+            self._deliver(state, _error_response(_NO_STOP_ID), final=True)
+            return
+        with self._lock:
+            targets = [p for p in self._pending.values() if p.triton_id == triton_id]
+        for target in targets:
+            for engine_id in target.contexts:
+                self._engine.stop(engine_id)
+        # The C++ backend answers a stop request with an empty response, in both policies.
+        self._deliver(state, pb_utils.InferenceResponse(output_tensors=[]), final=True)
+
+    def _close(self, state: _Pending) -> bool:
+        with self._lock:
+            if state.closed:
+                return False
+            state.closed = True
+            for key, pending in list(self._pending.items()):
+                if pending is state:
+                    del self._pending[key]
+        return True
+
+    def _fail(self, state: _Pending, message: str) -> None:
+        if self._close(state):
+            for engine_id in state.contexts:
+                self._engine.stop(engine_id)
+            self._deliver(state, _error_response(message), final=True)
+
+    def _on_output(self, state: _Pending, output: SequenceOutput) -> None:
+        if output.error is not None:
+            self._fail(state, output.error)
+            return
+        with self._lock:
+            if state.closed:
+                return
+            if output.finished:
+                state.remaining -= 1
+            final = state.remaining <= 0
+        context = state.contexts[output.request_id]
+        if output.finished:
+            self._metrics.completed(context.prompt.size, output.cached_tokens - context.prompt.size)
+        try:
+            tensors = response_tensors(output, context, state.requested, self._layout)
+            response = pb_utils.InferenceResponse(
+                output_tensors=[_output(name, value) for name, value in tensors.items()]
+            )
+        except Exception as exc:
+            logger.exception("could not build a response for request %r", state.triton_id)
+            self._fail(state, f"could not build the response: {exc}")
+            return
+        if final and not self._close(state):
+            return
+        self._deliver(state, response, final=final)
+
+    def _deliver(self, state: _Pending, response: Any, *, final: bool) -> None:
+        self._outbox.put((state, response, final))
+
+    def _send_loop(self) -> None:
+        """Send responses in order, off the engine thread: each send is an IPC round trip."""
+        while (item := self._outbox.get()) is not None:
+            state, response, final = item
+            try:
+                state.send(response, final=final)
+            except Exception:
+                logger.warning("could not send a response for request %r", state.triton_id)
+                if final:
+                    # Triton waits for the final flag; deliver it without the data that failed.
+                    with contextlib.suppress(Exception):
+                        state.send(_error_response("could not send the response"), final=True)
+
+    def _watch_cancellation(self) -> None:
+        period = self._settings.cancellation_check_period_ms / 1000.0
+        while not self._stopping.wait(period):
+            with self._lock:
+                states = [s for s in self._pending.values() if not s.cancel_sent]
+            for state in states:
+                try:
+                    cancelled = state.is_cancelled()
+                except Exception:
+                    logger.debug("cancellation check failed for %r", state.triton_id)
+                    continue
+                if cancelled:
+                    state.cancel_sent = True
+                    logger.info("request %r cancelled by the client", state.triton_id)
+                    for engine_id in state.contexts:
+                        self._engine.stop(engine_id)

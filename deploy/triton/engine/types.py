@@ -1,0 +1,217 @@
+"""Request, sampling and result types of the torch engine."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+TokenIds = tuple[int, ...]
+WordList = tuple[TokenIds, ...]
+
+
+GUIDE_TYPES = ("json", "json_schema", "regex", "ebnf_grammar", "structural_tag")
+# The C++ GuidedDecodingParams constructor's words.
+GUIDE_REQUIRED = "The guide string must be provided unless using GuideType::kJSON."
+
+
+class EngineError(ValueError):
+    """A request the engine cannot serve; the message is meant for the client."""
+
+
+@dataclass(frozen=True)
+class GuideRequest:
+    """A request's guide: one of ``GUIDE_TYPES`` and its text (none for ``json``)."""
+
+    guide_type: str
+    guide: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.guide_type not in GUIDE_TYPES:
+            raise EngineError(
+                f"guided_decoding_guide_type must be one of {', '.join(GUIDE_TYPES)}, "
+                f"got {self.guide_type!r}"
+            )
+        if self.guide_type != "json" and not self.guide:
+            raise EngineError(GUIDE_REQUIRED)
+
+
+@dataclass(frozen=True)
+class GuidedConfig:
+    """Where the grammar's tokenizer comes from: TensorRT-LLM's tokenizer info JSON (keys
+    ``encoded_vocab``, ``tokenizer_str``, ``stop_token_ids``) or a Hugging Face tokenizer."""
+
+    tokenizer_info_path: str | None = None
+    tokenizer_dir: str | None = None
+
+
+@dataclass(frozen=True)
+class LoraRequest:
+    """The LoRA tensors of one request item, as they came (weights and config None if absent)."""
+
+    task_id: int
+    weights: npt.NDArray[Any] | None = None
+    config: npt.NDArray[Any] | None = None
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """Per-request decoding parameters with TensorRT-LLM defaults and meanings.
+
+    `top_k` 0 and `top_p` 0 mean "not set"; with neither set TensorRT-LLM decodes greedily,
+    and so does this engine. `min_tokens` defaults to 1 as in TensorRT-LLM. The decayed top-p
+    never falls below TensorRT-LLM's default floor of 1e-6: the C++ backend never reads
+    `runtime_top_p_min` (it looks for `runtime_top_k_min`), so neither does this engine.
+    """
+
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 0.0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    min_tokens: int = 1
+    seed: int = 0
+    top_p_decay: float = 1.0
+    """Factor applied to the sequence's top-p after each token (TensorRT-LLM's top-p decay)."""
+    top_p_reset_id: int | None = None
+    """Token that sets the decayed top-p back to `top_p`."""
+
+    @property
+    def decays(self) -> bool:
+        """Whether top-p changes from token to token."""
+        return self.top_p > 0.0 and (self.top_p_decay != 1.0 or self.top_p_reset_id is not None)
+
+    @property
+    def greedy(self) -> bool:
+        """Whether the arg-max token is always taken."""
+        unset = self.top_k <= 0 and self.top_p <= 0.0
+        return self.temperature <= 0.0 or self.top_k == 1 or unset
+
+    @property
+    def penalised(self) -> bool:
+        """Whether any repetition, presence or frequency penalty is active."""
+        return (
+            self.repetition_penalty != 1.0
+            or self.presence_penalty != 0.0
+            or self.frequency_penalty != 0.0
+        )
+
+
+@dataclass(frozen=True)
+class EngineRequest:
+    """One prompt to complete; `end_ids` None means the model's own end-of-sequence ids."""
+
+    request_id: str
+    input_ids: TokenIds
+    max_new_tokens: int
+    sampling: SamplingConfig = SamplingConfig()
+    end_ids: TokenIds | None = None
+    stop_words: WordList = ()
+    bad_words: WordList = ()
+    embedding_bias: npt.NDArray[np.float32] | None = None
+    streaming: bool = False
+    num_return_sequences: int = 1
+    return_log_probs: bool = False
+    return_context_logits: bool = False
+    return_generation_logits: bool = False
+    arrival_ns: int = 0
+    """Wall-clock arrival time (ns since the epoch), reported by ``return_perf_metrics``."""
+    lora: LoraRequest | None = None
+    """The item's ``LoraRequest`` (task id, and weights and config when sent), or None."""
+    guide: GuideRequest | None = None
+    """The grammar the output must follow (``guided_decoding_guide_type``), or None."""
+
+
+class FinishReason(enum.Enum):
+    """Why a sequence stopped."""
+
+    LENGTH = "length"
+    END_ID = "end_id"
+    STOP_WORDS = "stop_words"
+    CANCELLED = "cancelled"
+    ERROR = "error"
+
+
+@dataclass(frozen=True)
+class Timings:
+    """Wall-clock times (ns since the epoch) of one sequence, as TensorRT-LLM's perf metrics."""
+
+    arrival_ns: int
+    first_scheduled_ns: int
+    first_token_ns: int
+    last_token_ns: int
+
+
+@dataclass(frozen=True)
+class SequenceOutput:
+    """A result delivered to the caller.
+
+    Streaming requests get one output per new token (`token_ids` holds only the new tokens,
+    empty when the sequence ends on an end id or is cancelled); other requests get a single
+    output holding every generated token. `log_probs` and `generation_logits` always cover
+    every token generated so far and `cum_log_prob` is the running total; the response layer
+    slices what the TensorRT-LLM contract wants. `context_logits` are the prompt's logits
+    `[prompt_len, vocab]` when the request asked for them.
+    """
+
+    request_id: str
+    sequence_index: int
+    token_ids: npt.NDArray[np.int32]
+    log_probs: npt.NDArray[np.float32] | None
+    cum_log_prob: float
+    finish_reason: FinishReason | None = None
+    error: str | None = None
+    new_from: int = 0
+    """Index of the first token of `token_ids` among all tokens generated so far."""
+    context_logits: npt.NDArray[np.float32] | None = None
+    generation_logits: npt.NDArray[np.float32] | None = None
+    timings: Timings | None = None
+    cached_tokens: int = 0
+    """Prompt plus generated tokens held in the KV cache for this sequence."""
+
+    @property
+    def finished(self) -> bool:
+        """Whether this is the last output of its sequence."""
+        return self.finish_reason is not None
+
+
+OutputCallback = Callable[[SequenceOutput], None]
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Where the model comes from and how the engine runs it."""
+
+    model_path: str
+    device: str = "auto"
+    dtype: str = "auto"
+    max_batch_size: int = 16
+    max_seq_len: int | None = None
+    num_threads: int | None = None
+    lora_cache_size: int = 8
+    """LoRA adapters kept between requests; the least recently used is evicted first."""
+    guided: GuidedConfig | None = None
+    """Guided decoding (``guided_decoding_backend: xgrammar``) and its tokenizer, or None."""
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    """A snapshot of the scheduler's occupancy, read between iterations.
+
+    `steps` counts decode iterations; `max_running` is the most sequences that ever shared
+    one; `context_requests` and `context_tokens` describe the last iteration's prefills;
+    `cached_tokens` is what the KV cache of the running sequences holds.
+    """
+
+    running_sequences: int
+    waiting_requests: int
+    steps: int
+    max_running: int = 0
+    context_requests: int = 0
+    context_tokens: int = 0
+    cached_tokens: int = 0

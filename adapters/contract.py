@@ -1,4 +1,17 @@
-"""The backend contract: neutral request/response types and the error tree the gateway sees."""
+"""The backend contract: neutral request/response types and the error tree the gateway sees.
+
+Every failure a backend reports is one of::
+
+    BackendError
+    ├── BackendUnavailable   cannot be reached, not ready, or overloaded (retry later)
+    ├── BackendTimeout       the request's deadline passed
+    ├── ModelNotFound        the backend does not serve the model asked for
+    ├── InvalidRequest       the request's parameters were refused (``param`` names the field)
+    ├── LoraNotCached        the engine evicted the adapter: resend its weights
+    └── InferenceFailed      accepted, then failed while generating
+
+The gateway maps them to its own tree of HTTP errors (``gateway/http/errors.py``).
+"""
 
 from __future__ import annotations
 
@@ -6,7 +19,8 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol, runtime_checkable
 
-TritonModelKind = Literal["ensemble", "tensorrt_llm_bls", "tensorrt_llm"]
+EntryModel = Literal["ensemble", "tensorrt_llm_bls", "tensorrt_llm"]
+"""The TensorRT-LLM model a served model enters through: text in and out, or token ids."""
 SeedOrigin = Literal["client", "choices", "variation"]
 
 
@@ -67,7 +81,7 @@ class ModelTarget:
 
     url: str
     triton_model: str
-    kind: TritonModelKind
+    kind: EntryModel
     engine_model: str | None = None
     """The ``tensorrt_llm`` model behind ``triton_model``; stop requests go there."""
 

@@ -7,10 +7,10 @@ from typing import Any, Literal
 
 import msgspec
 
+from adapters.contract import EntryModel
 from gateway.observability import ObservabilitySettings
 from gateway.tenancy.config import TenancySettings
 
-EntryModel = Literal["ensemble", "tensorrt_llm_bls", "tensorrt_llm"]
 ToolCallFormat = Literal["hermes", "llama3_json", "mistral", "pythonic"]
 
 

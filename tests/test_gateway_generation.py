@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -16,6 +16,7 @@ from adapters.contract import (
     SamplingParams,
     TokenChunk,
 )
+from adapters.scripted import ScriptedBackend
 from gateway.errors import GatewayTimeoutError
 from gateway.generation import (
     ChoiceEnd,
@@ -27,36 +28,6 @@ from gateway.generation import (
 from gateway.registry import ModelRoute, ServedModel, load_model
 from gateway.settings import SamplingDefaults
 from gateway.translate import ChoiceSpec, Plan, Prompt
-
-
-class ScriptedBackend:
-    """Replays fixed chunks; records which streams were closed before their end."""
-
-    def __init__(self, chunks: Sequence[TokenChunk], *, delay_s: float = 0.0) -> None:
-        self.chunks = chunks
-        self.delay_s = delay_s
-        self.requests: list[GenerationRequest] = []
-        self.closed_early: list[str] = []
-
-    async def generate(
-        self, target: ModelTarget, request: GenerationRequest
-    ) -> AsyncIterator[TokenChunk]:
-        self.requests.append(request)
-        finished = False
-        try:
-            for chunk in self.chunks:
-                await asyncio.sleep(self.delay_s)
-                yield chunk
-            finished = True
-        finally:
-            if not finished:
-                self.closed_early.append(request.request_id)
-
-    async def is_ready(self, target: ModelTarget) -> bool:
-        return True
-
-    async def close(self) -> None:
-        return None
 
 
 @pytest.fixture(scope="module")

@@ -16,13 +16,13 @@ from adapters.contract import (
     Backend,
     BackendTimeout,
     BackendUnavailable,
+    EntryModel,
     GenerationRequest,
     InvalidRequest,
     ModelNotFound,
     ModelTarget,
     SamplingParams,
     TokenChunk,
-    TritonModelKind,
 )
 from adapters.triton import TritonBackend
 from deploy.sidecar.models import ensure_tiny_model
@@ -45,7 +45,7 @@ LONG = 3000
 
 
 def target(sidecar: Sidecar, model: str) -> ModelTarget:
-    kind: TritonModelKind = "tensorrt_llm_bls"
+    kind: EntryModel = "tensorrt_llm_bls"
     if model.endswith("_ensemble"):
         kind = "ensemble"
     elif model.endswith("_tensorrt_llm"):

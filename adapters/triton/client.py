@@ -25,15 +25,8 @@ from adapters.contract import (
 )
 from adapters.triton.config import ModelInputs, parse_model_config
 from adapters.triton.errors import classify
-from adapters.triton.responses import CountSource, EngineDecoder, ResponseDecoder, merge_chunks
-from adapters.triton.tensors import (
-    WireTensor,
-    build_inputs,
-    requested_outputs,
-    stop_request_inputs,
-    streams,
-    wire_array,
-)
+from adapters.triton.responses import Exchange, Reply
+from adapters.triton.tensors import WireTensor, build_inputs, stop_request_inputs, wire_array
 
 logger = logging.getLogger(__name__)
 
@@ -222,59 +215,48 @@ class TritonBackend:
         deadline: float | None = None,
         send_weights: bool = False,
     ) -> AsyncGenerator[TokenChunk, None]:
-        """One Triton request's chunks (the call carries the deadline)."""
+        """One Triton request's chunks: encode, open the call (it carries the deadline), feed
+        its responses to the exchange, release the call."""
         if deadline is None:
             deadline = asyncio.get_running_loop().time() + request.timeout_s
         with map_triton_errors(f"describing {target.triton_model}"):
             async with asyncio.timeout(_remaining(deadline)):
                 model = await self.describe(target)
-        streaming = streams(request, model)
-        outputs = requested_outputs(request, model)
         request_id = f"{request.request_id or 'gen'}-{uuid.uuid4().hex[:12]}"
+        exchange = Exchange.of(request, model)
         message = infer_request(
             target.triton_model,
             request_id,
             build_inputs(request, model, lora_weights=send_weights),
-            outputs,
+            exchange.outputs,
             priority=request.priority,
         )
-        decoder = _decoder(request, model, streaming)
         operation = f"request {request_id} to {target.triton_model}"
-        logger.debug("%s: streaming=%s outputs=%s", operation, streaming, outputs)
-        finished = False
-        held: list[TokenChunk] = []
+        logger.debug("%s: streaming=%s outputs=%s", operation, exchange.streaming, exchange.outputs)
         call = self._open(target.url, message, _remaining(deadline), request.trace_headers)
         try:
             with map_triton_errors(operation):
-                while not finished:
+                while not exchange.finished:
                     # The call carries the deadline: gRPC ends it with DEADLINE_EXCEEDED.
                     response = await call.read()
-                    if response is grpc.aio.EOF:
-                        finished = True
-                        chunk = decoder.finish()
-                    elif response.error_message:
-                        finished = True
-                        raise classify(response.error_message)
-                    else:
-                        finished = _is_final(response.infer_response, model)
-                        chunk = decoder.decode(
-                            _outputs(response.infer_response, outputs), final=finished
-                        )
-                    if streaming:
+                    chunk = exchange.on_reply(_reply(response, exchange.outputs))
+                    if chunk is not None:
                         yield chunk
-                    else:
-                        held.append(chunk)
-                if held:
-                    yield merge_chunks(held)
                 await _drain(call)
         finally:
-            call.cancel()
-            if not finished:
-                logger.info("%s abandoned before its final response; cancelled", operation)
-                if model.is_ensemble or model.is_engine:
-                    self._stop_later(
-                        target.url, target.engine_model or model.engine_model, request_id
-                    )
+            self._release(call, exchange, target, request_id, operation)
+
+    def _release(
+        self, call: Any, exchange: Exchange, target: ModelTarget, request_id: str, operation: str
+    ) -> None:
+        """The one place a call ends: cancelled, and its engine request stopped if abandoned."""
+        call.cancel()
+        if exchange.finished:
+            return
+        logger.info("%s abandoned before its final response; cancelled", operation)
+        model = exchange.model
+        if model.is_ensemble or model.is_engine:
+            self._stop_later(target.url, target.engine_model or model.engine_model, request_id)
 
     def _stop_later(self, url: str, engine_model: str | None, request_id: str) -> None:
         """Fire-and-forget a stop request: a running ensemble step ignores gRPC cancellation."""
@@ -327,38 +309,15 @@ def infer_request(
     return message
 
 
-def _decoder(
-    request: GenerationRequest, model: ModelInputs, streaming: bool
-) -> ResponseDecoder | EngineDecoder:
-    """How responses become chunks: text outputs, or token ids through the gateway's tokenizer."""
-    echoes = not streaming and not model.has("exclude_input_in_output")
-    if model.is_engine:
-        if request.tokens is None:
-            raise BackendError(f"{model.name} returns token ids: the request has no tokenizer")
-        return EngineDecoder(
-            request.tokens.text_stream(),
-            prompt_tokens=len(request.prompt_ids),
-            echoed=request.prompt_ids if echoes else (),
-            keep_logprobs=request.params.logprobs,
-        )
-    return ResponseDecoder(
-        cumulative=streaming and model.accumulate_tokens,
-        counts=_count_source(model),
-        keep_logprobs=request.params.logprobs,
-        echo_prefix=request.prompt if echoes else "",
-    )
-
-
-def _count_source(model: ModelInputs) -> CountSource:
-    if model.reports_output_tokens:
-        return "reported"
-    return "logprobs" if model.counts_by_logprobs else "none"
-
-
-def _is_final(response: service_pb2.ModelInferResponse, model: ModelInputs) -> bool:
-    if _FINAL in response.parameters:
-        return bool(response.parameters[_FINAL].bool_param)
-    return not model.decoupled
+def _reply(response: Any, names: Sequence[str]) -> Reply | None:
+    """A stream response as the exchange reads it; ``None`` at the stream's end."""
+    if response is grpc.aio.EOF:
+        return None
+    if response.error_message:
+        return Reply({}, error=response.error_message)
+    infer = response.infer_response
+    final = infer.parameters[_FINAL].bool_param if _FINAL in infer.parameters else None
+    return Reply(_outputs(infer, names), final=final)
 
 
 def _outputs(response: service_pb2.ModelInferResponse, names: Sequence[str]) -> dict[str, Any]:

@@ -5,12 +5,16 @@ from __future__ import annotations
 import codecs
 import logging
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
 
-from adapters.contract import TextStream, TokenChunk
+from adapters.contract import BackendError, GenerationRequest, TextStream, TokenChunk
+from adapters.triton.config import ModelInputs
+from adapters.triton.errors import classify
+from adapters.triton.tensors import requested_outputs, streams
 
 logger = logging.getLogger(__name__)
 
@@ -217,3 +221,82 @@ def _common_prefix_length(left: bytes, right: bytes) -> int:
             break
         length += 1
     return length
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """One response of a Triton stream, as the exchange reads it."""
+
+    outputs: Outputs
+    final: bool | None = None
+    """Triton's final-response flag; ``None`` when the response carries none."""
+    error: str = ""
+    """An in-band error message (the request failed)."""
+
+
+@dataclass(slots=True)
+class Exchange:
+    """One request's Triton responses in, its token chunks out; no I/O.
+
+    Streaming requests yield a chunk per response; others hold their chunks and yield one merged
+    chunk at the end. ``finished`` turns true with the final response, the stream's end or an
+    in-band error (raised as the contract's ``BackendError``).
+    """
+
+    model: ModelInputs
+    decoder: ResponseDecoder | EngineDecoder
+    outputs: list[str]
+    streaming: bool
+    finished: bool = False
+    held: list[TokenChunk] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, request: GenerationRequest, model: ModelInputs) -> Exchange:
+        """The exchange of ``request`` with ``model``: what to ask for and how to decode it."""
+        streaming = streams(request, model)
+        return cls(model, _decoder(request, model, streaming), requested_outputs(request, model),
+                   streaming)  # fmt: skip
+
+    def on_reply(self, reply: Reply | None) -> TokenChunk | None:
+        """The chunk to pass on now for ``reply`` (``None``: the stream ended), if any."""
+        if reply is None:
+            self.finished = True
+            chunk = self.decoder.finish()
+        elif reply.error:
+            self.finished = True
+            raise classify(reply.error)
+        else:
+            self.finished = reply.final if reply.final is not None else not self.model.decoupled
+            chunk = self.decoder.decode(reply.outputs, final=self.finished)
+        if self.streaming:
+            return chunk
+        self.held.append(chunk)
+        return merge_chunks(self.held) if self.finished else None
+
+
+def _decoder(
+    request: GenerationRequest, model: ModelInputs, streaming: bool
+) -> ResponseDecoder | EngineDecoder:
+    """How responses become chunks: text outputs, or token ids through the gateway's tokenizer."""
+    echoes = not streaming and not model.has("exclude_input_in_output")
+    if model.is_engine:
+        if request.tokens is None:
+            raise BackendError(f"{model.name} returns token ids: the request has no tokenizer")
+        return EngineDecoder(
+            request.tokens.text_stream(),
+            prompt_tokens=len(request.prompt_ids),
+            echoed=request.prompt_ids if echoes else (),
+            keep_logprobs=request.params.logprobs,
+        )
+    return ResponseDecoder(
+        cumulative=streaming and model.accumulate_tokens,
+        counts=_count_source(model),
+        keep_logprobs=request.params.logprobs,
+        echo_prefix=request.prompt if echoes else "",
+    )
+
+
+def _count_source(model: ModelInputs) -> CountSource:
+    if model.reports_output_tokens:
+        return "reported"
+    return "logprobs" if model.counts_by_logprobs else "none"

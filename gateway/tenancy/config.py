@@ -30,7 +30,8 @@ class TenantPolicy(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     max_concurrency: int | None = None
     """Requests in flight at once."""
     max_tokens: int | None = None
-    """Largest completion one choice may ask for."""
+    """Largest completion one choice may ask for; also the most a request that names no
+    ``max_tokens`` gets."""
     priority: int = 0
     """Triton request priority (1 is the highest level; 0 means the model's default); takes
     effect where the model config declares ``priority_levels``."""

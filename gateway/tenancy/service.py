@@ -171,7 +171,7 @@ class Tenancy:
         """Reserve the plan's worst case against every limit of the tenant, or refuse it."""
         limits = Limits.of(tenant)
         tokens = reservation(plan)
-        self._check_fits(tenant, limits, plan, tokens)
+        self._check_fits(limits, tokens)
         lease = uuid.uuid4().hex
         quota: Quota | None = None
         try:
@@ -212,14 +212,8 @@ class Tenancy:
         return key
 
     @staticmethod
-    def _check_fits(tenant: TenantPolicy, limits: Limits, plan: Plan, tokens: int) -> None:
-        largest = max((spec.params.max_tokens for spec in plan.choices), default=0)
-        if tenant.max_tokens is not None and largest > tenant.max_tokens:
-            raise InvalidRequestError(
-                f"max_tokens is {largest}, more than the {tenant.max_tokens} your key allows "
-                "per choice.",
-                param="max_tokens",
-            )
+    def _check_fits(limits: Limits, tokens: int) -> None:
+        # The tenant's max_tokens was applied when the plan was made (planning's cap).
         room = limits.largest_reservation()
         if room is not None and tokens > room:
             raise InvalidRequestError(

@@ -61,16 +61,10 @@ def serve(settings: Settings) -> int:
     print(f"triton-gateway: OpenAI API on http://{server.host}:{server.port}/v1", flush=True)
     names = ", ".join(model.name for model in settings.models) or "every pipeline of the spec"
     print(f"  models: {names}; readiness at /health/ready; Ctrl-C stops", flush=True)
-    tenancy = settings.tenancy
-    if not tenancy.auth:
-        print(
-            "  auth: OFF (tenancy.auth: false) - anyone who reaches this port may use it",
-            flush=True,
-        )
-    else:
-        store = tenancy.store.kind
-        print(f"  auth: on, {len(tenancy.keys)} key(s) configured, limits in {store}", flush=True)
-    run(create_app(settings), settings)
+    app = create_app(settings)
+    runtime = app.state["runtime"]
+    # Once started: with the Redis store, the tenants and keys in force are known only then.
+    run(app, settings, on_started=lambda: print(f"  {runtime.tenancy.describe()}", flush=True))
     return 0
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+from collections.abc import Callable
 from types import FrameType
 
 import uvicorn
@@ -26,10 +27,17 @@ logger = logging.getLogger(__name__)
 class DrainingServer(uvicorn.Server):
     """uvicorn, with a drain between the shutdown signal and the closing of the listener."""
 
-    def __init__(self, config: uvicorn.Config, runtime: Runtime, settings: Settings) -> None:
+    def __init__(
+        self,
+        config: uvicorn.Config,
+        runtime: Runtime,
+        settings: Settings,
+        on_started: Callable[[], None] | None = None,
+    ) -> None:
         super().__init__(config)
         self._runtime = runtime
         self._settings = settings
+        self._on_started = on_started
         self._draining: asyncio.Task[None] | None = None
         self._signalled = False
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -37,6 +45,8 @@ class DrainingServer(uvicorn.Server):
     async def startup(self, sockets: list[object] | None = None) -> None:  # type: ignore[override]
         self._loop = asyncio.get_running_loop()
         await super().startup(sockets)  # type: ignore[arg-type]
+        if self.started and self._on_started is not None:
+            self._on_started()
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         if self._signalled or self._loop is None or not self.started:
@@ -66,8 +76,9 @@ class DrainingServer(uvicorn.Server):
         self.should_exit = True
 
 
-def run(app: Litestar, settings: Settings) -> None:
-    """Serve ``app`` (made by ``create_app(settings)``) until a signal drains and stops it."""
+def run(app: Litestar, settings: Settings, on_started: Callable[[], None] | None = None) -> None:
+    """Serve ``app`` (made by ``create_app(settings)``) until a signal drains and stops it;
+    ``on_started`` runs once the app has started and the port listens."""
     server = settings.server
     config = uvicorn.Config(
         app,
@@ -77,4 +88,4 @@ def run(app: Litestar, settings: Settings) -> None:
         log_config=None,
         timeout_graceful_shutdown=int(settings.limits.shutdown_grace_s),
     )
-    DrainingServer(config, app.state["runtime"], settings).run()
+    DrainingServer(config, app.state["runtime"], settings, on_started).run()

@@ -163,6 +163,17 @@ class Tenancy:
         if not matches(self._key(headers), self.settings.admin_key_sha256):
             raise AuthenticationError("Incorrect admin API key provided.")
 
+    def describe(self) -> str:
+        """One line for the start-up banner: auth, and the tenants and keys in force."""
+        if not self.settings.auth:
+            return "auth: OFF (tenancy.auth: false) - anyone who reaches this port may use it"
+        snapshot = self.directory.snapshot
+        admin = "on" if self.settings.admin_key_sha256 is not None else "off"
+        return (
+            f"auth: on, {len(snapshot.tenants)} tenant(s) and {len(snapshot.keys)} key(s) in "
+            f"force, limits in {self.settings.store.kind}, admin API {admin}"
+        )
+
     def known_headers(self, tenant: TenantPolicy) -> dict[str, str]:
         """Rate-limit headers as of the tenant's last admission (for answers before one)."""
         return rate_limit_headers(self._known.get(tenant.name))

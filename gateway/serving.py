@@ -10,16 +10,19 @@ exits at once.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
-from collections.abc import Callable
+import socket
+from collections.abc import Callable, Iterator
 from types import FrameType
 
 import uvicorn
 from litestar import Litestar
+from litestar.types import ASGIApp
 
 from gateway.lifecycle import Runtime
-from gateway.settings import Settings
+from gateway.settings import Settings, SettingsError
 
 logger = logging.getLogger(__name__)
 
@@ -89,3 +92,44 @@ def run(app: Litestar, settings: Settings, on_started: Callable[[], None] | None
         timeout_graceful_shutdown=int(settings.limits.shutdown_grace_s),
     )
     DrainingServer(config, app.state["runtime"], settings, on_started).run()
+
+
+class _BesideServer(uvicorn.Server):
+    """uvicorn for a second port of the process: the signals stay with the API's server."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+class SideListener:
+    """An ASGI app on a port of its own, served in the running event loop beside the API."""
+
+    def __init__(self, app: ASGIApp, host: str, port: int, what: str) -> None:
+        self._app, self._host, self._port, self._what = app, host, port, what
+        self._server: _BesideServer | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        """Listen (a port that cannot be bound stops the start, naming the setting)."""
+        family = socket.AF_INET6 if ":" in self._host else socket.AF_INET
+        try:
+            sock = socket.create_server((self._host, self._port), family=family)
+        except OSError as exc:
+            raise SettingsError(
+                f"{self._what}: cannot listen on {self._host}:{self._port}: {exc.strerror}"
+            ) from exc
+        config = uvicorn.Config(self._app, lifespan="off", log_config=None, access_log=False)
+        self._server = server = _BesideServer(config)
+        self._task = asyncio.create_task(server.serve(sockets=[sock]))
+        while not server.started and not self._task.done():
+            await asyncio.sleep(0.01)
+        if self._task.done():
+            self._task.result()
+        logger.info("%s on http://%s:%d", self._what, self._host, self._port)
+
+    async def stop(self) -> None:
+        """Close the port once its open requests are answered."""
+        if self._server is not None and self._task is not None:
+            self._server.should_exit = True
+            await self._task

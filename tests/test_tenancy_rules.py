@@ -9,6 +9,7 @@ import msgspec
 import pytest
 
 from gateway.errors import InvalidRequestError
+from gateway.settings import Settings, SettingsError, check_settings, parse_settings
 from gateway.tenancy.config import KeyEntry, PolicyError, TenancySettings, TenantPolicy
 from gateway.tenancy.edits import FIELDS, TenantFields, apply_fields, missing_fields
 from gateway.tenancy.keys import digest
@@ -180,3 +181,41 @@ def test_run_time_changes_win_for_what_they_touch(
     assert differences(FILE, changes) == lines
     for name in ("ka", "kb", "kb2", "kc"):
         assert (snapshot.keys.find(name) is not None) is (name in keys)
+
+
+SHA = "a" * 64
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        (
+            {"tenancy": {"auth": False}, "observability": {"metrics": {"auth": "admin"}}},
+            "needs the admin key",
+        ),
+        (
+            {"tenancy": {"auth": False}, "observability": {"metrics": {"port": 8000}}},
+            "is the API's port",
+        ),
+        (
+            {"tenancy": {"auth": True}, "observability": {"metrics": {"port": 9090}}},
+            "no API keys",
+        ),
+    ],
+)
+def test_settings_that_contradict_themselves(data: dict[str, Any], message: str) -> None:
+    with pytest.raises(SettingsError, match=message):
+        check_settings(parse_settings(data))
+
+
+def test_metrics_settings_default_to_the_api_port_without_a_key() -> None:
+    metrics = Settings().observability.metrics
+    assert (metrics.auth, metrics.port, metrics.host) == ("none", None, None)
+    check_settings(
+        parse_settings(
+            {
+                "tenancy": {"admin_key_sha256": SHA},
+                "observability": {"metrics": {"auth": "admin", "port": 9090}},
+            }
+        )
+    )

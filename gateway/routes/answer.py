@@ -68,9 +68,9 @@ class Answers:
         body: Body,
     ) -> Plan:
         """Template and count the request within the tenant's ``max_tokens`` (cancelled if the
-        client leaves), observed."""
+        client leaves), observed under the adapter's own name however the client named it."""
         base = model.base or model.name
-        adapter = model.name if model.adapter is not None else None
+        adapter = model.adapter.name if model.adapter is not None else None
         self.observability.serving(base, adapter, tenant.name, operation)
         planning = planner(model, body, max_tokens_cap=tenant.max_tokens)
         with self.observability.step("gateway.template"):

@@ -163,6 +163,14 @@ class Tenancy:
         if not matches(self._key(headers), self.settings.admin_key_sha256):
             raise AuthenticationError("Incorrect admin API key provided.")
 
+    def is_admin(self, headers: Mapping[str, str]) -> bool:
+        """Whether the request carries the admin key."""
+        try:
+            key = presented_key(headers)
+        except MalformedKey:
+            return False
+        return key is not None and matches(key, self.settings.admin_key_sha256)
+
     def describe(self) -> str:
         """One line for the start-up banner: auth, and the tenants and keys in force."""
         if not self.settings.auth:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any
 
 from litestar import Litestar, Request, Response
@@ -22,10 +22,11 @@ from gateway.errors import (
 )
 from gateway.lifecycle import BackendFactory, Runtime, triton_backend
 from gateway.observability import Observability
-from gateway.routes import admin, chat, completions, docs, health, lora, models
+from gateway.routes import admin, chat, completions, docs, health, lora, metrics, models
 from gateway.routes.answer import RATE_LIMIT_HEADERS, Answers
+from gateway.routes.models import ADMINISTRATOR, Audience
+from gateway.serving import SideListener
 from gateway.settings import Settings, SettingsError
-from gateway.tenancy import TenantPolicy
 
 logger = logging.getLogger(__name__)
 CLIENT_CLOSED_REQUEST = 499
@@ -67,19 +68,31 @@ def create_app(
     runtime = Runtime(
         settings, backend=backend, backend_factory=backend_factory, observability=observability
     )
+    handler = _error_handler(settings.limits.retry_after_s)
+    metrics_port = settings.observability.metrics.port
+    beside = None
+    if metrics_port is not None:
+        beside = SideListener(
+            metrics.metrics_app(runtime, handler),
+            settings.observability.metrics.host or settings.server.host,
+            metrics_port,
+            "observability.metrics.port",
+        )
 
     @asynccontextmanager
     async def lifespan(_: Litestar) -> AsyncIterator[None]:
-        try:
-            await runtime.start()
-        except SettingsError as exc:
-            # A configuration that cannot be served: `serve` exits with the reason (no
-            # traceback of a failed ASGI start-up), and the app never becomes ready.
-            runtime.lifecycle.fail(str(exc))
-        try:
+        async with AsyncExitStack() as stack:
+            try:
+                if beside is not None:
+                    await beside.start()
+                    stack.push_async_callback(beside.stop)
+                await runtime.start()
+            except SettingsError as exc:
+                # A configuration that cannot be served: `serve` exits with the reason (no
+                # traceback of a failed ASGI start-up), and the app never becomes ready.
+                runtime.lifecycle.fail(str(exc))
+            stack.push_async_callback(runtime.stop)
             yield
-        finally:
-            await runtime.stop()
 
     answers: Answers | None = None
 
@@ -95,8 +108,10 @@ def create_app(
             )
         return answers
 
-    def tenant(request: Request[Any, Any, Any]) -> TenantPolicy:
-        return answering().caller(request)
+    def audience(request: Request[Any, Any, Any]) -> Audience:
+        if runtime.tenancy.is_admin(request.headers):
+            return ADMINISTRATOR
+        return Audience(answering().caller(request))
 
     async def refuse_when_draining(request: Request[Any, Any, Any]) -> None:
         # Async: litestar runs a synchronous hook in a worker thread, on every request.
@@ -110,7 +125,6 @@ def create_app(
     def administrator(request: Request[Any, Any, Any]) -> None:
         runtime.tenancy.authenticate_admin(request.headers)
 
-    handler = _error_handler(settings.limits.retry_after_s)
     lifecycle = runtime.lifecycle
     return Litestar(
         route_handlers=[
@@ -120,8 +134,7 @@ def create_app(
             models.retrieve_model,
             health.live,
             health.ready,
-            health.metrics,
-            health.sidecar_metrics,
+            *([] if beside is not None else [metrics.router()]),
             docs.openapi_json,
             docs.docs,
             docs.docs_asset,
@@ -134,7 +147,7 @@ def create_app(
             "registry": Provide(lambda: runtime.registry, use_cache=True, sync_to_thread=False),
             "tenancy": Provide(lambda: runtime.tenancy, use_cache=True, sync_to_thread=False),
             "answers": Provide(answering, sync_to_thread=False),
-            "tenant": Provide(tenant, sync_to_thread=False),
+            "audience": Provide(audience, sync_to_thread=False),
             "administrator": Provide(administrator, sync_to_thread=False),
         },
         exception_handlers={Exception: handler},

@@ -63,16 +63,12 @@ def serve(settings: Settings) -> int:
     names = ", ".join(model.name for model in settings.models) or "every pipeline of the spec"
     waits = " once its sidecars have loaded" if settings.sidecars is not None else ""
     print(f"  models: {names}; ready{waits} (/health/ready); Ctrl-C stops", flush=True)
-    tenancy = settings.tenancy
-    if not tenancy.auth:
-        print(
-            "  auth: OFF (tenancy.auth: false) - anyone who reaches this port may use it",
-            flush=True,
-        )
-    else:
-        store = tenancy.store.kind
-        print(f"  auth: on, {len(tenancy.keys)} key(s) configured, limits in {store}", flush=True)
-    failure = run(create_app(settings), settings)
+    app = create_app(settings)
+    runtime = app.state["runtime"]
+    # Once started: with the Redis store, the tenants and keys in force are known only then.
+    failure = run(
+        app, settings, on_started=lambda: print(f"  {runtime.tenancy.describe()}", flush=True)
+    )
     if failure is not None:
         print(f"error: {failure}", file=sys.stderr, flush=True)
         return 1

@@ -20,7 +20,7 @@ from gateway.protocol import ErrorBody, ErrorEnvelope
 
 logger = logging.getLogger(__name__)
 _MSGSPEC_PATH = re.compile(r" - at `\$(?P<path>[^`]*)`$")
-_MISSING_FIELD = re.compile(r"missing required field `(?P<field>[^`]+)`")
+_NAMED_FIELD = re.compile(r"(?:missing required|unknown) field `(?P<field>[^`]+)`")
 
 
 class APIError(Exception):
@@ -173,9 +173,9 @@ def from_decode_error(exc: msgspec.DecodeError) -> InvalidRequestError:
         return InvalidRequestError(f"We could not parse the JSON body of your request: {message}")
     match = _MSGSPEC_PATH.search(message)
     path = match.group("path").lstrip(".") if match else ""
-    missing = _MISSING_FIELD.search(message)
-    if missing:
-        path = f"{path}.{missing.group('field')}" if path else missing.group("field")
+    named = _NAMED_FIELD.search(message)
+    if named:
+        path = f"{path}.{named.group('field')}" if path else named.group("field")
     return InvalidRequestError(f"Invalid request body: {message}", param=path or None)
 
 

@@ -18,8 +18,7 @@ from gateway.generation import GenerationService
 from gateway.lora import AdapterError, AdapterExists
 from gateway.observability import Observability
 from gateway.registry import ModelRegistry, ModelRoute, load_model, resolve_routes
-from gateway.settings import Settings, SettingsError, SidecarSettings
-from gateway.tenancy.config import TenancyConfigError, check_tenancy
+from gateway.settings import Settings, SettingsError, SidecarSettings, check_settings
 from gateway.tenancy.service import Tenancy
 
 logger = logging.getLogger(__name__)
@@ -124,10 +123,7 @@ class Runtime:
         backend_factory: BackendFactory,
         observability: Observability,
     ) -> None:
-        try:
-            check_tenancy(settings.tenancy)
-        except TenancyConfigError as exc:
-            raise SettingsError(f"invalid tenancy settings: {exc}") from exc
+        check_settings(settings)
         self.settings = settings
         self.registry = ModelRegistry()
         self.lifecycle = Lifecycle()

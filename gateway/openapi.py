@@ -25,6 +25,7 @@ from gateway.protocol import (
 from gateway.routes.admin import KeyRequest, Listing
 from gateway.routes.lora import LoadAdapter, UnloadAdapter
 from gateway.tenancy import TenantPolicy
+from gateway.tenancy.edits import TenantFields
 
 REF = "#/components/schemas/{name}"
 SSE = "text/event-stream"
@@ -63,8 +64,12 @@ OPERATIONS = (
     Operation("post", "/v1/unload_lora_adapter", "Unload a LoRA adapter", "Admin",
               UnloadAdapter, security="admin", media_type="text/plain"),
     Operation("get", "/admin/tenants", "List tenants", "Admin", answer=Listing, security="admin"),
-    Operation("put", "/admin/tenants/{name}", "Create or replace a tenant", "Admin",
-              TenantPolicy, TenantPolicy, security="admin", parameters=("name",)),
+    Operation("put", "/admin/tenants/{name}", "Create a tenant or replace its whole policy "
+              "(every field required)", "Admin", TenantFields, TenantPolicy, security="admin",
+              parameters=("name",)),
+    Operation("patch", "/admin/tenants/{name}", "Change some fields of a tenant's policy "
+              "(null lifts a limit)", "Admin", TenantFields, TenantPolicy, security="admin",
+              parameters=("name",)),
     Operation("delete", "/admin/tenants/{name}", "Remove a tenant", "Admin", status=204,
               security="admin", parameters=("name",)),
     Operation("get", "/admin/keys", "List API keys", "Admin", answer=Listing, security="admin"),

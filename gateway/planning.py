@@ -32,8 +32,11 @@ def _include_usage(request: SamplingFields) -> bool:
     return bool(given(request.stream)) and options is not None and bool(options.include_usage)
 
 
-async def plan_chat(model: ServedModel, request: ChatCompletionRequest) -> Plan:
-    """The backend requests answering a chat completion."""
+async def plan_chat(
+    model: ServedModel, request: ChatCompletionRequest, *, max_tokens_cap: int | None
+) -> Plan:
+    """The backend requests answering a chat completion; no choice may ask for more than
+    ``max_tokens_cap`` tokens (the caller's), and one that names no length gets at most that."""
     check_chat(request, model.route.max_n)
     tokenizer = model.tokenizer
     output = plan_output(
@@ -48,6 +51,7 @@ async def plan_chat(model: ServedModel, request: ChatCompletionRequest) -> Plan:
         prompt,
         model.context_length,
         prompt_param="messages",
+        cap=max_tokens_cap,
     )
     logprobs = bool(given(request.logprobs))
     params = sampling_params(
@@ -89,8 +93,11 @@ def _is_token(item: object) -> bool:
     return isinstance(item, int) and not isinstance(item, bool)
 
 
-async def plan_completion(model: ServedModel, request: CompletionRequest) -> Plan:
-    """The backend requests answering a text completion, ``n`` per prompt."""
+async def plan_completion(
+    model: ServedModel, request: CompletionRequest, *, max_tokens_cap: int | None
+) -> Plan:
+    """The backend requests answering a text completion, ``n`` per prompt, each choice within
+    ``max_tokens_cap`` as in ``plan_chat``."""
     check_completion(request, model.route.max_n)
     prompts: list[Prompt] = list(await asyncio.gather(*_prompts(model, request.prompt)))
     requested = given(request.max_tokens)
@@ -106,6 +113,7 @@ async def plan_completion(model: ServedModel, request: CompletionRequest) -> Pla
                 prompt,
                 model.context_length,
                 prompt_param="prompt",
+                cap=max_tokens_cap,
             ),
             logprobs=logprobs,
             guide=guide,

@@ -11,16 +11,20 @@ and the temporary model repository is still removed.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
+import socket
 import time
+from collections.abc import Callable, Iterator
 from types import FrameType
 
 import uvicorn
 from litestar import Litestar
+from litestar.types import ASGIApp
 
 from gateway.lifecycle import Runtime
-from gateway.settings import Settings
+from gateway.settings import Settings, SettingsError
 
 logger = logging.getLogger(__name__)
 REPEAT_WINDOW_S = 1.0
@@ -30,10 +34,17 @@ REPEAT_WINDOW_S = 1.0
 class DrainingServer(uvicorn.Server):
     """uvicorn, with a drain between the shutdown signal and the closing of the listener."""
 
-    def __init__(self, config: uvicorn.Config, runtime: Runtime, settings: Settings) -> None:
+    def __init__(
+        self,
+        config: uvicorn.Config,
+        runtime: Runtime,
+        settings: Settings,
+        on_started: Callable[[], None] | None = None,
+    ) -> None:
         super().__init__(config)
         self._runtime = runtime
         self._settings = settings
+        self._on_started = on_started
         self._draining: asyncio.Task[None] | None = None
         self._signalled = False
         self._signalled_at = 0.0
@@ -44,6 +55,8 @@ class DrainingServer(uvicorn.Server):
         self._loop = asyncio.get_running_loop()
         self._watch = asyncio.ensure_future(self._exit_on_failure())
         await super().startup(sockets)  # type: ignore[arg-type]
+        if self.started and self._on_started is not None:
+            self._on_started()
 
     async def _exit_on_failure(self) -> None:
         """A gateway that can never become ready exits instead of answering 503 for good."""
@@ -99,9 +112,12 @@ class DrainingServer(uvicorn.Server):
         self.should_exit = True
 
 
-def run(app: Litestar, settings: Settings) -> str | None:
+def run(
+    app: Litestar, settings: Settings, on_started: Callable[[], None] | None = None
+) -> str | None:
     """Serve ``app`` (made by ``create_app(settings)``) until a signal drains and stops it, or
-    until it can never become ready; returns why in that case."""
+    until it can never become ready (returns why then); ``on_started`` runs once the app has
+    started and the port listens."""
     server = settings.server
     config = uvicorn.Config(
         app,
@@ -112,5 +128,46 @@ def run(app: Litestar, settings: Settings) -> str | None:
         timeout_graceful_shutdown=int(settings.limits.shutdown_grace_s),
     )
     runtime: Runtime = app.state["runtime"]
-    DrainingServer(config, runtime, settings).run()
+    DrainingServer(config, runtime, settings, on_started).run()
     return runtime.lifecycle.failure
+
+
+class _BesideServer(uvicorn.Server):
+    """uvicorn for a second port of the process: the signals stay with the API's server."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+class SideListener:
+    """An ASGI app on a port of its own, served in the running event loop beside the API."""
+
+    def __init__(self, app: ASGIApp, host: str, port: int, what: str) -> None:
+        self._app, self._host, self._port, self._what = app, host, port, what
+        self._server: _BesideServer | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        """Listen (a port that cannot be bound stops the start, naming the setting)."""
+        family = socket.AF_INET6 if ":" in self._host else socket.AF_INET
+        try:
+            sock = socket.create_server((self._host, self._port), family=family)
+        except OSError as exc:
+            raise SettingsError(
+                f"{self._what}: cannot listen on {self._host}:{self._port}: {exc.strerror}"
+            ) from exc
+        config = uvicorn.Config(self._app, lifespan="off", log_config=None, access_log=False)
+        self._server = server = _BesideServer(config)
+        self._task = asyncio.create_task(server.serve(sockets=[sock]))
+        while not server.started and not self._task.done():
+            await asyncio.sleep(0.01)
+        if self._task.done():
+            self._task.result()
+        logger.info("%s on http://%s:%d", self._what, self._host, self._port)
+
+    async def stop(self) -> None:
+        """Close the port once its open requests are answered."""
+        if self._server is not None and self._task is not None:
+            self._server.should_exit = True
+            await self._task

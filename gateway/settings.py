@@ -9,7 +9,7 @@ import msgspec
 
 from adapters.contract import EntryModel
 from gateway.observability import ObservabilitySettings
-from gateway.tenancy.config import TenancySettings
+from gateway.tenancy.config import TenancyConfigError, TenancySettings, check_tenancy
 
 ToolCallFormat = Literal["hermes", "llama3_json", "mistral", "pythonic"]
 
@@ -146,7 +146,25 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     log_level: str = "INFO"
     """Logging level of the ``triton-gateway`` command."""
     observability: ObservabilitySettings = ObservabilitySettings()
-    """Log format (text or JSON) and OpenTelemetry tracing."""
+    """Log format (text or JSON), OpenTelemetry tracing, and who may read the metrics."""
+
+
+def check_settings(settings: Settings) -> None:
+    """Reject settings whose parts contradict each other, before anything starts."""
+    try:
+        check_tenancy(settings.tenancy)
+    except TenancyConfigError as exc:
+        raise SettingsError(f"invalid tenancy settings: {exc}") from exc
+    metrics = settings.observability.metrics
+    if metrics.auth == "admin" and settings.tenancy.admin_key_sha256 is None:
+        raise SettingsError(
+            "observability.metrics.auth: admin needs the admin key (tenancy.admin_key_sha256)"
+        )
+    if metrics.port is not None and metrics.port == settings.server.port:
+        raise SettingsError(
+            f"observability.metrics.port {metrics.port} is the API's port (server.port): "
+            "leave it unset to serve the metrics there, or pick another port"
+        )
 
 
 def parse_settings(data: Any, *, base_dir: Path | None = None) -> Settings:

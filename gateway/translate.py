@@ -178,9 +178,19 @@ def stop_sequences(stop: str | list[str] | None) -> tuple[str, ...]:
 
 
 def resolve_max_tokens(
-    requested: int | None, default: int | None, prompt: Prompt, limit: int, *, prompt_param: str
+    requested: int | None,
+    default: int | None,
+    prompt: Prompt,
+    limit: int,
+    *,
+    prompt_param: str,
+    cap: int | None = None,
 ) -> int:
-    """Completion length: asked for, else the configured default, else the rest of the window."""
+    """Completion length: asked for, else the configured default, else the rest of the window.
+
+    ``cap`` is the most the caller may have per choice (its tenant's ``max_tokens``): a request
+    that names no length gets at most that, one that asks for more is refused.
+    """
     room = limit - prompt.token_count
     if requested is not None and requested > room:
         raise ContextLengthExceeded(
@@ -195,9 +205,14 @@ def resolve_max_tokens(
             f"{prompt.token_count} tokens long. Please reduce the length of the prompt.",
             param=prompt_param,
         )
+    if requested is not None and cap is not None and requested > cap:
+        raise InvalidRequestError(
+            f"max_tokens is {requested}, more than the {cap} your key allows per choice.",
+            param="max_tokens",
+        )
     if requested is not None:
         return requested
-    return min(default, room) if default is not None else room
+    return min(value for value in (default, room, cap) if value is not None)
 
 
 def sampling_params(

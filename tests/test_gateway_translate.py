@@ -36,21 +36,44 @@ def completion(**fields: Any) -> CompletionRequest:
 
 
 @pytest.mark.parametrize(
-    ("requested", "default", "prompt_tokens", "limit", "expected"),
+    ("requested", "default", "prompt_tokens", "limit", "cap", "expected"),
     [
-        (None, None, 10, 100, 90),  # the rest of the window, never 16
-        (None, 32, 10, 100, 32),
-        (None, 500, 10, 100, 90),  # a configured default is capped by the window
-        (5, None, 10, 100, 5),
-        (90, None, 10, 100, 90),
-        (5, 32, 10, 100, 5),
+        (None, None, 10, 100, None, 90),  # the rest of the window, never 16
+        (None, 32, 10, 100, None, 32),
+        (None, 500, 10, 100, None, 90),  # a configured default is capped by the window
+        (5, None, 10, 100, None, 5),
+        (90, None, 10, 100, None, 90),
+        (5, 32, 10, 100, None, 5),
+        (None, None, 10, 100, 50, 50),  # the caller's cap clamps the default
+        (None, 32, 10, 100, 50, 32),
+        (None, None, 95, 100, 50, 5),  # ...and the window still does
+        (None, 500, 10, 100, 40, 40),
+        (50, None, 10, 100, 50, 50),  # asking for the cap itself is fine
+        (7, 32, 10, 100, 50, 7),
     ],
 )
 def test_resolve_max_tokens(
-    requested: int | None, default: int | None, prompt_tokens: int, limit: int, expected: int
+    requested: int | None,
+    default: int | None,
+    prompt_tokens: int,
+    limit: int,
+    cap: int | None,
+    expected: int,
 ) -> None:
     prompt = Prompt("x", prompt_tokens)
-    assert resolve_max_tokens(requested, default, prompt, limit, prompt_param="prompt") == expected
+    resolved = resolve_max_tokens(requested, default, prompt, limit, prompt_param="p", cap=cap)
+    assert resolved == expected
+
+
+@pytest.mark.parametrize(("requested", "default"), [(51, None), (90, 10)])
+def test_asking_for_more_than_the_cap_is_a_400(requested: int, default: int | None) -> None:
+    with pytest.raises(InvalidRequestError) as caught:
+        resolve_max_tokens(requested, default, Prompt("x", 10), 100, prompt_param="p", cap=50)
+    assert caught.value.param == "max_tokens"
+    assert caught.value.code is None
+    assert str(caught.value) == (
+        f"max_tokens is {requested}, more than the 50 your key allows per choice."
+    )
 
 
 @pytest.mark.parametrize(

@@ -173,6 +173,45 @@ def test_models_lists_adapters_with_their_parent_for_those_who_may_use_them(
         assert caught.value.code == "model_not_found"
 
 
+def test_only_the_admin_key_sees_where_adapters_were_loaded_from(
+    gateway: LiveGateway, adapters: dict[str, Path]
+) -> None:
+    folders = [str(path) for path in adapters.values()]
+    tenant = {"Authorization": f"Bearer {KEYS['all']}"}
+    admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
+    for path in ("/v1/models", "/v1/models/lora-a", "/v1/models/tiny:lora-a"):
+        shown = httpx.get(f"{gateway.url}{path}", headers=tenant)
+        assert shown.status_code == 200
+        assert "root" not in shown.text and not any(folder in shown.text for folder in folders)
+    listed = httpx.get(f"{gateway.url}/v1/models", headers=admin).json()["data"]
+    roots = {card["id"]: card.get("root") for card in listed}
+    assert roots["lora-a"] == roots["lora-a-bls"] == str(adapters["lora-a"])
+    assert roots["lora-b"] == str(adapters["lora-b"]) and roots["tiny"] is None
+    one = httpx.get(f"{gateway.url}/v1/models/lora-b-bls", headers=admin).json()
+    assert (one["root"], one["parent"]) == (str(adapters["lora-b"]), "tiny-bls")
+
+
+def test_metrics_name_an_adapter_one_way_whatever_the_client_called_it(
+    gateway: LiveGateway,
+) -> None:
+    def served(adapter: str) -> float:
+        text = httpx.get(f"{gateway.url}/metrics").text
+        return sum(
+            float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines()
+            if line.startswith("gateway_generation_requests_total{")
+            and f'adapter="{adapter}"' in line
+            and 'model="tiny"' in line
+        )
+
+    before = served("lora-b")
+    client = _client(gateway)
+    for name in ("lora-b", "tiny:lora-b"):
+        client.completions.create(model=name, prompt=PROMPT, max_tokens=2)
+    assert served("lora-b") - before == 2
+    assert 'adapter="tiny:lora-b"' not in httpx.get(f"{gateway.url}/metrics").text
+
+
 def test_adapters_load_and_unload_at_run_time_with_the_admin_key(
     gateway: LiveGateway, adapters: dict[str, Path], references: dict[str | None, str]
 ) -> None:

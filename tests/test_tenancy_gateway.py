@@ -20,6 +20,10 @@ from tests.gateway_fixtures import LiveGateway, sidecar_settings
 from tests.redis_server import RedisServer
 
 pytestmark = pytest.mark.slow
+CAP = 8
+TPM = 3840
+"""A refill interval of 60/3840 s = 2**-6 s is exact in binary, so the remaining tokens in the
+headers come out exact whatever the clock reads."""
 
 TENANTS = {
     "alpha": TenantPolicy(name="alpha", models=("tiny", "tiny-bls"), max_tokens=64),
@@ -27,6 +31,10 @@ TENANTS = {
     "slow": TenantPolicy(name="slow", requests_per_minute=60, burst=1 / 60),  # one a second
     "small": TenantPolicy(name="small", tokens_per_minute=120, burst=1.0),
     "pair": TenantPolicy(name="pair", max_concurrency=2, tokens_per_minute=60_000),
+    **{
+        name: TenantPolicy(name=name, max_tokens=CAP, tokens_per_minute=TPM)
+        for name in ("capped", "capped-chat", "ref-chat", "capped-text", "ref-text")
+    },
 }
 KEYS = {name: new_key() for name in TENANTS}
 ADMIN_KEY = new_key()
@@ -86,25 +94,26 @@ def _error(response: httpx.Response) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize(
-    ("headers", "message"),
+    ("headers", "message", "models"),
     [
-        ({}, "You didn't provide an API key"),
-        ({"Authorization": "Basic dXNlcjpwYXNz"}, "Malformed API key"),
-        ({"Authorization": "Bearer tgw-not-a-key"}, "Incorrect API key"),
-        ({"Authorization": f"Bearer {ADMIN_KEY}"}, "Incorrect API key"),
+        ({}, "You didn't provide an API key", 401),
+        ({"Authorization": "Basic dXNlcjpwYXNz"}, "Malformed API key", 401),
+        ({"Authorization": "Bearer tgw-not-a-key"}, "Incorrect API key", 401),
+        ({"Authorization": f"Bearer {ADMIN_KEY}"}, "Incorrect API key", 200),
     ],
     ids=["missing", "malformed", "unknown", "admin-key"],
 )
 def test_requests_without_a_tenant_key_are_401(
-    gateway: Gateway, headers: dict[str, str], message: str
+    gateway: Gateway, headers: dict[str, str], message: str, models: int
 ) -> None:
+    """The admin key generates nothing; it may list the models (with their folders)."""
     body = {"model": "tiny", "messages": HELLO, "max_tokens": 2}
     response = httpx.post(f"{gateway.url}/v1/chat/completions", json=body, headers=headers)
     assert response.status_code == 401
     error = _error(response)
     assert (error["type"], error["code"]) == ("invalid_request_error", "invalid_api_key")
     assert error["message"].startswith(message)
-    assert httpx.get(f"{gateway.url}/v1/models", headers=headers).status_code == 401
+    assert httpx.get(f"{gateway.url}/v1/models", headers=headers).status_code == models
 
 
 def test_azure_style_api_key_header(gateway: Gateway) -> None:
@@ -181,6 +190,50 @@ def test_requests_that_can_never_fit_are_400(gateway: Gateway) -> None:
     assert "can ever hold (120)" in _error(never)["message"]
 
 
+def _reserved(gateway: Gateway, path: str, body: dict[str, Any], tenant: str) -> int:
+    """What the tenant's first request reserved: a full bucket less what the answer says is
+    left right after its admission."""
+    answer = gateway.post(path, body, KEYS[tenant])
+    assert answer.status_code == 200, answer.text
+    assert answer.headers["x-ratelimit-limit-tokens"] == str(TPM)
+    choices = answer.json()["choices"]
+    assert len(choices) == body.get("n", 1)
+    assert 0 < answer.json()["usage"]["completion_tokens"] <= len(choices) * CAP
+    return TPM - int(answer.headers["x-ratelimit-remaining-tokens"])
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/v1/chat/completions", {"model": "tiny", "messages": HELLO, "n": 2}),
+        ("/v1/completions", {"model": "tiny", "prompt": "The cat", "n": 2}),
+    ],
+    ids=["chat", "text"],
+)
+def test_a_capped_tenant_without_max_tokens_gets_and_reserves_its_cap(
+    gateway: Gateway, path: str, body: dict[str, Any]
+) -> None:
+    """The default is the smaller of the window and the cap, and the reservation is the prompt
+    plus the cap for each choice: the same request with ``max_tokens: 1`` (one choice), on a
+    fresh tenant, measures the prompt."""
+    kind = "chat" if "messages" in body else "text"
+    prompt = _reserved(gateway, path, {**body, "n": 1, "max_tokens": 1}, f"ref-{kind}") - 1
+    assert _reserved(gateway, path, body, f"capped-{kind}") == prompt + 2 * CAP
+
+
+@pytest.mark.parametrize("field", ["max_tokens", "max_completion_tokens"])
+def test_only_an_explicit_max_tokens_above_the_cap_is_a_400(gateway: Gateway, field: str) -> None:
+    body = {"model": "tiny", "messages": HELLO}
+    at_cap = gateway.post("/v1/chat/completions", {**body, field: CAP}, KEYS["capped"])
+    assert at_cap.status_code == 200
+    above = gateway.post("/v1/chat/completions", {**body, field: CAP + 1}, KEYS["capped"])
+    assert above.status_code == 400
+    assert _error(above)["param"] == "max_tokens"
+    assert _error(above)["message"] == (
+        f"max_tokens is {CAP + 1}, more than the {CAP} your key allows per choice."
+    )
+
+
 @pytest.mark.parametrize("stream", [False, True])
 def test_tokens_charged_are_the_usage(gateway: Gateway, stream: bool) -> None:
     before = gateway.metric("gateway_tenant_tokens_total", tenant="pair")
@@ -234,8 +287,12 @@ def test_admin_api(gateway: Gateway) -> None:
     assert httpx.get(f"{gateway.url}/admin/keys", headers=tenant_key).status_code == 401
     made = httpx.post(f"{gateway.url}/admin/keys", json={"tenant": "beta"}, headers=admin)
     if gateway.store == "memory":
-        assert made.status_code == 409
-        assert _error(made)["code"] == "store_read_only"
+        patched = httpx.patch(
+            f"{gateway.url}/admin/tenants/beta", json={"priority": 2}, headers=admin
+        )
+        for refused in (made, patched):
+            assert refused.status_code == 409
+            assert _error(refused)["code"] == "store_read_only"
         return
     assert made.status_code == 201
     key = made.json()["key"]
@@ -249,10 +306,16 @@ def test_admin_api(gateway: Gateway) -> None:
     revoked = httpx.delete(f"{gateway.url}/admin/keys/{made.json()['key_id']}", headers=admin)
     assert revoked.status_code == 204
     assert gateway.post("/v1/chat/completions", body, key).status_code == 401
-    policy = {"models": ["tiny"], "requests_per_minute": 5}
+    policy = {
+        **msgspec.to_builtins(TenantPolicy(name="gamma", models=("tiny",))),
+        "requests_per_minute": 5,
+    }
+    del policy["name"]
     put = httpx.put(f"{gateway.url}/admin/tenants/gamma", json=policy, headers=admin)
     assert put.status_code == 200 and put.json()["requests_per_minute"] == 5
-    bad = httpx.put(f"{gateway.url}/admin/tenants/gamma", json={"burst": 3}, headers=admin)
-    assert bad.status_code == 400
+    bad = httpx.put(
+        f"{gateway.url}/admin/tenants/gamma", json={**policy, "burst": 3}, headers=admin
+    )
+    assert bad.status_code == 400 and _error(bad)["param"] == "burst"
     assert httpx.delete(f"{gateway.url}/admin/tenants/gamma", headers=admin).status_code == 204
     assert httpx.delete(f"{gateway.url}/admin/tenants/gamma", headers=admin).status_code == 404

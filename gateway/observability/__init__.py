@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 from litestar.enums import ScopeType
@@ -34,6 +34,7 @@ from gateway.observability.tracing import PROPAGATED, Tracing, TracingSettings, 
 __all__ = [
     "GatewayMetrics",
     "GenerationWatch",
+    "MetricsSettings",
     "Observability",
     "ObservabilitySettings",
     "RequestRecord",
@@ -43,12 +44,26 @@ __all__ = [
 ]
 
 
+class MetricsSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Who may read ``/metrics`` and ``/metrics/sidecars/<name>``, and on which port."""
+
+    auth: Literal["none", "admin"] = "none"
+    """``none``: anyone who reaches the port; ``admin``: only the admin key, as a bearer token."""
+    port: int | None = None
+    """A port of their own for the metrics (the API port then has none); unset: the API port."""
+    host: str | None = None
+    """Address the metrics port binds; defaults to ``server.host``."""
+
+
 class ObservabilitySettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """Log format and tracing; metrics are always served at ``/metrics``."""
+    """Log format, tracing, and access to the Prometheus metrics."""
 
     log_format: LogFormat = "text"
     """``text``, or ``json``: one object per line with the request id and the access fields."""
     tracing: TracingSettings = TracingSettings()
+    """OpenTelemetry spans, exported over OTLP/HTTP."""
+    metrics: MetricsSettings = MetricsSettings()
+    """Who may read the metrics, and on which port."""
 
 
 class GenerationWatch:

@@ -1,7 +1,8 @@
 """``/admin``: tenants and API keys at run time, behind the admin key (never a tenant key).
 
 Changes go to the Redis store and reach every replica within its refresh period; with the
-memory store the configuration file is the only source, and writes answer 409.
+memory store the configuration file is the only source, and writes answer 409. How run-time
+changes and the settings file combine is ``gateway.tenancy.state``'s rule.
 """
 
 from __future__ import annotations
@@ -11,13 +12,14 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import msgspec
-from litestar import Request, delete, get, post, put
+from litestar import Request, delete, get, patch, post, put
 from litestar.status_codes import HTTP_201_CREATED, HTTP_204_NO_CONTENT
 
 from gateway.errors import ConflictError, InvalidRequestError, ResourceNotFoundError
 from gateway.tenancy import KeyEntry, TenantPolicy
-from gateway.tenancy.config import TenancyConfigError
+from gateway.tenancy.config import PolicyError, TenancyConfigError
 from gateway.tenancy.directory import DirectoryReadOnly
+from gateway.tenancy.edits import TenantFields, apply_fields, missing_fields
 from gateway.tenancy.keys import digest, new_key
 from gateway.tenancy.service import Tenancy
 from gateway.transport import decode_body
@@ -58,6 +60,8 @@ async def _writing() -> AsyncIterator[None]:
         yield
     except DirectoryReadOnly as exc:
         raise ConflictError(str(exc), code="store_read_only") from None
+    except PolicyError as exc:
+        raise InvalidRequestError(str(exc), param=exc.field) from None
     except TenancyConfigError as exc:
         raise InvalidRequestError(str(exc)) from None
 
@@ -76,20 +80,39 @@ async def list_tenants(administrator: None, tenancy: Tenancy) -> Listing:
 async def put_tenant(
     name: str, request: Request[Any, Any, Any], administrator: None, tenancy: Tenancy
 ) -> TenantPolicy:
-    """Create or replace a tenant's policy (the body is a policy; its name is the path's)."""
-    fields = decode_body(await request.body(), dict[str, Any])
-    try:
-        policy = msgspec.convert({**fields, "name": name}, TenantPolicy)
-    except msgspec.DecodeError as exc:
-        raise InvalidRequestError(f"Invalid tenant policy: {exc}") from None
+    """Create a tenant or replace its whole policy: the body must give every field."""
+    fields = decode_body(await request.body(), TenantFields)
+    missing = missing_fields(fields)
+    if missing:
+        raise InvalidRequestError(
+            f"PUT replaces the whole policy, and the body leaves out {', '.join(missing)}. "
+            f"Send every field, or PATCH /admin/tenants/{name} to change only some.",
+            param=missing[0],
+        )
     async with _writing():
+        policy = apply_fields(TenantPolicy(name=name), fields)
         await tenancy.directory.put_tenant(policy)
+    return policy
+
+
+@patch("/admin/tenants/{name:str}")
+async def patch_tenant(
+    name: str, request: Request[Any, Any, Any], administrator: None, tenancy: Tenancy
+) -> TenantPolicy:
+    """Change the fields the body gives and keep the others; ``null`` lifts a limit."""
+    fields = decode_body(await request.body(), TenantFields)
+    async with _writing():
+        policy = await tenancy.directory.update_tenant(
+            name, lambda current: apply_fields(current, fields)
+        )
+    if policy is None:
+        raise ResourceNotFoundError(f"No tenant called {name!r}.", param="name")
     return policy
 
 
 @delete("/admin/tenants/{name:str}", status_code=HTTP_204_NO_CONTENT)
 async def delete_tenant(name: str, administrator: None, tenancy: Tenancy) -> None:
-    """Remove a tenant; its keys stop working."""
+    """Remove a tenant and revoke its keys (they stay revoked if the tenant is created again)."""
     async with _writing():
         if not await tenancy.directory.delete_tenant(name):
             raise ResourceNotFoundError(f"No tenant called {name!r}.", param="name")
@@ -107,12 +130,11 @@ async def create_key(
 ) -> NewKey:
     """Make a key for a tenant; the answer is the only place the key is ever shown."""
     body = decode_body(await request.body(), KeyRequest)
-    if tenancy.directory.tenant(body.tenant) is None:
-        raise ResourceNotFoundError(f"No tenant called {body.tenant!r}.", param="tenant")
     key = new_key()
     entry = KeyEntry(tenant=body.tenant, sha256=digest(key), name=body.name)
     async with _writing():
-        await tenancy.directory.add_key(entry)
+        if not await tenancy.directory.add_key(entry):
+            raise ResourceNotFoundError(f"No tenant called {body.tenant!r}.", param="tenant")
     return NewKey(key=key, sha256=entry.sha256, **msgspec.structs.asdict(_view(entry)))
 
 
@@ -124,4 +146,4 @@ async def revoke_key(key_id: str, administrator: None, tenancy: Tenancy) -> None
             raise ResourceNotFoundError(f"No key with id {key_id!r}.", param="key_id")
 
 
-ROUTES = [list_tenants, put_tenant, delete_tenant, list_keys, create_key, revoke_key]
+ROUTES = [list_tenants, put_tenant, patch_tenant, delete_tenant, list_keys, create_key, revoke_key]

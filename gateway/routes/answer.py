@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator, Callable, Coroutine
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 import msgspec
 from litestar import Request
@@ -18,10 +18,19 @@ from gateway.tenancy.service import Tenancy
 from gateway.translate import Plan
 from gateway.transport import JsonAnswer, stream_response, until_disconnect
 
+Body = TypeVar("Body", contravariant=True)
 Chunks = Callable[[Plan, AsyncGenerator[Event, None], Header], AsyncGenerator[Any, None]]
 Whole = Callable[[Plan, list[ChoiceResult], Header], msgspec.Struct]
 RATE_LIMIT_HEADERS = "rate_limit_headers"
 """Key of ``request.state`` holding the headers every answer to the request carries."""
+
+
+class Planner(Protocol[Body]):
+    """``plan_chat`` or ``plan_completion``: a request body made into a plan for one caller."""
+
+    def __call__(
+        self, model: ServedModel, request: Body, /, *, max_tokens_cap: int | None
+    ) -> Coroutine[Any, Any, Plan]: ...
 
 
 class Answers:
@@ -55,12 +64,15 @@ class Answers:
         tenant: TenantPolicy,
         model: ServedModel,
         operation: str,
-        planning: Coroutine[Any, Any, Plan],
+        planner: Planner[Body],
+        body: Body,
     ) -> Plan:
-        """Template and count the request (cancelled if the client leaves), observed."""
+        """Template and count the request within the tenant's ``max_tokens`` (cancelled if the
+        client leaves), observed under the adapter's own name however the client named it."""
         base = model.base or model.name
-        adapter = model.name if model.adapter is not None else None
+        adapter = model.adapter.name if model.adapter is not None else None
         self.observability.serving(base, adapter, tenant.name, operation)
+        planning = planner(model, body, max_tokens_cap=tenant.max_tokens)
         with self.observability.step("gateway.template"):
             return await until_disconnect(request.receive, planning)
 

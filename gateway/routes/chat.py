@@ -20,6 +20,6 @@ async def create_chat_completion(request: Request[Any, Any, Any], answers: Answe
     tenant = answers.caller(request)
     body = decode_body(await request.body(), ChatCompletionRequest)
     model = answers.registry.get(body.model, tenant.allows_model, tenant.allows_adapter)
-    plan = await answers.plan(request, tenant, model, "chat", plan_chat(model, body))
+    plan = await answers.plan(request, tenant, model, "chat", plan_chat, body)
     header = Header.new("chatcmpl", model.name)
     return await answers.respond(request, tenant, model, plan, header, chat_chunks, chat_completion)

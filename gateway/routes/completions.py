@@ -20,9 +20,7 @@ async def create_completion(request: Request[Any, Any, Any], answers: Answers) -
     tenant = answers.caller(request)
     body = decode_body(await request.body(), CompletionRequest)
     model = answers.registry.get(body.model, tenant.allows_model, tenant.allows_adapter)
-    plan = await answers.plan(
-        request, tenant, model, "text_completion", plan_completion(model, body)
-    )
+    plan = await answers.plan(request, tenant, model, "text_completion", plan_completion, body)
     header = Header.new("cmpl", model.name)
     return await answers.respond(
         request, tenant, model, plan, header, completion_chunks, text_completion

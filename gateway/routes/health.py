@@ -1,15 +1,12 @@
-"""Liveness, readiness and Prometheus metrics."""
+"""Liveness and readiness."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 
-import httpx
 from litestar import MediaType, Response, get
-from prometheus_client import CONTENT_TYPE_LATEST
 
-from gateway.errors import ResourceNotFoundError, ServiceUnavailableError
 from gateway.lifecycle import Runtime
 from gateway.registry import ServedModel
 
@@ -42,28 +39,3 @@ async def ready(runtime: Runtime) -> Response[dict[str, object]]:
     body: dict[str, object] = {"status": "ready" if ok else "not_ready", "models": ready_models}
     headers = {} if ok else {"Retry-After": str(runtime.settings.limits.retry_after_s)}
     return Response(body, status_code=200 if ok else 503, headers=headers)
-
-
-@get("/metrics", media_type=CONTENT_TYPE_LATEST)
-async def metrics(runtime: Runtime) -> Response[bytes]:
-    """Prometheus text exposition of the gateway's own metrics."""
-    return Response(runtime.metrics.render(), media_type=CONTENT_TYPE_LATEST)
-
-
-@get("/metrics/sidecars/{name:str}", media_type=CONTENT_TYPE_LATEST)
-async def sidecar_metrics(name: str, runtime: Runtime) -> Response[bytes]:
-    """A supervised tritonserver's own metrics (queue and compute times, TensorRT-LLM's KV-cache
-    and batch metrics), for a scraper that reaches only the gateway."""
-    sidecar = next((s for s in runtime.sidecars if s.name == name), None)
-    if sidecar is None:
-        raise ResourceNotFoundError(f"No sidecar called {name!r}.", param="name")
-    try:
-        async with httpx.AsyncClient(timeout=runtime.settings.limits.readiness_timeout_s) as client:
-            answer = await client.get(sidecar.metrics_url)
-        answer.raise_for_status()
-    except httpx.HTTPError as exc:
-        raise ServiceUnavailableError(
-            f"The metrics of sidecar {name!r} could not be read: {type(exc).__name__}.",
-            headers={"Retry-After": str(runtime.settings.limits.retry_after_s)},
-        ) from None
-    return Response(answer.content, media_type=CONTENT_TYPE_LATEST)

@@ -1,6 +1,12 @@
-"""``GET /v1/models`` and ``GET /v1/models/{id}``."""
+"""``GET /v1/models`` and ``GET /v1/models/{id}``.
+
+A tenant sees the models and adapters it may use, by name and parent; only the admin key also
+sees the folder each adapter was loaded from (``root``), a path on the server.
+"""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import msgspec
 from litestar import get
@@ -9,6 +15,17 @@ from gateway.lora import LoadedAdapter
 from gateway.protocol import ModelCard, ModelList
 from gateway.registry import ModelRegistry, ServedModel
 from gateway.tenancy import TenantPolicy
+
+
+@dataclass(frozen=True, slots=True)
+class Audience:
+    """Who asks: a tenant, or the administrator (every model, and the adapters' folders)."""
+
+    tenant: TenantPolicy
+    admin: bool = False
+
+
+ADMINISTRATOR = Audience(TenantPolicy(name="admin"), admin=True)
 
 
 def _card(model: ServedModel) -> ModelCard:
@@ -21,32 +38,34 @@ def _card(model: ServedModel) -> ModelCard:
     )
 
 
-def _adapter_card(adapter: LoadedAdapter, base: ServedModel) -> ModelCard:
-    card = _card(base)
-    return msgspec.structs.replace(
-        card, id=adapter.name, created=adapter.created, root=adapter.path, parent=base.name
+def _adapter_card(adapter: LoadedAdapter, base: ServedModel, audience: Audience) -> ModelCard:
+    card = msgspec.structs.replace(
+        _card(base), id=adapter.name, created=adapter.created, parent=base.name
     )
+    return msgspec.structs.replace(card, root=adapter.path) if audience.admin else card
 
 
 @get("/v1/models")
-async def list_models(registry: ModelRegistry, tenant: TenantPolicy) -> ModelList:
+async def list_models(registry: ModelRegistry, audience: Audience) -> ModelList:
     """Every served model and LoRA adapter the caller may use; adapters name their parent."""
+    tenant = audience.tenant
     cards = [_card(model) for model in registry if tenant.allows_model(model.name)]
     for adapter in registry.adapters:
         base = registry.base_model(adapter.base)
         visible = base is not None and tenant.allows_model(base.name)
         if base is not None and visible and tenant.allows_adapter(adapter.name):
-            cards.append(_adapter_card(adapter, base))
+            cards.append(_adapter_card(adapter, base, audience))
     return ModelList(data=cards)
 
 
 @get("/v1/models/{model_id:path}")
-async def retrieve_model(model_id: str, registry: ModelRegistry, tenant: TenantPolicy) -> ModelCard:
+async def retrieve_model(model_id: str, registry: ModelRegistry, audience: Audience) -> ModelCard:
     """One served model or adapter; ids may contain slashes."""
     name = model_id.lstrip("/")
+    tenant = audience.tenant
     model = registry.get(name, tenant.allows_model, tenant.allows_adapter)
     found = registry.adapters.find(name)
     base = registry.base_model(model.base) if model.base is not None else None
     if base is not None and found is not None:
-        return _adapter_card(found, base)
+        return _adapter_card(found, base, audience)
     return _card(model)

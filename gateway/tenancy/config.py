@@ -10,6 +10,14 @@ import msgspec
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 SHA256 = re.compile(r"^[0-9a-f]{64}$")
+LIMITS = (
+    "requests_per_minute",
+    "tokens_per_minute",
+    "tokens_per_day",
+    "max_concurrency",
+    "max_tokens",
+)
+"""The policy's limits: each one is a positive whole number, or unset (no limit)."""
 
 
 class TenantPolicy(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -30,7 +38,8 @@ class TenantPolicy(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     max_concurrency: int | None = None
     """Requests in flight at once."""
     max_tokens: int | None = None
-    """Largest completion one choice may ask for."""
+    """Largest completion one choice may ask for; also the most a request that names no
+    ``max_tokens`` gets."""
     priority: int = 0
     """Triton request priority (1 is the highest level; 0 means the model's default); takes
     effect where the model config declares ``priority_levels``."""
@@ -103,6 +112,14 @@ class TenancyConfigError(ValueError):
     """Tenancy settings that contradict themselves."""
 
 
+class PolicyError(TenancyConfigError):
+    """A tenant policy that cannot work; ``field`` names the offending field."""
+
+    def __init__(self, message: str, field: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
 def check_tenancy(settings: TenancySettings) -> None:
     """Reject settings that would fail at the first request instead of at start-up."""
     names = [tenant.name for tenant in settings.tenants]
@@ -132,12 +149,10 @@ def check_tenancy(settings: TenancySettings) -> None:
 def check_policy(tenant: TenantPolicy) -> None:
     """Reject a policy that cannot work."""
     if not NAME.match(tenant.name):
-        raise TenancyConfigError(f"tenant name {tenant.name!r} must match {NAME.pattern}")
-    for field in ("requests_per_minute", "tokens_per_minute", "tokens_per_day", "max_tokens"):
+        raise PolicyError(f"tenant name {tenant.name!r} must match {NAME.pattern}", "name")
+    for field in LIMITS:
         value = getattr(tenant, field)
         if value is not None and value < 1:
-            raise TenancyConfigError(f"tenant {tenant.name!r}: {field} must be at least 1")
-    if tenant.max_concurrency is not None and tenant.max_concurrency < 1:
-        raise TenancyConfigError(f"tenant {tenant.name!r}: max_concurrency must be at least 1")
+            raise PolicyError(f"tenant {tenant.name!r}: {field} must be at least 1", field)
     if not 0 < tenant.burst <= 1:
-        raise TenancyConfigError(f"tenant {tenant.name!r}: burst must be in (0, 1]")
+        raise PolicyError(f"tenant {tenant.name!r}: burst must be in (0, 1]", "burst")

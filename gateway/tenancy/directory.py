@@ -1,9 +1,12 @@
-"""Who the tenants are and which keys open them: the configuration's, and those changed at run time.
+"""Who the tenants are and which keys open them: the settings file's, and those changed at run time.
 
-With the Redis store, the admin API writes tenants, keys and revocations to Redis and bumps a
-version number; every replica polls that number and reloads on a change, so a revoked key is
-locked out everywhere within the polling period. The directory's keys share the hash tag
-``{directory}``, so each change is one MULTI/EXEC in one Cluster slot.
+With the Redis store, the admin API writes tenants, keys, revocations and deletions to Redis and
+bumps a version number; every replica polls that number and reloads on a change, so a revoked
+key is locked out everywhere within the polling period. How the run-time state and the settings
+file combine is ``gateway.tenancy.state``'s rule. Each change is one optimistic transaction
+(WATCH on the version, MULTI/EXEC) computed from the state it replaces, so two replicas patching
+one tenant at once never lose either change. The directory's keys share the hash tag
+``{directory}``, so each transaction stays in one Cluster slot.
 """
 
 from __future__ import annotations
@@ -11,15 +14,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import msgspec
 import redis.asyncio as aioredis
-from redis.exceptions import RedisError
+from redis.exceptions import RedisError, WatchError
 
 from gateway.tenancy.config import KeyEntry, TenancySettings, TenantPolicy, check_policy
-from gateway.tenancy.keys import KeyRing
+from gateway.tenancy.state import RunTimeChanges, Snapshot, differences, in_force
 
 logger = logging.getLogger(__name__)
 
@@ -29,25 +32,17 @@ class DirectoryReadOnly(Exception):
 
 
 @dataclass(frozen=True, slots=True)
-class Snapshot:
-    """Tenants by name and the keys that open them, as of one moment."""
+class Change:
+    """What one admin call writes to Redis."""
 
-    tenants: dict[str, TenantPolicy]
-    keys: KeyRing
+    put: tuple[TenantPolicy, ...] = ()
+    deleted: tuple[str, ...] = ()
+    added: tuple[KeyEntry, ...] = ()
+    revoked: tuple[KeyEntry, ...] = ()
 
 
-def _merge(
-    settings: TenancySettings,
-    tenants: Iterable[TenantPolicy] = (),
-    keys: Iterable[KeyEntry] = (),
-    revoked: Iterable[str] = (),
-    deleted: Iterable[str] = (),
-) -> Snapshot:
-    gone, revoked_keys = set(deleted), set(revoked)
-    merged = {t.name: t for t in settings.tenants if t.name not in gone}
-    merged.update({t.name: t for t in tenants})
-    entries = [k for k in (*settings.keys, *keys) if k.sha256 not in revoked_keys]
-    return Snapshot(merged, KeyRing(entries))
+Plan = Callable[[Snapshot], Change | None]
+"""Decides a change from the state in force; ``None`` when there is nothing to change."""
 
 
 class Directory:
@@ -70,8 +65,9 @@ class Directory:
         self._tenants_key, self._keys_key = f"{base}:tenants", f"{base}:keys"
         self._revoked_key, self._deleted_key = f"{base}:revoked", f"{base}:deleted"
         self._version_key = f"{base}:version"
-        self.snapshot = _merge(settings)
+        self.snapshot = in_force(settings)
         self._version: bytes | str | None = None
+        self._reported = False
         self._poller: asyncio.Task[None] | None = None
 
     @property
@@ -95,8 +91,14 @@ class Directory:
         """Load the run-time state once, then keep polling for changes."""
         if self._client is None:
             return
-        with contextlib.suppress(RedisError, OSError, TimeoutError):
+        try:
             await self.refresh()
+        except (RedisError, OSError, TimeoutError) as exc:
+            logger.warning(
+                "could not read the run-time tenants and keys from redis (%s); the settings "
+                "file's are in force until it answers",
+                exc,
+            )
         self._poller = asyncio.get_running_loop().create_task(self._poll())
 
     async def close(self) -> None:
@@ -119,51 +121,68 @@ class Directory:
                 pipe.smembers(self._revoked_key)
                 pipe.smembers(self._deleted_key)
                 tenants, keys, revoked, deleted = await pipe.execute()
-        self.snapshot = _merge(
-            self._settings,
-            (msgspec.json.decode(v, type=TenantPolicy) for v in tenants.values()),
-            (msgspec.json.decode(v, type=KeyEntry) for v in keys.values()),
-            (v.decode() for v in revoked),
-            (v.decode() for v in deleted),
+        changes = RunTimeChanges(
+            tenants={
+                policy.name: policy
+                for policy in (msgspec.json.decode(v, type=TenantPolicy) for v in tenants.values())
+            },
+            keys=tuple(msgspec.json.decode(v, type=KeyEntry) for v in keys.values()),
+            revoked=frozenset(v.decode() for v in revoked),
+            deleted=frozenset(v.decode() for v in deleted),
         )
+        self.snapshot = in_force(self._settings, changes)
         self._version = version
+        if not self._reported:
+            self._reported = True
+            self._report(changes)
 
     async def put_tenant(self, policy: TenantPolicy) -> None:
         """Create or replace a tenant."""
         check_policy(policy)
-        await self._change(
-            lambda pipe: (
-                pipe.hset(self._tenants_key, policy.name, msgspec.json.encode(policy)),
-                pipe.srem(self._deleted_key, policy.name),
-            )
-        )
+        await self._apply(lambda _: Change(put=(policy,)))
+
+    async def update_tenant(
+        self, name: str, edit: Callable[[TenantPolicy], TenantPolicy]
+    ) -> TenantPolicy | None:
+        """Replace the tenant called ``name`` with ``edit`` of its policy in force, atomically;
+        None if there is no such tenant."""
+
+        def plan(snapshot: Snapshot) -> Change | None:
+            current = snapshot.tenants.get(name)
+            return None if current is None else Change(put=(edit(current),))
+
+        change = await self._apply(plan)
+        return None if change is None else change.put[0]
 
     async def delete_tenant(self, name: str) -> bool:
-        """Remove a tenant (its keys then open nothing); False if there is none."""
-        if name not in self.snapshot.tenants:
-            return False
-        await self._change(
-            lambda pipe: (pipe.hdel(self._tenants_key, name), pipe.sadd(self._deleted_key, name))
-        )
-        return True
+        """Remove a tenant and revoke its keys; False if there is none."""
 
-    async def add_key(self, entry: KeyEntry) -> None:
-        """Store a new key's digest."""
-        await self._change(
-            lambda pipe: (pipe.hset(self._keys_key, entry.sha256, msgspec.json.encode(entry)),)
-        )
+        def plan(snapshot: Snapshot) -> Change | None:
+            if name not in snapshot.tenants:
+                return None
+            keys = tuple(k for k in snapshot.keys.entries() if k.tenant == name)
+            return Change(deleted=(name,), revoked=keys)
+
+        return await self._apply(plan) is not None
+
+    async def add_key(self, entry: KeyEntry) -> bool:
+        """Store a new key's digest; False if its tenant does not exist."""
+
+        def plan(snapshot: Snapshot) -> Change | None:
+            return Change(added=(entry,)) if entry.tenant in snapshot.tenants else None
+
+        return await self._apply(plan) is not None
 
     async def revoke(self, key_id: str) -> KeyEntry | None:
         """Revoke the key whose id (or full digest) is ``key_id``; None if there is none."""
-        entry = next((k for k in self.key_entries() if key_id in (k.key_id, k.sha256)), None)
-        if entry is not None:
-            await self._change(
-                lambda pipe: (
-                    pipe.hdel(self._keys_key, entry.sha256),
-                    pipe.sadd(self._revoked_key, entry.sha256),
-                )
-            )
-        return entry
+
+        def plan(snapshot: Snapshot) -> Change | None:
+            entries = snapshot.keys.entries()
+            entry = next((k for k in entries if key_id in (k.key_id, k.sha256)), None)
+            return None if entry is None else Change(revoked=(entry,))
+
+        change = await self._apply(plan)
+        return None if change is None else change.revoked[0]
 
     def tenants(self) -> list[TenantPolicy]:
         """Every tenant, by name."""
@@ -173,14 +192,54 @@ class Directory:
         """Every key that opens something."""
         return sorted(self.snapshot.keys.entries(), key=lambda k: (k.tenant, k.name, k.key_id))
 
-    async def _change(self, write: object) -> None:
+    async def _apply(self, plan: Plan) -> Change | None:
+        """Decide a change from the state in force and write it, unless another change came
+        in between (then decide again)."""
         client = self._require()
-        async with asyncio.timeout(self._timeout_s * 4):
-            async with client.pipeline(transaction=True) as pipe:
-                write(pipe)  # type: ignore[operator]
-                pipe.incr(self._version_key)
-                await pipe.execute()
+        async with asyncio.timeout(self._timeout_s * 4), client.pipeline() as pipe:
+            while True:
+                await pipe.watch(self._version_key)
+                await self.refresh(force=True)
+                change = plan(self.snapshot)
+                if change is None:
+                    return None
+                pipe.multi()  # type: ignore[no-untyped-call]
+                self._write(pipe, change)
+                try:
+                    await pipe.execute()
+                except WatchError:
+                    continue
+                break
         await self.refresh(force=True)
+        return change
+
+    def _write(self, pipe: aioredis.client.Pipeline, change: Change) -> None:
+        for policy in change.put:
+            pipe.hset(self._tenants_key, policy.name, msgspec.json.encode(policy))
+            pipe.srem(self._deleted_key, policy.name)
+        for name in change.deleted:
+            pipe.hdel(self._tenants_key, name)
+            pipe.sadd(self._deleted_key, name)
+        for entry in change.added:
+            pipe.hset(self._keys_key, entry.sha256, msgspec.json.encode(entry))
+        for entry in change.revoked:
+            pipe.hdel(self._keys_key, entry.sha256)
+            pipe.sadd(self._revoked_key, entry.sha256)
+        pipe.incr(self._version_key)
+
+    def _report(self, changes: RunTimeChanges) -> None:
+        """Log once what the run-time state changes from the settings file."""
+        settings = self._settings
+        logger.info(
+            "tenancy: %d tenant(s) and %d key(s) in force (the settings file has %d and %d; "
+            "run-time changes in redis win for the tenants and keys they touch)",
+            len(self.snapshot.tenants),
+            len(self.snapshot.keys),
+            len(settings.tenants),
+            len(settings.keys),
+        )
+        for line in differences(settings, changes):
+            logger.warning("run-time state differs from the settings file: %s", line)
 
     def _require(self) -> aioredis.Redis:
         if self._client is None:

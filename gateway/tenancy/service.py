@@ -163,6 +163,25 @@ class Tenancy:
         if not matches(self._key(headers), self.settings.admin_key_sha256):
             raise AuthenticationError("Incorrect admin API key provided.")
 
+    def is_admin(self, headers: Mapping[str, str]) -> bool:
+        """Whether the request carries the admin key."""
+        try:
+            key = presented_key(headers)
+        except MalformedKey:
+            return False
+        return key is not None and matches(key, self.settings.admin_key_sha256)
+
+    def describe(self) -> str:
+        """One line for the start-up banner: auth, and the tenants and keys in force."""
+        if not self.settings.auth:
+            return "auth: OFF (tenancy.auth: false) - anyone who reaches this port may use it"
+        snapshot = self.directory.snapshot
+        admin = "on" if self.settings.admin_key_sha256 is not None else "off"
+        return (
+            f"auth: on, {len(snapshot.tenants)} tenant(s) and {len(snapshot.keys)} key(s) in "
+            f"force, limits in {self.settings.store.kind}, admin API {admin}"
+        )
+
     def known_headers(self, tenant: TenantPolicy) -> dict[str, str]:
         """Rate-limit headers as of the tenant's last admission (for answers before one)."""
         return rate_limit_headers(self._known.get(tenant.name))
@@ -171,7 +190,7 @@ class Tenancy:
         """Reserve the plan's worst case against every limit of the tenant, or refuse it."""
         limits = Limits.of(tenant)
         tokens = reservation(plan)
-        self._check_fits(tenant, limits, plan, tokens)
+        self._check_fits(limits, tokens)
         lease = uuid.uuid4().hex
         quota: Quota | None = None
         try:
@@ -212,14 +231,8 @@ class Tenancy:
         return key
 
     @staticmethod
-    def _check_fits(tenant: TenantPolicy, limits: Limits, plan: Plan, tokens: int) -> None:
-        largest = max((spec.params.max_tokens for spec in plan.choices), default=0)
-        if tenant.max_tokens is not None and largest > tenant.max_tokens:
-            raise InvalidRequestError(
-                f"max_tokens is {largest}, more than the {tenant.max_tokens} your key allows "
-                "per choice.",
-                param="max_tokens",
-            )
+    def _check_fits(limits: Limits, tokens: int) -> None:
+        # The tenant's max_tokens was applied when the plan was made (planning's cap).
         room = limits.largest_reservation()
         if room is not None and tokens > room:
             raise InvalidRequestError(

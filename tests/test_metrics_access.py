@@ -12,7 +12,7 @@ import httpx
 import msgspec
 import pytest
 
-from deploy.supervisor import Sidecar
+from deploy.sidecar.supervisor import Sidecar
 from gateway.observability import MetricsSettings, ObservabilitySettings
 from gateway.settings import Settings
 from gateway.tenancy import KeyEntry, TenancySettings, TenantPolicy

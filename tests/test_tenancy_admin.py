@@ -12,7 +12,7 @@ import httpx
 import msgspec
 import pytest
 
-from deploy.supervisor import Sidecar
+from deploy.sidecar.supervisor import Sidecar
 from gateway.tenancy import KeyEntry, StoreSettings, TenancySettings, TenantPolicy
 from gateway.tenancy.keys import digest, new_key
 from tests.gateway_fixtures import LiveGateway, serve_process, sidecar_settings, stop_process

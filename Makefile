@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 # be reached, pip's default index is used (on Linux x86_64 that is the CUDA build, several GB).
 TORCH_VERSION ?= 2.13.0
 TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
-# Where `make bench` writes its reports; BENCH_OUT=results updates the committed ones.
+# Where `make bench` writes its reports; BENCH_OUT=tests/benchmarks/results updates the committed ones.
 BENCH_OUT ?= .bench/results
 
 .PHONY: install demo test bench soak lint clean gpu-bundle
@@ -35,16 +35,16 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -q
 
 bench: $(STAMP)
-	$(BIN)/python -m tests.bench_serving --out $(BENCH_OUT)
-	$(BIN)/python -m tests.bench_gateway_cpu --out $(BENCH_OUT)
+	$(BIN)/python -m tests.benchmarks.serving --out $(BENCH_OUT)
+	$(BIN)/python -m tests.benchmarks.gateway_cpu --out $(BENCH_OUT)
 	$(BIN)/python -m deploy.devtools.bench
-	$(BIN)/python -m tests.bench_tenancy
-	$(BIN)/python -m tests.bench_lora
-	$(BIN)/python -m tests.bench_guided --smollm
+	$(BIN)/python -m tests.benchmarks.tenancy
+	$(BIN)/python -m tests.benchmarks.lora
+	$(BIN)/python -m tests.benchmarks.guided --smollm
 
 # 200 concurrent streams against `triton-gateway serve` on the tiny model: errors, RSS, open files.
 soak: $(STAMP)
-	$(BIN)/python -m tests.soak
+	$(BIN)/python -m tests.benchmarks.soak
 
 # An offline bundle for a GPU host running Python 3.12 (README: "On a GPU machine without network").
 gpu-bundle: $(STAMP)

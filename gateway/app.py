@@ -1,4 +1,5 @@
-"""The composition root: ``create_app`` wires settings, services, routes and error handling."""
+"""The composition root: ``create_app`` builds the app, its routers and its error handling; the
+services behind the routes are built once when the app starts and read from its state."""
 
 from __future__ import annotations
 
@@ -7,34 +8,42 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any
 
-from litestar import Litestar, Request, Response
+from litestar import Litestar, Request, Response, Router
 from litestar.datastructures import State
 from litestar.di import Provide
 from litestar.exceptions import HTTPException
 from opentelemetry.sdk.trace.export import SpanExporter
 
 from adapters.contract import Backend
-from gateway.errors import (
+from gateway.catalog.lora import routes as lora_admin
+from gateway.catalog.registry import ModelRegistry
+from gateway.http import docs
+from gateway.http.errors import (
     ClientDisconnected,
     ServiceUnavailableError,
     from_http_exception,
     to_api_error,
 )
-from gateway.lifecycle import BackendFactory, Runtime, triton_backend
 from gateway.observability import Observability
-from gateway.routes import admin, chat, completions, docs, health, lora, metrics, models
-from gateway.routes.answer import RATE_LIMIT_HEADERS, Answers
-from gateway.routes.models import ADMINISTRATOR, Audience
-from gateway.serving import SideListener
+from gateway.openai.chat import routes as chat
+from gateway.openai.completions import routes as completions
+from gateway.openai.models import routes as models
+from gateway.openai.pipeline import CompletionPipeline
+from gateway.ops import health, metrics
+from gateway.runtime import BackendFactory, Runtime, triton_backend
+from gateway.server import SideListener
 from gateway.settings import Settings, SettingsError
+from gateway.tenancy import routes as tenancy_admin
+from gateway.tenancy.service import Tenancy
 
 logger = logging.getLogger(__name__)
 CLIENT_CLOSED_REQUEST = 499
+Handler = Callable[[Request[Any, Any, Any], Exception], Response[Any]]
 
 
-def _error_handler(
-    retry_after_s: int,
-) -> Callable[[Request[Any, Any, Any], Exception], Response[Any]]:
+def error_handler(retry_after_s: int) -> Handler:
+    """The one exception handler: every failure as OpenAI's error object, its headers kept."""
+
     def handle(request: Request[Any, Any, Any], exc: Exception) -> Response[Any]:
         if isinstance(exc, ClientDisconnected):
             logger.info(
@@ -45,10 +54,73 @@ def _error_handler(
             error = from_http_exception(exc, request.method, request.url.path)
         else:
             error = to_api_error(exc, retry_after_s=retry_after_s)
-        headers = {**request.state.get(RATE_LIMIT_HEADERS, {}), **error.headers}
-        return Response(error.envelope(), status_code=error.status_code, headers=headers)
+        return Response(error.envelope(), status_code=error.status_code, headers=error.headers)
 
     return handle
+
+
+async def refuse_when_draining(request: Request[Any, Any, Any]) -> None:
+    """The API routers' hook: once the drain delay passed, new requests go elsewhere.
+
+    Async: litestar runs a synchronous hook in a worker thread, on every request.
+    """
+    runtime: Runtime = request.app.state.runtime
+    if runtime.lifecycle.refusing:
+        raise ServiceUnavailableError(
+            "The gateway is shutting down; retry on another replica.",
+            code="shutting_down",
+            headers={"Retry-After": str(runtime.settings.limits.retry_after_s)},
+        )
+
+
+def _runtime(state: State) -> Runtime:
+    return state.runtime  # type: ignore[no-any-return]
+
+
+def _registry(state: State) -> ModelRegistry:
+    return state.runtime.registry  # type: ignore[no-any-return]
+
+
+def _tenancy(state: State) -> Tenancy:
+    return state.runtime.tenancy  # type: ignore[no-any-return]
+
+
+def _pipeline(state: State) -> CompletionPipeline:
+    return state.pipeline  # type: ignore[no-any-return]
+
+
+def dependencies() -> dict[str, Provide]:
+    """Services for handlers, read from the app's state (built once at start). Fresh per app:
+    a cached ``Provide`` keeps the first value it gave."""
+    return {
+        "runtime": Provide(_runtime, use_cache=True, sync_to_thread=False),
+        "registry": Provide(_registry, use_cache=True, sync_to_thread=False),
+        "tenancy": Provide(_tenancy, use_cache=True, sync_to_thread=False),
+        "pipeline": Provide(_pipeline, use_cache=True, sync_to_thread=False),
+        "audience": Provide(models.audience, sync_to_thread=False),
+    }
+
+
+def routers(*, metrics_on_api_port: bool) -> list[Router | Any]:
+    """The API (completions, models), the admin API behind the admin key, and operations."""
+    api = Router(
+        "/",
+        route_handlers=[
+            chat.create_chat_completion,
+            completions.create_completion,
+            models.list_models,
+            models.retrieve_model,
+        ],
+        before_request=refuse_when_draining,
+    )
+    admin = Router(
+        "/",
+        route_handlers=[*tenancy_admin.ROUTES, *lora_admin.ROUTES],
+        guards=[tenancy_admin.admin_only],
+        before_request=refuse_when_draining,
+    )
+    ops = [health.live, health.ready, docs.openapi_json, docs.docs, docs.docs_asset]
+    return [api, admin, *ops, *([metrics.router()] if metrics_on_api_port else [])]
 
 
 def create_app(
@@ -60,33 +132,40 @@ def create_app(
 ) -> Litestar:
     """The gateway as an ASGI app; ``backend`` replaces the Triton backend the app would create.
 
-    Start-up (the ASGI lifespan) starts the configured sidecars, loads every model's tokenizer
-    and creates the backend; shutdown turns readiness off, drains requests and stops sidecars.
-    ``span_exporter`` receives the spans (tests pass an in-memory one).
+    Start-up (the ASGI lifespan) starts the configured sidecars, loads every model's tokenizer,
+    creates the backend and the completion pipeline; shutdown turns readiness off, drains
+    requests and stops sidecars. ``span_exporter`` receives the spans (tests pass an in-memory
+    one).
     """
     observability = Observability(settings.observability, span_exporter=span_exporter)
     runtime = Runtime(
         settings, backend=backend, backend_factory=backend_factory, observability=observability
     )
-    handler = _error_handler(settings.limits.retry_after_s)
-    metrics_port = settings.observability.metrics.port
+    handler = error_handler(settings.limits.retry_after_s)
     beside = None
-    if metrics_port is not None:
+    if settings.observability.metrics.port is not None:
         beside = SideListener(
             metrics.metrics_app(runtime, handler),
             settings.observability.metrics.host or settings.server.host,
-            metrics_port,
+            settings.observability.metrics.port,
             "observability.metrics.port",
         )
 
     @asynccontextmanager
-    async def lifespan(_: Litestar) -> AsyncIterator[None]:
+    async def lifespan(app: Litestar) -> AsyncIterator[None]:
         async with AsyncExitStack() as stack:
             try:
                 if beside is not None:
                     await beside.start()
                     stack.push_async_callback(beside.stop)
                 await runtime.start()
+                app.state.pipeline = CompletionPipeline(
+                    runtime.generation,
+                    runtime.tenancy,
+                    runtime.registry,
+                    observability,
+                    retry_after_s=settings.limits.retry_after_s,
+                )
             except SettingsError as exc:
                 # A configuration that cannot be served: `serve` exits with the reason (no
                 # traceback of a failed ASGI start-up), and the app never becomes ready.
@@ -94,68 +173,15 @@ def create_app(
             stack.push_async_callback(runtime.stop)
             yield
 
-    answers: Answers | None = None
-
-    def answering() -> Answers:
-        nonlocal answers
-        if answers is None:
-            answers = Answers(
-                runtime.generation,
-                runtime.tenancy,
-                runtime.registry,
-                observability,
-                retry_after_s=settings.limits.retry_after_s,
-            )
-        return answers
-
-    def audience(request: Request[Any, Any, Any]) -> Audience:
-        if runtime.tenancy.is_admin(request.headers):
-            return ADMINISTRATOR
-        return Audience(answering().caller(request))
-
-    async def refuse_when_draining(request: Request[Any, Any, Any]) -> None:
-        # Async: litestar runs a synchronous hook in a worker thread, on every request.
-        if runtime.lifecycle.refusing and request.url.path.startswith(("/v1/", "/admin/")):
-            raise ServiceUnavailableError(
-                "The gateway is shutting down; retry on another replica.",
-                code="shutting_down",
-                headers={"Retry-After": str(settings.limits.retry_after_s)},
-            )
-
-    def administrator(request: Request[Any, Any, Any]) -> None:
-        runtime.tenancy.authenticate_admin(request.headers)
-
     lifecycle = runtime.lifecycle
     return Litestar(
-        route_handlers=[
-            chat.create_chat_completion,
-            completions.create_completion,
-            models.list_models,
-            models.retrieve_model,
-            health.live,
-            health.ready,
-            *([] if beside is not None else [metrics.router()]),
-            docs.openapi_json,
-            docs.docs,
-            docs.docs_asset,
-            *admin.ROUTES,
-            *lora.ROUTES,
-        ],
-        dependencies={
-            "settings": Provide(lambda: settings, use_cache=True, sync_to_thread=False),
-            "runtime": Provide(lambda: runtime, use_cache=True, sync_to_thread=False),
-            "registry": Provide(lambda: runtime.registry, use_cache=True, sync_to_thread=False),
-            "tenancy": Provide(lambda: runtime.tenancy, use_cache=True, sync_to_thread=False),
-            "answers": Provide(answering, sync_to_thread=False),
-            "audience": Provide(audience, sync_to_thread=False),
-            "administrator": Provide(administrator, sync_to_thread=False),
-        },
+        route_handlers=routers(metrics_on_api_port=beside is None),
+        dependencies=dependencies(),
         exception_handlers={Exception: handler},
         middleware=[
             observability.middleware(lifecycle.request_started, lifecycle.request_finished)
         ],
         lifespan=[lifespan],
-        before_request=refuse_when_draining,
         state=State({"runtime": runtime}),
         request_max_body_size=settings.limits.max_body_bytes,
         openapi_config=None,

@@ -55,7 +55,7 @@ def serve(settings: Settings) -> int:
     """Run the gateway with uvicorn until SIGTERM or Ctrl-C drains it; sidecars stop with it."""
     from gateway.app import create_app
     from gateway.observability import configure_logging
-    from gateway.serving import run
+    from gateway.server import run
 
     configure_logging(settings.log_level, settings.observability.log_format)
     server = settings.server
@@ -93,7 +93,7 @@ def _demo(args: argparse.Namespace) -> int:
 
 def _init(args: argparse.Namespace) -> int:
     from deploy.sidecar.models import ensure_smollm2
-    from gateway.starter import ADAPTER, MODEL, write_starter
+    from gateway.ops.starter import ADAPTER, MODEL, write_starter
 
     folder = Path(args.folder)
     print("triton-gateway init: preparing SmolLM2-135M-Instruct (converted once)", flush=True)

@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 
 import anyio
 
-from gateway.errors import (
+from gateway.core.plan import Plan
+from gateway.http.errors import (
     AuthenticationError,
     InvalidRequestError,
     RateLimitError,
@@ -31,7 +32,6 @@ from gateway.tenancy.directory import Directory
 from gateway.tenancy.keys import MalformedKey, matches, presented_key
 from gateway.tenancy.quota import Limits, MemoryStore, Quota, QuotaStore, Rejected, StoreUnavailable
 from gateway.tenancy.redis_store import RedisStore
-from gateway.translate import Plan
 
 logger = logging.getLogger(__name__)
 

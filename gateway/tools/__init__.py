@@ -1,17 +1,17 @@
 """Tool calls and structured output: request fields to guides, generated text to calls."""
 
+from gateway.tools.output import OutputRules, conversation, output_rules, response_guide
 from gateway.tools.parsing import Arguments, CallStart, Content, Folded, Parser, Piece
-from gateway.tools.plan import OutputPlan, conversation, plan_output, response_guide
 
 __all__ = [
     "Arguments",
     "CallStart",
     "Content",
     "Folded",
-    "OutputPlan",
+    "OutputRules",
     "Parser",
     "Piece",
     "conversation",
-    "plan_output",
+    "output_rules",
     "response_guide",
 ]

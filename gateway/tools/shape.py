@@ -4,15 +4,15 @@ from __future__ import annotations
 
 from msgspec import UNSET
 
-from gateway.protocol import (
+from gateway.openai.protocol import (
     ChatDelta,
     FunctionCall,
     FunctionCallDelta,
     ToolCall,
     ToolCallDelta,
 )
+from gateway.tools.output import OutputRules
 from gateway.tools.parsing import Arguments, CallStart, Content, Folded, Parser, Piece
-from gateway.tools.plan import OutputPlan
 
 
 def finish_reason(reason: str, calls: int) -> str:
@@ -20,7 +20,7 @@ def finish_reason(reason: str, calls: int) -> str:
     return "tool_calls" if calls and reason == "stop" else reason
 
 
-def whole_message(output: OutputPlan, text: str) -> tuple[str | None, list[ToolCall]]:
+def whole_message(output: OutputRules, text: str) -> tuple[str | None, list[ToolCall]]:
     """Content (None when it is only the calls) and tool calls of a whole answer."""
     parser = output.parser()
     folded = Folded()
@@ -39,7 +39,7 @@ def whole_message(output: OutputPlan, text: str) -> tuple[str | None, list[ToolC
 class DeltaShaper:
     """One streamed choice: text deltas in, chat deltas with content and tool-call deltas out."""
 
-    def __init__(self, output: OutputPlan) -> None:
+    def __init__(self, output: OutputRules) -> None:
         self.parser: Parser = output.parser()
 
     @property

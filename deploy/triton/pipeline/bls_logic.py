@@ -69,7 +69,7 @@ def first(value: npt.NDArray[Any] | None, default: Any = None) -> Any:
 
 
 @dataclass(frozen=True)
-class Plan:
+class Dispatch:
     """What one validated BLS request asks for."""
 
     streaming: bool
@@ -80,7 +80,7 @@ class Plan:
     engine_inputs: dict[str, npt.NDArray[Any]]
 
 
-def plan_request(inputs: Arrays, *, decoupled: bool) -> Plan:
+def plan_request(inputs: Arrays, *, decoupled: bool) -> Dispatch:
     """Validate a BLS request (stock messages) and route its tensors to the three steps."""
     _validate(inputs, decoupled=decoupled)
     preprocessing = {
@@ -102,7 +102,7 @@ def plan_request(inputs: Arrays, *, decoupled: bool) -> Plan:
     }
     stop_words = inputs.get("stop_words")
     words = () if stop_words is None else tuple(as_text(w) for w in stop_words.reshape(-1))
-    return Plan(
+    return Dispatch(
         streaming=bool(first(inputs.get("stream"), False)),
         stop_words=tuple(w for w in words if w),
         num_sequences=max(1, int(first(inputs.get("num_return_sequences"), 1))),
@@ -144,7 +144,7 @@ def _batched(value: npt.NDArray[Any]) -> npt.NDArray[Any]:
     return value.reshape(1, 1) if value.ndim == 1 else value
 
 
-def engine_inputs(plan: Plan, preprocessed: Arrays) -> dict[str, npt.NDArray[Any]]:
+def engine_inputs(plan: Dispatch, preprocessed: Arrays) -> dict[str, npt.NDArray[Any]]:
     """The engine request: non-empty preprocessing outputs plus the passed-through inputs."""
     routed = {
         PREPROCESSING_TO_ENGINE[name]: value

@@ -36,7 +36,7 @@ class StepError(RuntimeError):
         super().__init__(f"{model}: {message}")
 
 
-class EngineError(StepError):
+class EngineStepError(StepError):
     """The engine answered with an error; its request is over."""
 
 
@@ -230,7 +230,7 @@ class TritonPythonModel:
             for outputs in self._engine_outputs(engine_request):
                 if not job.cancelled:
                     yield from self._chunk(job, plan, texts, outputs, requested, input_ids)
-        except EngineError:
+        except EngineStepError:
             raise
         except BaseException:
             self._stop_engine(job)
@@ -241,7 +241,7 @@ class TritonPythonModel:
     def _chunk(
         self,
         job: _Job,
-        plan: bl.Plan,
+        plan: bl.Dispatch,
         texts: dict[int, bl.SequenceText],
         outputs: Outputs,
         requested: list[str],
@@ -263,7 +263,7 @@ class TritonPythonModel:
     def _engine_outputs(self, request: Any) -> Iterator[Outputs]:
         for response in _responses(request, decoupled=self.decoupled):
             if response.has_error():
-                raise EngineError(self.engine, response.error().message())
+                raise EngineStepError(self.engine, response.error().message())
             outputs = _as_arrays(response)
             if "output_ids" in outputs:
                 yield outputs
@@ -276,7 +276,7 @@ class TritonPythonModel:
         prefix_text, full_text = self._decode_windows(prefix, full)
         return sequence.emit(sequence.detokenizer.advance(prefix_text, full_text))
 
-    def _whole_texts(self, plan: bl.Plan, outputs: Outputs, input_ids: list[int]) -> list[str]:
+    def _whole_texts(self, plan: bl.Dispatch, outputs: Outputs, input_ids: list[int]) -> list[str]:
         (beams,) = tk.sequence_ids(outputs["output_ids"], outputs["sequence_length"])
         texts = self._decode(beams)
         if not plan.stop_words:

@@ -1,0 +1,215 @@
+"""Served models: settings resolved against the sidecars' spec, with their tokenizers loaded."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import Executor
+from dataclasses import dataclass
+from pathlib import Path
+
+from adapters.contract import LoraAdapter, ModelTarget
+from deploy.sidecar.spec import ModelSpec, Spec, TorchEngine
+from gateway.catalog.lora import LoraLibrary
+from gateway.catalog.text.prompts import PromptTokenizer
+from gateway.http.errors import unknown_model
+from gateway.settings import ModelSettings, SamplingDefaults, Settings, SettingsError
+
+logger = logging.getLogger(__name__)
+DEFAULT_TRITON_URL = "127.0.0.1:8001"
+DEFAULT_CONTEXT_LENGTH = 4096
+
+
+@dataclass(frozen=True, slots=True)
+class ModelRoute:
+    """A served model with every setting decided, before its tokenizer is loaded."""
+
+    name: str
+    target: ModelTarget
+    tokenizer_dir: str
+    chat_template_file: str | None
+    context_length: int | None
+    add_special_tokens: bool
+    max_n: int
+    defaults: SamplingDefaults
+    owned_by: str
+    tool_call_format: str | None = None
+    skip_special_tokens: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class ServedModel:
+    """A model ready to serve: where it runs, how to tokenize for it, and its limits."""
+
+    route: ModelRoute
+    tokenizer: PromptTokenizer
+    context_length: int
+    created: int
+    adapter: LoraAdapter | None = None
+    """The LoRA adapter a request named (``route.name`` is then the adapter's name)."""
+    base: str | None = None
+    """The base model's name when this is an adapter on it."""
+
+    @property
+    def name(self) -> str:
+        """Public model id."""
+        return self.route.name
+
+    @property
+    def target(self) -> ModelTarget:
+        """Where the model runs in Triton."""
+        return self.route.target
+
+
+def resolve_routes(
+    settings: Settings, spec: Spec | None, grpc_urls: Mapping[str, str]
+) -> tuple[ModelRoute, ...]:
+    """Decide every model's Triton address, model names and tokenizer (pure)."""
+    models = settings.models
+    if not models and spec is not None:
+        models = tuple(ModelSettings(name=m.name, pipeline=m.name) for m in spec.models)
+    routes = tuple(_route(model, spec, grpc_urls) for model in models)
+    names = [route.name for route in routes]
+    duplicates = sorted({name for name in names if names.count(name) > 1})
+    if duplicates:
+        raise SettingsError(f"model names served twice: {duplicates}")
+    return routes
+
+
+def _route(model: ModelSettings, spec: Spec | None, grpc_urls: Mapping[str, str]) -> ModelRoute:
+    pipeline = _pipeline(model, spec)
+    prefix = f"{model.pipeline}_" if model.pipeline else ""
+    triton_model = model.triton_model or f"{prefix}{model.entry}"
+    # Without a pipeline the adapter reads the engine from the ensemble's or BLS's own config.
+    engine_model = model.engine_model or (
+        pipeline.triton_name("tensorrt_llm") if pipeline is not None else None
+    )
+    url = model.triton_url or (grpc_urls.get(pipeline.name) if pipeline else None)
+    tokenizer_dir = model.tokenizer_dir or (pipeline.tokenizer if pipeline else None)
+    if tokenizer_dir is None:
+        raise SettingsError(f"model {model.name!r}: tokenizer_dir is required without a pipeline")
+    context_length = model.context_length
+    if context_length is None and pipeline is not None and isinstance(pipeline.engine, TorchEngine):
+        context_length = pipeline.engine.max_seq_len
+    add_special = model.add_special_tokens
+    if add_special is None:
+        add_special = pipeline.add_special_tokens if pipeline is not None else True
+    skip_special = model.skip_special_tokens
+    if skip_special is None:
+        skip_special = pipeline.skip_special_tokens if pipeline is not None else True
+    return ModelRoute(
+        name=model.name,
+        target=ModelTarget(
+            url=url or DEFAULT_TRITON_URL,
+            triton_model=triton_model,
+            kind=model.entry,
+            engine_model=engine_model,
+        ),
+        tokenizer_dir=tokenizer_dir,
+        chat_template_file=model.chat_template,
+        context_length=context_length,
+        add_special_tokens=add_special,
+        max_n=model.max_n,
+        defaults=model.defaults,
+        owned_by=model.owned_by,
+        tool_call_format=model.tool_call_format,
+        skip_special_tokens=skip_special,
+    )
+
+
+def _pipeline(model: ModelSettings, spec: Spec | None) -> ModelSpec | None:
+    if model.pipeline is None:
+        return None
+    if spec is None:
+        raise SettingsError(
+            f"model {model.name!r} names pipeline {model.pipeline!r} but no sidecars"
+        )
+    for pipeline in spec.models:
+        if pipeline.name == model.pipeline:
+            return pipeline
+    raise SettingsError(
+        f"model {model.name!r}: no pipeline {model.pipeline!r} in the sidecars spec"
+    )
+
+
+class ModelRegistry:
+    """The served models by public name."""
+
+    def __init__(self, models: list[ServedModel] | None = None) -> None:
+        self._models = {model.name: model for model in models or []}
+        self.adapters = LoraLibrary()
+
+    def get(
+        self,
+        name: str,
+        allowed: Callable[[str], bool] = lambda _: True,
+        adapter_allowed: Callable[[str], bool] = lambda _: True,
+    ) -> ServedModel:
+        """The model or LoRA adapter (``adapter`` or ``base:adapter``) called ``name``, if the
+        caller may use it (and its base model); else the same 404 ``model_not_found`` as for a
+        name that does not exist."""
+        model = self._models.get(name)
+        if model is not None:
+            if not allowed(model.name):
+                raise unknown_model(name)
+            return model
+        found = self.adapters.find(name)
+        base = self._models.get(found.base) if found is not None else None
+        if found is None or base is None:
+            raise unknown_model(name)
+        if not (allowed(base.name) and adapter_allowed(found.name)):
+            raise unknown_model(name)
+        route = dataclasses.replace(base.route, name=name)
+        return dataclasses.replace(base, route=route, adapter=found.adapter, base=base.name)
+
+    def base_model(self, name: str) -> ServedModel | None:
+        """The base model called ``name`` (adapters not included)."""
+        return self._models.get(name)
+
+    def __iter__(self) -> Iterator[ServedModel]:
+        return iter(self._models.values())
+
+    def __len__(self) -> int:
+        return len(self._models)
+
+    def replace(self, models: list[ServedModel]) -> None:
+        """Install the models loaded at start-up."""
+        self._models = {model.name: model for model in models}
+
+
+def load_model(route: ModelRoute, executor: Executor) -> ServedModel:
+    """Load one model's tokenizer and template (blocking: call from a worker thread); one that
+    cannot be loaded (no such folder, a hub id the hub refuses or cannot be reached for) is a
+    ``SettingsError`` naming the model and the reason."""
+    try:
+        tokenizer = PromptTokenizer.load(
+            route.tokenizer_dir,
+            executor,
+            chat_template_file=route.chat_template_file,
+            add_special_tokens=route.add_special_tokens,
+            skip_special_tokens=route.skip_special_tokens,
+        )
+    except (OSError, ValueError) as exc:
+        where = route.tokenizer_dir
+        reason = f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"
+        if Path(where).expanduser().is_dir():
+            message = f"model {route.name!r}: cannot load the tokenizer in {where}: {reason}"
+        else:
+            message = (
+                f"model {route.name!r}: no tokenizer folder {where!r}, and as a Hugging Face "
+                f"hub id it fails: {reason}"
+            )
+        raise SettingsError(message) from exc
+    context_length = route.context_length or tokenizer.model_max_length or DEFAULT_CONTEXT_LENGTH
+    logger.info(
+        "model %s -> %s/%s (context %d tokens)",
+        route.name,
+        route.target.url,
+        route.target.triton_model,
+        context_length,
+    )
+    return ServedModel(
+        route=route, tokenizer=tokenizer, context_length=context_length, created=int(time.time())
+    )

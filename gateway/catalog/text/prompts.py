@@ -1,0 +1,254 @@
+"""A served model's tokenizer and chat template: prompts templated and counted off the event loop,
+and streamed token ids turned back into text."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from collections.abc import Callable, Sequence
+from concurrent.futures import Executor
+from pathlib import Path
+from typing import Any, TypeVar
+
+from jinja2 import TemplateError
+
+from deploy.triton.pipeline.detokenizer import IncrementalDetokenizer
+from gateway.catalog.text.hub import TextTokenizer, load_tokenizer
+from gateway.catalog.text.template import pick_template, render_chat
+from gateway.core.plan import Prompt
+from gateway.http.errors import InvalidRequestError
+
+T = TypeVar("T")
+INLINE_CHARS = 4096
+"""Inputs up to this many characters are templated and tokenized on the event loop: that takes
+tens of microseconds, less than a hop to a worker thread and back. Longer ones go to the
+executor so the loop keeps serving other requests."""
+
+
+def _chat_chars(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> int:
+    """A cheap upper bound of a conversation's size; tools always count as long."""
+    if tools:
+        return INLINE_CHARS + 1
+    total = 0
+    for message in messages:
+        content = message.get("content")
+        total += len(content) if isinstance(content, str) else INLINE_CHARS // 4
+    return total
+
+
+def strip_leading_bos(text: str, bos_token: str | None) -> str:
+    """Drop a BOS the chat template wrote when the backend's tokenizer adds one again."""
+    if bos_token and text.startswith(bos_token):
+        return text[len(bos_token) :]
+    return text
+
+
+class DecodedText:
+    """The text of one generated sequence, from its token ids as they stream in.
+
+    Decodes as the pipeline's postprocessing does (special tokens skipped or not, no clean-up of
+    spaces), a short window at a time, holding back an incomplete UTF-8 character.
+    """
+
+    __slots__ = ("_decode", "_detokenizer")
+
+    def __init__(self, decode: Callable[[Sequence[int]], str]) -> None:
+        self._detokenizer = IncrementalDetokenizer()
+        self._decode = decode
+
+    def step(self, ids: Sequence[int]) -> str:
+        """Text of the new tokens that is complete so far."""
+        return self._detokenizer.step(ids, self._decode)
+
+    def flush(self) -> str:
+        """What is still held back, at the end of the sequence."""
+        if not self._detokenizer.pending:
+            return ""
+        return self._detokenizer.flush(self._decode)
+
+
+class PromptTokenizer:
+    """Templates conversations and counts tokens exactly as Triton's preprocessing will."""
+
+    def __init__(
+        self,
+        tokenizer: TextTokenizer,
+        executor: Executor,
+        *,
+        chat_template: str | None = None,
+        add_special_tokens: bool = True,
+        skip_special_tokens: bool = True,
+    ) -> None:
+        self._tokenizer = tokenizer
+        self._executor = executor
+        self._chat_template = chat_template
+        self._add_special_tokens = add_special_tokens
+        self._skip_special_tokens = skip_special_tokens
+        special = tokenizer.special_tokens
+        self.bos_token = special.get("bos_token")
+        self.eos_token = special.get("eos_token")
+        self._bos_id = tokenizer.token_id(self.bos_token)
+        end_id = tokenizer.token_id(self.eos_token)
+        pad_id = tokenizer.token_id(special.get("pad_token"))
+        self.end_id = end_id
+        """The engine's default end id: the eos token (None when the tokenizer has none)."""
+        self.pad_id = end_id if pad_id is None else pad_id
+        self._bos_added = self._adds_bos()
+        self.decode_ids = functools.partial(
+            tokenizer.decode, skip_special_tokens=skip_special_tokens
+        )
+
+    @classmethod
+    def load(
+        cls,
+        tokenizer_dir: str,
+        executor: Executor,
+        *,
+        chat_template_file: str | None = None,
+        add_special_tokens: bool = True,
+        skip_special_tokens: bool = True,
+    ) -> PromptTokenizer:
+        """Load a Hugging Face tokenizer folder (blocking: call it from a worker thread)."""
+        template = Path(chat_template_file).read_text() if chat_template_file else None
+        return cls(
+            load_tokenizer(tokenizer_dir),
+            executor,
+            chat_template=template,
+            add_special_tokens=add_special_tokens,
+            skip_special_tokens=skip_special_tokens,
+        )
+
+    @property
+    def has_chat_template(self) -> bool:
+        """Whether chat requests can be templated for this model."""
+        return bool(self._chat_template or self._tokenizer.chat_template)
+
+    @functools.cached_property
+    def template_text(self) -> str:
+        """The chat template's source (every named template of the tokenizer, joined)."""
+        template = self._chat_template or self._tokenizer.chat_template
+        if isinstance(template, dict):
+            return "\n".join(str(text) for text in template.values())
+        return str(template or "")
+
+    @functools.cached_property
+    def takes_tools(self) -> bool:
+        """Whether the chat template renders a ``tools`` list itself."""
+        return "tools" in self.template_text
+
+    @property
+    def model_max_length(self) -> int | None:
+        """The tokenizer's declared context length, when it is a real one."""
+        length = self._tokenizer.model_max_length
+        return length if length is not None and 0 < length < 10**7 else None
+
+    @property
+    def vocabulary_size(self) -> int:
+        """Tokens the tokenizer knows, added ones included."""
+        return len(self._tokenizer)
+
+    async def chat_prompt(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+    ) -> Prompt:
+        """The templated conversation, ending with the assistant's turn, and its length."""
+        return await self._run(_chat_chars(messages, tools), self._chat_prompt, messages, tools)
+
+    async def text_prompt(self, text: str) -> Prompt:
+        """A raw completion prompt and its length; an empty one starts from start-of-text."""
+        return await self._run(len(text), self._text_prompt, text)
+
+    async def token_prompt(self, ids: list[int], param: str) -> Prompt:
+        """A prompt given as token ids, as text the preprocessing turns back into them."""
+        return await self._run(len(ids) * 4, self._token_prompt, ids, param)
+
+    async def count(self, text: str) -> int:
+        """Tokens in generated text (no special tokens)."""
+        return await self._run(len(text), self._count, text)
+
+    async def pieces(self, text: str) -> list[str]:
+        """Generated text split into the model's tokens."""
+        return await self._run(len(text), self._pieces, text)
+
+    def word_ids(self, words: Sequence[str]) -> list[list[int]]:
+        """Stop words as the preprocessing encodes them: alone, no special tokens, empty dropped."""
+        encoded = (self._tokenizer.encode(word, add_special_tokens=False) for word in words)
+        return [ids for ids in encoded if ids]
+
+    def text_stream(self) -> DecodedText:
+        """A fresh incremental decoder for one streamed sequence."""
+        return DecodedText(self.decode_ids)
+
+    async def _run(self, chars: int, function: Callable[..., T], *args: Any) -> T:
+        """``function(*args)`` on the loop for an input of ``chars`` characters, or off it."""
+        if chars <= INLINE_CHARS:
+            return function(*args)
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, functools.partial(function, *args))
+
+    def _chat_prompt(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+    ) -> Prompt:
+        template = self._chat_template or self._tokenizer.chat_template
+        if not template:
+            raise InvalidRequestError(
+                "This model has no chat template; use /v1/completions.", param="model"
+            )
+        try:
+            text = render_chat(
+                pick_template(template, tools=bool(tools)),
+                messages,
+                tools=tools or None,
+                special_tokens=self._tokenizer.special_tokens,
+            )
+        except (TemplateError, TypeError, ValueError, KeyError, IndexError) as exc:
+            # The template is fixed: what fails while rendering it is the conversation's shape.
+            raise InvalidRequestError(
+                f"The conversation does not fit the model's chat template: {exc}", param="messages"
+            ) from exc
+        if self._bos_added:
+            text = strip_leading_bos(text, self.bos_token)
+        return self._prompt(text)
+
+    def _prompt(self, text: str, shown: str | None = None) -> Prompt:
+        ids = self._tokenizer.encode(text, add_special_tokens=self._add_special_tokens)
+        return Prompt(text=text, token_count=len(ids), shown=shown, ids=tuple(ids))
+
+    def _text_prompt(self, text: str) -> Prompt:
+        prompt = self._prompt(text)
+        if prompt.token_count:
+            return prompt
+        # OpenAI answers an empty prompt as the start of a document.
+        start = self.bos_token or self.eos_token
+        if not start:
+            raise InvalidRequestError(
+                "The prompt is empty and this model's tokenizer has no start-of-text token.",
+                param="prompt",
+            )
+        ids = self._tokenizer.encode(start, add_special_tokens=False)
+        return Prompt(text=start, token_count=len(ids), shown=text, ids=tuple(ids))
+
+    def _token_prompt(self, ids: list[int], param: str) -> Prompt:
+        vocabulary = len(self._tokenizer)
+        for index, token in enumerate(ids):
+            if not 0 <= token < vocabulary:
+                raise InvalidRequestError(
+                    f"Token id {token} is outside this model's vocabulary of {vocabulary}.",
+                    param=f"{param}[{index}]",
+                )
+        if self._bos_added and ids and ids[0] == self._bos_id:
+            ids = ids[1:]
+        text = self._tokenizer.decode(ids, skip_special_tokens=False)
+        return self._text_prompt(text)
+
+    def _count(self, text: str) -> int:
+        return len(self._tokenizer.encode(text, add_special_tokens=False))
+
+    def _pieces(self, text: str) -> list[str]:
+        ids = self._tokenizer.encode(text, add_special_tokens=False)
+        return [self._tokenizer.decode([token], skip_special_tokens=False) for token in ids]
+
+    def _adds_bos(self) -> bool:
+        if not self._add_special_tokens or self._bos_id is None:
+            return False
+        ids = self._tokenizer.encode("a", add_special_tokens=True)
+        return bool(ids) and ids[0] == self._bos_id

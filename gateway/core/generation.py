@@ -1,0 +1,277 @@
+"""Run a plan's choices against the backend and stream neutral events: text deltas and endings."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from contextlib import aclosing
+from dataclasses import dataclass, field
+from typing import Literal
+
+import anyio
+
+from adapters.contract import Backend, GenerationRequest, TokenChunk
+from gateway.catalog.registry import ServedModel
+from gateway.core.plan import ChoiceSpec, Plan
+from gateway.core.stops import StopMatcher
+from gateway.core.streams import CLEANUP_GRACE_S, merge, single
+from gateway.observability import Observability, ObservabilitySettings
+
+logger = logging.getLogger(__name__)
+FinishReason = Literal["stop", "length"]
+
+
+@dataclass(frozen=True, slots=True)
+class TextDelta:
+    """New text of one choice, with the log probabilities of the tokens behind it."""
+
+    index: int
+    text: str
+    logprobs: tuple[float, ...] = ()
+    tokens: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ChoiceEnd:
+    """One choice finished; its token counts."""
+
+    index: int
+    prompt_index: int
+    finish_reason: FinishReason
+    prompt_tokens: int
+    completion_tokens: int
+
+
+Event = TextDelta | ChoiceEnd
+
+
+@dataclass(slots=True)
+class ChoiceResult:
+    """A whole choice, folded from its events."""
+
+    index: int
+    text: str = ""
+    logprobs: list[float] = field(default_factory=list)
+    tokens: list[str] = field(default_factory=list)
+    end: ChoiceEnd | None = None
+
+
+@dataclass(slots=True)
+class UsageMeter:
+    """Tokens a request used so far: each prompt once the engine took it, every choice's output.
+
+    A choice's count is exact once it ended; before that (a cancelled or failed request) it is
+    what the engine reported so far.
+    """
+
+    prompts: dict[int, int] = field(default_factory=dict)
+    choices: dict[int, int] = field(default_factory=dict)
+
+    def generated(self, spec: ChoiceSpec, tokens: int | None) -> None:
+        """A chunk of ``spec`` arrived, holding ``tokens`` tokens (None: not reported)."""
+        self.prompts.setdefault(spec.prompt_index, spec.prompt.token_count)
+        if tokens:
+            self.choices[spec.index] = self.choices.get(spec.index, 0) + tokens
+
+    def ended(self, end: ChoiceEnd) -> None:
+        """A choice finished with these counts."""
+        self.prompts[end.prompt_index] = end.prompt_tokens
+        self.choices[end.index] = end.completion_tokens
+
+    def total(self) -> int:
+        """Prompt plus completion tokens used so far."""
+        return sum(self.prompts.values()) + sum(self.choices.values())
+
+
+def token_texts(text: str, count: int, pieces: Sequence[str] | None) -> tuple[str, ...]:
+    """Texts of ``count`` tokens that produced ``text``; re-tokenized pieces when they line up."""
+    if count == 1:
+        return (text,)
+    if pieces is not None and len(pieces) == count:
+        return tuple(pieces)
+    return (text, *([""] * (count - 1))) if count else ()
+
+
+def _add(total: int | None, count: int | None) -> int | None:
+    """Running token count; ``None`` once a chunk comes without one."""
+    return None if total is None or count is None else total + count
+
+
+def finish_reason(stopped: bool, completion_tokens: int, max_tokens: int) -> FinishReason:
+    """``length`` when the completion used its whole budget without meeting a stop."""
+    return "length" if not stopped and completion_tokens >= max_tokens else "stop"
+
+
+async def close_quietly(chunks: AsyncIterator[TokenChunk]) -> None:
+    """Close a backend stream (this cancels its Triton request), even inside a cancelled scope."""
+    if not isinstance(chunks, AsyncGenerator):
+        return
+    with anyio.move_on_after(CLEANUP_GRACE_S, shield=True):
+        try:
+            await chunks.aclose()
+        except Exception:
+            logger.warning("closing a backend stream failed", exc_info=True)
+
+
+class ChoiceRunner:
+    """Streams one choice: stop sequences cut, counts kept, the backend closed on every exit."""
+
+    def __init__(
+        self, backend: Backend, model: ServedModel, *, logprobs: bool, meter: UsageMeter
+    ) -> None:
+        self._backend = backend
+        self._model = model
+        self._logprobs = logprobs
+        self._meter = meter
+
+    async def run(
+        self, spec: ChoiceSpec, request: GenerationRequest
+    ) -> AsyncGenerator[Event, None]:
+        """Events of one choice, ending with its :class:`ChoiceEnd`."""
+        matcher = StopMatcher(spec.params.stop)
+        raw: list[str] = []
+        counted: int | None = 0
+        prompt_tokens: int | None = None
+        chunks = self._backend.generate(self._model.target, request)
+        exhausted = False
+        try:
+            async for chunk in chunks:
+                self._meter.generated(spec, chunk.token_count)
+                raw.append(chunk.text)
+                counted = _add(counted, chunk.token_count)
+                prompt_tokens = chunk.prompt_tokens or prompt_tokens
+                text = matcher.feed(chunk.text)
+                if text or chunk.logprobs:
+                    yield await self._delta(spec.index, text, chunk)
+                if matcher.stopped:
+                    break
+            else:
+                exhausted = True
+        finally:
+            if not exhausted:
+                await close_quietly(chunks)
+        tail = matcher.flush()
+        if tail:
+            yield TextDelta(spec.index, tail)
+        completion_tokens = counted
+        if completion_tokens is None:
+            # Re-tokenized text can come out longer than what the engine generated.
+            counted_again = await self._model.tokenizer.count("".join(raw))
+            completion_tokens = min(counted_again, spec.params.max_tokens)
+        end = ChoiceEnd(
+            index=spec.index,
+            prompt_index=spec.prompt_index,
+            finish_reason=finish_reason(matcher.stopped, completion_tokens, spec.params.max_tokens),
+            prompt_tokens=prompt_tokens or spec.prompt.token_count,
+            completion_tokens=completion_tokens,
+        )
+        self._meter.ended(end)
+        yield end
+
+    async def _delta(self, index: int, text: str, chunk: TokenChunk) -> TextDelta:
+        if not self._logprobs or not chunk.logprobs:
+            return TextDelta(index, text)
+        count = len(chunk.logprobs)
+        pieces = await self._model.tokenizer.pieces(chunk.text) if count > 1 else None
+        return TextDelta(index, text, chunk.logprobs, token_texts(chunk.text, count, pieces))
+
+
+class GenerationService:
+    """Turns a plan into one merged event stream over the backend."""
+
+    def __init__(
+        self, backend: Backend, *, timeout_s: float, observability: Observability | None = None
+    ) -> None:
+        self._backend = backend
+        self._timeout_s = timeout_s
+        self._observability = observability or Observability(ObservabilitySettings())
+
+    def events(
+        self,
+        model: ServedModel,
+        plan: Plan,
+        meter: UsageMeter | None = None,
+        *,
+        priority: int = 0,
+    ) -> AsyncGenerator[Event, None]:
+        """Every choice's events, interleaved as they arrive; closing it cancels the requests.
+
+        ``meter`` counts the tokens used as they are generated; ``priority`` is the Triton
+        request priority (0: the model's default).
+        """
+        runner = ChoiceRunner(
+            self._backend, model, logprobs=plan.logprobs, meter=meter or UsageMeter()
+        )
+        return self._observed(model, plan, runner, priority)
+
+    async def _observed(
+        self, model: ServedModel, plan: Plan, runner: ChoiceRunner, priority: int
+    ) -> AsyncGenerator[Event, None]:
+        # Everything starts at the first iteration, so an unconsumed generator leaves no span.
+        request_id = uuid.uuid4().hex
+        watch = self._observability.generation(
+            {
+                "gen_ai.request.model": model.name,
+                "gen_ai.request.max_tokens": plan.choices[0].params.max_tokens,
+                "gen_ai.request.choice.count": len(plan.choices),
+                "triton.model": model.target.triton_model,
+                "triton.request_id": request_id,
+            }
+        )
+        error: BaseException | None = None
+        tokens = model.tokenizer if model.target.kind == "tensorrt_llm" else None
+        try:
+            trace_headers = watch.trace_headers()
+            streams = [
+                runner.run(
+                    spec,
+                    GenerationRequest(
+                        request_id=f"{request_id}-{spec.index}",
+                        prompt=spec.prompt.text,
+                        prompt_ids=spec.prompt.ids,
+                        tokens=tokens,
+                        params=spec.params,
+                        stream=plan.stream,
+                        timeout_s=self._timeout_s,
+                        priority=priority,
+                        lora=model.adapter,
+                        trace_headers=trace_headers,
+                    ),
+                )
+                for spec in plan.choices
+            ]
+            merged = single(streams[0], self._timeout_s) if len(streams) == 1 else None
+            async with aclosing(merged or merge(streams, self._timeout_s)) as events:
+                async for event in events:
+                    if isinstance(event, ChoiceEnd):
+                        watch.ended(
+                            event.prompt_index, event.prompt_tokens, event.completion_tokens
+                        )
+                    elif event.text:
+                        watch.text(event.index)
+                    yield event
+        except BaseException as exc:
+            error = exc
+            raise
+        finally:
+            watch.close(error)
+
+    async def collect(self, model: ServedModel, plan: Plan) -> list[ChoiceResult]:
+        """Run a plan to the end and fold each choice's events."""
+        return await fold(plan, self.events(model, plan))
+
+
+async def fold(plan: Plan, events: AsyncGenerator[Event, None]) -> list[ChoiceResult]:
+    """Each choice of a plan, whole, from its events."""
+    results = {spec.index: ChoiceResult(spec.index) for spec in plan.choices}
+    async with aclosing(events):
+        async for event in events:
+            result = results[event.index]
+            if isinstance(event, ChoiceEnd):
+                result.end = event
+                continue
+            result.text += event.text
+            result.logprobs.extend(event.logprobs)
+            result.tokens.extend(event.tokens)
+    return [results[index] for index in sorted(results)]

@@ -1,0 +1,52 @@
+"""The one Plan: everything needed to run an API request's choices and shape its answer."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from adapters.contract import SamplingParams
+from gateway.tools.output import TEXT_ONLY, OutputRules
+
+
+@dataclass(frozen=True, slots=True)
+class Prompt:
+    """A templated prompt and its length in the model's tokens.
+
+    ``shown`` is what ``echo`` repeats when it differs from the text sent (an empty prompt is
+    sent as the tokenizer's start-of-text token).
+    """
+
+    text: str
+    token_count: int
+    shown: str | None = None
+    ids: tuple[int, ...] = ()
+    """The prompt's token ids as the engine takes them (special tokens included)."""
+
+    @property
+    def echoed(self) -> str:
+        """The prompt as the client wrote it."""
+        return self.text if self.shown is None else self.shown
+
+
+@dataclass(frozen=True, slots=True)
+class ChoiceSpec:
+    """One backend request: the ``index``-th choice of the answer."""
+
+    index: int
+    prompt_index: int
+    prompt: Prompt
+    params: SamplingParams
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """Everything needed to run one API request and shape its answer."""
+
+    model: str
+    choices: tuple[ChoiceSpec, ...]
+    stream: bool
+    include_usage: bool
+    logprobs: bool = False
+    echo: bool = False
+    output: OutputRules = TEXT_ONLY
+    """How the answer's text becomes content and tool calls (chat)."""

@@ -1,0 +1,1 @@
+"""``/v1/chat/completions``: ``routes``, ``plan`` (conversation → Plan), ``shape`` (answers)."""

@@ -1,0 +1,114 @@
+"""Plan a chat completion: validate, template the conversation (tools included), count its
+tokens, fan out ``n`` choices."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import msgspec
+
+from gateway.catalog.registry import ServedModel
+from gateway.core.plan import Plan
+from gateway.http.errors import InvalidRequestError
+from gateway.openai.protocol import (
+    ChatCompletionRequest,
+    ChatMessage,
+    first_given,
+    given,
+)
+from gateway.openai.sampling import (
+    check_common,
+    fan_out,
+    include_usage,
+    resolve_max_tokens,
+    sampling_params,
+)
+from gateway.tools import conversation, output_rules
+
+_rng = random.SystemRandom()
+
+
+async def plan_chat(
+    model: ServedModel, request: ChatCompletionRequest, *, max_tokens_cap: int | None
+) -> Plan:
+    """The backend requests answering a chat completion; no choice may ask for more than
+    ``max_tokens_cap`` tokens (the caller's), and one that names no length gets at most that."""
+    check_chat(request, model.route.max_n)
+    tokenizer = model.tokenizer
+    output = output_rules(
+        request, model.route.tool_call_format, tokenizer.template_text, tokenizer.takes_tools
+    )
+    messages, tools = conversation(template_messages(request.messages), output)
+    prompt = await tokenizer.chat_prompt(messages, tools)
+    requested = first_given(request.max_completion_tokens, request.max_tokens)
+    max_tokens = resolve_max_tokens(
+        requested,
+        model.route.defaults.max_tokens,
+        prompt,
+        model.context_length,
+        prompt_param="messages",
+        cap=max_tokens_cap,
+    )
+    logprobs = bool(given(request.logprobs))
+    params = sampling_params(
+        request,
+        model.route.defaults,
+        max_tokens=max_tokens,
+        logprobs=logprobs,
+        guide=output.guide,
+    )
+    return Plan(
+        model=model.name,
+        choices=fan_out([prompt], given(request.n) or 1, [params], _rng),
+        stream=bool(given(request.stream)),
+        include_usage=include_usage(request),
+        logprobs=logprobs,
+        output=output,
+    )
+
+
+def template_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
+    """Messages as the chat template expects them: text content, ``developer`` as ``system``."""
+    converted = []
+    for index, message in enumerate(messages):
+        entry: dict[str, Any] = {
+            "role": "system" if message.role == "developer" else message.role,
+            "content": _text_content(message, index),
+        }
+        for key in ("name", "tool_calls", "tool_call_id"):
+            value = given(getattr(message, key))
+            if value is not None:
+                entry[key] = msgspec.to_builtins(value)
+        converted.append(entry)
+    return converted
+
+
+def _text_content(message: ChatMessage, index: int) -> str:
+    content = message.content
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    texts = []
+    for part_index, part in enumerate(content):
+        text = given(part.text)
+        if part.type != "text" or text is None:
+            raise InvalidRequestError(
+                f"Only text content parts are supported, got a part of type {part.type!r}.",
+                param=f"messages[{index}].content[{part_index}]",
+            )
+        texts.append(text)
+    return "".join(texts)
+
+
+def check_chat(request: ChatCompletionRequest, max_n: int) -> None:
+    """Reject what the deployment cannot serve, with the offending field named."""
+    check_common(request, max_n)
+    top = given(request.top_logprobs)
+    if top:
+        raise InvalidRequestError(
+            "top_logprobs > 0 is not supported: TensorRT-LLM through Triton returns only the "
+            "log probabilities of the sampled tokens.",
+            param="top_logprobs",
+        )

@@ -1,0 +1,103 @@
+"""Chat answers, whole and streamed (tool calls included), from the neutral generation events."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator, Iterable
+
+from msgspec import UNSET
+
+from gateway.core.generation import ChoiceEnd, ChoiceResult, Event, TextDelta
+from gateway.core.plan import Plan
+from gateway.openai.protocol import (
+    AssistantMessage,
+    ChatChoice,
+    ChatChunkChoice,
+    ChatCompletion,
+    ChatCompletionChunk,
+    ChatDelta,
+    ChatLogprobs,
+    TokenLogprob,
+)
+from gateway.openai.shaping import Header, StreamUsage, finished, stream_shape, usage_of
+from gateway.tools.shape import DeltaShaper, whole_message
+from gateway.tools.shape import finish_reason as tool_finish
+
+
+def chat_logprobs(tokens: Iterable[str], logprobs: Iterable[float]) -> ChatLogprobs:
+    """Chat ``logprobs.content`` for sampled tokens (no alternatives)."""
+    return ChatLogprobs(
+        content=[
+            TokenLogprob(token=token, logprob=lp, bytes=list(token.encode()), top_logprobs=[])
+            for token, lp in zip(tokens, logprobs, strict=True)
+        ]
+    )
+
+
+def chat_completion(plan: Plan, results: list[ChoiceResult], header: Header) -> ChatCompletion:
+    """A non-streaming chat answer."""
+    ends = finished(results)
+    choices = []
+    for result, end in zip(results, ends, strict=True):
+        message = AssistantMessage(content=result.text)
+        reason: str = end.finish_reason
+        if plan.output.parses_calls:
+            content, calls = whole_message(plan.output, result.text)
+            message = AssistantMessage(content=content, tool_calls=calls or UNSET)
+            reason = tool_finish(reason, len(calls))
+        choices.append(
+            ChatChoice(
+                index=result.index,
+                message=message,
+                logprobs=chat_logprobs(result.tokens, result.logprobs) if plan.logprobs else None,
+                finish_reason=reason,
+            )
+        )
+    return ChatCompletion(
+        id=header.id,
+        created=header.created,
+        model=header.model,
+        choices=choices,
+        usage=usage_of(ends),
+    )
+
+
+def chat_chunks(
+    plan: Plan, events: AsyncGenerator[Event, None], header: Header
+) -> AsyncGenerator[ChatCompletionChunk, None]:
+    """Streamed chat: a role chunk per choice, content deltas, a finish chunk, then usage."""
+
+    def wrap(choices: list[ChatChunkChoice], usage: StreamUsage) -> ChatCompletionChunk:
+        return ChatCompletionChunk(
+            id=header.id, created=header.created, model=header.model, choices=choices, usage=usage
+        )
+
+    shapers: dict[int, DeltaShaper] = {}
+
+    def on_start(index: int) -> list[ChatChunkChoice]:
+        if plan.output.parses_calls:
+            shapers[index] = DeltaShaper(plan.output)
+        return [ChatChunkChoice(index=index, delta=ChatDelta(role="assistant", content=""))]
+
+    def on_delta(event: TextDelta) -> list[ChatChunkChoice]:
+        logprobs = chat_logprobs(event.tokens, event.logprobs) if plan.logprobs else None
+        shaper = shapers.get(event.index)
+        delta = ChatDelta(content=event.text) if shaper is None else shaper.delta(event.text)
+        if delta is None and logprobs is None:
+            return []
+        return [ChatChunkChoice(index=event.index, delta=delta or ChatDelta(), logprobs=logprobs)]
+
+    def on_end(event: ChoiceEnd) -> list[ChatChunkChoice]:
+        shaper = shapers.get(event.index)
+        reason: str = event.finish_reason
+        chunks = []
+        if shaper is not None:
+            held = shaper.end()
+            if held is not None:
+                chunks.append(ChatChunkChoice(index=event.index, delta=held))
+            reason = tool_finish(reason, shaper.calls)
+        chunks.append(ChatChunkChoice(index=event.index, delta=ChatDelta(), finish_reason=reason))
+        return chunks
+
+    return stream_shape(
+        plan, events, wrap=wrap, on_start=on_start, on_delta=on_delta, on_end=on_end
+    )

@@ -1,0 +1,1 @@
+"""``/v1/completions``: ``routes``, ``plan`` (prompts → Plan), ``shape`` (answers)."""

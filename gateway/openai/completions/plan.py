@@ -1,0 +1,101 @@
+"""Plan a text completion: validate, tokenize each prompt, fan out ``n`` choices per prompt."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Awaitable
+from typing import Any
+
+from gateway.catalog.registry import ServedModel
+from gateway.core.plan import Plan, Prompt
+from gateway.http.errors import InvalidRequestError
+from gateway.openai.protocol import (
+    CompletionRequest,
+    given,
+)
+from gateway.openai.sampling import (
+    check_common,
+    fan_out,
+    include_usage,
+    resolve_max_tokens,
+    sampling_params,
+)
+from gateway.tools import response_guide
+
+_rng = random.SystemRandom()
+
+
+def check_completion(request: CompletionRequest, max_n: int) -> None:
+    """Reject what the deployment cannot serve, with the offending field named."""
+    check_common(request, max_n)
+    if given(request.logprobs):
+        raise InvalidRequestError(
+            "logprobs > 0 is not supported: TensorRT-LLM through Triton returns only the "
+            "log probabilities of the sampled tokens; use logprobs=0.",
+            param="logprobs",
+        )
+    if given(request.suffix):
+        raise InvalidRequestError("suffix is not supported.", param="suffix")
+    best_of = given(request.best_of)
+    if best_of is not None and best_of != (given(request.n) or 1):
+        raise InvalidRequestError("best_of is not supported.", param="best_of")
+
+
+def _prompts(model: ServedModel, prompt: str | list[Any]) -> list[Awaitable[Prompt]]:
+    """Text, texts, token ids or lists of token ids, as OpenAI's ``prompt`` takes them."""
+    tokenizer = model.tokenizer
+    if isinstance(prompt, str):
+        return [tokenizer.text_prompt(prompt)]
+    if all(isinstance(item, str) for item in prompt):
+        return [tokenizer.text_prompt(item) for item in prompt]
+    if all(_is_token(item) for item in prompt):
+        return [tokenizer.token_prompt(prompt, "prompt")]
+    if all(isinstance(item, list) and item and all(map(_is_token, item)) for item in prompt):
+        return [tokenizer.token_prompt(ids, f"prompt[{i}]") for i, ids in enumerate(prompt)]
+    raise InvalidRequestError(
+        "prompt must be a string, a list of strings, a list of token ids or a list of "
+        "non-empty lists of token ids.",
+        param="prompt",
+    )
+
+
+def _is_token(item: object) -> bool:
+    return isinstance(item, int) and not isinstance(item, bool)
+
+
+async def plan_completion(
+    model: ServedModel, request: CompletionRequest, *, max_tokens_cap: int | None
+) -> Plan:
+    """The backend requests answering a text completion, ``n`` per prompt, each choice within
+    ``max_tokens_cap`` as in ``plan_chat``."""
+    check_completion(request, model.route.max_n)
+    prompts: list[Prompt] = list(await asyncio.gather(*_prompts(model, request.prompt)))
+    requested = given(request.max_tokens)
+    logprobs = given(request.logprobs) is not None
+    guide = response_guide(given(request.response_format))
+    params = [
+        sampling_params(
+            request,
+            model.route.defaults,
+            max_tokens=resolve_max_tokens(
+                requested,
+                model.route.defaults.max_tokens,
+                prompt,
+                model.context_length,
+                prompt_param="prompt",
+                cap=max_tokens_cap,
+            ),
+            logprobs=logprobs,
+            guide=guide,
+        )
+        for prompt in prompts
+    ]
+    return Plan(
+        model=model.name,
+        choices=fan_out(prompts, given(request.n) or 1, params, _rng),
+        stream=bool(given(request.stream)),
+        include_usage=include_usage(request),
+        logprobs=logprobs,
+        echo=bool(given(request.echo)),
+    )

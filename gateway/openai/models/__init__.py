@@ -1,0 +1,1 @@
+"""``/v1/models``: the models and adapters a caller may use."""

@@ -1,0 +1,146 @@
+"""The one completion pipeline both endpoints run: authenticate, decode, plan, admit, generate,
+shape, settle.
+
+An endpoint is the data that differs (its body schema, planner and shapers); everything else is
+one code path. Every error the pipeline raises carries the caller's rate-limit headers, as
+OpenAI's answers do, whatever failed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator, Callable, Coroutine
+from dataclasses import dataclass
+from typing import Any, Generic, Protocol, TypeVar
+
+import msgspec
+from litestar import Request
+from litestar.exceptions import HTTPException
+from litestar.types import ASGIApp
+
+from gateway.catalog.registry import ModelRegistry, ServedModel
+from gateway.core.generation import ChoiceResult, Event, GenerationService, UsageMeter, fold
+from gateway.core.plan import Plan
+from gateway.http.answers import JsonAnswer, decode_body, stream_response, until_disconnect
+from gateway.http.errors import ClientDisconnected, to_api_error
+from gateway.observability import Observability
+from gateway.openai.protocol import SamplingFields
+from gateway.openai.shaping import Header
+from gateway.tenancy import TenantPolicy
+from gateway.tenancy.service import Tenancy
+
+Body = TypeVar("Body", bound=SamplingFields)
+BodyIn = TypeVar("BodyIn", bound=SamplingFields, contravariant=True)
+Chunks = Callable[[Plan, AsyncGenerator[Event, None], Header], AsyncGenerator[Any, None]]
+Whole = Callable[[Plan, list[ChoiceResult], Header], msgspec.Struct]
+
+
+class Planner(Protocol[BodyIn]):
+    """``plan_chat`` or ``plan_completion``: a request body made into a plan for one caller."""
+
+    def __call__(
+        self, model: ServedModel, request: BodyIn, /, *, max_tokens_cap: int | None
+    ) -> Coroutine[Any, Any, Plan]: ...
+
+
+@dataclass(frozen=True)
+class Endpoint(Generic[Body]):
+    """What one completion endpoint brings to the pipeline."""
+
+    operation: str
+    """The GenAI operation name the request is observed under (``chat``, ``text_completion``)."""
+    schema: type[Body]
+    planner: Planner[Body]
+    id_prefix: str
+    """Of the answer's id: ``chatcmpl``, ``cmpl``."""
+    chunks: Chunks
+    whole: Whole
+
+
+class CompletionPipeline:
+    """Runs a completion request from its HTTP body to its answer: SSE or one JSON body."""
+
+    def __init__(
+        self,
+        generation: GenerationService,
+        tenancy: Tenancy,
+        registry: ModelRegistry,
+        observability: Observability,
+        *,
+        retry_after_s: int,
+    ) -> None:
+        self.generation = generation
+        self.tenancy = tenancy
+        self.registry = registry
+        self.observability = observability
+        self.retry_after_s = retry_after_s
+
+    def caller(self, request: Request[Any, Any, Any]) -> TenantPolicy:
+        """The tenant whose key ``request`` carries."""
+        with self.observability.step("gateway.auth"):
+            return self.tenancy.authenticate(request.headers)
+
+    async def answer(self, request: Request[Any, Any, Any], endpoint: Endpoint[Body]) -> ASGIApp:
+        """The answer to ``request``; a failure is raised as the client's error with the
+        caller's rate-limit headers."""
+        headers: dict[str, str] = {}
+        try:
+            return await self._answer(request, endpoint, headers)
+        except (ClientDisconnected, HTTPException):
+            raise
+        except Exception as exc:
+            error = to_api_error(exc, retry_after_s=self.retry_after_s)
+            error.headers = {**headers, **error.headers}
+            raise error from exc
+
+    async def _answer(
+        self, request: Request[Any, Any, Any], endpoint: Endpoint[Body], headers: dict[str, str]
+    ) -> ASGIApp:
+        tenant = self.caller(request)
+        headers.update(self.tenancy.known_headers(tenant))
+        body = decode_body(await request.body(), endpoint.schema)
+        model = self.registry.get(body.model, tenant.allows_model, tenant.allows_adapter)
+        plan = await self._plan(request, tenant, model, endpoint, body)
+        with self.observability.step("gateway.rate_limit"):
+            ticket = await self.tenancy.admit(tenant, plan)
+        headers.update(ticket.headers())
+        meter = UsageMeter()
+        events = self.generation.events(model, plan, meter, priority=tenant.priority)
+        header = Header.new(endpoint.id_prefix, model.name)
+
+        async def settle() -> None:
+            await ticket.settle_shielded(meter.total())
+
+        try:
+            if plan.stream:
+                # Once the stream is answered, it settles the ticket when it ends, however.
+                return await stream_response(
+                    request.receive,
+                    endpoint.chunks(plan, events, header),
+                    retry_after_s=self.retry_after_s,
+                    headers=headers,
+                    on_close=settle,
+                )
+            results = await until_disconnect(request.receive, fold(plan, events))
+            await settle()
+            return JsonAnswer(endpoint.whole(plan, results, header), headers)
+        except BaseException:
+            # Settles what was not: the events never started, failed or were cut off.
+            await settle()
+            raise
+
+    async def _plan(
+        self,
+        request: Request[Any, Any, Any],
+        tenant: TenantPolicy,
+        model: ServedModel,
+        endpoint: Endpoint[Body],
+        body: Body,
+    ) -> Plan:
+        """Template and count the request within the tenant's ``max_tokens`` (cancelled if the
+        client leaves), observed under the adapter's own name however the client named it."""
+        base = model.base or model.name
+        adapter = model.adapter.name if model.adapter is not None else None
+        self.observability.serving(base, adapter, tenant.name, endpoint.operation)
+        planning = endpoint.planner(model, body, max_tokens_cap=tenant.max_tokens)
+        with self.observability.step("gateway.template"):
+            return await until_disconnect(request.receive, planning)

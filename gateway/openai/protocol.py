@@ -1,0 +1,336 @@
+"""OpenAI wire schemas: request and response bodies as msgspec Structs, and ``given`` and
+``first_given``, which read a field that may be absent (``UNSET``) or null."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, TypeVar
+
+from msgspec import UNSET, Meta, Struct, UnsetType
+
+# Requests: unknown fields are accepted and ignored; UNSET tells "absent" from an explicit null.
+
+Temperature = Annotated[float, Meta(ge=0.0, le=2.0)]
+Probability = Annotated[float, Meta(ge=0.0, le=1.0)]
+Penalty = Annotated[float, Meta(ge=-2.0, le=2.0)]
+PositiveInt = Annotated[int, Meta(ge=1)]
+NonNegativeInt = Annotated[int, Meta(ge=0)]
+Role = Literal["system", "developer", "user", "assistant", "tool"]
+
+
+class StreamOptions(Struct, frozen=True):
+    """``stream_options`` of a streaming request."""
+
+    include_usage: bool | None = None
+
+
+class ContentPart(Struct, frozen=True):
+    """One element of an array ``content``; only ``text`` parts can be served."""
+
+    type: str
+    text: str | UnsetType = UNSET
+
+
+class FunctionCall(Struct, frozen=True, kw_only=True):
+    """The function and its JSON arguments in a tool call."""
+
+    name: str
+    arguments: str
+
+
+class ToolCall(Struct, frozen=True, kw_only=True):
+    """One entry of ``message.tool_calls``."""
+
+    id: str
+    type: str = "function"
+    function: FunctionCall
+
+
+class ChatMessage(Struct, frozen=True):
+    """One message of a conversation."""
+
+    role: Role
+    content: str | list[ContentPart] | None = None
+    name: str | UnsetType = UNSET
+    tool_calls: list[ToolCall] | UnsetType | None = UNSET
+    tool_call_id: str | UnsetType = UNSET
+
+
+class FunctionDefinition(Struct, frozen=True, kw_only=True):
+    """``tools[].function``: a function the model may call."""
+
+    name: Annotated[str, Meta(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")]
+    description: str | UnsetType | None = UNSET
+    parameters: dict[str, Any] | UnsetType | None = UNSET
+    strict: bool | UnsetType | None = UNSET
+
+
+class Tool(Struct, frozen=True, kw_only=True):
+    """One entry of ``tools``."""
+
+    type: str
+    function: FunctionDefinition | UnsetType = UNSET
+
+
+class FunctionName(Struct, frozen=True):
+    """The function a named ``tool_choice`` forces."""
+
+    name: str
+
+
+class NamedToolChoice(Struct, frozen=True, kw_only=True):
+    """``tool_choice: {"type": "function", "function": {"name": ...}}``."""
+
+    type: str
+    function: FunctionName | UnsetType = UNSET
+
+
+class JsonSchemaFormat(Struct, frozen=True, kw_only=True):
+    """``response_format.json_schema``."""
+
+    name: str | UnsetType = UNSET
+    description: str | UnsetType | None = UNSET
+    schema: dict[str, Any] | UnsetType | None = UNSET
+    strict: bool | UnsetType | None = UNSET
+
+
+class ResponseFormat(Struct, frozen=True, kw_only=True):
+    """``response_format``: ``text``, ``json_object`` or ``json_schema``."""
+
+    type: str
+    json_schema: JsonSchemaFormat | UnsetType | None = UNSET
+
+
+class SamplingFields(Struct, frozen=True, kw_only=True):
+    """Fields shared by chat and text completions."""
+
+    model: str
+    max_tokens: PositiveInt | UnsetType | None = UNSET
+    temperature: Temperature | UnsetType | None = UNSET
+    top_p: Probability | UnsetType | None = UNSET
+    seed: int | UnsetType | None = UNSET
+    """TensorRT-LLM's seed is 64 bits: negative seeds are taken as their two's complement."""
+    logit_bias: dict[str, float] | UnsetType | None = UNSET
+    stop: str | list[str] | UnsetType | None = UNSET
+    presence_penalty: Penalty | UnsetType | None = UNSET
+    frequency_penalty: Penalty | UnsetType | None = UNSET
+    n: PositiveInt | UnsetType | None = UNSET
+    stream: bool | UnsetType | None = UNSET
+    stream_options: StreamOptions | UnsetType | None = UNSET
+    user: str | UnsetType | None = UNSET
+    top_k: Annotated[int, Meta(ge=-1)] | UnsetType | None = UNSET
+    min_p: Probability | UnsetType | None = UNSET
+    repetition_penalty: Annotated[float, Meta(gt=0.0)] | UnsetType | None = UNSET
+    min_tokens: NonNegativeInt | UnsetType | None = UNSET
+    response_format: ResponseFormat | UnsetType | None = UNSET
+
+
+class ChatCompletionRequest(SamplingFields, frozen=True, kw_only=True):
+    """Body of ``POST /v1/chat/completions``."""
+
+    messages: Annotated[list[ChatMessage], Meta(min_length=1)]
+    max_completion_tokens: PositiveInt | UnsetType | None = UNSET
+    logprobs: bool | UnsetType | None = UNSET
+    top_logprobs: Annotated[int, Meta(ge=0, le=20)] | UnsetType | None = UNSET
+    tools: list[Tool] | UnsetType | None = UNSET
+    tool_choice: str | NamedToolChoice | UnsetType | None = UNSET
+    parallel_tool_calls: bool | UnsetType | None = UNSET
+    functions: list[dict[str, Any]] | UnsetType | None = UNSET
+    function_call: str | dict[str, Any] | UnsetType | None = UNSET
+
+
+class CompletionRequest(SamplingFields, frozen=True, kw_only=True):
+    """Body of ``POST /v1/completions``."""
+
+    prompt: str | Annotated[list[Any], Meta(min_length=1)]
+    """Text, a list of texts, token ids, or a list of token-id lists (``prompt_texts`` checks)."""
+    echo: bool | UnsetType | None = UNSET
+    logprobs: Annotated[int, Meta(ge=0, le=5)] | UnsetType | None = UNSET
+    suffix: str | UnsetType | None = UNSET
+    best_of: PositiveInt | UnsetType | None = UNSET
+
+
+# Responses: field order follows OpenAI's; UNSET fields are left out of the JSON.
+
+
+class Usage(Struct, frozen=True):
+    """Token counts of a whole request."""
+
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class TopLogprob(Struct, frozen=True):
+    """An alternative token and its log probability."""
+
+    token: str
+    logprob: float
+    bytes: list[int] | None
+
+
+class TokenLogprob(Struct, frozen=True):
+    """A generated token of a chat completion and its log probability."""
+
+    token: str
+    logprob: float
+    bytes: list[int] | None
+    top_logprobs: list[TopLogprob]
+
+
+class ChatLogprobs(Struct, frozen=True):
+    """``logprobs`` of a chat choice."""
+
+    content: list[TokenLogprob] | None
+
+
+class AssistantMessage(Struct, frozen=True, kw_only=True):
+    """The generated message of a chat choice."""
+
+    role: str = "assistant"
+    content: str | None
+    tool_calls: list[ToolCall] | UnsetType = UNSET
+
+
+class FunctionCallDelta(Struct, frozen=True, kw_only=True):
+    """What a streamed chunk adds to a tool call's function."""
+
+    name: str | UnsetType = UNSET
+    arguments: str | UnsetType = UNSET
+
+
+class ToolCallDelta(Struct, frozen=True, kw_only=True):
+    """What a streamed chunk adds to one tool call: id, type and name first, then arguments."""
+
+    index: int
+    id: str | UnsetType = UNSET
+    type: str | UnsetType = UNSET
+    function: FunctionCallDelta
+
+
+class ChatChoice(Struct, frozen=True, kw_only=True):
+    """One choice of a chat completion."""
+
+    index: int
+    message: AssistantMessage
+    logprobs: ChatLogprobs | None = None
+    finish_reason: str | None
+
+
+class ChatCompletion(Struct, frozen=True, kw_only=True):
+    """Answer of a non-streaming chat completion."""
+
+    id: str
+    object: str = "chat.completion"
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+
+
+class ChatDelta(Struct, frozen=True, kw_only=True):
+    """What a streamed chunk adds to a chat choice."""
+
+    role: str | UnsetType = UNSET
+    content: str | UnsetType = UNSET
+    tool_calls: list[ToolCallDelta] | UnsetType = UNSET
+
+
+class ChatChunkChoice(Struct, frozen=True, kw_only=True):
+    """One choice of a streamed chat chunk."""
+
+    index: int
+    delta: ChatDelta
+    logprobs: ChatLogprobs | None = None
+    finish_reason: str | None = None
+
+
+class ChatCompletionChunk(Struct, frozen=True, kw_only=True):
+    """One event of a streamed chat completion."""
+
+    id: str
+    object: str = "chat.completion.chunk"
+    created: int
+    model: str
+    choices: list[ChatChunkChoice]
+    usage: Usage | UnsetType | None = UNSET
+
+
+class CompletionLogprobs(Struct, frozen=True, kw_only=True):
+    """``logprobs`` of a text completion choice (legacy format)."""
+
+    tokens: list[str]
+    token_logprobs: list[float]
+    top_logprobs: list[dict[str, float]] | None = None
+    text_offset: list[int]
+
+
+class CompletionChoice(Struct, frozen=True, kw_only=True):
+    """One choice of a text completion, whole or streamed."""
+
+    index: int
+    text: str
+    logprobs: CompletionLogprobs | None = None
+    finish_reason: str | None = None
+
+
+class Completion(Struct, frozen=True, kw_only=True):
+    """Answer of a text completion, or one chunk of a streamed one."""
+
+    id: str
+    object: str = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage | UnsetType | None = UNSET
+
+
+class ModelCard(Struct, frozen=True, kw_only=True):
+    """One entry of ``/v1/models``."""
+
+    id: str
+    object: str = "model"
+    created: int
+    owned_by: str
+    max_model_len: int | UnsetType = UNSET
+    root: str | UnsetType = UNSET
+    """For a LoRA adapter: the folder it was loaded from."""
+    parent: str | None = None
+    """For a LoRA adapter: the base model it runs on."""
+
+
+class ModelList(Struct, frozen=True, kw_only=True):
+    """Answer of ``GET /v1/models``."""
+
+    object: str = "list"
+    data: list[ModelCard]
+
+
+class ErrorBody(Struct, frozen=True):
+    """OpenAI's error object."""
+
+    message: str
+    type: str
+    param: str | None
+    code: str | None
+
+
+class ErrorEnvelope(Struct, frozen=True):
+    """Body of every error response and of the in-band SSE error event."""
+
+    error: ErrorBody
+
+
+T = TypeVar("T")
+
+
+def given(value: T | UnsetType | None) -> T | None:
+    """The value the client sent, or ``None`` for both absent and null."""
+    return None if isinstance(value, UnsetType) else value
+
+
+def first_given(*values: T | UnsetType | None) -> T | None:
+    """The first value the client sent, if any."""
+    for value in values:
+        if (found := given(value)) is not None:
+            return found
+    return None

@@ -1,0 +1,90 @@
+"""What shaping both endpoints' answers shares: the answer header, usage, and the streaming
+skeleton (opening chunks per choice, deltas, endings, the usage chunk)."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncGenerator, Callable, Iterable
+from contextlib import aclosing
+from dataclasses import dataclass
+from typing import TypeVar
+
+from msgspec import UNSET, UnsetType
+
+from gateway.core.generation import ChoiceEnd, ChoiceResult, Event, TextDelta
+from gateway.core.plan import Plan
+from gateway.openai.protocol import (
+    Usage,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Header:
+    """What every object of one answer repeats."""
+
+    id: str
+    created: int
+    model: str
+
+    @classmethod
+    def new(cls, prefix: str, model: str) -> Header:
+        """A fresh id (``chatcmpl-...``, ``cmpl-...``) stamped now."""
+        return cls(id=f"{prefix}-{uuid.uuid4().hex}", created=int(time.time()), model=model)
+
+
+def usage_of(ends: Iterable[ChoiceEnd]) -> Usage:
+    """Usage of a request: each prompt counted once, every choice's completion added up."""
+    prompts: dict[int, int] = {}
+    completion = 0
+    for end in ends:
+        prompts.setdefault(end.prompt_index, end.prompt_tokens)
+        completion += end.completion_tokens
+    prompt = sum(prompts.values())
+    return Usage(
+        prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion
+    )
+
+
+def finished(results: list[ChoiceResult]) -> list[ChoiceEnd]:
+    ends = [result.end for result in results]
+    if any(end is None for end in ends):
+        raise RuntimeError("a choice ended without its final event")
+    return [end for end in ends if end is not None]
+
+
+ChunkT = TypeVar("ChunkT")
+
+ChoiceT = TypeVar("ChoiceT")
+
+StreamUsage = Usage | UnsetType | None
+
+
+async def stream_shape(
+    plan: Plan,
+    events: AsyncGenerator[Event, None],
+    *,
+    wrap: Callable[[list[ChoiceT], StreamUsage], ChunkT],
+    on_start: Callable[[int], Iterable[ChoiceT]],
+    on_delta: Callable[[TextDelta], Iterable[ChoiceT]],
+    on_end: Callable[[ChoiceEnd], Iterable[ChoiceT]],
+) -> AsyncGenerator[ChunkT, None]:
+    """The skeleton both streams share: opening chunks per choice, deltas, endings, usage."""
+    usage: StreamUsage = None if plan.include_usage else UNSET
+    started: set[int] = set()
+    ends: list[ChoiceEnd] = []
+    async with aclosing(events):
+        async for event in events:
+            if event.index not in started:
+                started.add(event.index)
+                for choice in on_start(event.index):
+                    yield wrap([choice], usage)
+            if isinstance(event, ChoiceEnd):
+                ends.append(event)
+                shaped = on_end(event)
+            else:
+                shaped = on_delta(event)
+            for choice in shaped:
+                yield wrap([choice], usage)
+    if plan.include_usage:
+        yield wrap([], usage_of(ends))

@@ -1,0 +1,41 @@
+"""Liveness and readiness."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from litestar import MediaType, Response, get
+
+from gateway.catalog.registry import ServedModel
+from gateway.runtime import Runtime
+
+logger = logging.getLogger(__name__)
+
+
+@get("/health/live", media_type=MediaType.JSON)
+async def live() -> dict[str, str]:
+    """The process is up and its event loop answers."""
+    return {"status": "ok"}
+
+
+async def _model_ready(runtime: Runtime, model: ServedModel) -> bool:
+    timeout = runtime.settings.limits.readiness_timeout_s
+    try:
+        return await asyncio.wait_for(runtime.backend.is_ready(model.target), timeout)
+    except Exception as exc:
+        logger.debug("readiness of %s: %r", model.name, exc)
+        return False
+
+
+@get("/health/ready", media_type=MediaType.JSON)
+async def ready(runtime: Runtime) -> Response[dict[str, object]]:
+    """200 once every configured model is ready in its Triton; 503 before and while stopping."""
+    models = list(runtime.registry)
+    accepting = runtime.lifecycle.accepting
+    states = await asyncio.gather(*(_model_ready(runtime, m) for m in models)) if accepting else []
+    ready_models = {model.name: state for model, state in zip(models, states, strict=False)}
+    ok = accepting and bool(models) and all(ready_models.values())
+    body: dict[str, object] = {"status": "ready" if ok else "not_ready", "models": ready_models}
+    headers = {} if ok else {"Retry-After": str(runtime.settings.limits.retry_after_s)}
+    return Response(body, status_code=200 if ok else 503, headers=headers)

@@ -1,1 +1,0 @@
-"""HTTP route handlers, one module per endpoint family."""

@@ -1,0 +1,226 @@
+"""The gateway's runtime: what the app starts and stops (sidecars, tokenizers, adapters, the
+backend, the generation service), with its ``Lifecycle``."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import shutil
+import tempfile
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+
+import httpx
+
+from adapters.contract import Backend, ModelTarget
+from deploy.sidecar.spec import Spec, SpecError, load_spec, parse_spec
+from deploy.sidecar.supervisor import Sidecar, sidecar_from_spec
+from gateway.catalog.lora import AdapterError, AdapterExists
+from gateway.catalog.registry import ModelRegistry, ModelRoute, load_model, resolve_routes
+from gateway.core.generation import GenerationService
+from gateway.observability import Observability
+from gateway.ops.drain import Lifecycle
+from gateway.settings import Settings, SettingsError, SidecarSettings, check_settings
+from gateway.tenancy.service import Tenancy
+
+logger = logging.getLogger(__name__)
+BackendFactory = Callable[[tuple[ModelRoute, ...]], Backend]
+
+
+def triton_backend(routes: tuple[ModelRoute, ...]) -> Backend:
+    """The production backend: Triton over gRPC."""
+    from adapters.triton.client import TritonBackend
+
+    return TritonBackend()
+
+
+def read_spec(sidecars: SidecarSettings) -> Spec:
+    """The deploy spec of the sidecars, built-in model names resolved (may convert a model)."""
+    from deploy.sidecar.models import resolve_aliases
+
+    try:
+        if sidecars.spec is not None:
+            spec = load_spec(sidecars.spec)
+        else:
+            spec = parse_spec(sidecars.inline or {})
+    except SpecError as exc:
+        raise SettingsError(f"deploy spec: {exc}") from exc
+    return resolve_aliases(spec)
+
+
+@runtime_checkable
+class DescribesModels(Protocol):
+    """A backend that can read a model's Triton config ahead of the first request."""
+
+    async def describe(self, target: ModelTarget) -> object:
+        """The target's inputs and options as discovered from Triton."""
+        ...
+
+
+class Runtime:
+    """Owns what the app starts: sidecars, tokenizers, the backend and the generation service."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        backend: Backend | None,
+        backend_factory: BackendFactory,
+        observability: Observability,
+    ) -> None:
+        check_settings(settings)
+        self.settings = settings
+        self.registry = ModelRegistry()
+        self.lifecycle = Lifecycle()
+        self.observability = observability
+        self.metrics = observability.metrics
+        self.tenancy = Tenancy(settings.tenancy, self.metrics)
+        self._backend = backend
+        self._owns_backend = backend is None
+        self._backend_factory = backend_factory
+        self._executor = ThreadPoolExecutor(
+            settings.limits.tokenizer_threads, thread_name_prefix="tokenizer"
+        )
+        self._generation: GenerationService | None = None
+        self._sidecars: list[Sidecar] = []
+        self.metrics.watch_sidecars(lambda: list(self._sidecars))
+        self._bring_up_task: asyncio.Task[None] | None = None
+        self.http = httpx.AsyncClient()
+        """One HTTP client for what the gateway fetches itself (its sidecars' metrics)."""
+        self._workdir: Path | None = None
+        self._temporary_workdir = False
+        self._hurried = False
+
+    @property
+    def sidecars(self) -> list[Sidecar]:
+        """The supervised sidecars (none when the gateway uses existing Tritons)."""
+        return list(self._sidecars)
+
+    @property
+    def backend(self) -> Backend:
+        """The backend, once started."""
+        if self._backend is None:
+            raise RuntimeError("the gateway has not started")
+        return self._backend
+
+    @property
+    def generation(self) -> GenerationService:
+        """The generation service, once started."""
+        if self._generation is None:
+            raise RuntimeError("the gateway has not started")
+        return self._generation
+
+    async def start(self) -> None:
+        """Prepare sidecars, load every tokenizer, create the backend; sidecars boot meanwhile."""
+        try:
+            await self._start()
+        except BaseException:
+            await self.tenancy.close()
+            await asyncio.to_thread(self._stop_sidecars)
+            raise
+
+    async def _start(self) -> None:
+        await self.tenancy.start()
+        spec, urls = await self._prepare_sidecars()
+        routes = resolve_routes(self.settings, spec, urls)
+        # One thread, one model after another: transformers' lazy imports are not thread-safe.
+        models = await asyncio.to_thread(
+            lambda: [load_model(route, self._executor) for route in routes]
+        )
+        self.registry.replace(models)
+        await self._load_adapters(routes)
+        if self._backend is None:
+            self._backend = self._backend_factory(routes)
+        self._generation = GenerationService(
+            self._backend,
+            timeout_s=self.settings.limits.request_timeout_s,
+            observability=self.observability,
+        )
+        self.lifecycle.sidecars_ready = not self._sidecars
+        self._bring_up_task = asyncio.create_task(self._bring_up(routes))
+        self.lifecycle.started = True
+        logger.info("gateway started with %d model(s)", len(self.registry))
+
+    async def _load_adapters(self, routes: tuple[ModelRoute, ...]) -> None:
+        """Load the adapters the settings name; a bad one stops the start with its reason."""
+        by_name = {route.name: route for route in routes}
+        for model in self.settings.models:
+            route = by_name[model.name]
+            for adapter in model.adapters:
+                try:
+                    await self.registry.adapters.load(
+                        adapter.name, adapter.path, route.name, route.tokenizer_dir
+                    )
+                except (AdapterError, AdapterExists) as exc:
+                    raise SettingsError(f"model {model.name!r}: {exc}") from exc
+
+    async def stop(self) -> None:
+        """Readiness off, drain in-flight requests, close the backend, stop the sidecars."""
+        self.lifecycle.stopping = True
+        grace = 0.0 if self._hurried else self.settings.limits.shutdown_grace_s
+        if not await self.lifecycle.drained(grace):
+            logger.warning("requests still in flight after %.0f s; shutting down anyway", grace)
+        if self._backend is not None and self._owns_backend:
+            await self._backend.close()
+        await self.tenancy.close()
+        if self._bring_up_task is not None:
+            self._bring_up_task.cancel()
+        await asyncio.to_thread(self._stop_sidecars)
+        await self.http.aclose()
+        self._executor.shutdown(wait=False, cancel_futures=True)
+        await asyncio.to_thread(self.observability.close)
+
+    async def _prepare_sidecars(self) -> tuple[Spec | None, dict[str, str]]:
+        sidecars = self.settings.sidecars
+        if sidecars is None:
+            return None, {}
+        spec = await asyncio.to_thread(read_spec, sidecars)
+        if sidecars.workdir:
+            self._workdir = Path(sidecars.workdir)
+        else:
+            self._workdir = Path(tempfile.mkdtemp(prefix="triton-gateway-"))
+            self._temporary_workdir = True
+        urls: dict[str, str] = {}
+        for sidecar_spec in spec.sidecars:
+            sidecar = await asyncio.to_thread(sidecar_from_spec, spec, sidecar_spec, self._workdir)
+            self._sidecars.append(sidecar)
+            urls.update({model.name: sidecar.grpc_url for model in spec.models_of(sidecar_spec)})
+        return spec, urls
+
+    async def _bring_up(self, routes: tuple[ModelRoute, ...]) -> None:
+        """Start the sidecars, then read each model's Triton config so the first request is fast."""
+        for sidecar in self._sidecars:
+            try:
+                await asyncio.to_thread(sidecar.start)
+            except Exception as exc:
+                reason = f"sidecar {sidecar.name!r} could not start: {exc}"
+                logger.error("%s", reason)
+                self.lifecycle.fail(reason)
+                return
+        self.lifecycle.sidecars_ready = True
+        backend = self._backend
+        if not isinstance(backend, DescribesModels):
+            return
+        for route in routes:
+            try:
+                described = await backend.describe(route.target)
+            except Exception as exc:
+                logger.warning(
+                    "could not read the config of %s: %s", route.target.triton_model, exc
+                )
+                continue
+            logger.info("read the Triton config of %s", route.target.triton_model)
+            logger.debug("%s: %r", route.target.triton_model, described)
+
+    def hurry(self) -> None:
+        """Stop without waiting for requests (a second signal); sidecars get a short grace."""
+        self._hurried = True
+
+    def _stop_sidecars(self) -> None:
+        grace_s = 2.0 if self._hurried else 15.0
+        for sidecar in reversed(self._sidecars):
+            sidecar.stop(grace_s)
+        if self._temporary_workdir and self._workdir is not None:
+            shutil.rmtree(self._workdir, ignore_errors=True)

@@ -1,0 +1,374 @@
+"""End to end on a GPU: the engine inside a tritonserver sidecar, the gateway in front of it.
+
+The recipe, for a machine with a CUDA build of torch and no network (the lent H100 is one):
+
+1. Where pip works: ``python -m deploy.devtools.offline pack .devrun/bundle --python 3.12 --exclude
+   <the target's pip freeze>`` and copy a tokenizer folder (``--tokenizer``) beside it.
+2. On the GPU machine:
+   ``python3 -m deploy.devtools.offline install .devrun/bundle --prefix /tmp/gw``,
+   then ``/tmp/gw/env/bin/python -m tests.benchmarks.gpu --text-env /tmp/gw/text-env
+   --tokenizer DIR --out results``.
+
+It builds two random-weight Llama models on the machine (about 1.1B and 0.16B parameters, the
+tokenizer's vocabulary), serves both from ONE tritonserver through ``triton-gateway serve`` with a
+``sidecars:`` section (PyTorch engine on CUDA in bfloat16; the text models in the numpy < 2
+environment), and streams completions of a fixed length at several concurrencies through the
+gateway and directly to the sidecar's ``ensemble`` over gRPC. Then both models answer chat
+requests at once. Figures go to ``<out>/gpu-<device>.{md,json,png}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from tests.benchmarks.gpu_report import Level, render_markdown, render_plot, summarise
+from tests.support.gateway import serve_process, stop_process
+
+PROMPT = (
+    "Write a detailed report on the history of the printing press, its inventors, the spread "
+    "of printed books across Europe and the effects on science, religion and politics. "
+) * 3
+BIG = dict(
+    hidden_size=2048,
+    intermediate_size=8192,
+    num_hidden_layers=16,
+    num_attention_heads=32,
+    num_key_value_heads=8,
+)
+SMALL = dict(
+    hidden_size=768,
+    intermediate_size=2048,
+    num_hidden_layers=12,
+    num_attention_heads=12,
+    num_key_value_heads=4,
+)
+TOY = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=4,
+)
+
+
+_IDS = itertools.count()
+
+
+def ephemeral_port() -> int:
+    """A port the OS hands out (not the tests' sequential range, which the gateway takes)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def build_model(out: Path, tokenizer_dir: Path, shape: dict[str, int], device: str) -> int:
+    """A random-weight Llama with the tokenizer's vocabulary; returns its parameter count."""
+    import torch
+    from transformers import AutoTokenizer, GenerationConfig, LlamaConfig, LlamaForCausalLM
+
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        max_position_embeddings=4096,
+        tie_word_embeddings=True,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        torch_dtype="bfloat16",
+        **shape,
+    )
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = LlamaForCausalLM(config).to(torch.bfloat16)
+    model.generation_config = GenerationConfig(eos_token_id=tokenizer.eos_token_id)
+    model.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+    return sum(p.numel() for p in model.parameters())
+
+
+def gateway_config(
+    models: dict[str, Path], args: argparse.Namespace, grpc_port: int
+) -> dict[str, Any]:
+    spec_models = []
+    for name, folder in models.items():
+        spec_models.append(
+            {
+                "name": name,
+                "engine": {
+                    "kind": "torch",
+                    "model_dir": str(folder),
+                    "device": args.device,
+                    "dtype": "bfloat16",
+                    "max_batch_size": 64,
+                    "max_seq_len": 2048,
+                    "guided_decoding": args.guided,
+                },
+                "text_python_env": args.text_env,
+                "preprocessing_instances": 4,
+                "bls_instances": 1,
+            }
+        )
+    return {
+        "models": [{"name": name, "pipeline": name} for name in models],
+        "sidecars": {
+            "inline": {"models": spec_models, "sidecars": [{"name": "gpu", "grpc_port": grpc_port}]}
+        },
+        "tenancy": {"auth": False},
+        "limits": {"request_timeout_s": 300},
+    }
+
+
+async def gateway_stream(client: httpx.AsyncClient, model: str, tokens: int) -> dict[str, Any]:
+    """One streamed completion through the gateway: arrival times of its chunks."""
+    body = {
+        "model": model,
+        "prompt": PROMPT,
+        "max_tokens": tokens,
+        "min_tokens": tokens,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    start = time.perf_counter()
+    arrivals: list[float] = []
+    completion = 0
+    async with client.stream("POST", "/v1/completions", json=body) as response:
+        response.raise_for_status()
+        async for line in response.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            if chunk.get("usage"):
+                completion = chunk["usage"]["completion_tokens"]
+            if chunk["choices"] and chunk["choices"][0]["text"]:
+                arrivals.append(time.perf_counter() - start)
+    return {"arrivals": arrivals, "end": time.perf_counter() - start, "tokens": completion}
+
+
+def direct_request(model: str, tokens: int) -> Any:
+    """The ensemble request a minimal gRPC client sends: text, lengths, streaming on."""
+    import numpy as np
+
+    from adapters.triton.client import infer_request
+    from adapters.triton.tensors import WireTensor
+
+    def tensor(name: str, value: Any, datatype: str, dtype: Any) -> WireTensor:
+        return WireTensor(name, datatype, np.array([[value]], dtype=dtype))
+
+    inputs = [
+        tensor("text_input", PROMPT.encode(), "BYTES", np.object_),
+        tensor("max_tokens", tokens, "INT32", np.int32),
+        tensor("min_length", tokens, "INT32", np.int32),
+        tensor("stream", True, "BOOL", np.bool_),
+    ]
+    return infer_request(f"{model}_ensemble", "bench", inputs, ["text_output"])
+
+
+async def direct_stream(stub: Any, request: Any) -> dict[str, Any]:
+    """The same completion straight to the sidecar's ``ensemble`` over gRPC streaming."""
+    import grpc
+
+    start = time.perf_counter()
+    arrivals: list[float] = []
+    message = type(request)()
+    message.CopyFrom(request)
+    message.id = f"bench-{next(_IDS)}"
+    call = stub.ModelStreamInfer(iter([message]))
+    while True:
+        response = await call.read()
+        if response is grpc.aio.EOF:
+            break
+        if response.error_message:
+            raise RuntimeError(response.error_message)
+        # One response per generated token; a token that ends inside a character has empty text.
+        if response.infer_response.raw_output_contents:
+            arrivals.append(time.perf_counter() - start)
+    return {"arrivals": arrivals, "end": time.perf_counter() - start, "tokens": len(arrivals)}
+
+
+async def run_level(
+    target: str, url: str, grpc_url: str, model: str, concurrency: int, tokens: int, rounds: int
+) -> Level:
+    """``concurrency`` clients, each sending ``rounds`` requests back to back."""
+    import tritonclient.grpc.aio as grpcclient
+
+    results: list[dict[str, Any]] = []
+    limits = httpx.Limits(max_connections=concurrency + 4)
+    grpc_client = grpcclient.InferenceServerClient(grpc_url)
+    request = direct_request(model, tokens)
+    async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as http:
+
+        async def worker() -> None:
+            for _ in range(rounds):
+                if target == "gateway":
+                    results.append(await gateway_stream(http, model, tokens))
+                else:
+                    results.append(await direct_stream(grpc_client._client_stub, request))
+
+        start = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        wall = time.perf_counter() - start
+    await grpc_client.close()
+    return summarise(target, concurrency, results, wall, tokens)
+
+
+async def both_models(url: str, models: list[str], streams: int, tokens: int) -> dict[str, Any]:
+    """Chat streams to every model at once through the gateway; tokens/s of each."""
+    async with httpx.AsyncClient(base_url=url, timeout=600) as http:
+
+        async def one(model: str) -> int:
+            body = {
+                "model": model,
+                "messages": [{"role": "user", "content": PROMPT}],
+                "max_tokens": tokens,
+                "min_tokens": tokens,
+                "stream": True,
+                "stream_options": {"include_usage": True},
+            }
+            used = 0
+            async with http.stream("POST", "/v1/chat/completions", json=body) as response:
+                response.raise_for_status()
+                async for line in response.aiter_lines():
+                    if line.startswith("data: {") and '"usage":{' in line.replace(" ", ""):
+                        used = json.loads(line[6:])["usage"]["completion_tokens"]
+            return used
+
+        start = time.perf_counter()
+        jobs = [one(model) for model in models for _ in range(streams)]
+        counts = await asyncio.gather(*jobs)
+        wall = time.perf_counter() - start
+    per_model = {m: sum(counts[i * streams : (i + 1) * streams]) for i, m in enumerate(models)}
+    return {
+        "streams_per_model": streams,
+        "wall_s": wall,
+        "tokens": per_model,
+        "tokens_per_s": {m: n / wall for m, n in per_model.items()},
+        "all_complete": all(c == tokens for c in counts),
+    }
+
+
+def machine() -> dict[str, Any]:
+    import torch
+
+    info: dict[str, Any] = {"torch": torch.__version__, "cpus": os.cpu_count()}
+    if torch.cuda.is_available():
+        info["gpu"] = torch.cuda.get_device_name(0)
+        info["cuda"] = torch.version.cuda
+    try:
+        smi = [
+            "nvidia-smi",
+            "--query-gpu=name,driver_version,memory.total",
+            "--format=csv,noheader",
+        ]
+        info["nvidia_smi"] = subprocess.run(smi, capture_output=True, text=True).stdout.strip()
+    except OSError:
+        pass
+    return info
+
+
+def gpu_memory() -> str:
+    query = ["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader"]
+    try:
+        return subprocess.run(query, capture_output=True, text=True).stdout.strip()
+    except OSError:
+        return "n/a"
+
+
+async def measure(
+    args: argparse.Namespace, url: str, grpc_url: str, names: list[str]
+) -> dict[str, Any]:
+    main_model = names[0]
+    await run_level("gateway", url, grpc_url, main_model, 4, 16, 1)
+    await run_level("direct", url, grpc_url, main_model, 4, 16, 1)
+    levels: list[Level] = []
+    for concurrency in args.concurrency:
+        rounds = max(1, args.requests // concurrency)
+        for target in ("direct", "gateway"):
+            level = await run_level(
+                target, url, grpc_url, main_model, concurrency, args.tokens, rounds
+            )
+            print(level.line(), flush=True)
+            levels.append(level)
+    together = await both_models(url, names, args.multi_streams, args.tokens)
+    print("both models at once:", together, flush=True)
+    return {"levels": levels, "multi_model": together}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--tokenizer", type=Path, required=True)
+    parser.add_argument("--text-env", default=None, help="the numpy < 2 environment (text models)")
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--toy", action="store_true", help="tiny shapes, for a CPU dry run")
+    parser.add_argument("--tokens", type=int, default=128)
+    parser.add_argument(
+        "--requests",
+        type=int,
+        default=4,
+        help="requests per level: every client sends requests/concurrency, >= 1",
+    )
+    parser.add_argument("--start-timeout", type=float, default=300.0)
+    parser.add_argument("--guided", action="store_true", help="engine with xgrammar (installed)")
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32, 64])
+    parser.add_argument("--multi-streams", type=int, default=16)
+    args = parser.parse_args(argv)
+    workdir = Path(tempfile.mkdtemp(prefix="bench-gpu-"))
+    args.out.mkdir(parents=True, exist_ok=True)
+    shapes = {"llama-1b": TOY if args.toy else BIG, "llama-160m": TOY if args.toy else SMALL}
+    models: dict[str, Path] = {}
+    params: dict[str, int] = {}
+    started = time.perf_counter()
+    for name, shape in shapes.items():
+        models[name] = workdir / name
+        params[name] = build_model(models[name], args.tokenizer, shape, args.device)
+    print(f"models built in {time.perf_counter() - started:.1f} s: {params}", flush=True)
+    grpc_port = ephemeral_port()
+    started = time.perf_counter()
+    config = gateway_config(models, args, grpc_port)
+    # The gateway's log lands in --out beside the results, started or not.
+    url, process = serve_process(config, args.out, "gateway", timeout_s=args.start_timeout)
+    ready_s = time.perf_counter() - started
+    memory = {"ready": gpu_memory()}
+    print(f"gateway and sidecar ready in {ready_s:.1f} s; GPU memory {memory['ready']}", flush=True)
+    try:
+        figures = asyncio.run(measure(args, url, f"127.0.0.1:{grpc_port}", list(models)))
+        memory["after_load"] = gpu_memory()
+    finally:
+        stop_process(process)
+    report = {
+        "machine": machine(),
+        "device": args.device,
+        "parameters": params,
+        "ready_s": ready_s,
+        "tokens": args.tokens,
+        "prompt_chars": len(PROMPT),
+        "gpu_memory_used": memory,
+        **figures,
+    }
+    stem = args.out / (
+        "gpu-" + re.sub(r"[^a-z0-9]+", "-", report["machine"].get("gpu", "cpu").lower())
+    )
+    Path(f"{stem}.json").write_text(json.dumps(report, default=lambda o: o.__dict__, indent=1))
+    Path(f"{stem}.md").write_text(render_markdown(report))
+    render_plot(report, Path(f"{stem}.png"))
+    print(Path(f"{stem}.md").read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

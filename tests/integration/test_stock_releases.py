@@ -1,0 +1,375 @@
+"""The gateway in front of the stock models of three TensorRT-LLM releases, our engine behind them.
+
+Each release runs decoupled and not, in its own tritonserver, one after the other. Through the
+stock `ensemble` and (where it loads) the stock BLS, the openai SDK must see what it sees from
+OpenAI: whole and streamed answers that agree, stop sequences, `n`, seeds, usage, finish reasons.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+
+from gateway.settings import AdapterSettings, LimitSettings, ModelSettings, Settings
+from gateway.tenancy import TenancySettings
+from tests.support.gateway import LiveGateway
+from tests.support.lora import peft_greedy
+from tests.support.stock import (
+    BLS_LOADS,
+    NO_BLS_REASON,
+    NOSEED_ENSEMBLE,
+    STOCK_MODELS,
+    start_stock_sidecar,
+)
+
+pytestmark = pytest.mark.slow
+
+RELEASES = ("v0.8", "v0.11", "v0.19")
+LORA_RELEASES = ("v0.19",)
+GUIDED_RELEASES = ("v0.19",)
+"""Releases whose stock ensemble and BLS carry the LoRA inputs (v0.8 and v0.11's do not)."""
+STACKS = [(release, decoupled) for release in RELEASES for decoupled in (True, False)]
+ENTRIES = ("ensemble", "bls")
+MESSAGES = [{"role": "user", "content": "Write a short note about rivers."}]
+
+
+class _Records(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+@dataclass
+class Stack:
+    """One release's stock models in tritonserver with a gateway in front."""
+
+    release: str
+    decoupled: bool
+    metrics_url: str
+    gateway: LiveGateway
+    client: openai.OpenAI
+    warnings: _Records
+
+    def model(self, entry: str) -> str:
+        if entry == "bls" and not BLS_LOADS[self.release]:
+            pytest.skip(NO_BLS_REASON)
+        return entry
+
+    def engine_metric(self, family: str, **labels: str) -> float:
+        with urllib.request.urlopen(self.metrics_url, timeout=10) as response:
+            text = response.read().decode()
+        labels = {"model": "tensorrt_llm", **labels}
+        for line in text.splitlines():
+            if line.startswith(family + "{") and all(
+                f'{k}="{v}"' in line for k, v in labels.items()
+            ):
+                return float(line.rsplit(" ", 1)[1])
+        raise AssertionError(f"{family} {labels} is not published")
+
+
+def _settings(url: str, model_dir: Path, release: str, adapter: Path) -> Settings:
+    def model(name: str, triton_model: str, entry: str) -> ModelSettings:
+        lora = (AdapterSettings(name=f"{name}-lora", path=str(adapter)),)
+        return ModelSettings(
+            name=name,
+            triton_url=url,
+            triton_model=triton_model,
+            entry=entry,  # type: ignore[arg-type]
+            tokenizer_dir=str(model_dir),
+            adapters=lora if release in LORA_RELEASES and name != "noseed" else (),
+        )
+
+    models = [
+        model("ensemble", "ensemble", "ensemble"),
+        model("noseed", NOSEED_ENSEMBLE, "ensemble"),
+    ]
+    if BLS_LOADS[release]:
+        models.append(model("bls", "tensorrt_llm_bls", "tensorrt_llm_bls"))
+    limits = LimitSettings(request_timeout_s=120.0, shutdown_grace_s=5.0)
+    return Settings(models=tuple(models), limits=limits, tenancy=TenancySettings(auth=False))
+
+
+@pytest.fixture(
+    scope="module", params=STACKS, ids=[f"{r}-{'dec' if d else 'nodec'}" for r, d in STACKS]
+)
+def stack(
+    request: pytest.FixtureRequest,
+    tiny_model_dir: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+    adapters: dict[str, Path],
+) -> Iterator[Stack]:
+    if not STOCK_MODELS.is_dir():
+        pytest.skip(f"the stock models are not beside the checkout ({STOCK_MODELS})")
+    release, decoupled = request.param
+    workdir = tmp_path_factory.mktemp(f"stock-{release}-{decoupled}")
+    sidecar = start_stock_sidecar(release, decoupled, tiny_model_dir, workdir)
+    records = _Records()
+    logging.getLogger("adapters.triton.client").addHandler(records)
+    settings = _settings(sidecar.grpc_url, tiny_model_dir, release, adapters["lora-a"])
+    gateway = LiveGateway(settings).start()
+    client = openai.OpenAI(base_url=f"{gateway.url}/v1", api_key="unused", max_retries=0)
+    try:
+        yield Stack(release, decoupled, sidecar.metrics_url, gateway, client, records)
+    finally:
+        logging.getLogger("adapters.triton.client").removeHandler(records)
+        client.close()
+        gateway.stop()
+        sidecar.stop()
+
+
+def _chat(stack: Stack, model: str, **params: Any) -> tuple[str, str, Any]:
+    reply = stack.client.chat.completions.create(model=model, messages=MESSAGES, **params)
+    choice = reply.choices[0]
+    return choice.message.content or "", choice.finish_reason, reply.usage
+
+
+def _chat_stream(stack: Stack, model: str, **params: Any) -> tuple[str, str, Any]:
+    text, finish, usage = [], None, None
+    for chunk in stack.client.chat.completions.create(
+        model=model,
+        messages=MESSAGES,
+        stream=True,
+        stream_options={"include_usage": True},
+        **params,
+    ):
+        usage = chunk.usage or usage
+        for choice in chunk.choices:
+            text.append(choice.delta.content or "")
+            finish = choice.finish_reason or finish
+    return "".join(text), finish or "", usage
+
+
+@pytest.mark.parametrize("entry", ENTRIES)
+def test_chat_streamed_equals_whole_with_usage(stack: Stack, entry: str) -> None:
+    model = stack.model(entry)
+    whole = _chat(stack, model, max_tokens=24, seed=11, temperature=1.0)
+    streamed = _chat_stream(stack, model, max_tokens=24, seed=11, temperature=1.0)
+    assert whole[0] and streamed == whole
+    _, finish, usage = whole
+    assert finish == "length"  # the tiny model never samples its end token
+    assert usage.completion_tokens == 24
+    assert usage.prompt_tokens > 5
+    assert usage.total_tokens == usage.prompt_tokens + 24
+
+
+@pytest.mark.parametrize("entry", ENTRIES)
+def test_completions_streamed_equals_whole(stack: Stack, entry: str) -> None:
+    model = stack.model(entry)
+    params: dict[str, Any] = {"max_tokens": 16, "seed": 5, "top_p": 0.9}
+    whole = stack.client.completions.create(model=model, prompt="Once upon a time", **params)
+    pieces = [
+        chunk.choices[0].text
+        for chunk in stack.client.completions.create(
+            model=model, prompt="Once upon a time", stream=True, **params
+        )
+        if chunk.choices
+    ]
+    assert whole.choices[0].text and "".join(pieces) == whole.choices[0].text
+    assert whole.usage is not None and whole.usage.completion_tokens == 16
+
+
+@pytest.mark.parametrize("entry", ENTRIES)
+def test_temperature_zero_is_greedy_through_every_entry(stack: Stack, entry: str) -> None:
+    """The stock BLS of v0.8 (and v0.11) drops `temperature`: greedy must arrive all the same."""
+    model = stack.model(entry)
+    greedy = _chat(stack, model, max_tokens=16, temperature=0.0)
+    assert greedy[0] and _chat(stack, model, max_tokens=16, temperature=0.0) == greedy
+    assert _chat_stream(stack, model, max_tokens=16, temperature=0.0) == greedy
+    completion = {"prompt": "Once upon a time", "max_tokens": 12, "temperature": 0.0}
+    whole = stack.client.completions.create(model=model, **completion).choices[0].text
+    assert stack.client.completions.create(model=model, **completion).choices[0].text == whole
+    # The model does sample otherwise, so repeating is the greedy decoding's doing.
+    sampled = {_chat(stack, model, max_tokens=16, temperature=1.0, seed=s)[0] for s in (1, 2)}
+    assert sampled - {greedy[0]}
+
+
+@pytest.mark.parametrize("entry", ENTRIES)
+def test_seed_reproduces_and_unseeded_requests_vary(stack: Stack, entry: str) -> None:
+    model = stack.model(entry)
+    first = _chat(stack, model, max_tokens=12, seed=3)[0]
+    assert _chat(stack, model, max_tokens=12, seed=3)[0] == first
+    assert len({_chat(stack, model, max_tokens=12)[0] for _ in range(3)}) > 1
+
+
+@pytest.mark.parametrize("entry", ENTRIES)
+def test_stop_sequences_end_the_answer_and_are_cut(stack: Stack, entry: str) -> None:
+    model = stack.model(entry)
+    text = _chat(stack, model, max_tokens=24, seed=21)[0]
+    stop = text[8:11]
+    assert len(stop) == 3
+    cut, finish, usage = _chat(stack, model, max_tokens=24, seed=21, stop=[stop])
+    assert finish == "stop"
+    assert cut == text[: text.index(stop)]
+    assert 0 < usage.completion_tokens <= 24
+
+
+@pytest.mark.parametrize("entry", ENTRIES)
+def test_n_choices_differ(stack: Stack, entry: str) -> None:
+    model = stack.model(entry)
+    reply = stack.client.chat.completions.create(
+        model=model, messages=MESSAGES, n=3, max_tokens=12, seed=8
+    )
+    texts = [choice.message.content for choice in reply.choices]
+    assert [choice.index for choice in reply.choices] == [0, 1, 2]
+    assert len(set(texts)) == 3 and all(texts)
+    assert reply.usage is not None and reply.usage.completion_tokens == 36
+
+
+@pytest.mark.parametrize("entry", ENTRIES)
+def test_lora_adapters_pass_through_the_stock_models(
+    stack: Stack, entry: str, tiny_model_dir: Path, adapters: dict[str, Path]
+) -> None:
+    if stack.release not in LORA_RELEASES:
+        pytest.skip(f"the stock {stack.release} ensemble and BLS have no LoRA inputs")
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    prompt = "The quick brown fox"
+    expected = tokenizer.decode(
+        peft_greedy(tiny_model_dir, adapters["lora-a"], tokenizer.encode(prompt), 10)
+    )
+    model = f"{stack.model(entry)}-lora"
+    params: dict[str, Any] = {"prompt": prompt, "max_tokens": 10, "temperature": 0.0}
+    whole = stack.client.completions.create(model=model, **params).choices[0].text
+    assert whole == expected
+    if stack.decoupled:
+        chunks = stack.client.completions.create(model=model, stream=True, **params)
+        assert "".join(c.choices[0].text for c in chunks if c.choices) == expected
+
+
+@pytest.mark.parametrize("entry", ENTRIES)
+def test_structured_output_and_tool_calls_through_the_stock_models(
+    stack: Stack, entry: str
+) -> None:
+    """v0.19 passes the guide to the engine; older releases have no guided inputs: a 400."""
+    model = stack.model(entry)
+    schema = {
+        "type": "object",
+        "properties": {"answer": {"type": "integer", "minimum": 0, "maximum": 99}},
+        "required": ["answer"],
+    }
+    fmt = {"type": "json_schema", "json_schema": {"name": "answer", "schema": schema}}
+    tools = [{"type": "function", "function": {"name": "count", "parameters": schema}}]
+    if stack.release not in GUIDED_RELEASES:
+        with pytest.raises(openai.BadRequestError, match="guided_decoding_guide_type"):
+            stack.client.chat.completions.create(
+                model=model,
+                messages=MESSAGES,
+                response_format=fmt,  # type: ignore[arg-type]
+            )
+        return
+    reply = stack.client.chat.completions.create(
+        model=model,
+        messages=MESSAGES,
+        response_format=fmt,
+        max_tokens=80,  # type: ignore[arg-type]
+    )
+    assert 0 <= json.loads(reply.choices[0].message.content or "")["answer"] <= 99
+    called = stack.client.chat.completions.create(
+        model=model,
+        messages=MESSAGES,
+        tools=tools,  # type: ignore[arg-type]
+        tool_choice="required",
+        parallel_tool_calls=False,
+        max_tokens=80,
+        stream=stack.decoupled,
+    )
+    if stack.decoupled:
+        state = openai.lib.streaming.chat.ChatCompletionStreamState()
+        for chunk in called:
+            state.handle_chunk(chunk)  # type: ignore[arg-type]
+        called = state.current_completion_snapshot  # type: ignore[assignment]
+    (call,) = called.choices[0].message.tool_calls or []  # type: ignore[union-attr]
+    assert call.function.name == "count"
+    assert 0 <= json.loads(call.function.arguments)["answer"] <= 99
+
+
+def test_a_model_without_a_seed_input_answers_unseeded_requests(stack: Stack) -> None:
+    text, finish, usage = _chat(stack, "noseed", max_tokens=8)
+    assert text and finish == "length" and usage.completion_tokens == 8
+    with pytest.raises(openai.BadRequestError, match="seed"):
+        _chat(stack, "noseed", max_tokens=8, seed=1)
+    with pytest.raises(openai.BadRequestError, match="n > 1"):
+        stack.client.chat.completions.create(model="noseed", messages=MESSAGES, n=2, max_tokens=4)
+
+
+def test_the_stock_bls_is_named_at_start_up_as_unable_to_stop(stack: Stack) -> None:
+    def warned() -> list[str]:
+        return [m for m in stack.warnings.messages if "stock TensorRT-LLM BLS" in m]
+
+    if not BLS_LOADS[stack.release]:
+        assert warned() == []
+        return
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and not warned():
+        time.sleep(0.1)
+    _chat(stack, "bls", max_tokens=2)
+    _chat(stack, "ensemble", max_tokens=2)
+    assert len(warned()) == 1, "one warning, at start-up"
+    assert warned()[0].startswith("tensorrt_llm_bls at ") and "ensemble" in warned()[0]
+
+
+def test_requests_share_engine_steps_and_a_dropped_request_frees_its_slot(stack: Stack) -> None:
+    """Eight concurrent 48-token requests take about 48 engine iterations, not 8 x 48; a client
+    that hangs up on a 2,000-token request has its generation stopped within a second."""
+    if stack.decoupled:
+        pytest.skip("the non-decoupled policy is the one whose batching is in question")
+    steps = "nv_trt_llm_general_metrics"
+    before = stack.engine_metric(steps, general_type="iteration_counter")
+    threads = [
+        threading.Thread(target=_chat, args=(stack, "ensemble"), kwargs={"max_tokens": 48})
+        for _ in range(8)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    time.sleep(0.3)
+    iterations = stack.engine_metric(steps, general_type="iteration_counter") - before
+    # Without in-flight batching this is 8 x 48; requests that reach the engine a step or two
+    # apart (arrival spread on a loaded two-core machine) add a few iterations.
+    assert 47 <= iterations < 3 * 48
+    assert _slot_freed_after_hangup(stack) < 1.0
+
+
+def _active(stack: Stack) -> float:
+    return stack.engine_metric("nv_trt_llm_request_metrics", request_type="active")
+
+
+def _slot_freed_after_hangup(stack: Stack) -> float:
+    body = (
+        b'{"model": "ensemble", "max_tokens": 2000, '
+        b'"messages": [{"role": "user", "content": "Tell me everything."}]}'
+    )
+    host, port = stack.gateway.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port))) as conn:
+        conn.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: gateway\r\n"
+            b"Content-Type: application/json\r\nContent-Length: "
+            + str(len(body)).encode()
+            + b"\r\n\r\n"
+            + body
+        )
+        deadline = time.monotonic() + 30
+        while _active(stack) < 1:
+            assert time.monotonic() < deadline, "the long request never reached the engine"
+            time.sleep(0.05)
+    hung_up = time.monotonic()
+    while _active(stack) > 0:
+        assert time.monotonic() - hung_up < 10, "the abandoned generation kept running"
+        time.sleep(0.02)
+    return time.monotonic() - hung_up

@@ -1,0 +1,173 @@
+"""One contract for both limit stores: in this process, and in a real redis-server."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+
+from gateway.tenancy.config import TenantPolicy
+from gateway.tenancy.quota import Limits, MemoryStore, QuotaStore, Rejected, StoreUnavailable
+from gateway.tenancy.redis_store import RedisStore
+from tests.support.redis_server import RedisServer
+
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+
+
+@pytest.fixture(scope="module")
+def redis_server() -> Iterator[RedisServer]:
+    server = RedisServer().start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(params=["memory", "redis"])
+async def store(
+    request: pytest.FixtureRequest, redis_server: RedisServer
+) -> AsyncIterator[QuotaStore]:
+    if request.param == "memory":
+        yield MemoryStore()
+        return
+    redis_store = RedisStore.connect(redis_server.url, prefix=f"test-{uuid.uuid4().hex[:8]}")
+    yield redis_store
+    await redis_store.close()
+
+
+def limits(**policy: object) -> Limits:
+    return Limits.of(TenantPolicy(name="t", **policy))  # type: ignore[arg-type]
+
+
+def lease() -> str:
+    return uuid.uuid4().hex
+
+
+async def test_a_burst_then_a_denial_that_says_when(store: QuotaStore) -> None:
+    three_at_once = limits(requests_per_minute=600, burst=0.005)  # ten a second, three at once
+    remaining = []
+    for _ in range(3):
+        quota = await store.admit("a", three_at_once, 0, lease())
+        assert quota.requests is not None
+        remaining.append(round(quota.requests[1].remaining))
+    assert remaining == [2, 1, 0]
+    with pytest.raises(Rejected) as denied:
+        await store.admit("a", three_at_once, 0, lease())
+    assert denied.value.limit == "requests"
+    assert 0.05 < denied.value.retry_after <= 0.1
+    await asyncio.sleep(denied.value.retry_after + 0.01)
+    await store.admit("a", three_at_once, 0, lease())
+
+
+async def test_all_limits_or_none(store: QuotaStore) -> None:
+    both = limits(requests_per_minute=60, tokens_per_minute=600, burst=0.5)  # 30 req, 300 tokens
+    await store.admit("b", both, 250, lease())
+    with pytest.raises(Rejected) as denied:
+        await store.admit("b", both, 100, lease())
+    assert denied.value.limit == "tokens"
+    quota = await store.admit("b", both, 10, lease())
+    assert quota.requests is not None and quota.tokens is not None
+    assert round(quota.requests[1].remaining) == 28, "the denied request took no request"
+    assert 39 <= quota.tokens[1].remaining <= 41
+
+
+async def test_settling_gives_back_what_was_not_used(store: QuotaStore) -> None:
+    tokens = limits(tokens_per_minute=600, burst=0.25)  # 150 tokens at once
+    first = lease()
+    await store.admit("c", tokens, 100, first)
+    await store.settle("c", tokens, 80, first)  # used 20 of the 100
+    quota = await store.admit("c", tokens, 100, lease())
+    assert quota.tokens is not None
+    assert 29 <= quota.tokens[1].remaining <= 31  # 150 - 20 - 100
+    with pytest.raises(Rejected):
+        await store.admit("c", tokens, 40, lease())
+
+
+async def test_concurrency_leases(store: QuotaStore) -> None:
+    two = limits(max_concurrency=2)
+    held = [lease(), lease()]
+    for name in held:
+        await store.admit("d", two, 0, name)
+    with pytest.raises(Rejected) as denied:
+        await store.admit("d", two, 0, lease())
+    assert denied.value.limit == "concurrency"
+    await store.settle("d", two, 0, held[0])
+    await store.admit("d", two, 0, lease())
+
+
+async def test_daily_tokens(store: QuotaStore) -> None:
+    daily = limits(tokens_per_minute=10_000, tokens_per_day=500)
+    await store.admit("e", daily, 400, lease())
+    with pytest.raises(Rejected) as denied:
+        await store.admit("e", daily, 200, lease())
+    assert denied.value.limit == "tokens_per_day"
+    assert denied.value.retry_after > 1000  # a day's worth of refill for 100 tokens
+
+
+async def test_tenants_never_share_a_budget(store: QuotaStore) -> None:
+    one = limits(requests_per_minute=60, burst=1 / 60)
+    await store.admit("f", one, 0, lease())
+    with pytest.raises(Rejected):
+        await store.admit("f", one, 0, lease())
+    await store.admit("g", one, 0, lease())
+
+
+async def test_leases_of_a_gateway_that_died_expire(redis_server: RedisServer) -> None:
+    prefix = f"test-{uuid.uuid4().hex[:8]}"
+    one = limits(max_concurrency=1)
+    dead = RedisStore.connect(redis_server.url, prefix=prefix, lease_ttl_s=0.5)
+    await dead.admit("h", one, 0, lease())
+    await dead.close()  # stops renewing, as a killed gateway would
+    alive = RedisStore.connect(redis_server.url, prefix=prefix, lease_ttl_s=0.5)
+    with pytest.raises(Rejected):
+        await alive.admit("h", one, 0, lease())
+    await asyncio.sleep(0.6)
+    await alive.admit("h", one, 0, lease())
+    await alive.close()
+
+
+async def test_a_held_lease_is_renewed_while_its_request_runs(redis_server: RedisServer) -> None:
+    prefix = f"test-{uuid.uuid4().hex[:8]}"
+    one = limits(max_concurrency=1)
+    holder = RedisStore.connect(redis_server.url, prefix=prefix, lease_ttl_s=0.3)
+    other = RedisStore.connect(redis_server.url, prefix=prefix, lease_ttl_s=0.3)
+    await holder.admit("i", one, 0, lease())
+    await asyncio.sleep(0.8)  # well past the ttl: only renewal keeps it
+    with pytest.raises(Rejected):
+        await other.admit("i", one, 0, lease())
+    await holder.close()
+    await other.close()
+
+
+async def test_a_tenants_redis_keys_share_one_cluster_slot() -> None:
+    store = RedisStore.connect("redis://127.0.0.1:1/0", prefix="tgw")
+    assert all("{team-a}" in key for key in store.keys("team-a"))
+    await store.close()
+
+
+async def test_an_unreachable_redis_fails_fast() -> None:
+    store = RedisStore.connect("redis://127.0.0.1:1/0", timeout_s=0.2)
+    started = time.monotonic()
+    with pytest.raises(StoreUnavailable):
+        await store.admit("j", limits(requests_per_minute=1), 0, lease())
+    assert time.monotonic() - started < 1.0
+    await store.close()
+
+
+async def test_connections_closed_by_a_redis_restart_are_not_an_outage() -> None:
+    server = RedisServer().start()
+    store = RedisStore.connect(server.url, timeout_s=0.5)
+    try:
+        # Several pooled connections, all of which the restart leaves dead.
+        await asyncio.gather(*(store.client.ping() for _ in range(6)))
+        server.kill()
+        with pytest.raises(StoreUnavailable):
+            await store.admit("k", limits(max_concurrency=8), 0, lease())
+        server.start()
+        await asyncio.gather(
+            *(store.admit("k", limits(max_concurrency=8), 0, lease()) for _ in range(6))
+        )
+    finally:
+        await store.close()
+        server.stop()

@@ -1,0 +1,288 @@
+"""The Triton backend against a real tritonserver: generation, counts, cancellation and errors."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import functools
+import time
+from collections.abc import AsyncGenerator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import pytest
+
+from adapters.contract import (
+    Backend,
+    BackendTimeout,
+    BackendUnavailable,
+    EntryModel,
+    GenerationRequest,
+    InvalidRequest,
+    ModelNotFound,
+    ModelTarget,
+    SamplingParams,
+    TokenChunk,
+)
+from adapters.triton import TritonBackend
+from deploy.sidecar.models import ensure_tiny_model
+from deploy.sidecar.supervisor import Sidecar, free_port
+from gateway.catalog.text.prompts import PromptTokenizer
+from tests.support.engine_probe import EngineProcess
+
+PROMPT = "def add(a, b):\n"
+MODELS = [
+    "tiny_ensemble",
+    "tiny_tensorrt_llm_bls",
+    "tiny2_tensorrt_llm_bls",
+    "tiny_tensorrt_llm",
+    "tiny2_tensorrt_llm",
+]
+ENTRIES = ["tiny_ensemble", "tiny_tensorrt_llm_bls", "tiny_tensorrt_llm"]
+"""One model of each entry kind: the ensemble, the BLS, and the engine itself."""
+LONG = 3000
+"""Tokens a runaway generation would still produce: many seconds of engine work."""
+
+
+def target(sidecar: Sidecar, model: str) -> ModelTarget:
+    kind: EntryModel = "tensorrt_llm_bls"
+    if model.endswith("_ensemble"):
+        kind = "ensemble"
+    elif model.endswith("_tensorrt_llm"):
+        kind = "tensorrt_llm"
+    return ModelTarget(url=sidecar.grpc_url, triton_model=model, kind=kind)
+
+
+@functools.cache
+def tiny_tokens() -> PromptTokenizer:
+    """The tiny model's tokenizer, as the gateway loads it."""
+    return PromptTokenizer.load(str(ensure_tiny_model()), ThreadPoolExecutor(1))
+
+
+def addressed(where: ModelTarget, request: GenerationRequest) -> GenerationRequest:
+    """The request with its token ids and tokenizer when it goes to the engine itself."""
+    if where.kind != "tensorrt_llm":
+        return request
+    tokens = tiny_tokens()
+    return dataclasses.replace(
+        request, prompt_ids=tokens._prompt(request.prompt).ids, tokens=tokens
+    )
+
+
+def greedy(
+    max_tokens: int, *, stream: bool, timeout_s: float = 60.0, **params: Any
+) -> GenerationRequest:
+    return GenerationRequest(
+        request_id="test",
+        prompt=PROMPT,
+        params=SamplingParams(max_tokens=max_tokens, **{"top_k": 1, "seed": 0, **params}),
+        stream=stream,
+        timeout_s=timeout_s,
+    )
+
+
+async def collect(
+    backend: TritonBackend, where: ModelTarget, request: GenerationRequest
+) -> list[TokenChunk]:
+    return [chunk async for chunk in backend.generate(where, addressed(where, request))]
+
+
+def test_backend_satisfies_the_contract() -> None:
+    assert isinstance(TritonBackend(), Backend)
+
+
+async def test_unreachable_server_is_unavailable_quickly() -> None:
+    nowhere = ModelTarget(url=f"127.0.0.1:{free_port()}", triton_model="m", kind="ensemble")
+    started = time.monotonic()
+    async with TritonBackend() as backend:
+        with pytest.raises(BackendUnavailable):
+            await collect(backend, nowhere, greedy(4, stream=True))
+        assert not await backend.is_ready(nowhere)
+    assert time.monotonic() - started < 3.0
+
+
+@pytest.mark.slow
+async def test_unknown_model_is_not_found(sidecar: Sidecar) -> None:
+    async with TritonBackend() as backend:
+        with pytest.raises(ModelNotFound):
+            await collect(backend, target(sidecar, "no_such_model"), greedy(4, stream=False))
+        assert not await backend.is_ready(target(sidecar, "no_such_model"))
+        assert await backend.is_ready(target(sidecar, "tiny_ensemble"))
+
+
+@pytest.mark.slow
+async def test_describe_discovers_the_rendered_models(sidecar: Sidecar) -> None:
+    async with TritonBackend() as backend:
+        ensemble = await backend.describe(target(sidecar, "tiny_ensemble"))
+        bls = await backend.describe(target(sidecar, "tiny_tensorrt_llm_bls"))
+        accumulating = await backend.describe(target(sidecar, "tiny2_tensorrt_llm_bls"))
+
+    assert ensemble.is_ensemble
+    assert ensemble.engine_model == "tiny_tensorrt_llm"
+    assert ensemble.decoupled, "the ensemble inherits the engine's decoupled mode"
+    assert ensemble.first_input("min_tokens", "min_length") is not None
+    assert (bls.decoupled, bls.accumulate_tokens) == (True, False)
+    assert (accumulating.decoupled, accumulating.accumulate_tokens) == (True, True)
+    assert bls.engine_model == "tiny_tensorrt_llm"
+    assert accumulating.engine_model == "tiny2_tensorrt_llm"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", MODELS)
+async def test_streamed_text_equals_non_streamed_text(sidecar: Sidecar, model: str) -> None:
+    where = target(sidecar, model)
+    async with TritonBackend() as backend:
+        whole = await collect(backend, where, greedy(24, stream=False))
+        pieces = await collect(backend, where, greedy(24, stream=True))
+        described = await backend.describe(where)
+
+    assert [chunk.final for chunk in whole] == [True]
+    assert [chunk.final for chunk in pieces] == [False] * (len(pieces) - 1) + [True]
+    assert len(pieces) > 2, "streaming yields several chunks"
+    assert whole[0].text
+    assert "".join(chunk.text for chunk in pieces) == whole[0].text
+    # Counted by the engine, or (a release without counts) by the log probs of the tokens.
+    assert whole[0].token_count == 24
+    assert sum(chunk.token_count or 0 for chunk in pieces) == 24
+    assert all(chunk.logprobs == () for chunk in whole + pieces), "nobody asked for them"
+    if described.is_engine:
+        # The gateway sent the ids: it knows how many.
+        prompt_ids = tiny_tokens()._prompt(PROMPT).ids
+        assert {chunk.prompt_tokens for chunk in whole + pieces} == {len(prompt_ids)}
+    elif described.reports_input_tokens:
+        assert whole[0].prompt_tokens == pieces[0].prompt_tokens
+        assert whole[0].prompt_tokens is not None and whole[0].prompt_tokens > 0
+    else:
+        assert described.counts_by_logprobs
+        assert {chunk.prompt_tokens for chunk in whole + pieces} == {None}
+
+
+@pytest.mark.slow
+async def test_concurrent_requests_share_one_channel(sidecar: Sidecar) -> None:
+    where = target(sidecar, "tiny_ensemble")
+    async with TritonBackend() as backend:
+        streams = await asyncio.gather(
+            *(collect(backend, where, greedy(16, stream=True)) for _ in range(4))
+        )
+        channels = len(backend._clients)
+
+    texts = {"".join(chunk.text for chunk in chunks) for chunks in streams}
+    assert len(texts) == 1, "same greedy request, same text, whatever the interleaving"
+    assert all(chunks[-1].final for chunks in streams)
+    assert channels == 1
+
+
+@pytest.mark.slow
+async def test_request_options_reach_the_engine(sidecar: Sidecar) -> None:
+    where = target(sidecar, "tiny_tensorrt_llm_bls")
+    sampling: dict[str, Any] = {"top_k": None, "top_p": 1.0, "temperature": 1.5}
+    async with TritonBackend() as backend:
+        short = await collect(backend, where, greedy(3, stream=False))
+        long = await collect(backend, where, greedy(12, stream=False))
+        sampled = [
+            (await collect(backend, where, greedy(12, stream=False, seed=seed, **sampling)))[0].text
+            for seed in (1, 2, 3, 1)
+        ]
+
+    assert long[0].text.startswith(short[0].text)
+    assert len(short[0].text) < len(long[0].text)
+    assert len(set(sampled[:3])) > 1, "different seeds sample different text"
+    assert sampled[3] == sampled[0], "the same seed samples the same text"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", ENTRIES)
+async def test_deadline_raises_backend_timeout_and_frees_the_engine(
+    sidecar: Sidecar, model: str
+) -> None:
+    engine = EngineProcess(sidecar, "tiny_tensorrt_llm")
+    request = greedy(LONG, stream=False, min_tokens=LONG, timeout_s=1.0)
+    started = time.monotonic()
+    async with TritonBackend() as backend:
+        with pytest.raises(BackendTimeout):
+            await collect(backend, target(sidecar, model), request)
+        elapsed = time.monotonic() - started
+        await asyncio.sleep(1.0)
+        after = await engine.busy_seconds(1.5)
+
+    assert 1.0 <= elapsed < 3.0
+    assert after < 0.15, f"the engine kept generating after the deadline ({after:.2f} CPU s)"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", ENTRIES)
+@pytest.mark.parametrize("stream", [False, True])
+async def test_logprobs_come_with_the_tokens(sidecar: Sidecar, model: str, stream: bool) -> None:
+    async with TritonBackend() as backend:
+        chunks = await collect(
+            backend, target(sidecar, model), greedy(6, stream=stream, logprobs=True)
+        )
+
+    values = [value for chunk in chunks for value in chunk.logprobs]
+    assert len(values) == 6
+    assert all(value <= 0.0 for value in values)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", ENTRIES)
+@pytest.mark.parametrize("params", [{"max_tokens": 0}, {"temperature": -1.0}])
+async def test_rejected_parameters_are_invalid_requests(
+    sidecar: Sidecar, model: str, params: dict[str, Any]
+) -> None:
+    options = dict(params)
+    request = greedy(options.pop("max_tokens", 4), stream=False, **options)
+    async with TritonBackend() as backend:
+        with pytest.raises(InvalidRequest):
+            await collect(backend, target(sidecar, model), request)
+
+
+async def abandon_after_three_chunks(chunks: AsyncGenerator[TokenChunk, None], how: str) -> Any:
+    """Read three chunks, then return a coroutine that abandons the stream ``how``."""
+    if how == "aclose":
+        for _ in range(3):
+            await anext(chunks)
+        return chunks.aclose()
+    seen = asyncio.Event()
+
+    async def consume() -> None:
+        async for _ in chunks:
+            seen.set()
+
+    task = asyncio.create_task(consume())
+    await seen.wait()
+
+    async def cancel() -> None:
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    return cancel()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("model", "how"),
+    [("tiny_ensemble", "aclose"), ("tiny_ensemble", "cancel"), ("tiny_tensorrt_llm_bls", "aclose"),
+     ("tiny2_tensorrt_llm_bls", "cancel"), ("tiny_tensorrt_llm", "aclose"),
+     ("tiny2_tensorrt_llm", "cancel")],
+)  # fmt: skip
+async def test_abandoning_the_stream_stops_the_engine(
+    sidecar: Sidecar, model: str, how: str
+) -> None:
+    """The ensemble needs the stop request (Triton 2.51 does not cancel its running step)."""
+    engine = EngineProcess(sidecar, model.split("_", 1)[0] + "_tensorrt_llm")
+    where = target(sidecar, model)
+    async with TritonBackend() as backend:
+        chunks = backend.generate(
+            where, addressed(where, greedy(LONG, stream=True, min_tokens=LONG))
+        )
+        abandon = await abandon_after_three_chunks(chunks, how)
+        generating = await engine.busy_seconds(1.0)
+        await abandon
+        await asyncio.sleep(1.0)
+        after = await engine.busy_seconds(1.5)
+        follow_up = await collect(backend, where, greedy(4, stream=False))
+
+    assert generating > 0.2, f"the engine was generating ({generating:.2f} CPU s)"
+    assert after < 0.15, f"the engine kept generating after the stream closed ({after:.2f} CPU s)"
+    assert follow_up[-1].final

@@ -1,0 +1,85 @@
+"""The in-process torch engine's test helpers: requests, their collected outputs, and
+transformers' greedy reference."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from deploy.triton.engine.scheduler import Engine
+from deploy.triton.engine.types import (
+    EngineRequest,
+    SamplingConfig,
+    SequenceOutput,
+)
+
+TIMEOUT_S = 60.0
+
+GREEDY = SamplingConfig(temperature=0.0, min_tokens=0)
+
+SAMPLED = SamplingConfig(temperature=1.5, top_p=1.0, seed=42)
+
+MAX_SEQ_LEN = 256
+
+
+@dataclass
+class Result:
+    """Everything one request's callback received."""
+
+    expected: int
+    outputs: list[SequenceOutput] = field(default_factory=list)
+    done: threading.Event = field(default_factory=threading.Event)
+
+    def __call__(self, output: SequenceOutput) -> None:
+        self.outputs.append(output)
+        if sum(o.finished for o in self.outputs) == self.expected:
+            self.done.set()
+
+    def wait(self) -> Result:
+        assert self.done.wait(TIMEOUT_S), "the engine did not finish the request"
+        return self
+
+    def tokens(self, index: int = 0) -> list[int]:
+        return [t for o in self.outputs if o.sequence_index == index for t in o.token_ids.tolist()]
+
+    def final(self, index: int = 0) -> SequenceOutput:
+        return next(o for o in self.outputs if o.sequence_index == index and o.finished)
+
+
+_ids = iter(range(1_000_000))
+
+
+def make(prompt: tuple[int, ...], max_new: int = 24, **overrides: Any) -> EngineRequest:
+    values: dict[str, Any] = {"sampling": GREEDY}
+    return EngineRequest(f"r{next(_ids)}", prompt, max_new, **(values | overrides))
+
+
+def submit(engine: Engine, request: EngineRequest) -> Result:
+    result = Result(request.num_return_sequences)
+    engine.submit(request, result)
+    return result
+
+
+def run(engine: Engine, request: EngineRequest) -> Result:
+    return submit(engine, request).wait()
+
+
+def reference(hf_model: Any, prompt: tuple[int, ...], max_new: int = 24) -> list[int]:
+    with torch.no_grad():
+        out = hf_model.generate(
+            torch.tensor([prompt]),
+            attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+            do_sample=False,
+            max_new_tokens=max_new,
+        )
+    tokens: list[int] = out[0, len(prompt) :].tolist()
+    eos = hf_model.generation_config.eos_token_id
+    return tokens[: tokens.index(eos)] if eos in tokens else tokens
+
+
+def fresh_index(tokens: list[int], start: int = 1) -> int:
+    """The first position from `start` whose token did not occur before it."""
+    return next(i for i in range(start, len(tokens)) if tokens[i] not in tokens[:i])

@@ -1,0 +1,179 @@
+"""Import arrows: gateway -> adapters -> tritonclient (one module); deploy stands alone, and the
+gateway reaches into it only through its sidecar side. No import cycles anywhere.
+
+Every import counts, at any depth: inside functions and under ``TYPE_CHECKING`` too.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterable, Mapping
+from pathlib import PurePosixPath
+
+import pytest
+
+from tests.support import REPO
+
+ROOT = REPO
+PACKAGES = ("gateway", "adapters", "deploy")
+TRITONCLIENT_HOME = "adapters/triton/client.py"
+FORBIDDEN = {
+    "deploy": ("gateway", "adapters"),
+    "adapters": ("gateway", "deploy"),
+    "gateway": (),
+}
+GATEWAY_MAY_USE = ("deploy.sidecar",)
+"""The side of deploy the gateway calls: specs, rendering, supervising sidecars."""
+SHARED_TEXT_UTILITY = "deploy.triton.pipeline.detokenizer"
+"""The one module of the in-Triton side the gateway shares: incremental detokenizing."""
+DEVTOOLS = "deploy.devtools"
+
+
+def modules() -> list[PurePosixPath]:
+    return sorted(
+        PurePosixPath(p.relative_to(ROOT).as_posix())
+        for package in PACKAGES
+        for p in (ROOT / package).rglob("*.py")
+    )
+
+
+def module_name(rel: PurePosixPath) -> str:
+    parts = rel.with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imported_modules(source: str, rel: PurePosixPath) -> set[str]:
+    """Absolute names of every module a file imports, at any depth, relative ones resolved.
+
+    ``from package import name`` yields ``package.name`` as well, which is a module when
+    ``name`` is one (callers keep only names that exist).
+    """
+    package = rel.with_suffix("").parts[:-1]
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(source, filename=str(rel))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = ".".join(package[: len(package) - node.level + 1])
+                module = ".".join(filter(None, [base, node.module or ""]))
+            else:
+                module = node.module or ""
+            names.add(module)
+            names.update(f"{module}.{alias.name}" for alias in node.names)
+    return names
+
+
+def _within(name: str, package: str) -> bool:
+    return name == package or name.startswith(package + ".")
+
+
+def violations(source: str, rel: PurePosixPath) -> list[str]:
+    """The imports of one file that break the layering."""
+    layer = rel.parts[0]
+    here = module_name(rel)
+    found = []
+    for name in sorted(imported_modules(source, rel)):
+        top = name.split(".")[0]
+        if top in FORBIDDEN[layer]:
+            found.append(f"{rel} ({layer}) imports {name}")
+        if top == "tritonclient" and rel.as_posix() != TRITONCLIENT_HOME:
+            found.append(f"{rel} imports {name}; only {TRITONCLIENT_HOME} may")
+        if _within(name, DEVTOOLS) and not _within(here, DEVTOOLS):
+            found.append(f"{rel} imports the developer tools ({name})")
+        if layer == "gateway" and top == "deploy" and not _gateway_may_use(name):
+            found.append(f"{rel} imports {name}; the gateway uses only deploy.sidecar")
+    return found
+
+
+def _gateway_may_use(name: str) -> bool:
+    if name in ("deploy", "deploy.triton", "deploy.triton.pipeline"):
+        return True  # the packages on the way to the shared module
+    return any(_within(name, allowed) for allowed in (*GATEWAY_MAY_USE, SHARED_TEXT_UTILITY))
+
+
+@pytest.mark.parametrize("rel", modules(), ids=str)
+def test_imports_follow_the_layers(rel: PurePosixPath) -> None:
+    assert violations((ROOT / rel).read_text(), rel) == []
+
+
+@pytest.mark.parametrize(
+    ("source", "where", "broken"),
+    [
+        ("import tritonclient.grpc", "adapters/triton/tensors.py", True),
+        ("import tritonclient.grpc.aio as aio", "adapters/triton/client.py", False),
+        ("from tritonclient.utils import x", "gateway/app.py", True),
+        ("from gateway.app import create_app", "deploy/sidecar/cli.py", True),
+        ("from adapters.contract import Backend", "deploy/sidecar/supervisor.py", True),
+        ("from adapters.contract import Backend", "gateway/app.py", False),
+        ("from deploy.sidecar.spec import Spec", "gateway/app.py", False),
+        ("from deploy.sidecar.spec import Spec", "adapters/triton/client.py", True),
+        ("from deploy.triton.engine import types", "gateway/app.py", True),
+        ("from deploy.triton.pipeline.detokenizer import X", "gateway/text.py", False),
+        ("from deploy.triton.pipeline import detokenizer", "gateway/text.py", False),
+        ("from deploy.triton.pipeline import bls_logic", "gateway/text.py", True),
+        ("from deploy.devtools import bench", "deploy/sidecar/cli.py", True),
+        ("from deploy.devtools.offline import pack", "deploy/devtools/bench.py", False),
+        ("from gateway import errors", "adapters/triton/client.py", True),
+        ("from ... import gateway", "adapters/triton/x.py", False),
+        ("from ..contract import Backend", "deploy/triton/x.py", False),
+        ("from ...adapters import contract", "deploy/triton/x.py", True),
+        ("def f():\n    import gateway.cli\n", "deploy/x.py", True),
+    ],
+)
+def test_the_scanner_sees_violations(source: str, where: str, broken: bool) -> None:
+    assert bool(violations(source, PurePosixPath(where))) is broken
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Each module of the project and the project modules it imports."""
+    sources = {module_name(rel): (ROOT / rel).read_text() for rel in modules()}
+    rels = {module_name(rel): rel for rel in modules()}
+    return {
+        name: {m for m in imported_modules(source, rels[name]) if m in sources and m != name}
+        for name, source in sources.items()
+    }
+
+
+def cycles(graph: Mapping[str, Iterable[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for target in graph.get(node, ()):
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in on_stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_no_import_cycles() -> None:
+    assert cycles(import_graph()) == []
+
+
+def test_the_cycle_finder_finds_cycles() -> None:
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []

@@ -1,0 +1,191 @@
+"""The generation core over a scripted backend: stops, finish reasons, counts, merging, closing."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from adapters.contract import (
+    BackendUnavailable,
+    GenerationRequest,
+    ModelTarget,
+    SamplingParams,
+    TokenChunk,
+)
+from adapters.scripted import ScriptedBackend
+from gateway.catalog.registry import ModelRoute, ServedModel, load_model
+from gateway.core.generation import (
+    ChoiceEnd,
+    GenerationService,
+    TextDelta,
+    finish_reason,
+    token_texts,
+)
+from gateway.core.plan import ChoiceSpec, Plan, Prompt
+from gateway.http.errors import GatewayTimeoutError
+from gateway.settings import SamplingDefaults
+
+
+@pytest.fixture(scope="module")
+def served(tiny_model_dir: Path) -> ServedModel:
+    route = ModelRoute(
+        name="tiny",
+        target=ModelTarget(url="127.0.0.1:1", triton_model="tiny_ensemble", kind="ensemble"),
+        tokenizer_dir=str(tiny_model_dir),
+        chat_template_file=None,
+        context_length=256,
+        add_special_tokens=True,
+        max_n=4,
+        defaults=SamplingDefaults(),
+        owned_by="me",
+    )
+    return load_model(route, ThreadPoolExecutor(1))
+
+
+def plan(n: int = 1, *, max_tokens: int = 10, stop: tuple[str, ...] = ()) -> Plan:
+    prompt = Prompt("hello", 3)
+    params = SamplingParams(max_tokens=max_tokens, stop=stop)
+    choices = tuple(ChoiceSpec(i, 0, prompt, params) for i in range(n))
+    return Plan(model="tiny", choices=choices, stream=True, include_usage=True)
+
+
+def chunks(*texts: str, count: int | None = 1) -> list[TokenChunk]:
+    return [TokenChunk(text=t, token_count=count, prompt_tokens=3) for t in texts]
+
+
+@pytest.mark.parametrize(
+    ("stopped", "tokens", "max_tokens", "reason"),
+    [
+        (False, 10, 10, "length"),
+        (False, 9, 10, "stop"),
+        (True, 10, 10, "stop"),
+        (False, 11, 10, "length"),
+    ],
+)
+def test_finish_reason(stopped: bool, tokens: int, max_tokens: int, reason: str) -> None:
+    assert finish_reason(stopped, tokens, max_tokens) == reason
+
+
+@pytest.mark.parametrize(
+    ("text", "count", "pieces", "expected"),
+    [
+        ("ab", 1, None, ("ab",)),
+        ("ab", 2, ["a", "b"], ("a", "b")),
+        ("ab", 2, ["ab"], ("ab", "")),
+        ("", 0, None, ()),
+    ],
+)
+def test_token_texts(
+    text: str, count: int, pieces: list[str] | None, expected: tuple[str, ...]
+) -> None:
+    assert token_texts(text, count, pieces) == expected
+
+
+async def test_stop_across_chunks_cancels_the_backend_request(served: ServedModel) -> None:
+    backend = ScriptedBackend(chunks("Hello", " EN", "D of", " it", " never"))
+    results = await GenerationService(backend, timeout_s=5).collect(served, plan(stop=("END",)))
+    assert results[0].text == "Hello "
+    assert results[0].end == ChoiceEnd(0, 0, "stop", 3, 3)
+    assert backend.closed_early == [backend.requests[0].request_id]
+
+
+async def test_length_when_the_budget_is_used(served: ServedModel) -> None:
+    backend = ScriptedBackend(chunks("a", "b", "c"))
+    results = await GenerationService(backend, timeout_s=5).collect(served, plan(max_tokens=3))
+    assert results[0].end is not None
+    assert results[0].end.finish_reason == "length"
+    assert backend.closed_early == []
+
+
+async def test_missing_counts_fall_back_to_the_tokenizer(served: ServedModel) -> None:
+    backend = ScriptedBackend(chunks("the model", " token", count=None))
+    results = await GenerationService(backend, timeout_s=5).collect(served, plan())
+    expected = await served.tokenizer.count("the model token")
+    assert results[0].end is not None
+    assert results[0].end.completion_tokens == expected > 0
+
+
+async def test_recounted_tokens_never_exceed_max_tokens(served: ServedModel) -> None:
+    backend = ScriptedBackend(chunks("the model token server request", count=None))
+    results = await GenerationService(backend, timeout_s=5).collect(served, plan(max_tokens=2))
+    assert results[0].end is not None
+    assert (results[0].end.completion_tokens, results[0].end.finish_reason) == (2, "length")
+
+
+async def test_n_choices_are_merged_with_distinct_request_ids(served: ServedModel) -> None:
+    backend = ScriptedBackend(chunks("x", "y"))
+    events = [e async for e in GenerationService(backend, timeout_s=5).events(served, plan(3))]
+    assert sorted(e.index for e in events if isinstance(e, ChoiceEnd)) == [0, 1, 2]
+    for index in range(3):
+        texts = [e.text for e in events if isinstance(e, TextDelta) and e.index == index]
+        assert texts == ["x", "y"]
+    assert len({r.request_id for r in backend.requests}) == 3
+
+
+async def test_a_failing_choice_fails_the_request_and_closes_the_others(
+    served: ServedModel,
+) -> None:
+    class OneFails(ScriptedBackend):
+        async def generate(
+            self, target: ModelTarget, request: GenerationRequest
+        ) -> AsyncIterator[TokenChunk]:
+            if request.request_id.endswith("-1"):
+                raise BackendUnavailable("down")
+            async for chunk in super().generate(target, request):
+                yield chunk
+
+    backend = OneFails(chunks(*["t"] * 50), delay_s=0.01)
+    with pytest.raises(BackendUnavailable):
+        await GenerationService(backend, timeout_s=5).collect(served, plan(2))
+    assert len(backend.closed_early) == 1
+
+
+async def test_closing_the_stream_early_cancels_every_backend_request(
+    served: ServedModel,
+) -> None:
+    backend = ScriptedBackend(chunks(*["t"] * 100), delay_s=0.01)
+    events = GenerationService(backend, timeout_s=5).events(served, plan(2))
+    first = await anext(events)
+    assert isinstance(first, TextDelta)
+    await events.aclose()
+    assert sorted(backend.closed_early) == sorted(r.request_id for r in backend.requests)
+
+
+async def test_a_generation_past_the_timeout_fails_and_is_cancelled(served: ServedModel) -> None:
+    backend = ScriptedBackend(chunks(*["t"] * 100), delay_s=0.05)
+    with pytest.raises(GatewayTimeoutError):
+        await GenerationService(backend, timeout_s=0.2).collect(served, plan())
+    assert backend.closed_early == [backend.requests[0].request_id]
+
+
+async def test_the_deadline_passing_while_the_consumer_is_busy_ends_the_stream(
+    served: ServedModel,
+) -> None:
+    backend = ScriptedBackend(chunks(*["t"] * 100))
+    events = GenerationService(backend, timeout_s=0.1).events(served, plan())
+    assert isinstance(await anext(events), TextDelta)
+    await asyncio.sleep(0.2)  # the consumer is away when the deadline passes
+    with pytest.raises(GatewayTimeoutError):
+        await anext(events)
+    await events.aclose()
+    assert backend.closed_early == [backend.requests[0].request_id]
+
+
+async def test_a_cancellation_from_elsewhere_is_not_taken_for_the_deadline(
+    served: ServedModel,
+) -> None:
+    backend = ScriptedBackend(chunks(*["t"] * 100), delay_s=0.05)
+
+    async def consume() -> None:
+        await GenerationService(backend, timeout_s=5).collect(served, plan())
+
+    task = asyncio.ensure_future(consume())
+    await asyncio.sleep(0.12)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert backend.closed_early == [backend.requests[0].request_id]

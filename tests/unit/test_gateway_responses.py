@@ -1,0 +1,167 @@
+"""Neutral events shaped into OpenAI's objects, whole and streamed."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator, Sequence
+
+import msgspec
+
+from adapters.contract import SamplingParams
+from gateway.core.generation import ChoiceEnd, ChoiceResult, Event, TextDelta
+from gateway.core.plan import ChoiceSpec, Plan, Prompt
+from gateway.openai.chat.shape import chat_chunks, chat_completion
+from gateway.openai.completions.shape import completion_chunks, text_completion
+from gateway.openai.shaping import Header, usage_of
+
+HEADER = Header(id="chatcmpl-1", created=7, model="m")
+
+
+def plan(
+    n: int = 1, *, include_usage: bool = False, echo: bool = False, logprobs: bool = False
+) -> Plan:
+    prompt = Prompt("Say:", 4)
+    choices = tuple(ChoiceSpec(i, 0, prompt, SamplingParams(max_tokens=5)) for i in range(n))
+    return Plan(
+        "m", choices, stream=True, include_usage=include_usage, echo=echo, logprobs=logprobs
+    )
+
+
+async def replay(events: Sequence[Event]) -> AsyncGenerator[Event, None]:
+    for event in events:
+        yield event
+
+
+def as_json(objects: Sequence[msgspec.Struct]) -> list[dict[str, object]]:
+    return [msgspec.json.decode(msgspec.json.encode(o)) for o in objects]
+
+
+def test_usage_counts_each_prompt_once() -> None:
+    ends = [
+        ChoiceEnd(0, 0, "stop", 4, 2),
+        ChoiceEnd(1, 0, "length", 4, 5),
+        ChoiceEnd(2, 1, "stop", 6, 1),
+    ]
+    assert usage_of(ends) == msgspec.convert(
+        {"prompt_tokens": 10, "completion_tokens": 8, "total_tokens": 18}, type(usage_of([]))
+    )
+
+
+def test_chat_completion_shape() -> None:
+    result = ChoiceResult(0, "Hi", end=ChoiceEnd(0, 0, "length", 4, 5))
+    body = as_json([chat_completion(plan(), [result], HEADER)])[0]
+    assert body == {
+        "id": "chatcmpl-1",
+        "object": "chat.completion",
+        "created": 7,
+        "model": "m",
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": "Hi"},
+                "logprobs": None,
+                "finish_reason": "length",
+            }
+        ],
+        "usage": {"prompt_tokens": 4, "completion_tokens": 5, "total_tokens": 9},
+    }
+
+
+def test_chat_logprobs_carry_tokens_and_bytes() -> None:
+    result = ChoiceResult(0, "Hé", [-0.5, -1.0], ["H", "é"], ChoiceEnd(0, 0, "stop", 4, 2))
+    body = as_json([chat_completion(plan(logprobs=True), [result], HEADER)])[0]
+    assert body["choices"][0]["logprobs"] == {  # type: ignore[index]
+        "content": [
+            {"token": "H", "logprob": -0.5, "bytes": [72], "top_logprobs": []},
+            {"token": "é", "logprob": -1.0, "bytes": [195, 169], "top_logprobs": []},
+        ]
+    }
+
+
+async def test_chat_stream_sequence() -> None:
+    events: list[Event] = [TextDelta(0, "Hel"), TextDelta(0, "lo"), ChoiceEnd(0, 0, "stop", 4, 2)]
+    chunks = as_json(
+        [c async for c in chat_chunks(plan(include_usage=True), replay(events), HEADER)]
+    )
+    assert [c["choices"] for c in chunks] == [
+        [
+            {
+                "index": 0,
+                "delta": {"role": "assistant", "content": ""},
+                "logprobs": None,
+                "finish_reason": None,
+            }
+        ],
+        [{"index": 0, "delta": {"content": "Hel"}, "logprobs": None, "finish_reason": None}],
+        [{"index": 0, "delta": {"content": "lo"}, "logprobs": None, "finish_reason": None}],
+        [{"index": 0, "delta": {}, "logprobs": None, "finish_reason": "stop"}],
+        [],
+    ]
+    assert all(c["object"] == "chat.completion.chunk" and c["id"] == "chatcmpl-1" for c in chunks)
+    assert [c["usage"] for c in chunks[:-1]] == [None] * 4
+    assert chunks[-1]["usage"] == {"prompt_tokens": 4, "completion_tokens": 2, "total_tokens": 6}
+
+
+async def test_chat_stream_without_usage_has_no_usage_key() -> None:
+    events: list[Event] = [ChoiceEnd(0, 0, "stop", 4, 0)]
+    chunks = as_json([c async for c in chat_chunks(plan(), replay(events), HEADER)])
+    assert len(chunks) == 2
+    assert all("usage" not in c for c in chunks)
+
+
+async def test_chat_stream_starts_each_choice_with_its_role() -> None:
+    events: list[Event] = [
+        TextDelta(1, "b"),
+        TextDelta(0, "a"),
+        ChoiceEnd(0, 0, "stop", 4, 1),
+        ChoiceEnd(1, 0, "stop", 4, 1),
+    ]
+    chunks = as_json([c async for c in chat_chunks(plan(2), replay(events), HEADER)])
+    deltas = [(c["choices"][0]["index"], c["choices"][0]["delta"]) for c in chunks]  # type: ignore[index]
+    assert deltas == [
+        (1, {"role": "assistant", "content": ""}),
+        (1, {"content": "b"}),
+        (0, {"role": "assistant", "content": ""}),
+        (0, {"content": "a"}),
+        (0, {}),
+        (1, {}),
+    ]
+
+
+def test_text_completion_echo_and_logprobs() -> None:
+    result = ChoiceResult(0, " ok", [-0.25], [" ok"], ChoiceEnd(0, 0, "stop", 4, 1))
+    header = Header(id="cmpl-1", created=7, model="m")
+    body = as_json([text_completion(plan(echo=True, logprobs=True), [result], header)])[0]
+    assert body["object"] == "text_completion"
+    assert body["choices"] == [
+        {
+            "index": 0,
+            "text": "Say: ok",
+            "logprobs": {
+                "tokens": [" ok"],
+                "token_logprobs": [-0.25],
+                "top_logprobs": None,
+                "text_offset": [4],
+            },
+            "finish_reason": "stop",
+        }
+    ]
+
+
+async def test_completion_stream_echoes_the_prompt_first() -> None:
+    header = Header(id="cmpl-1", created=7, model="m")
+    events: list[Event] = [TextDelta(0, " ok"), ChoiceEnd(0, 0, "length", 4, 1)]
+    chunks = as_json(
+        [
+            c
+            async for c in completion_chunks(
+                plan(echo=True, include_usage=True), replay(events), header
+            )
+        ]
+    )
+    assert [c["choices"] for c in chunks] == [
+        [{"index": 0, "text": "Say:", "logprobs": None, "finish_reason": None}],
+        [{"index": 0, "text": " ok", "logprobs": None, "finish_reason": None}],
+        [{"index": 0, "text": "", "logprobs": None, "finish_reason": "length"}],
+        [],
+    ]
+    assert chunks[-1]["usage"] == {"prompt_tokens": 4, "completion_tokens": 1, "total_tokens": 5}

@@ -1,0 +1,180 @@
+"""Settings load from one YAML file and resolve against the sidecars' deploy spec."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from deploy.sidecar.spec import parse_spec
+from gateway.catalog.registry import resolve_routes
+from gateway.settings import (
+    ModelSettings,
+    Settings,
+    SettingsError,
+    load_settings,
+    parse_settings,
+)
+
+SPEC = parse_spec(
+    {
+        "models": [
+            {
+                "name": "tiny",
+                "engine": {"kind": "torch", "model_dir": "/m/tiny", "max_seq_len": 1024},
+                "add_special_tokens": False,
+            },
+            {"name": "big", "engine": {"kind": "torch", "model_dir": "/m/big"}},
+        ],
+        "sidecars": [{"name": "a", "models": ["tiny"]}, {"name": "b", "models": ["big"]}],
+    }
+)
+URLS = {"tiny": "127.0.0.1:23001", "big": "127.0.0.1:23002"}
+
+
+def test_defaults_need_no_file() -> None:
+    settings = parse_settings(None)
+    assert settings == Settings()
+    assert settings.limits.request_timeout_s > 0
+    assert settings.models == ()
+
+
+def test_load_yaml_with_relative_paths(tmp_path: Path) -> None:
+    (tmp_path / "gateway.yaml").write_text(
+        """
+models:
+  - name: chat
+    triton_url: localhost:8001
+    triton_model: llama_tensorrt_llm_bls
+    entry: tensorrt_llm_bls
+    tokenizer_dir: ./tokenizer
+    chat_template: templates/chat.jinja
+    context_length: 8192
+    defaults: {temperature: 0.2}
+limits: {max_body_bytes: 1000, request_timeout_s: 30}
+sidecars: {spec: deploy.yaml}
+"""
+    )
+    settings = load_settings(tmp_path / "gateway.yaml")
+    model = settings.models[0]
+    assert model.tokenizer_dir == str(tmp_path / "tokenizer")
+    assert model.chat_template == str(tmp_path / "templates" / "chat.jinja")
+    assert model.defaults.temperature == 0.2
+    assert settings.limits.max_body_bytes == 1000
+    assert settings.sidecars is not None
+    assert settings.sidecars.spec == str(tmp_path / "deploy.yaml")
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        {"modles": []},
+        {"models": [{"name": "x", "temprature": 1}]},
+        {"limits": {"max_body_bytes": "big"}},
+        {"models": [{"entry": "preprocessing"}]},
+    ],
+)
+def test_invalid_settings_are_rejected(data: dict[str, Any]) -> None:
+    with pytest.raises(SettingsError):
+        parse_settings(data)
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(SettingsError, match="not found"):
+        load_settings(tmp_path / "nope.yaml")
+
+
+@pytest.mark.parametrize(
+    ("model", "expected"),
+    [
+        (
+            ModelSettings(name="t", pipeline="tiny"),
+            (
+                "127.0.0.1:23001",
+                "tiny_ensemble",
+                "ensemble",
+                "tiny_tensorrt_llm",
+                "/m/tiny",
+                1024,
+                False,
+            ),
+        ),
+        (
+            ModelSettings(name="t", pipeline="big", entry="tensorrt_llm_bls", context_length=64),
+            (
+                "127.0.0.1:23002",
+                "big_tensorrt_llm_bls",
+                "tensorrt_llm_bls",
+                "big_tensorrt_llm",
+                "/m/big",
+                64,
+                True,
+            ),
+        ),
+        (
+            ModelSettings(
+                name="t",
+                pipeline="tiny",
+                triton_url="h:1",
+                tokenizer_dir="/tok",
+                add_special_tokens=True,
+            ),
+            ("h:1", "tiny_ensemble", "ensemble", "tiny_tensorrt_llm", "/tok", 1024, True),
+        ),
+        (
+            ModelSettings(name="t", triton_model="x_ensemble", tokenizer_dir="/tok"),
+            ("127.0.0.1:8001", "x_ensemble", "ensemble", None, "/tok", None, True),
+        ),
+        (
+            ModelSettings(
+                name="t", triton_model="custom", engine_model="eng", tokenizer_dir="/tok"
+            ),
+            ("127.0.0.1:8001", "custom", "ensemble", "eng", "/tok", None, True),
+        ),
+    ],
+)
+def test_resolve_routes(model: ModelSettings, expected: tuple[object, ...]) -> None:
+    (route,) = resolve_routes(Settings(models=(model,)), SPEC, URLS)
+    target = route.target
+    assert (
+        target.url,
+        target.triton_model,
+        target.kind,
+        target.engine_model,
+        route.tokenizer_dir,
+        route.context_length,
+        route.add_special_tokens,
+    ) == expected
+
+
+def test_every_pipeline_is_served_when_no_model_is_listed() -> None:
+    routes = resolve_routes(Settings(), SPEC, URLS)
+    assert [(r.name, r.target.triton_model) for r in routes] == [
+        ("tiny", "tiny_ensemble"),
+        ("big", "big_ensemble"),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("models", "match"),
+    [
+        (
+            (
+                ModelSettings(name="a", tokenizer_dir="/t"),
+                ModelSettings(name="a", tokenizer_dir="/t"),
+            ),
+            "twice",
+        ),
+        ((ModelSettings(name="a", pipeline="nope"),), "no pipeline"),
+        ((ModelSettings(name="a"),), "tokenizer_dir"),
+    ],
+)
+def test_unresolvable_models(models: tuple[ModelSettings, ...], match: str) -> None:
+    with pytest.raises(SettingsError, match=match):
+        resolve_routes(Settings(models=models), SPEC, URLS)
+
+
+def test_pipeline_without_sidecars() -> None:
+    with pytest.raises(SettingsError, match="no sidecars"):
+        resolve_routes(Settings(models=(ModelSettings(pipeline="tiny"),)), None, {})

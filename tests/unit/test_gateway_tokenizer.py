@@ -1,0 +1,135 @@
+"""Templating and counting with a real tokenizer: no double BOS, counts as the engine sees them,
+and the same prompts, ids and text as ``transformers`` (which the serving process never imports)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tokenizers.processors import TemplateProcessing
+from transformers import AutoTokenizer
+
+from gateway.catalog.text.prompts import INLINE_CHARS, PromptTokenizer, strip_leading_bos
+from gateway.http.errors import InvalidRequestError
+
+BOS = "<|endoftext|>"
+BOS_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+CONVERSATION = [{"role": "user", "content": "hello"}]
+
+
+@pytest.fixture(scope="module")
+def executor() -> Iterator[ThreadPoolExecutor]:
+    with ThreadPoolExecutor(1) as pool:
+        yield pool
+
+
+def llama_like(model_dir: Path, out: Path) -> Any:
+    """The tiny tokenizer made to add a BOS, with a template that writes one too, saved in
+    ``out``."""
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    tokenizer.bos_token = BOS
+    bos_id = tokenizer.convert_tokens_to_ids(BOS)
+    tokenizer._tokenizer.post_processor = TemplateProcessing(
+        single=f"{BOS} $A", pair=f"{BOS} $A $B", special_tokens=[(BOS, bos_id)]
+    )
+    tokenizer.chat_template = BOS_TEMPLATE
+    tokenizer.save_pretrained(out)
+    return tokenizer
+
+
+@pytest.mark.parametrize(
+    ("text", "bos", "expected"),
+    [("<s>hi", "<s>", "hi"), ("hi", "<s>", "hi"), ("<s><s>hi", "<s>", "<s>hi"), ("hi", None, "hi")],
+)
+def test_strip_leading_bos(text: str, bos: str | None, expected: str) -> None:
+    assert strip_leading_bos(text, bos) == expected
+
+
+@pytest.mark.parametrize("preprocessing_adds_bos", [True, False])
+async def test_no_double_bos(
+    tiny_model_dir: Path, executor: ThreadPoolExecutor, preprocessing_adds_bos: bool, tmp_path: Path
+) -> None:
+    tokenizer = llama_like(tiny_model_dir, tmp_path)
+    prompt = await PromptTokenizer.load(
+        str(tmp_path), executor, add_special_tokens=preprocessing_adds_bos
+    ).chat_prompt(CONVERSATION)
+    assert prompt.text.endswith("<|im_start|>assistant\n")
+    assert prompt.text.startswith(BOS) is not preprocessing_adds_bos
+    ids = tokenizer.encode(prompt.text, add_special_tokens=preprocessing_adds_bos)
+    assert ids.count(tokenizer.bos_token_id) == 1  # what the engine will see
+    assert prompt.token_count == len(ids)
+    assert list(prompt.ids) == ids
+
+
+async def test_chat_template_file_overrides_the_tokenizer(
+    tiny_model_dir: Path, executor: ThreadPoolExecutor, tmp_path: Path
+) -> None:
+    template = tmp_path / "chat.jinja"
+    template.write_text(
+        "{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}[assistant] "
+    )
+    tokenizer = PromptTokenizer.load(
+        str(tiny_model_dir), executor, chat_template_file=str(template)
+    )
+    prompt = await tokenizer.chat_prompt([{"role": "system", "content": "s"}, *CONVERSATION])
+    assert prompt.text == "[system] s\n[user] hello\n[assistant] "
+
+
+async def test_a_template_error_is_a_400(
+    tiny_model_dir: Path, executor: ThreadPoolExecutor, tmp_path: Path
+) -> None:
+    template = tmp_path / "strict.jinja"
+    template.write_text("{{ raise_exception('roles must alternate') }}")
+    tokenizer = PromptTokenizer.load(
+        str(tiny_model_dir), executor, chat_template_file=str(template)
+    )
+    with pytest.raises(InvalidRequestError, match="roles must alternate"):
+        await tokenizer.chat_prompt(CONVERSATION)
+
+
+async def test_counts_and_pieces(tiny_model_dir: Path, executor: ThreadPoolExecutor) -> None:
+    tokenizer = PromptTokenizer.load(str(tiny_model_dir), executor)
+    text = "the model token"
+    pieces = await tokenizer.pieces(text)
+    assert "".join(pieces) == text
+    assert await tokenizer.count(text) == len(pieces)
+    assert (await tokenizer.text_prompt(text)).token_count == len(pieces)
+
+
+class CountingExecutor(ThreadPoolExecutor):
+    """An executor that counts the work handed to it."""
+
+    def __init__(self) -> None:
+        super().__init__(1)
+        self.submitted = 0
+
+    def submit(self, *args: Any, **kwargs: Any) -> Any:
+        self.submitted += 1
+        return super().submit(*args, **kwargs)
+
+
+async def test_short_inputs_stay_on_the_loop_and_long_ones_go_to_the_executor(
+    tiny_model_dir: Path,
+) -> None:
+    with CountingExecutor() as pool:
+        tokenizer = PromptTokenizer.load(str(tiny_model_dir), pool)
+        short = await tokenizer.text_prompt("a short prompt")
+        await tokenizer.chat_prompt(CONVERSATION)
+        assert pool.submitted == 0
+        long_text = "word " * (INLINE_CHARS // 5 + 1)
+        long = await tokenizer.text_prompt(long_text)
+        await tokenizer.chat_prompt([{"role": "user", "content": long_text}])
+        await tokenizer.count(long_text)
+        assert pool.submitted == 3
+    # Either way the answer is the same tokenization.
+    assert short.ids == tuple(
+        tokenizer._tokenizer.encode("a short prompt", add_special_tokens=True)
+    )
+    encoded = tokenizer._tokenizer.encode(long_text, add_special_tokens=True)
+    assert long.ids == tuple(encoded)

@@ -1,0 +1,272 @@
+"""Translation of OpenAI request bodies into neutral generation requests."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import msgspec
+import pytest
+
+from adapters.contract import SamplingParams
+from gateway.core.plan import Prompt
+from gateway.http.errors import ContextLengthExceeded, InvalidRequestError
+from gateway.openai.chat.plan import check_chat, template_messages
+from gateway.openai.completions.plan import check_completion
+from gateway.openai.protocol import ChatCompletionRequest, CompletionRequest
+from gateway.openai.sampling import (
+    choice_seeds,
+    fan_out,
+    resolve_max_tokens,
+    sampling_params,
+    stop_sequences,
+)
+from gateway.settings import SamplingDefaults
+
+USER = {"role": "user", "content": "hi"}
+
+
+def chat(**fields: Any) -> ChatCompletionRequest:
+    return msgspec.convert({"model": "m", "messages": [USER], **fields}, ChatCompletionRequest)
+
+
+def completion(**fields: Any) -> CompletionRequest:
+    return msgspec.convert({"model": "m", "prompt": "p", **fields}, CompletionRequest)
+
+
+@pytest.mark.parametrize(
+    ("requested", "default", "prompt_tokens", "limit", "cap", "expected"),
+    [
+        (None, None, 10, 100, None, 90),  # the rest of the window, never 16
+        (None, 32, 10, 100, None, 32),
+        (None, 500, 10, 100, None, 90),  # a configured default is capped by the window
+        (5, None, 10, 100, None, 5),
+        (90, None, 10, 100, None, 90),
+        (5, 32, 10, 100, None, 5),
+        (None, None, 10, 100, 50, 50),  # the caller's cap clamps the default
+        (None, 32, 10, 100, 50, 32),
+        (None, None, 95, 100, 50, 5),  # ...and the window still does
+        (None, 500, 10, 100, 40, 40),
+        (50, None, 10, 100, 50, 50),  # asking for the cap itself is fine
+        (7, 32, 10, 100, 50, 7),
+    ],
+)
+def test_resolve_max_tokens(
+    requested: int | None,
+    default: int | None,
+    prompt_tokens: int,
+    limit: int,
+    cap: int | None,
+    expected: int,
+) -> None:
+    prompt = Prompt("x", prompt_tokens)
+    resolved = resolve_max_tokens(requested, default, prompt, limit, prompt_param="p", cap=cap)
+    assert resolved == expected
+
+
+@pytest.mark.parametrize(("requested", "default"), [(51, None), (90, 10)])
+def test_asking_for_more_than_the_cap_is_a_400(requested: int, default: int | None) -> None:
+    with pytest.raises(InvalidRequestError) as caught:
+        resolve_max_tokens(requested, default, Prompt("x", 10), 100, prompt_param="p", cap=50)
+    assert caught.value.param == "max_tokens"
+    assert caught.value.code is None
+    assert str(caught.value) == (
+        f"max_tokens is {requested}, more than the 50 your key allows per choice."
+    )
+
+
+@pytest.mark.parametrize(
+    ("requested", "prompt_tokens", "param"),
+    [
+        (91, 10, "max_tokens"),
+        (None, 100, "messages"),
+        (None, 150, "messages"),
+        (1, 100, "max_tokens"),
+    ],
+)
+def test_context_length_exceeded(requested: int | None, prompt_tokens: int, param: str) -> None:
+    with pytest.raises(ContextLengthExceeded) as caught:
+        resolve_max_tokens(
+            requested, None, Prompt("x", prompt_tokens), 100, prompt_param="messages"
+        )
+    assert caught.value.code == "context_length_exceeded"
+    assert caught.value.param == param
+
+
+@pytest.mark.parametrize(
+    ("stop", "expected"),
+    [(None, ()), ("x", ("x",)), (["a", "", "b"], ("a", "b")), ([], ())],
+)
+def test_stop_sequences(stop: str | list[str] | None, expected: tuple[str, ...]) -> None:
+    assert stop_sequences(stop) == expected
+
+
+def test_sampling_params_fill_defaults_and_keep_explicit_values() -> None:
+    defaults = SamplingDefaults(temperature=0.7, top_p=0.9, top_k=40, repetition_penalty=1.1)
+    params = sampling_params(
+        chat(temperature=0.0, top_k=-1, seed=-1, stop="END", min_tokens=2, presence_penalty=0.5),
+        defaults,
+        max_tokens=7,
+        logprobs=True,
+    )
+    assert params == SamplingParams(
+        max_tokens=7,
+        temperature=0.0,
+        top_p=0.9,
+        top_k=None,
+        seed=2**64 - 1,
+        presence_penalty=0.5,
+        frequency_penalty=None,
+        repetition_penalty=1.1,
+        min_tokens=2,
+        stop=("END",),
+        logprobs=True,
+        defaulted=frozenset({"top_p", "repetition_penalty"}),
+    )
+
+
+@pytest.mark.parametrize(
+    ("seed", "n", "origins"),
+    [
+        (5, 1, ["client"]),
+        (5, 2, ["client"] * 2),
+        (None, 1, ["variation"]),
+        (None, 3, ["choices"] * 3),
+    ],
+)
+def test_fan_out_says_who_chose_each_seed(seed: int | None, n: int, origins: list[str]) -> None:
+    params = SamplingParams(max_tokens=1, seed=seed)
+    specs = fan_out([Prompt("p", 1)], n, [params], random.Random(0))
+    assert [spec.params.seed_origin for spec in specs] == origins
+    assert len({spec.params.seed for spec in specs}) == n
+
+
+@pytest.mark.parametrize(
+    ("fields", "defaults", "top_p", "top_k"),
+    [
+        ({}, SamplingDefaults(), 1.0, None),
+        ({"top_k": 0}, SamplingDefaults(), 1.0, None),
+        ({"top_k": 5}, SamplingDefaults(), None, 5),
+        ({"top_p": 0.5}, SamplingDefaults(), 0.5, None),
+        ({}, SamplingDefaults(top_k=40), None, 40),
+        ({"top_p": None}, SamplingDefaults(top_p=0.9), 0.9, None),
+    ],
+)
+def test_sampling_is_on_unless_narrowed(
+    fields: dict[str, Any], defaults: SamplingDefaults, top_p: float | None, top_k: int | None
+) -> None:
+    params = sampling_params(chat(**fields), defaults, max_tokens=1, logprobs=False)
+    assert (params.top_p, params.top_k) == (top_p, top_k)
+
+
+def test_explicit_null_means_default() -> None:
+    params = sampling_params(
+        chat(temperature=None), SamplingDefaults(temperature=0.3), max_tokens=1, logprobs=False
+    )
+    assert params.temperature == 0.3
+
+
+@pytest.mark.parametrize(
+    ("seed", "n", "expected"),
+    [(5, 1, [5]), (5, 3, [5, 6, 7]), (2**64 - 1, 2, [2**64 - 1, 0])],
+)
+def test_choice_seeds(seed: int | None, n: int, expected: list[int | None]) -> None:
+    assert choice_seeds(seed, n, random.Random(0)) == expected
+
+
+def test_choices_without_seed_get_distinct_random_seeds() -> None:
+    seeds = choice_seeds(None, 4, random.Random(0))
+    assert None not in seeds
+    assert len(set(seeds)) == 4
+    one, other = choice_seeds(None, 1, random.Random(1)), choice_seeds(None, 1, random.Random(2))
+    assert None not in one
+    assert one != other
+
+
+def test_fan_out_numbers_choices_prompt_major() -> None:
+    prompts = [Prompt("a", 1), Prompt("b", 2)]
+    params = [SamplingParams(max_tokens=3, seed=10), SamplingParams(max_tokens=4, seed=10)]
+    specs = fan_out(prompts, 2, params, random.Random(0))
+    assert [(s.index, s.prompt_index, s.prompt.text, s.params.seed) for s in specs] == [
+        (0, 0, "a", 10),
+        (1, 0, "a", 11),
+        (2, 1, "b", 10),
+        (3, 1, "b", 11),
+    ]
+    assert [s.params.max_tokens for s in specs] == [3, 3, 4, 4]
+
+
+CALL = {"id": "1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+
+
+def test_template_messages() -> None:
+    request = chat(
+        messages=[
+            {"role": "developer", "content": "be brief"},
+            {
+                "role": "user",
+                "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}],
+            },
+            {"role": "assistant", "content": None, "tool_calls": [CALL]},
+            {"role": "tool", "content": "42", "tool_call_id": "1"},
+        ]
+    )
+    assert template_messages(request.messages) == [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": "ab"},
+        {"role": "assistant", "content": "", "tool_calls": [CALL]},
+        {"role": "tool", "content": "42", "tool_call_id": "1"},
+    ]
+
+
+def test_non_text_parts_are_rejected() -> None:
+    request = chat(
+        messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]
+    )
+    with pytest.raises(InvalidRequestError) as caught:
+        template_messages(request.messages)
+    assert caught.value.param == "messages[0].content[0]"
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"n": 9}, "n"),
+        ({"min_p": 0.1}, "min_p"),
+        ({"top_logprobs": 2, "logprobs": True}, "top_logprobs"),
+        ({"stream_options": {"include_usage": True}}, "stream_options"),
+    ],
+)
+def test_check_chat_rejects(fields: dict[str, Any], param: str) -> None:
+    with pytest.raises(InvalidRequestError) as caught:
+        check_chat(chat(**fields), max_n=8)
+    assert caught.value.param == param
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {},
+        {"n": 8},
+        {"min_p": 0.0},
+        {"top_logprobs": 0, "logprobs": True},
+        {"stream": True, "stream_options": {"include_usage": True}},
+    ],
+)
+def test_check_chat_accepts(fields: dict[str, Any]) -> None:
+    check_chat(chat(**fields), max_n=8)
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [({"logprobs": 1}, "logprobs"), ({"suffix": "x"}, "suffix"), ({"best_of": 3}, "best_of")],
+)
+def test_check_completion_rejects(fields: dict[str, Any], param: str) -> None:
+    with pytest.raises(InvalidRequestError) as caught:
+        check_completion(completion(**fields), max_n=8)
+    assert caught.value.param == param
+
+
+@pytest.mark.parametrize("fields", [{"logprobs": 0}, {"best_of": 2, "n": 2}, {"suffix": ""}])
+def test_check_completion_accepts(fields: dict[str, Any]) -> None:
+    check_completion(completion(**fields), max_n=8)

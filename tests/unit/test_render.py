@@ -1,0 +1,353 @@
+"""Rendering: stock I/O preserved, prefixed names wired through, placeholders and paths checked."""
+
+from __future__ import annotations
+
+import string
+from pathlib import Path
+
+import pytest
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2 as mc
+
+from deploy.sidecar.render import RenderError, fill, render_config, render_model, render_spec
+from deploy.sidecar.spec import PIPELINE_MODELS, SpecError, load_spec, parse_spec
+from tests.support import REPO
+
+SHARED = REPO.parent / "shared" / "reference"
+PACKAGED = REPO / "deploy" / "sidecar" / "templates"
+RELEASES = ("v0.8", "v0.11", "v0.19", "latest")
+
+TORCH = {"kind": "torch", "model_dir": "some/hub-id"}
+TRTLLM = {"kind": "tensorrtllm", "engine_dir": "/engines/llama", "gpu_device_ids": "0,1"}
+
+
+def _spec(engine: dict[str, object], **model: object) -> dict[str, object]:
+    return {"models": [{"name": "m1", "tokenizer_dir": "tok/id", "engine": engine, **model}]}
+
+
+def parse(text: str) -> mc.ModelConfig:
+    return text_format.Parse(text, mc.ModelConfig())
+
+
+def reference_template(release: str, name: str) -> Path:
+    """The stock template a release's rendering must match, from ../shared when present.
+
+    ``latest`` is checked against the configs of TensorRT-LLM's main branch of May 2025
+    (``stock-configs``: ``min_tokens``/``seed``), to which ``LATEST_ADDITIONS`` adds the rest.
+    """
+    if release == "latest":
+        folder = SHARED / "stock-configs"
+    else:
+        folder = SHARED / "stock-models" / f"{release}.0"
+    if not folder.is_dir():
+        pytest.skip(f"{folder} is not present beside the checkout")
+    return folder / name / "config.pbtxt"
+
+
+def stock_config(release: str, name: str) -> mc.ModelConfig:
+    """The stock config with its typed placeholders filled as the stock fill_template docs do."""
+    text = string.Template(reference_template(release, name).read_text()).safe_substitute(
+        triton_max_batch_size="64",
+        decoupled_mode="true",
+        logits_datatype="TYPE_FP32",
+        encoder_input_features_data_type="TYPE_FP16",
+        prompt_embedding_table_data_type="TYPE_FP16",
+        preprocessing_instance_count="1",
+        postprocessing_instance_count="1",
+        bls_instance_count="1",
+        max_queue_delay_microseconds="0",
+        max_queue_size="0",
+        triton_backend="python",
+    )
+    return parse(text)
+
+
+Entry = tuple[object, ...]
+
+
+def io_signature(config: mc.ModelConfig) -> dict[str, list[Entry]]:
+    def entries(tensors: object) -> list[Entry]:
+        return sorted(
+            (
+                t.name,
+                mc.DataType.Name(t.data_type),
+                tuple(t.dims),
+                getattr(t, "optional", False),
+                getattr(t, "allow_ragged_batch", False),
+                tuple(t.reshape.shape) if t.HasField("reshape") else None,
+            )
+            for t in tensors  # type: ignore[attr-defined]
+        )
+
+    return {"input": entries(config.input), "output": entries(config.output)}
+
+
+def _counts(reshape: tuple[int, ...] | None) -> dict[str, list[Entry]]:
+    flags = [
+        (f"return_num_{kind}_tokens", "TYPE_BOOL", (1,), True, False, reshape)
+        for kind in ("input", "output")
+    ]
+    counts = [
+        (f"num_{kind}_tokens", "TYPE_INT32", (1,), False, False, None)
+        for kind in ("input", "output")
+    ]
+    return {"input": flags, "output": counts}
+
+
+# TensorRT-LLM 1.x over the May 2025 main branch: token counts (PR #5445), pixtral image sizes.
+LATEST_ADDITIONS: dict[str, dict[str, list[Entry]]] = {
+    "ensemble": _counts(None),
+    "tensorrt_llm": _counts(()),
+    "tensorrt_llm_bls": {
+        "input": [
+            *_counts(())["input"],
+            ("image_sizes_input", "TYPE_INT64", (-1, 2), True, False, None),
+        ],
+        "output": _counts(())["output"],
+    },
+    "preprocessing": {"input": [("IMAGE_SIZES", "TYPE_INT64", (-1, 2), True, False, None)]},
+}
+# ... and two changed dims: IMAGE_URL input [1] -> [-1], IMAGE_SIZES output [2] -> [-1, 2].
+LATEST_CHANGES = {
+    ("preprocessing", "input", "IMAGE_URL"): (-1,),
+    ("preprocessing", "output", "IMAGE_SIZES"): (-1, 2),
+}
+
+
+def expected_io(release: str, name: str) -> dict[str, list[Entry]]:
+    signature = io_signature(stock_config(release, name))
+    if release != "latest":
+        return signature
+    for side in ("input", "output"):
+        changed = [
+            (e[0], e[1], LATEST_CHANGES.get((name, side, str(e[0])), e[2]), *e[3:])
+            for e in signature[side]
+        ]
+        signature[side] = sorted(changed + LATEST_ADDITIONS.get(name, {}).get(side, []))
+    return signature
+
+
+@pytest.mark.parametrize("engine", [TORCH, TRTLLM], ids=["torch", "tensorrtllm"])
+@pytest.mark.parametrize("name", PIPELINE_MODELS)
+@pytest.mark.parametrize("release", RELEASES)
+def test_rendered_io_equals_the_release_io(
+    engine: dict[str, object], name: str, release: str
+) -> None:
+    model = parse_spec(_spec(engine, release=release)).models[0]
+    rendered = parse(render_config(model, name))
+    assert io_signature(rendered) == expected_io(release, name)
+    assert rendered.max_batch_size == 64
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_rendered_ensemble_maps_what_the_stock_ensemble_maps(release: str) -> None:
+    model = parse_spec(_spec(TORCH, release=release)).models[0]
+    rendered = parse(render_config(model, "ensemble")).ensemble_scheduling.step
+    stock = stock_config(release, "ensemble").ensemble_scheduling.step
+    assert [s.model_name for s in rendered] == [f"m1_{s.model_name}" for s in stock]
+    for ours, theirs in zip(rendered, stock, strict=True):
+        extra_in = set(ours.input_map.items()) - set(theirs.input_map.items())
+        extra_out = set(ours.output_map.items()) - set(theirs.output_map.items())
+        assert set(theirs.input_map.items()) <= set(ours.input_map.items())
+        assert set(theirs.output_map.items()) <= set(ours.output_map.items())
+        if release == "latest" and ours.model_name == "m1_tensorrt_llm":
+            assert {k for k, _ in extra_in} == {
+                f"return_num_{k}_tokens" for k in ("input", "output")
+            }
+            assert {k for k, _ in extra_out} == {f"num_{k}_tokens" for k in ("input", "output")}
+        else:
+            assert extra_in == extra_out == set()
+
+
+def test_latest_templates_carry_the_newest_input_names() -> None:
+    model = parse_spec(_spec(TORCH, release="latest")).models[0]
+    engine = {t.name for t in parse(render_config(model, "tensorrt_llm")).input}
+    assert {"min_tokens", "seed"} <= engine
+    assert not {"min_length", "random_seed"} & engine
+    old = parse_spec(_spec(TORCH, release="v0.19")).models[0]
+    engine = {t.name for t in parse(render_config(old, "tensorrt_llm")).input}
+    assert {"min_length", "random_seed"} <= engine
+
+
+def test_packaged_templates_of_numbered_releases_are_the_stock_files() -> None:
+    for release in ("v0.8", "v0.11", "v0.19"):
+        for name in PIPELINE_MODELS:
+            packaged = (PACKAGED / release / name / "config.pbtxt").read_text()
+            assert packaged == reference_template(release, name).read_text()
+
+
+@pytest.mark.parametrize("release", RELEASES)
+@pytest.mark.parametrize("engine", [TORCH, TRTLLM], ids=["torch", "tensorrtllm"])
+def test_names_are_prefixed_and_wired(engine: dict[str, object], release: str) -> None:
+    model = parse_spec(_spec(engine, release=release)).models[0]
+    configs = {name: parse(render_config(model, name)) for name in PIPELINE_MODELS}
+    assert {c.name for c in configs.values()} == {f"m1_{n}" for n in PIPELINE_MODELS}
+    steps = [s.model_name for s in configs["ensemble"].ensemble_scheduling.step]
+    assert steps == ["m1_preprocessing", "m1_tensorrt_llm", "m1_postprocessing"]
+    bls = configs["tensorrt_llm_bls"].parameters
+    assert bls["tensorrt_llm_model_name"].string_value == "m1_tensorrt_llm"
+    assert bls["preprocessing_model_name"].string_value == "m1_preprocessing"
+    assert bls["postprocessing_model_name"].string_value == "m1_postprocessing"
+    assert bls["forwards_cancellation"].string_value == "true"
+    assert bls["forwards_declared_inputs"].string_value == "true"
+    assert configs["preprocessing"].parameters["tokenizer_dir"].string_value == "tok/id"
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_torch_engine_config(release: str) -> None:
+    spec = _spec(
+        {**TORCH, "device": "cuda:1", "dtype": "bfloat16", "max_batch_size": 8}, release=release
+    )
+    config = parse(render_config(parse_spec(spec).models[0], "tensorrt_llm"))
+    params = {k: v.string_value for k, v in config.parameters.items()}
+    assert config.backend == "python"
+    assert config.model_transaction_policy.decoupled is True
+    assert params["gpt_model_path"] == "some/hub-id"
+    assert params["torch_device"] == "cuda:1"
+    assert params["torch_dtype"] == "bfloat16"
+    assert params["torch_max_batch_size"] == "8"
+    assert not any("${" in v for v in params.values())
+
+
+def test_tensorrtllm_engine_config_keeps_only_set_parameters() -> None:
+    spec = _spec(
+        {**TRTLLM, "kv_cache_free_gpu_mem_fraction": 0.5, "parameters": {"decoding_mode": "top_p"}}
+    )
+    config = parse(render_config(parse_spec(spec).models[0], "tensorrt_llm"))
+    params = {k: v.string_value for k, v in config.parameters.items()}
+    assert config.backend == "tensorrtllm"
+    assert params["gpt_model_path"] == "/engines/llama"
+    assert params["gpu_device_ids"] == "0,1"
+    assert params["kv_cache_free_gpu_mem_fraction"] == "0.5"
+    assert params["decoding_mode"] == "top_p"
+    assert params["gpt_model_type"] == "inflight_fused_batching"
+    assert "lora_prefetch_dir" not in params  # unset -> dropped -> the backend default applies
+    assert "torch_device" not in params
+
+
+def test_repository_files() -> None:
+    files = render_model(parse_spec(_spec(TORCH)).models[0])
+    for name in ("preprocessing", "postprocessing", "tensorrt_llm_bls", "tensorrt_llm"):
+        assert "TritonPythonModel" in files[f"m1_{name}/1/model.py"]
+    assert "m1_ensemble/1/.keep" in files
+    trt = render_model(parse_spec(_spec(TRTLLM)).models[0])
+    assert "m1_tensorrt_llm/1/model.py" not in trt
+    assert "m1_tensorrt_llm/1/.keep" in trt
+
+
+def test_values_are_escaped_for_pbtxt() -> None:
+    spec = _spec({**TORCH, "model_dir": 'C:\\models\\"odd"'})
+    config = parse(render_config(parse_spec(spec).models[0], "tensorrt_llm"))
+    assert config.parameters["gpt_model_path"].string_value == 'C:\\models\\"odd"'
+
+
+def test_unresolved_placeholder_is_named() -> None:
+    with pytest.raises(RenderError, match=r"unresolved placeholder.*bogus_value"):
+        fill("max_batch_size: ${bogus_value}\n", {}, where="x")
+    assert (
+        fill('parameters {\n key: "a"\n value: { string_value: "${a}" }\n}\n', {}, where="x") == ""
+    )
+
+
+def test_missing_model_dir_is_named(tmp_path: Path) -> None:
+    missing = tmp_path / "nowhere"
+    spec = parse_spec(
+        {"models": [{"name": "m", "engine": {"kind": "torch", "model_dir": str(missing)}}]}
+    )
+    with pytest.raises(RenderError, match=f"engine.model_dir {missing} does not exist"):
+        render_spec(spec, tmp_path / "out")
+
+
+def test_spec_file_relative_paths_and_two_sidecars(tmp_path: Path) -> None:
+    (tmp_path / "models" / "a").mkdir(parents=True)
+    (tmp_path / "spec.yaml").write_text(
+        "models:\n"
+        "  - {name: a, engine: {kind: torch, model_dir: ./models/a}}\n"
+        "  - name: b\n"
+        "    tokenizer_dir: ./models/a\n"
+        "    engine: {kind: tensorrtllm, engine_dir: ./models/a}\n"
+        "sidecars:\n  - {name: cpu, models: [a]}\n  - {name: gpu, models: [b]}\n"
+    )
+    spec = load_spec(tmp_path / "spec.yaml")
+    assert spec.models[0].engine.model_dir == str(tmp_path / "models" / "a")  # type: ignore[union-attr]
+    out = render_spec(spec, tmp_path / "out")
+    assert sorted(p.name for p in out["cpu"].iterdir()) == sorted(f"a_{n}" for n in PIPELINE_MODELS)
+    assert sorted(p.name for p in out["gpu"].iterdir()) == sorted(f"b_{n}" for n in PIPELINE_MODELS)
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ({"models": []}, "serves no models"),
+        ({"models": [{"name": "a b", "engine": TORCH}]}, "must match"),
+        ({"models": [{"name": "a", "engine": TORCH}, {"name": "a", "engine": TORCH}]}, "twice"),
+        ({"models": [{"name": "a", "engine": {"kind": "onnx"}}]}, "invalid spec"),
+        ({"models": [{"name": "a", "engine": TORCH, "colour": 1}]}, "invalid spec"),
+        ({"models": [{"name": "a", "engine": TRTLLM}]}, None),
+        (
+            {"models": [{"name": "a", "engine": TORCH}], "sidecars": [{"models": ["zz"]}]},
+            "no model named 'zz'",
+        ),
+        (
+            {
+                "models": [{"name": "a", "engine": TORCH}],
+                "sidecars": [{"name": "x", "models": ["a"]}, {"name": "y", "models": ["a"]}],
+            },
+            "hosted by both",
+        ),
+    ],
+)
+def test_spec_validation(data: dict[str, object], message: str | None) -> None:
+    if message is None:
+        with pytest.raises(SpecError, match="tokenizer_dir is required"):
+            render_model(parse_spec(data).models[0])
+        return
+    with pytest.raises(SpecError, match=message):
+        parse_spec(data)
+
+
+@pytest.mark.parametrize(
+    ("release", "required"),
+    [
+        ("v0.8", "TOKENS_BATCH,SEQUENCE_LENGTH,CUM_LOG_PROBS,OUTPUT_LOG_PROBS"),
+        ("v0.11", "TOKENS_BATCH,SEQUENCE_LENGTH"),
+        ("latest", "TOKENS_BATCH,SEQUENCE_LENGTH"),
+    ],
+)
+def test_bls_learns_what_the_releases_postprocessing_requires(release: str, required: str) -> None:
+    model = parse_spec(_spec(TORCH, release=release)).models[0]
+    bls = parse(render_config(model, "tensorrt_llm_bls")).parameters
+    assert bls["postprocessing_required_inputs"].string_value == required
+    stock = {t.name for t in stock_config(release, "postprocessing").input if not t.optional}
+    assert set(required.split(",")) == stock
+
+
+def test_text_python_env_goes_to_the_text_models_only(tmp_path: Path) -> None:
+    env = tmp_path / "text-env"
+    env.mkdir()
+    spec = parse_spec(_spec(TORCH, text_python_env=str(env)))
+    files = render_model(spec.models[0])
+    for name in PIPELINE_MODELS:
+        config = parse(files[f"m1_{name}/config.pbtxt"])
+        value = config.parameters.get("EXECUTION_ENV_PATH")
+        expected = (
+            str(env) if name in ("preprocessing", "postprocessing", "tensorrt_llm_bls") else None
+        )
+        assert (value.string_value if value is not None else None) == expected, name
+
+
+def test_missing_text_python_env_is_named(tmp_path: Path) -> None:
+    missing = tmp_path / "no-env"
+    spec = parse_spec(_spec(TORCH, text_python_env=str(missing)))
+    with pytest.raises(RenderError, match=f"text_python_env {missing} does not exist"):
+        render_spec(spec, tmp_path / "out")
+
+
+def test_relative_text_python_env_is_taken_from_the_spec_file(tmp_path: Path) -> None:
+    (tmp_path / "envs" / "text").mkdir(parents=True)
+    path = tmp_path / "spec.yaml"
+    path.write_text(
+        "models:\n  - name: m\n    engine: {kind: torch, model_dir: some/id}\n"
+        "    text_python_env: ./envs/text\n"
+    )
+    assert load_spec(path).models[0].text_python_env == str(tmp_path / "envs" / "text")

@@ -1,0 +1,214 @@
+"""Pure parts of tenancy: the rate algorithm, keys, headers, policies and reservations."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pytest
+
+from adapters.contract import SamplingParams
+from gateway.core.plan import ChoiceSpec, Plan, Prompt
+from gateway.tenancy import gcra
+from gateway.tenancy.config import (
+    KeyEntry,
+    TenancyConfigError,
+    TenancySettings,
+    TenantPolicy,
+    check_tenancy,
+)
+from gateway.tenancy.gcra import Limit
+from gateway.tenancy.keys import KeyRing, MalformedKey, digest, matches, new_key, presented_key
+from gateway.tenancy.quota import Limits, Quota
+from gateway.tenancy.service import duration, rate_limit_headers, reservation
+
+PER_SECOND = Limit("requests", rate=60, period=60, capacity=3)  # one a second, three at once
+
+
+def test_a_full_bucket_admits_its_capacity_then_one_per_interval() -> None:
+    tat, admitted = 0.0, []
+    for now in [100.0, 100.0, 100.0, 100.0, 100.5, 101.0, 101.0]:
+        decision = gcra.take(PER_SECOND, tat, now, 1)
+        admitted.append(decision.allowed)
+        tat = decision.tat
+    assert admitted == [True, True, True, False, False, True, False]
+
+
+def test_denials_say_when_to_retry_and_what_is_left() -> None:
+    tat = 0.0
+    for _ in range(3):
+        tat = gcra.take(PER_SECOND, tat, 10.0, 1).tat
+    denied = gcra.take(PER_SECOND, tat, 10.25, 1)
+    assert not denied.allowed and denied.tat == tat
+    assert denied.retry_after == pytest.approx(0.75)
+    assert denied.remaining == pytest.approx(0.25)
+    assert denied.reset_after == pytest.approx(2.75)
+    assert gcra.take(PER_SECOND, tat, 10.25 + denied.retry_after, 1).allowed
+
+
+def test_no_burst_beyond_capacity_and_no_more_than_rate_over_time() -> None:
+    """Offered ten a second for a minute: admitted = capacity + one a second, never twice."""
+    tat, admitted = 0.0, 0
+    for step in range(600):
+        decision = gcra.take(PER_SECOND, tat, 1000 + step / 10, 1)
+        if decision.allowed:
+            admitted += 1
+            tat = decision.tat
+    assert admitted == 3 + 59
+
+
+@pytest.mark.parametrize(
+    ("cost", "allowed"), [(3, True), (4, False)], ids=["fits", "more-than-capacity"]
+)
+def test_costs_take_several_units(cost: float, allowed: bool) -> None:
+    assert gcra.take(PER_SECOND, 0.0, 50.0, cost).allowed is allowed
+
+
+def test_giving_back_refills_but_never_beyond_full() -> None:
+    tat = gcra.take(PER_SECOND, 0.0, 10.0, 3).tat
+    assert gcra.give_back(PER_SECOND, tat, 10.0, 2) == pytest.approx(11.0)
+    assert gcra.give_back(PER_SECOND, tat, 10.0, 10) == 10.0
+    assert gcra.give_back(PER_SECOND, tat, 10.0, -1) == pytest.approx(14.0)
+
+
+def test_limits_of_a_policy() -> None:
+    limits = Limits.of(
+        TenantPolicy(
+            name="t",
+            requests_per_minute=120,
+            tokens_per_minute=6000,
+            tokens_per_day=100_000,
+            max_concurrency=4,
+            burst=0.5,
+        )
+    )
+    assert limits.requests == Limit("requests", 120, 60, 60)
+    assert limits.tokens == Limit("tokens", 6000, 60, 3000)
+    assert limits.daily_tokens == Limit("tokens_per_day", 100_000, 86400, 100_000)
+    assert limits.concurrency == 4
+    assert limits.largest_reservation() == 3000
+    assert Limits.of(TenantPolicy(name="free")).largest_reservation() is None
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [(0.0004, "1ms"), (0.02, "20ms"), (1.5, "1.5s"), (59.9994, "59.999s"), (360, "6m0s"),
+     (3725.25, "1h2m5.25s")],
+)  # fmt: skip
+def test_reset_durations_as_openai_writes_them(seconds: float, text: str) -> None:
+    assert duration(seconds) == text
+
+
+def test_rate_limit_headers() -> None:
+    requests = Limit("requests", 60, 60, 60)
+    tokens = Limit("tokens", 1000, 60, 1000)
+    quota = Quota(
+        requests=(requests, gcra.Decision(True, 0, 0, 58.99, 2.0)),
+        tokens=(tokens, gcra.Decision(True, 0, 0, 750.5, 15.03)),
+    )
+    assert rate_limit_headers(quota) == {
+        "x-ratelimit-limit-requests": "60",
+        "x-ratelimit-remaining-requests": "58",
+        "x-ratelimit-reset-requests": "2s",
+        "x-ratelimit-limit-tokens": "1000",
+        "x-ratelimit-remaining-tokens": "750",
+        "x-ratelimit-reset-tokens": "15.03s",
+    }
+    assert rate_limit_headers(Quota()) == {}
+    assert rate_limit_headers(None) == {}
+
+
+def test_keys_are_random_and_stored_as_digests() -> None:
+    key = new_key()
+    assert re.fullmatch(r"tgw-[A-Za-z0-9_-]{43}", key)
+    assert key != new_key()
+    assert digest(key) == digest(key) and len(digest(key)) == 64
+    ring = KeyRing([KeyEntry(tenant="a", sha256=digest(key))])
+    assert ring.find(key) == KeyEntry(tenant="a", sha256=digest(key))
+    assert ring.find(key + "x") is None
+    assert matches(key, digest(key)) and not matches(key, None) and not matches("x", digest(key))
+
+
+@pytest.mark.parametrize(
+    ("headers", "key"),
+    [
+        ({}, None),
+        ({"authorization": "Bearer abc"}, "abc"),
+        ({"authorization": "bearer  abc "}, "abc"),
+        ({"api-key": "abc"}, "abc"),
+        ({"authorization": "Bearer abc", "api-key": "zzz"}, "abc"),
+    ],
+)
+def test_presented_key(headers: dict[str, str], key: str | None) -> None:
+    assert presented_key(headers) == key
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {"authorization": "Basic dXNlcjpwYXNz"},
+        {"authorization": "Bearer"},
+        {"authorization": "Bearer a b"},
+        {"api-key": ""},
+        {"api-key": "x" * 300},
+        {"api-key": "bad\x00key"},
+    ],
+)
+def test_malformed_credentials(headers: dict[str, str]) -> None:
+    with pytest.raises(MalformedKey):
+        presented_key(headers)
+
+
+SHA = "a" * 64
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({}, "auth is on but no API keys"),
+        ({"tenants": [{"name": "a"}, {"name": "a"}], "keys": [{"tenant": "a", "sha256": SHA}]},
+         "appear twice"),
+        ({"tenants": [{"name": "a"}], "keys": [{"tenant": "b", "sha256": SHA}]}, "unknown tenant"),
+        ({"tenants": [{"name": "a"}], "keys": [{"tenant": "a", "sha256": "xyz"}]}, "64 hex"),
+        ({"tenants": [{"name": "a", "burst": 0}], "admin_key_sha256": SHA}, "burst"),
+        ({"tenants": [{"name": "a", "tokens_per_minute": 0}], "admin_key_sha256": SHA},
+         "at least 1"),
+        ({"tenants": [{"name": "a b"}], "admin_key_sha256": SHA}, "must match"),
+        ({"tenants": [{"name": "a"}], "keys": [{"tenant": "a", "sha256": SHA}],
+          "admin_key_sha256": SHA}, "admin key must not"),
+    ],
+)  # fmt: skip
+def test_tenancy_settings_that_cannot_work(settings: dict[str, Any], message: str) -> None:
+    import msgspec
+
+    with pytest.raises(TenancyConfigError, match=message):
+        check_tenancy(msgspec.convert(settings, TenancySettings))
+
+
+def test_auth_off_or_an_admin_key_alone_are_valid() -> None:
+    check_tenancy(TenancySettings(auth=False))
+    check_tenancy(TenancySettings(admin_key_sha256=SHA))
+
+
+@pytest.mark.parametrize(
+    ("patterns", "name", "allowed"),
+    [(("*",), "x", True), (("llama-*",), "llama-8b", True), (("llama-*",), "qwen", False),
+     ((), "x", False)],
+)  # fmt: skip
+def test_model_patterns(patterns: tuple[str, ...], name: str, allowed: bool) -> None:
+    assert TenantPolicy(name="t", models=patterns).allows_model(name) is allowed
+
+
+def test_reservation_counts_each_prompt_once_and_every_choice() -> None:
+    def choice(index: int, prompt_index: int, tokens: int, max_tokens: int) -> ChoiceSpec:
+        return ChoiceSpec(
+            index, prompt_index, Prompt("p", tokens), SamplingParams(max_tokens=max_tokens)
+        )
+
+    plan = Plan(
+        model="m",
+        choices=(choice(0, 0, 10, 5), choice(1, 0, 10, 5), choice(2, 1, 7, 20)),
+        stream=False,
+        include_usage=False,
+    )
+    assert reservation(plan) == 10 + 7 + 5 + 5 + 20

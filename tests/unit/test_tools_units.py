@@ -1,0 +1,239 @@
+"""Pure logic of tool calls and guides: parsers fed in any chunking, formats, request checks,
+history writing, and the guide tensors a model may or may not take."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import msgspec
+import pytest
+
+from adapters.contract import GenerationRequest, Guide, InvalidRequest, SamplingParams
+from adapters.triton.config import parse_model_config
+from adapters.triton.tensors import build_inputs
+from gateway.http.errors import InvalidRequestError
+from gateway.openai.protocol import ChatCompletionRequest
+from gateway.tools import Folded, conversation, output_rules
+from gateway.tools.formats import FORMATS, Function, guess_format, tool_format
+from gateway.tools.parsing import ArgumentsOnly, ObjectCalls, Parser
+
+CHUNKINGS = [1, 2, 5, 1000]
+
+
+def fold(parser: Parser, text: str, size: int) -> Folded:
+    folded = Folded()
+    for start in range(0, len(text), size):
+        folded.add(parser.feed(text[start : start + size]))
+    folded.add(parser.finish())
+    return folded
+
+
+def calls_of(folded: Folded) -> list[tuple[str, Any]]:
+    return [(call.name, json.loads(call.arguments)) for call in folded.calls]
+
+
+ARGS = {"city": 'Paris }{ " ', "n": [1, {"a": "]"}]}
+
+
+@pytest.mark.parametrize("size", CHUNKINGS)
+@pytest.mark.parametrize("name", sorted(FORMATS))
+def test_each_format_reads_back_what_it_writes(name: str, size: int) -> None:
+    fmt = tool_format(name)
+    calls = [
+        {"function": {"name": "get_weather", "arguments": json.dumps(ARGS)}},
+        {"function": {"name": "noop", "arguments": "{}"}},
+    ]
+    folded = fold(fmt.parser(), fmt.render_calls(calls), size)
+    assert calls_of(folded) == [("get_weather", ARGS), ("noop", {})]
+    assert not folded.content.strip()
+
+
+@pytest.mark.parametrize("size", CHUNKINGS)
+def test_hermes_content_around_calls_and_held_back_markers(size: int) -> None:
+    text = 'Let me check. <tool_call>\n{"arguments": {"x": 1}, "name": "f"}\n</tool_call> and <tool'
+    folded = fold(tool_format("hermes").parser(), text, size)
+    assert calls_of(folded) == [("f", {"x": 1})]
+    assert folded.content == "Let me check.  and <tool"
+
+
+@pytest.mark.parametrize("size", CHUNKINGS)
+def test_a_tag_without_a_call_stays_content(size: int) -> None:
+    text = "a <tool_call>not json</tool_call> b"
+    folded = fold(tool_format("hermes").parser(), text, size)
+    assert folded.calls == [] and folded.content == text
+
+
+@pytest.mark.parametrize("name", ["llama3_json", "mistral", "pythonic"])
+def test_prose_is_content(name: str) -> None:
+    folded = fold(tool_format(name).parser(), "  The weather is fine [really].", 3)
+    assert folded.calls == [] and folded.content == "  The weather is fine [really]."
+
+
+def test_special_tokens_dropped_by_postprocessing_still_parse() -> None:
+    mistral = fold(tool_format("mistral").parser(), '[{"name": "f", "arguments": {}}]', 4)
+    assert calls_of(mistral) == [("f", {})]
+    llama = fold(tool_format("llama3_json").parser(), '{"name": "f", "parameters": {"a": 2}}', 4)
+    assert calls_of(llama) == [("f", {"a": 2})]
+
+
+def test_arguments_stream_as_fragments_after_the_name() -> None:
+    parser = ObjectCalls()
+    pieces = []
+    for ch in '[{"name": "f", "arguments": {"a": "bc"}}]':
+        pieces.extend(parser.feed(ch))
+    kinds = [type(piece).__name__ for piece in pieces]
+    assert kinds[0] == "CallStart" and kinds.count("Arguments") > 3
+    assert "".join(p.text for p in pieces[1:]) == '{"a": "bc"}'  # type: ignore[union-attr]
+
+
+def test_named_function_output_is_its_arguments() -> None:
+    folded = fold(ArgumentsOnly("f"), '  {"a": 1}', 2)
+    assert calls_of(folded) == [("f", {"a": 1})]
+
+
+def test_guess_format_from_the_template() -> None:
+    assert guess_format("{{ '[TOOL_CALLS]' }}") == "mistral"
+    assert guess_format("<|python_tag|>") == "llama3_json"
+    assert guess_format("<tool_call>") == "hermes"
+    assert guess_format(None) == "hermes"
+
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+        },
+    }
+]
+
+
+def request(**fields: Any) -> ChatCompletionRequest:
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], **fields}
+    return msgspec.convert(body, ChatCompletionRequest)
+
+
+def test_plans_per_tool_choice() -> None:
+    assert output_rules(request(), None, "", True).mode == "text"
+    auto = output_rules(request(tools=TOOLS), None, "", True)
+    assert auto.mode == "format" and auto.guide is not None and auto.guide.optional
+    assert json.loads(auto.guide.guide or "")["format"]["triggers"] == ["<tool_call>"]
+    required = output_rules(request(tools=TOOLS, tool_choice="required"), None, "", True)
+    schema = json.loads(required.guide.guide or "")  # type: ignore[union-attr]
+    assert required.mode == "calls" and schema["minItems"] == 1 and "maxItems" not in schema
+    single = output_rules(
+        request(tools=TOOLS, tool_choice="required", parallel_tool_calls=False), None, "", True
+    )
+    assert json.loads(single.guide.guide or "")["maxItems"] == 1  # type: ignore[union-attr]
+    named = request(
+        tools=TOOLS, tool_choice={"type": "function", "function": {"name": "get_weather"}}
+    )
+    plan = output_rules(named, "pythonic", "", True)
+    assert plan.mode == "arguments" and plan.function == "get_weather"
+    none = output_rules(request(tools=TOOLS, tool_choice="none"), None, "", True)
+    assert none.mode == "text" and none.guide is None
+
+
+def test_response_format_guides() -> None:
+    assert output_rules(request(response_format={"type": "text"}), None, "", True).guide is None
+    guide = output_rules(request(response_format={"type": "json_object"}), None, "", True).guide
+    assert guide == Guide("json")
+    schema = {"type": "object"}
+    fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": schema, "strict": True}}
+    guide = output_rules(request(response_format=fmt), None, "", True).guide
+    assert guide == Guide("json_schema", json.dumps(schema))
+
+
+def test_pythonic_auto_has_no_structural_tag() -> None:
+    plan = output_rules(request(tools=TOOLS), "pythonic", "", True)
+    assert plan.mode == "format" and plan.guide is None
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"tools": TOOLS + TOOLS},
+        {"tool_choice": "auto"},
+        {"tools": TOOLS, "tool_choice": {"type": "allowed_tools"}},
+        {"function_call": "auto"},
+        {"tools": TOOLS, "response_format": {"type": "json_object"}},
+    ],
+)
+def test_unservable_combinations(fields: dict[str, Any]) -> None:
+    with pytest.raises(InvalidRequestError):
+        output_rules(request(**fields), None, "", True)
+
+
+HISTORY = [
+    {"role": "system", "content": "Be brief."},
+    {"role": "user", "content": "Weather?"},
+    {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [
+            {"id": "c1", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+        ],
+    },
+    {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
+]
+
+
+def test_history_for_a_template_that_takes_tools() -> None:
+    plan = output_rules(request(tools=TOOLS), None, "", True)
+    messages, tools = conversation(HISTORY, plan)
+    assert tools == [Function("get_weather", None, TOOLS[0]["function"]["parameters"]).as_tool()]
+    assert messages[2]["tool_calls"][0]["function"]["arguments"] == {"city": "Paris"}
+
+
+def test_history_written_out_for_a_template_that_does_not() -> None:
+    plan = output_rules(request(tools=TOOLS), "hermes", "", False)
+    messages, tools = conversation(HISTORY, plan)
+    assert tools is None
+    assert messages[0]["role"] == "system" and "Be brief." in messages[0]["content"]
+    assert "get_weather" in messages[0]["content"] and "<tool_call>" in messages[0]["content"]
+    assert messages[2]["content"] == (
+        '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+    )
+    assert "tool_calls" not in messages[2]
+    assert messages[3] == {"role": "user", "content": "<tool_response>\nsunny\n</tool_response>"}
+
+
+def config(guided: dict[str, str] | None, inputs: bool = True, platform: str = "python") -> Any:
+    names = ["text_input"]
+    if inputs:
+        names += ["guided_decoding_guide_type", "guided_decoding_guide"]
+    declared = [{"name": n, "data_type": "TYPE_STRING", "dims": [1]} for n in names]
+    declared.append({"name": "max_tokens", "data_type": "TYPE_INT32", "dims": [1]})
+    parameters = {k: {"string_value": v} for k, v in (guided or {}).items()}
+    return parse_model_config(
+        {"name": "m", "backend": platform, "input": declared, "parameters": parameters}
+    )
+
+
+def send(model: Any, guide: Guide) -> dict[str, Any]:
+    params = SamplingParams(max_tokens=4, guide=guide)
+    tensors = build_inputs(GenerationRequest("r", "p", params, stream=False), model)
+    return {t.name: t.array.reshape(-1)[0] for t in tensors}
+
+
+def test_guide_tensors_and_who_refuses_them() -> None:
+    on = config({"guided_decoding_backend": "xgrammar"})
+    sent = send(on, Guide("json_schema", "{}"))
+    assert sent["guided_decoding_guide_type"] == b"json_schema"
+    assert sent["guided_decoding_guide"] == b"{}"
+    assert "guided_decoding_guide" not in send(on, Guide("json"))
+    cpp_without_info = config({"guided_decoding_backend": "xgrammar"}, platform="tensorrtllm")
+    with pytest.raises(InvalidRequest, match="not enabled") as caught:
+        send(cpp_without_info, Guide("json", param="tool_choice"))
+    assert caught.value.param == "tool_choice"
+    cpp = config(
+        {"guided_decoding_backend": "xgrammar", "xgrammar_tokenizer_info_path": "/i.json"},
+        platform="tensorrtllm",
+    )
+    assert "guided_decoding_guide_type" in send(cpp, Guide("json"))
+    old = config(None, inputs=False)
+    with pytest.raises(InvalidRequest, match="no guided_decoding_guide_type input"):
+        send(old, Guide("json"))
+    assert "guided_decoding_guide_type" not in send(old, Guide("json", optional=True))

@@ -24,11 +24,6 @@ from deploy.sidecar.spec import (
 TEMPLATES = Path(__file__).parent / "templates"
 BACKENDS = Path(__file__).resolve().parents[1] / "triton" / "backends"
 PYTHON_MODELS = ("preprocessing", "postprocessing", "tensorrt_llm_bls")
-LOADTEST_MODEL_PY = (
-    '"""Triton entry point of the ZERO-COMPUTE load-test `tensorrt_llm` model (benchmarks only:\n'
-    'its text is meaningless); the implementation is in deploy.triton.loadtest.engine."""\n\n'
-    "from deploy.triton.loadtest.engine import TritonPythonModel  # noqa: F401\n"
-)
 
 PLACEHOLDER = re.compile(r"\$\{(\w+)\}")
 PARAMETER_BLOCK = re.compile(
@@ -184,8 +179,13 @@ def _model_parameters(model: ModelSpec, name: str) -> dict[str, str]:
             "torch_lora_cache_size": str(engine.lora_cache_size),
         }
     if name == "tensorrt_llm" and isinstance(model.engine, LoadTestEngine):
-        token = model.engine.token_id
-        return {"load_test_model": "true"} | _optional({"loadtest_token_id": token})
+        paced = model.engine
+        return {
+            "load_test_model": "true",
+            "loadtest_token_s": repr(paced.token_s),
+            "loadtest_prompt_token_s": repr(paced.prompt_token_s),
+            "loadtest_max_batch_size": str(paced.max_batch_size),
+        } | _optional({"loadtest_token_id": paced.token_id})
     return {}
 
 
@@ -227,12 +227,24 @@ def render_config(model: ModelSpec, name: str) -> str:
     if name == "tensorrt_llm" and isinstance(model.engine, TorchEngine | LoadTestEngine):
         # Releases before v0.11 write the C++ backend into the template instead of a placeholder.
         text = re.sub(r'^backend: "\w+"', 'backend: "python"', text, count=1, flags=re.M)
+    if name == "tensorrt_llm" and isinstance(model.engine, LoadTestEngine):
+        text = _instance_count(text, model.engine.instances)
     if name == "ensemble":
         for step in ("preprocessing", "tensorrt_llm", "postprocessing"):
             text = text.replace(f'model_name: "{step}"', f'model_name: "{model.triton_name(step)}"')
     for key, value in _extra_parameters(model, name).items():
         text = _set_parameter(text, key, value)
     return text
+
+
+def _instance_count(text: str, count: int) -> str:
+    """The first ``instance_group``'s ``count`` set to ``count``."""
+    return re.sub(
+        r"(instance_group\s*\[\s*\{\s*count:\s*)\d+",
+        lambda m: m.group(1) + str(count),
+        text,
+        count=1,
+    )
 
 
 def _set_parameter(text: str, key: str, value: str) -> str:
@@ -252,10 +264,8 @@ def render_model(model: ModelSpec) -> dict[str, str]:
     for name in PIPELINE_MODELS:
         triton_name = model.triton_name(name)
         files[f"{triton_name}/config.pbtxt"] = render_config(model, name)
-        if name == "tensorrt_llm" and isinstance(model.engine, LoadTestEngine):
-            files[f"{triton_name}/1/model.py"] = LOADTEST_MODEL_PY
-        elif name in PYTHON_MODELS or (
-            name == "tensorrt_llm" and isinstance(model.engine, TorchEngine)
+        if name in PYTHON_MODELS or (
+            name == "tensorrt_llm" and isinstance(model.engine, TorchEngine | LoadTestEngine)
         ):
             files[f"{triton_name}/1/model.py"] = (BACKENDS / name / "model.py").read_text()
         elif name == "tensorrt_llm" or name == "ensemble":

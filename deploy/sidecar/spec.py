@@ -95,10 +95,12 @@ class TensorRTLLMEngine(
 class LoadTestEngine(
     msgspec.Struct, frozen=True, forbid_unknown_fields=True, tag="loadtest", tag_field="kind"
 ):
-    """A ZERO-COMPUTE load-test stand-in for the ``tensorrt_llm`` model, only for benchmarks.
+    """A load-test stand-in for the ``tensorrt_llm`` model, only for benchmarks: no model, made-up
+    tokens (meaningless text) on a TensorRT-LLM engine's schedule.
 
-    It answers every request at once with made-up tokens (meaningless text), so a benchmark
-    measures the serving overhead alone: the gateway and Triton's pre- and postprocessing.
+    Unpaced (the default) it answers every request at once, so a benchmark measures the serving
+    overhead alone; paced (``token_s``, ``prompt_token_s``) each stream gets tokens at a set
+    rate, like an engine on a GPU, while costing the host almost nothing.
     """
 
     tokenizer_dir: str
@@ -107,6 +109,14 @@ class LoadTestEngine(
     token_id: int | None = None
     """The token id every output position holds; by default the request's own ``input_ids`` in
     a cycle (never ``end_id``), so the detokenized text is made of real words."""
+    token_s: float = 0.0
+    """Seconds between two output tokens of a stream (0.0125 is 80 tokens/s); 0: at once."""
+    prompt_token_s: float = 0.0
+    """Seconds per prompt token before a stream's first token (the prefill)."""
+    max_batch_size: int = 4096
+    """Streams paced at once per instance; more wait their turn."""
+    instances: int = 1
+    """Instances of the model (each a Python-backend process) that share the requests."""
 
 
 Engine = TorchEngine | TensorRTLLMEngine | LoadTestEngine
@@ -285,8 +295,17 @@ def _resolve_paths(spec: Spec, base_dir: Path) -> Spec:
 def _check_engine(model: ModelSpec) -> None:
     if isinstance(model.engine, TorchEngine) and model.engine.max_batch_size < 1:
         raise SpecError(f"model {model.name!r}: engine max_batch_size must be >= 1")
-    if isinstance(model.engine, LoadTestEngine) and (model.engine.token_id or 0) < 0:
-        raise SpecError(f"model {model.name!r}: engine token_id must be >= 0")
+    if isinstance(model.engine, LoadTestEngine):
+        _check_load_test(model.name, model.engine)
+
+
+def _check_load_test(name: str, engine: LoadTestEngine) -> None:
+    if (engine.token_id or 0) < 0:
+        raise SpecError(f"model {name!r}: engine token_id must be >= 0")
+    if engine.token_s < 0 or engine.prompt_token_s < 0:
+        raise SpecError(f"model {name!r}: engine token_s and prompt_token_s must be >= 0")
+    if engine.max_batch_size < 1 or engine.instances < 1:
+        raise SpecError(f"model {name!r}: engine max_batch_size and instances must be >= 1")
 
 
 def _check(spec: Spec) -> None:

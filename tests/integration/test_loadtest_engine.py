@@ -1,11 +1,10 @@
-"""The ZERO-COMPUTE load-test engine (benchmarks only, meaningless text): its pure helpers, its
-rendering, and the pipeline over it in a real tritonserver."""
+"""The load-test engine (benchmarks only, meaningless text): its spec and rendering, and the
+pipeline over it in a real tritonserver, unpaced and paced."""
 
 from __future__ import annotations
 
-import importlib
-import sys
-import types
+import re
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -36,112 +35,6 @@ ALL = frozenset(
 )
 
 
-@pytest.fixture(scope="module")
-def lt() -> Iterator[types.ModuleType]:
-    """``deploy.triton.loadtest.engine`` imported outside tritonserver (pb_utils stood in)."""
-    with pytest.MonkeyPatch.context() as patch:
-        stand_in = types.ModuleType("triton_python_backend_utils")
-        patch.setitem(sys.modules, "triton_python_backend_utils", stand_in)
-        sys.modules.pop("deploy.triton.loadtest.engine", None)
-        yield importlib.import_module("deploy.triton.loadtest.engine")
-        sys.modules.pop("deploy.triton.loadtest.engine", None)
-
-
-def _inputs(**values: Any) -> dict[str, np.ndarray]:
-    base: dict[str, Any] = {
-        "input_ids": PROMPT[np.newaxis],
-        "input_lengths": [[PROMPT.size]],
-        "request_output_len": [[6]],
-    }
-    return {name: np.asarray(value) for name, value in (base | values).items()}
-
-
-def test_fake_tokens_cycle_the_prompt_without_end_or_pad(lt: types.ModuleType) -> None:
-    assert lt.fake_tokens(PROMPT, 6).tolist() == [5, 7, 2, 9, 5, 7]
-    assert lt.fake_tokens(PROMPT, 5, end_id=2, pad_id=9).tolist() == [5, 7, 5, 7, 5]
-    assert lt.fake_tokens(PROMPT, 3, token_id=11, end_id=2).tolist() == [11, 11, 11]
-    assert lt.fake_tokens(PROMPT, 2, token_id=2, end_id=2).tolist() == [5, 7]
-    assert lt.fake_tokens(np.array([0, 0]), 3, end_id=0, pad_id=1).tolist() == [2, 2, 2]
-    assert lt.fake_tokens(PROMPT, 4).dtype == np.int32
-
-
-def test_read_items_checks_as_the_torch_engine(lt: types.ModuleType) -> None:
-    (item,) = lt.read_items(_inputs(input_lengths=[[3]], end_id=[[2]], streaming=[[True]]))
-    assert item.prompt.tolist() == [5, 7, 2] and item.output_len == 6
-    assert item.streaming and item.end_id == 2 and not item.exclude_input
-    assert lt.read_items(_inputs(), exclude_input_default=True)[0].exclude_input
-    assert not lt.read_items(
-        _inputs(exclude_input_in_output=[[False]]), exclude_input_default=True
-    )[0].exclude_input
-    two = lt.read_items(_inputs(input_ids=[[1, 2], [3, 4]], input_lengths=[[2], [1]]))
-    assert [(i.batch_index, i.batch_size, i.prompt.tolist()) for i in two] == [
-        (0, 2, [1, 2]),
-        (1, 2, [3]),
-    ]
-    for bad, message in [
-        (_inputs(input_lengths=[[0]]), "input_ids is empty"),
-        (_inputs(input_lengths=[[9]]), "does not fit"),
-        (_inputs(request_output_len=[[0]]), "at least 1"),
-        (_inputs(return_generation_logits=[[True]]), "no logits"),
-    ]:
-        with pytest.raises(lt.LoadTestError, match=message):
-            lt.read_items(bad)
-    assert lt.is_stop_request(_inputs(stop=[[True]]))
-    assert not lt.is_stop_request(_inputs())
-
-
-def test_only_decoupled_streams_batches_and_sequences(lt: types.ModuleType) -> None:
-    for values, message in [
-        ({"streaming": [[True]]}, "Streaming is only supported"),
-        ({"input_ids": [[1], [2]], "input_lengths": [[1], [1]]}, "Batch size > 1"),
-        ({"num_return_sequences": [[2]]}, "num_return_sequences > 1"),
-    ]:
-        items = lt.read_items(_inputs(**values))
-        lt.check_policy(items, decoupled=True)
-        with pytest.raises(lt.LoadTestError, match=message):
-            lt.check_policy(items, decoupled=False)
-
-
-def test_streaming_sends_one_token_per_response(lt: types.ModuleType) -> None:
-    (item,) = lt.read_items(
-        _inputs(streaming=[[True]], return_num_output_tokens=[[True]], return_log_probs=[[True]])
-    )
-    responses = lt.item_outputs(item, ALL)
-    assert len(responses) == 6
-    for count, outputs in enumerate(responses, start=1):
-        assert outputs["output_ids"].shape == (1, 1, 1)
-        assert outputs["sequence_length"].tolist() == [[1]]
-        assert outputs["num_output_tokens"].tolist() == [[1]]
-        assert outputs["output_log_probs"].shape == (1, 1, count)
-        assert set(outputs) == {
-            "output_ids",
-            "sequence_length",
-            "num_output_tokens",
-            "cum_log_probs",
-            "output_log_probs",
-        }
-    assert [int(r["output_ids"][0, 0, 0]) for r in responses] == [5, 7, 2, 9, 5, 7]
-    first = lt.item_outputs(item, {"output_ids"}, token_id=3)[0]
-    assert list(first) == ["output_ids"] and first["output_ids"].tolist() == [[[3]]]
-
-
-def test_whole_responses_carry_the_prompt_unless_excluded(lt: types.ModuleType) -> None:
-    (item,) = lt.read_items(_inputs(return_num_input_tokens=[[True]], end_id=[[9]]))
-    (outputs,) = lt.item_outputs(item, ALL)
-    assert outputs["output_ids"].tolist() == [[[5, 7, 2, 9, 5, 7, 2, 5, 7, 2]]]
-    assert outputs["sequence_length"].tolist() == [[10]]
-    assert outputs["num_input_tokens"].tolist() == [[4]]
-    assert outputs["output_ids"].dtype == np.int32
-    (item,) = lt.read_items(_inputs(exclude_input_in_output=[[True]], num_return_sequences=[[2]]))
-    first, second = lt.item_outputs(item, ALL)
-    assert first["output_ids"].shape == (1, 1, 6)
-    assert (first["sequence_index"].item(), second["sequence_index"].item()) == (0, 1)
-    assert "cum_log_probs" not in first and "batch_index" not in first
-    (old,) = lt.item_outputs(item, ALL - {"sequence_index"}, placeholders=True)[:1]
-    assert old["output_log_probs"].shape == (1, 1, 4)
-    assert old["generation_logits"].shape == (1, 1, 1, 1)
-
-
 def _lt_spec(tokenizer: str = "tiny", **engine: Any) -> dict[str, Any]:
     return {
         "models": [
@@ -157,6 +50,7 @@ def _lt_spec(tokenizer: str = "tiny", **engine: Any) -> dict[str, Any]:
 def test_spec_defaults_the_tokenizer_to_the_engine(tmp_path: Path) -> None:
     model = parse_spec(_lt_spec("./tok", token_id=7), base_dir=tmp_path).models[0]
     assert model.engine == LoadTestEngine(tokenizer_dir=str(tmp_path / "tok"), token_id=7)
+    assert (model.engine.token_s, model.engine.instances) == (0.0, 1)
     assert model.tokenizer == str(tmp_path / "tok")
     with pytest.raises(SpecError, match="token_id"):
         parse_spec(_lt_spec(token_id=-1))
@@ -165,23 +59,39 @@ def test_spec_defaults_the_tokenizer_to_the_engine(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("release", RELEASES)
-def test_renders_a_python_model_importing_deploy_loadtest(release: str) -> None:
-    data = _lt_spec(token_id=7)
+def test_renders_the_engine_model_with_the_load_test_parameters(release: str) -> None:
+    data = _lt_spec(token_id=7, token_s=0.0125, prompt_token_s=0.0005, instances=4)
     data["models"][0]["release"] = release
     model = parse_spec(data).models[0]
     config = render_config(model, "tensorrt_llm")
     assert 'backend: "python"' in config
     assert "torch_" not in config and "guided_decoding_backend" not in config
     assert '"loadtest_token_id"' in config and '"load_test_model"' in config
+    assert re.search(r'"loadtest_token_s"\s*value:\s*\{\s*string_value:\s*"0.0125"', config)
+    assert re.search(r"instance_group\s*\[\s*\{\s*count:\s*4\b", config)
     model_py = render_model(model)["lt_tensorrt_llm/1/model.py"]
-    assert "from deploy.triton.loadtest.engine import TritonPythonModel" in model_py
-    assert "torch" not in model_py
+    assert "from deploy.triton.engine.triton_model import TritonPythonModel" in model_py
     check_paths(model)
+
+
+@pytest.mark.parametrize(
+    "engine", [{"token_s": -1.0}, {"prompt_token_s": -0.1}, {"instances": 0}, {"token_id": -1}]
+)
+def test_load_test_settings_out_of_range_are_refused(engine: dict[str, Any]) -> None:
+    with pytest.raises(SpecError):
+        parse_spec(_lt_spec(**engine))
 
 
 @pytest.fixture(scope="module")
 def lt_sidecar(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sidecar]:
-    spec = parse_spec(_lt_spec())
+    spec = parse_spec(
+        {
+            "models": [
+                _lt_spec()["models"][0],
+                {**_lt_spec(token_s=0.02, instances=2)["models"][0], "name": "paced"},
+            ]
+        }
+    )
     server = sidecar_from_spec(spec, spec.sidecars[0], tmp_path_factory.mktemp("loadtest"))
     server.start()
     yield server
@@ -225,3 +135,24 @@ def test_pipeline_over_the_load_test_model(lt_sidecar: Sidecar) -> None:
     outputs, final = stopper.next()
     stopper.close()
     assert final and outputs == {}
+
+
+@pytest.mark.slow
+def test_a_paced_stream_gets_its_tokens_on_schedule(lt_sidecar: Sidecar) -> None:
+    request = {
+        "input_ids": np.array([[5, 7, 2, 9]], np.int32),
+        "input_lengths": np.array([[4]], np.int32),
+        "request_output_len": np.array([[10]], np.int32),
+        "streaming": np.array([[True]]),
+    }
+    start = time.monotonic()
+    stream = Stream(lt_sidecar, "paced_tensorrt_llm", request, "paced-1")
+    tokens = []
+    while True:
+        outputs, final = stream.next()
+        tokens += outputs["output_ids"].reshape(-1).tolist() if "output_ids" in outputs else []
+        if final:
+            break
+    stream.close()
+    assert len(tokens) == 10
+    assert time.monotonic() - start >= 9 * 0.02  # one token each 20 ms, never sooner

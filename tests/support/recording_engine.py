@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from deploy.triton.loadtest.engine import TritonPythonModel as LoadTestModel
+from deploy.triton.engine.triton_model import TritonPythonModel as EngineModel
 
 RECORD = "received.jsonl"
 
@@ -26,16 +26,19 @@ def _value(tensor: Any) -> Any:
     return array.tolist()
 
 
-class TritonPythonModel(LoadTestModel):
-    """The load-test model, recording every request's inputs."""
+class TritonPythonModel(EngineModel):
+    """The load-test engine, whatever engine the config names, recording every request's
+    inputs."""
 
     def initialize(self, args: dict[str, str]) -> None:
-        super().initialize(args)
+        config = json.loads(args["model_config"])
+        config.setdefault("parameters", {})["load_test_model"] = {"string_value": "true"}
+        super().initialize({**args, "model_config": json.dumps(config)})
         self._record = Path(args["model_repository"]) / RECORD
 
-    def execute(self, requests: list[Any]) -> list[Any] | None:
+    def execute(self, requests: list[Any]) -> None:
         with self._record.open("a") as out:
             for request in requests:
                 inputs = {tensor.name(): _value(tensor) for tensor in request.inputs()}
                 out.write(json.dumps({"id": request.request_id(), "inputs": inputs}) + "\n")
-        return super().execute(requests)
+        super().execute(requests)

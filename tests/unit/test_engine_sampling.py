@@ -10,6 +10,7 @@ import pytest
 import torch
 from transformers import DynamicCache
 
+from deploy.triton.engine.checks import validate_request
 from deploy.triton.engine.kvcache import BatchKVCache
 from deploy.triton.engine.sampling import (
     SamplingRows,
@@ -24,7 +25,6 @@ from deploy.triton.engine.sampling import (
     static_bias,
     token_log_probs,
 )
-from deploy.triton.engine.scheduler import validate_request
 from deploy.triton.engine.types import EngineError, EngineRequest, SamplingConfig
 
 INF = float("inf")

@@ -6,8 +6,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from deploy.triton.engine.guided import BACKEND
+from deploy.triton.engine.types import GUIDED_BACKEND as BACKEND
 from deploy.triton.engine.types import EngineConfig, EngineError, GuidedConfig
+from deploy.triton.loadtest.paced import PacedConfig
 from deploy.triton.params import flag, parameter
 
 
@@ -15,7 +16,8 @@ from deploy.triton.params import flag, parameter
 class ModelParameters:
     """Engine configuration plus the Triton-side behaviour of the model."""
 
-    engine: EngineConfig
+    engine: EngineConfig | PacedConfig
+    """The torch engine's, or the paced load-test engine's (``load_test_model: true``)."""
     exclude_input_in_output: bool = False
     cancellation_check_period_ms: int = 100
     stats_check_period_ms: int = 100
@@ -54,7 +56,23 @@ def _guided(model_config: Mapping[str, Any]) -> GuidedConfig | None:
 
 
 def settings_from_model_config(model_config: Mapping[str, Any]) -> ModelParameters:
-    """Read `gpt_model_path`, `torch_*`, `max_beam_width` and the Triton-side parameters."""
+    """Read `gpt_model_path`, `torch_*`, `max_beam_width` and the Triton-side parameters; or
+    the `loadtest_*` parameters with `load_test_model: true`."""
+    if _bool(model_config, "load_test_model", False):
+        engine: EngineConfig | PacedConfig = _paced(model_config)
+    else:
+        engine = _torch(model_config)
+    period = _int(model_config, "cancellation_check_period_ms", 100) or 100
+    stats_period = _int(model_config, "stats_check_period_ms", 100) or 100
+    return ModelParameters(
+        engine=engine,
+        exclude_input_in_output=_bool(model_config, "exclude_input_in_output", False),
+        cancellation_check_period_ms=max(1, period),
+        stats_check_period_ms=max(1, stats_period),
+    )
+
+
+def _torch(model_config: Mapping[str, Any]) -> EngineConfig:
     model_path = parameter(model_config, "gpt_model_path")
     if model_path is None:
         raise EngineError("parameter gpt_model_path (a Hugging Face model folder or id) is unset")
@@ -64,7 +82,7 @@ def settings_from_model_config(model_config: Mapping[str, Any]) -> ModelParamete
     max_batch_size = _int(model_config, "torch_max_batch_size", 16)
     if max_batch_size is None or max_batch_size < 1:
         raise EngineError("parameter torch_max_batch_size must be at least 1")
-    engine = EngineConfig(
+    return EngineConfig(
         model_path=model_path,
         device=parameter(model_config, "torch_device") or "auto",
         dtype=parameter(model_config, "torch_dtype") or "auto",
@@ -74,11 +92,28 @@ def settings_from_model_config(model_config: Mapping[str, Any]) -> ModelParamete
         lora_cache_size=max(1, _int(model_config, "torch_lora_cache_size", 8) or 8),
         guided=_guided(model_config),
     )
-    period = _int(model_config, "cancellation_check_period_ms", 100) or 100
-    stats_period = _int(model_config, "stats_check_period_ms", 100) or 100
-    return ModelParameters(
-        engine=engine,
-        exclude_input_in_output=_bool(model_config, "exclude_input_in_output", False),
-        cancellation_check_period_ms=max(1, period),
-        stats_check_period_ms=max(1, stats_period),
+
+
+def _paced(model_config: Mapping[str, Any]) -> PacedConfig:
+    values = {
+        "token_s": _float(model_config, "loadtest_token_s", 0.0),
+        "prompt_token_s": _float(model_config, "loadtest_prompt_token_s", 0.0),
+    }
+    if min(values.values()) < 0:
+        raise EngineError("parameters loadtest_token_s and loadtest_prompt_token_s must be >= 0")
+    batch = _int(model_config, "loadtest_max_batch_size", PacedConfig.max_batch_size)
+    return PacedConfig(
+        token_id=_int(model_config, "loadtest_token_id", None),
+        max_batch_size=max(1, batch or 1),
+        **values,
     )
+
+
+def _float(model_config: Mapping[str, Any], key: str, default: float) -> float:
+    value = parameter(model_config, key)
+    if value is None:
+        return default
+    try:
+        return float(value)
+    except ValueError as exc:
+        raise EngineError(f"parameter {key} must be a number, got {value!r}") from exc

@@ -22,7 +22,6 @@ from deploy.triton.engine.types import (
     TokenIds,
 )
 
-BACKEND = "xgrammar"
 NOT_ENABLED = (
     "Guided decoding is not enabled for this model: set the tensorrt_llm parameter "
     "guided_decoding_backend to xgrammar"

@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from deploy.triton.engine.batch import DecodeBatch, SequenceState
+from deploy.triton.engine.checks import validate_request
 from deploy.triton.engine.guided import NOT_ENABLED, GrammarState, GuidedDecoding
 from deploy.triton.engine.kvcache import BatchKVCache
 from deploy.triton.engine.lora import LoadedLora, LoraCache
@@ -50,57 +51,6 @@ class _Shutdown:
 
 
 _Command = _Submit | _Stop | _Shutdown
-
-
-def _check_ids(name: str, ids: tuple[int, ...], vocab_size: int) -> None:
-    if any(not 0 <= token < vocab_size for token in ids):
-        raise EngineError(f"{name} holds token ids outside the vocabulary [0, {vocab_size})")
-
-
-def _check_sampling(request: EngineRequest) -> None:
-    params = request.sampling
-    if params.temperature < 0:
-        raise EngineError("temperature must not be negative")
-    if params.top_k < 0:
-        raise EngineError("runtime_top_k must not be negative")
-    if params.top_p > 1:
-        raise EngineError("runtime_top_p must not exceed 1")
-    if params.repetition_penalty <= 0:
-        raise EngineError("repetition_penalty must be positive")
-    if params.min_tokens < 0:
-        raise EngineError("min_tokens must not be negative")
-
-
-def validate_request(
-    request: EngineRequest, vocab_size: int, max_seq_len: int | None, max_batch_size: int
-) -> int:
-    """Check a request against the model and limits; returns its effective max new tokens."""
-    prompt = len(request.input_ids)
-    if prompt == 0:
-        raise EngineError("input_ids is empty")
-    if request.max_new_tokens < 1:
-        raise EngineError("request_output_len must be at least 1")
-    if not 1 <= request.num_return_sequences <= max_batch_size:
-        raise EngineError(
-            f"num_return_sequences must be between 1 and torch_max_batch_size ({max_batch_size})"
-        )
-    if max_seq_len is not None and prompt >= max_seq_len:
-        raise EngineError(
-            f"the prompt has {prompt} tokens but torch_max_seq_len is {max_seq_len}: "
-            "no room is left for output"
-        )
-    _check_ids("input_ids", request.input_ids, vocab_size)
-    for word in request.stop_words:
-        _check_ids("stop_words_list", word, vocab_size)
-    for word in request.bad_words:
-        _check_ids("bad_words_list", word, vocab_size)
-    bias = request.embedding_bias
-    if bias is not None and bias.size not in (0, vocab_size):
-        raise EngineError(f"embedding_bias has {bias.size} values; the vocabulary has {vocab_size}")
-    _check_sampling(request)
-    if max_seq_len is None:
-        return request.max_new_tokens
-    return min(request.max_new_tokens, max_seq_len - prompt)
 
 
 class Engine:
@@ -154,6 +104,17 @@ class Engine:
         )
         engine.start()
         return engine
+
+    @property
+    def vocab_size(self) -> int:
+        """The model's vocabulary size."""
+        return int(self.runner.vocab_size)
+
+    def memory_bytes(self) -> int:
+        """CUDA memory torch holds for the model and its caches (0 on the CPU)."""
+        if self.runner.device.type != "cuda":
+            return 0
+        return int(torch.cuda.memory_allocated(self.runner.device))
 
     def start(self) -> None:
         """Start the engine thread."""

@@ -1,4 +1,5 @@
-"""Triton Python-backend model serving the torch engine under the `tensorrt_llm` tensor contract."""
+"""Triton Python-backend model serving an engine under the `tensorrt_llm` tensor contract: the
+torch engine, or the paced load-test engine (``load_test_model: true``), which needs no torch."""
 
 from __future__ import annotations
 
@@ -13,17 +14,16 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-import numpy.typing as npt
-import torch
 import triton_python_backend_utils as pb_utils
 
+from deploy.triton.engine.checks import validate_request
 from deploy.triton.engine.config import ModelParameters, settings_from_model_config
 from deploy.triton.engine.outputs import ItemContext, OutputLayout, response_tensors
-from deploy.triton.engine.scheduler import Engine, validate_request
+from deploy.triton.engine.tensor_io import inputs_of, output_tensor
 from deploy.triton.engine.triton_metrics import EngineMetrics, stat_values
-from deploy.triton.engine.types import EngineError, SequenceOutput
+from deploy.triton.engine.types import EngineError, SequenceOutput, ServingEngine
 from deploy.triton.engine.wire import is_stop_request, parse_items
+from deploy.triton.loadtest.paced import PacedConfig, PacedEngine
 
 logger = logging.getLogger(__name__)
 
@@ -77,28 +77,20 @@ class _Pending:
             self.sender.send(response, flags=_FINAL)
 
 
-_STRING_INPUTS = frozenset({"guided_decoding_guide_type", "guided_decoding_guide"})
-
-
-def _as_array(tensor: Any) -> npt.NDArray[Any]:
-    # Numeric tensors cross the stub boundary through DLPack: the 2.51 stub's own numpy
-    # conversion breaks when the environment has numpy 2 (as on the CUDA test machines).
-    if tensor.name() in _STRING_INPUTS:
-        return np.asarray(tensor.as_numpy())
-    array: npt.NDArray[Any] = torch.utils.dlpack.from_dlpack(tensor.to_dlpack()).cpu().numpy()
-    return array
-
-
-def _output(name: str, value: npt.NDArray[Any]) -> Any:
-    return pb_utils.Tensor.from_dlpack(name, torch.from_numpy(np.ascontiguousarray(value)))
-
-
-def _inputs(request: Any) -> dict[str, Any]:
-    return {tensor.name(): _as_array(tensor) for tensor in request.inputs()}
-
-
 def _error_response(message: str) -> Any:
     return pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(message))
+
+
+def load_engine(settings: ModelParameters) -> ServingEngine:
+    """The engine the parameters name; torch is imported only for the torch engine."""
+    if isinstance(settings.engine, PacedConfig):
+        logger.warning(
+            "the load-test engine serves made-up tokens (benchmarks only): %s", settings.engine
+        )
+        return PacedEngine(settings.engine)
+    from deploy.triton.engine.scheduler import Engine
+
+    return Engine.from_config(settings.engine)
 
 
 class TritonPythonModel:
@@ -118,7 +110,7 @@ class TritonPythonModel:
         self._settings: ModelParameters = settings_from_model_config(model_config)
         self._layout = OutputLayout.from_model_config(model_config)
         self._decoupled = pb_utils.using_decoupled_model_transaction_policy(model_config)
-        self._engine = Engine.from_config(self._settings.engine)
+        self._engine = load_engine(self._settings)
         self._lock = threading.Lock()
         self._pending: dict[str, _Pending] = {}
         self._keys = itertools.count()
@@ -153,7 +145,7 @@ class TritonPythonModel:
 
     def _stat_values(self) -> dict[tuple[str, str], float]:
         engine = self._engine
-        gpu = torch.cuda.memory_allocated() if engine.runner.device.type == "cuda" else 0
+        gpu = engine.memory_bytes()
         return stat_values(
             engine.stats(),
             max_batch_size=engine.max_batch_size,
@@ -165,7 +157,7 @@ class TritonPythonModel:
         triton_id = request.request_id()
         state = _Pending(request, triton_id, sender, frozenset(), {}, remaining=0)
         try:
-            inputs = _inputs(request)
+            inputs = inputs_of(request)
             if is_stop_request(inputs):
                 self._stop(triton_id, state)
                 return
@@ -175,7 +167,7 @@ class TritonPythonModel:
                     inputs,
                     id_prefix=key,
                     exclude_input_default=self._settings.exclude_input_in_output,
-                    vocab_size=self._engine.runner.vocab_size,
+                    vocab_size=self._engine.vocab_size,
                 )
             )
         except EngineError as exc:
@@ -210,7 +202,7 @@ class TritonPythonModel:
                 if request.num_return_sequences > 1:
                     raise EngineError(_SEQUENCES_NEED_DECOUPLED)
             budget = validate_request(
-                request, engine.runner.vocab_size, engine.max_seq_len, engine.max_batch_size
+                request, engine.vocab_size, engine.max_seq_len, engine.max_batch_size
             )
             checked.append((request, dataclasses.replace(context, max_new_tokens=budget)))
         return checked
@@ -259,7 +251,7 @@ class TritonPythonModel:
         try:
             tensors = response_tensors(output, context, state.requested, self._layout)
             response = pb_utils.InferenceResponse(
-                output_tensors=[_output(name, value) for name, value in tensors.items()]
+                output_tensors=[output_tensor(name, value) for name, value in tensors.items()]
             )
         except Exception as exc:
             logger.exception("could not build a response for request %r", state.triton_id)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -14,6 +14,8 @@ TokenIds = tuple[int, ...]
 WordList = tuple[TokenIds, ...]
 
 
+GUIDED_BACKEND = "xgrammar"
+"""The one guided-decoding backend, as the C++ backend names it."""
 GUIDE_TYPES = ("json", "json_schema", "regex", "ebnf_grammar", "structural_tag")
 # The C++ GuidedDecodingParams constructor's words.
 GUIDE_REQUIRED = "The guide string must be provided unless using GuideType::kJSON."
@@ -215,3 +217,36 @@ class EngineStats:
     context_requests: int = 0
     context_tokens: int = 0
     cached_tokens: int = 0
+
+
+class ServingEngine(Protocol):
+    """What the ``tensorrt_llm`` Triton model needs of an engine: the torch engine, or the paced
+    load-test engine of the benchmarks."""
+
+    max_batch_size: int
+    max_seq_len: int | None
+
+    @property
+    def vocab_size(self) -> int:
+        """Token ids at or above this are refused."""
+        ...
+
+    def submit(self, request: EngineRequest, callback: OutputCallback) -> None:
+        """Queue a request; raises ``EngineError`` when it cannot be served."""
+        ...
+
+    def stop(self, request_id: str) -> None:
+        """End a request early; each sequence still gets its final output."""
+        ...
+
+    def stats(self) -> EngineStats:
+        """Current occupancy."""
+        ...
+
+    def memory_bytes(self) -> int:
+        """Accelerator memory in use (0 on the CPU)."""
+        ...
+
+    def shutdown(self) -> None:
+        """Cancel everything still running and stop."""
+        ...

@@ -1,0 +1,57 @@
+"""A request checked against the model and the engine's limits, before anything runs (torch-free,
+so every engine behind the Triton model checks the same way)."""
+
+from __future__ import annotations
+
+from deploy.triton.engine.types import EngineError, EngineRequest
+
+
+def _check_ids(name: str, ids: tuple[int, ...], vocab_size: int) -> None:
+    if any(not 0 <= token < vocab_size for token in ids):
+        raise EngineError(f"{name} holds token ids outside the vocabulary [0, {vocab_size})")
+
+
+def _check_sampling(request: EngineRequest) -> None:
+    params = request.sampling
+    if params.temperature < 0:
+        raise EngineError("temperature must not be negative")
+    if params.top_k < 0:
+        raise EngineError("runtime_top_k must not be negative")
+    if params.top_p > 1:
+        raise EngineError("runtime_top_p must not exceed 1")
+    if params.repetition_penalty <= 0:
+        raise EngineError("repetition_penalty must be positive")
+    if params.min_tokens < 0:
+        raise EngineError("min_tokens must not be negative")
+
+
+def validate_request(
+    request: EngineRequest, vocab_size: int, max_seq_len: int | None, max_batch_size: int
+) -> int:
+    """Check a request against the model and limits; returns its effective max new tokens."""
+    prompt = len(request.input_ids)
+    if prompt == 0:
+        raise EngineError("input_ids is empty")
+    if request.max_new_tokens < 1:
+        raise EngineError("request_output_len must be at least 1")
+    if not 1 <= request.num_return_sequences <= max_batch_size:
+        raise EngineError(
+            f"num_return_sequences must be between 1 and torch_max_batch_size ({max_batch_size})"
+        )
+    if max_seq_len is not None and prompt >= max_seq_len:
+        raise EngineError(
+            f"the prompt has {prompt} tokens but torch_max_seq_len is {max_seq_len}: "
+            "no room is left for output"
+        )
+    _check_ids("input_ids", request.input_ids, vocab_size)
+    for word in request.stop_words:
+        _check_ids("stop_words_list", word, vocab_size)
+    for word in request.bad_words:
+        _check_ids("bad_words_list", word, vocab_size)
+    bias = request.embedding_bias
+    if bias is not None and bias.size not in (0, vocab_size):
+        raise EngineError(f"embedding_bias has {bias.size} values; the vocabulary has {vocab_size}")
+    _check_sampling(request)
+    if max_seq_len is None:
+        return request.max_new_tokens
+    return min(request.max_new_tokens, max_seq_len - prompt)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import tempfile
@@ -100,11 +101,18 @@ def _engine_values(model: ModelSpec) -> dict[str, str]:
         "exclude_input_in_output": _flag(model.exclude_input_in_output),
     }
     if isinstance(engine, TorchEngine):
-        return values | {
-            "triton_backend": "python",
-            "engine_dir": engine.model_dir,
-            "max_beam_width": "1",
-        }
+        return (
+            values
+            | {"triton_backend": "python", "engine_dir": engine.model_dir, "max_beam_width": "1"}
+            | _optional(
+                {
+                    "kv_cache_free_gpu_mem_fraction": engine.kv_cache_free_gpu_mem_fraction,
+                    "max_tokens_in_paged_kv_cache": engine.max_tokens_in_paged_kv_cache,
+                    "enable_kv_cache_reuse": engine.enable_kv_cache_reuse,
+                    "enable_chunked_context": engine.enable_chunked_context,
+                }
+            )
+        )
     if isinstance(engine, LoadTestEngine):
         return values | {"triton_backend": "python", "max_beam_width": "1"}
     return (
@@ -171,13 +179,25 @@ def _model_parameters(model: ModelSpec, name: str) -> dict[str, str]:
     if name == "tensorrt_llm" and isinstance(model.engine, TorchEngine):
         engine = model.engine
         guided = {"guided_decoding_backend": "xgrammar"} if engine.guided_decoding else {}
-        return guided | {
-            "torch_device": engine.device,
-            "torch_dtype": engine.dtype,
-            "torch_max_batch_size": str(engine.max_batch_size),
-            "torch_max_seq_len": str(engine.max_seq_len),
-            "torch_lora_cache_size": str(engine.lora_cache_size),
-        }
+        return (
+            guided
+            | {
+                "torch_device": engine.device,
+                "torch_dtype": engine.dtype,
+                "torch_max_batch_size": str(engine.max_batch_size),
+                "torch_max_seq_len": str(engine.max_seq_len),
+                "torch_lora_cache_size": str(engine.lora_cache_size),
+            }
+            | _optional(
+                {
+                    "tokens_per_block": engine.tokens_per_block,
+                    "max_num_tokens": engine.max_num_tokens,
+                }
+            )
+        )
+    if name == "tensorrt_llm" and isinstance(model.engine, TensorRTLLMEngine):
+        # The gateway reads the block size to turn reused blocks into cached prompt tokens.
+        return _optional({"tokens_per_block": engine_tokens_per_block(model.engine.engine_dir)})
     if name == "tensorrt_llm" and isinstance(model.engine, LoadTestEngine):
         paced = model.engine
         return {
@@ -187,6 +207,22 @@ def _model_parameters(model: ModelSpec, name: str) -> dict[str, str]:
             "loadtest_max_batch_size": str(paced.max_batch_size),
         } | _optional({"loadtest_token_id": paced.token_id})
     return {}
+
+
+def engine_tokens_per_block(engine_dir: str) -> int | None:
+    """The KV-cache block size a TensorRT-LLM engine was built with (its ``config.json``), when
+    the engine folder is here to read."""
+    try:
+        config = json.loads((Path(engine_dir) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    for plugins in (
+        config.get("build_config", {}).get("plugin_config"),
+        config.get("plugin_config"),
+    ):
+        if isinstance(plugins, dict) and isinstance(plugins.get("tokens_per_block"), int):
+            return int(plugins["tokens_per_block"])
+    return None
 
 
 def _escape(value: str) -> str:

@@ -47,6 +47,22 @@ class TorchEngine(
     guided_decoding: bool = True
     """Guided decoding with xgrammar (``guided_decoding_backend: xgrammar``): JSON, JSON schema,
     regex, EBNF and structural-tag guides, which ``response_format`` and tool calls use."""
+    enable_kv_cache_reuse: bool | None = None
+    """Prefix reuse across requests: full KV-cache blocks of earlier prompts and answers stay
+    cached, and a prompt prefills only what is not (engine default true, as the C++ backend's)."""
+    enable_chunked_context: bool | None = None
+    """Prefill long prompts in chunks of at most ``max_num_tokens`` tokens between decode steps
+    of the running batch (default false)."""
+    kv_cache_free_gpu_mem_fraction: float | None = None
+    """On CUDA, the share of the memory left free by the model that the KV cache takes (engine
+    default 0.9)."""
+    max_tokens_in_paged_kv_cache: int | None = None
+    """Tokens the KV cache holds at most; on the CPU its size (default ``max_batch_size`` times
+    ``max_seq_len``: every running sequence fits at full length)."""
+    tokens_per_block: int = 32
+    """Tokens of one KV-cache block, the unit of reuse and of the block metrics."""
+    max_num_tokens: int | None = None
+    """Most prompt tokens prefilled in one iteration (engine default 8192)."""
 
 
 class TensorRTLLMEngine(
@@ -293,10 +309,25 @@ def _resolve_paths(spec: Spec, base_dir: Path) -> Spec:
 
 
 def _check_engine(model: ModelSpec) -> None:
-    if isinstance(model.engine, TorchEngine) and model.engine.max_batch_size < 1:
-        raise SpecError(f"model {model.name!r}: engine max_batch_size must be >= 1")
+    if isinstance(model.engine, TorchEngine):
+        _check_torch(model.name, model.engine)
     if isinstance(model.engine, LoadTestEngine):
         _check_load_test(model.name, model.engine)
+
+
+def _check_torch(name: str, engine: TorchEngine) -> None:
+    counts = {
+        "max_batch_size": engine.max_batch_size,
+        "tokens_per_block": engine.tokens_per_block,
+        "max_num_tokens": engine.max_num_tokens,
+        "max_tokens_in_paged_kv_cache": engine.max_tokens_in_paged_kv_cache,
+    }
+    for field, value in counts.items():
+        if value is not None and value < 1:
+            raise SpecError(f"model {name!r}: engine {field} must be >= 1")
+    fraction = engine.kv_cache_free_gpu_mem_fraction
+    if fraction is not None and not 0.0 < fraction <= 1.0:
+        raise SpecError(f"model {name!r}: engine kv_cache_free_gpu_mem_fraction must be in (0, 1]")
 
 
 def _check_load_test(name: str, engine: LoadTestEngine) -> None:

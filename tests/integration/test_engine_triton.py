@@ -247,7 +247,7 @@ def test_perf_metrics_on_request(sidecar: Sidecar) -> None:
         for name in ("arrival_time_ns", "first_scheduled_time_ns", "first_token_time_ns")
     ] + [int(outputs["last_token_time_ns"][0, 0])]
     assert times == sorted(times) and times[0] > 1_600_000_000 * 10**9
-    assert int(outputs["kv_cache_alloc_new_blocks"][0, 0]) == 1  # 10 tokens, 64 a block
+    assert int(outputs["kv_cache_alloc_total_blocks"][0, 0]) == 1  # a 5-token prompt
     assert int(outputs["kv_cache_reused_blocks"][0, 0]) == 0
     assert "arrival_time_ns" not in Stream(sidecar, request(2)).collect()[0][0]
 
@@ -277,6 +277,6 @@ def test_engine_statistics_are_triton_metrics_named_as_the_cpp_backend_names_the
     assert after >= before + 11
     assert _metric(text, "nv_trt_llm_request_metrics", request_type="max", **model) == 16
     blocks = "nv_trt_llm_kv_cache_block_metrics"
-    assert _metric(text, blocks, kv_cache_block_type="tokens_per", **model) == 64
+    assert _metric(text, blocks, kv_cache_block_type="tokens_per", **model) == 32
     lengths = "nv_llm_output_token_len_count"
     assert _metric(text, lengths, response_metric_type="total_output_tokens", **model) >= 1

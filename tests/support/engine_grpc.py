@@ -40,7 +40,11 @@ class Stream:
     """A gRPC stream carrying one request to the engine model, read response by response."""
 
     def __init__(
-        self, server: Sidecar, values: dict[str, Any], request_id: str | None = None
+        self,
+        server: Sidecar,
+        values: dict[str, Any],
+        request_id: str | None = None,
+        model: str = MODEL,
     ) -> None:
         self.request_id = f"engine-test-{next(_ids)}" if request_id is None else request_id
         self.responses: queue.Queue[tuple[Any, Any]] = queue.Queue()
@@ -48,7 +52,7 @@ class Stream:
         self.client = grpcclient.InferenceServerClient(server.grpc_url)
         self.client.start_stream(callback=lambda result, error: self.responses.put((result, error)))
         self.client.async_stream_infer(
-            MODEL,
+            model,
             _inputs(values),
             request_id=self.request_id,
             enable_empty_final_response=True,

@@ -6,6 +6,12 @@ from pathlib import Path
 
 from deploy.sidecar.spec import Spec, parse_spec
 
+CHUNK_TOKENS = 64
+"""``tiny2``'s ``max_num_tokens``: prompt tokens prefilled per iteration, in chunks."""
+CHUNKED = {"enable_chunked_context": True, "max_num_tokens": CHUNK_TOKENS, "tokens_per_block": 16}
+SMALL_KV_CACHE = 8192
+"""Tokens of ``tiny3``'s KV cache: two sequences of the tiny model's 4096."""
+
 
 def tiny_spec(model_dir: Path, **sidecar: object) -> Spec:
     """Two pipelines over the tiny model.
@@ -13,8 +19,9 @@ def tiny_spec(model_dir: Path, **sidecar: object) -> Spec:
     ``tiny``: the newest layout (token-count tensors, ``min_tokens``/``seed``); BLS deltas; an
     engine LoRA cache of one adapter.
     ``tiny2``: the v0.19 layout (no token counts, ``min_length``/``random_seed``); BLS streams
-    cumulative text.
-    ``tiny3``: the v0.8 layout, not decoupled.
+    cumulative text; chunked context of at most 64 prompt tokens an iteration, blocks of 16.
+    ``tiny3``: the v0.8 layout, not decoupled; a KV cache of two full-length sequences.
+    Every engine reuses cached prefixes (the engine's default).
     """
     engine = {"kind": "torch", "model_dir": str(model_dir), "max_batch_size": 16}
     return parse_spec(
@@ -29,10 +36,15 @@ def tiny_spec(model_dir: Path, **sidecar: object) -> Spec:
                 {
                     "name": "tiny2",
                     "release": "v0.19",
-                    "engine": engine,
+                    "engine": {**engine, **CHUNKED},
                     "accumulate_tokens": True,
                 },
-                {"name": "tiny3", "release": "v0.8", "engine": engine, "decoupled": False},
+                {
+                    "name": "tiny3",
+                    "release": "v0.8",
+                    "engine": {**engine, "max_tokens_in_paged_kv_cache": SMALL_KV_CACHE},
+                    "decoupled": False,
+                },
             ],
             "sidecars": [{"name": "tiny", **sidecar}],
         }

@@ -131,3 +131,24 @@ def test_bad_lora_tensors_are_refused(
     config = np.array([config_row], np.int32)
     with pytest.raises(EngineError, match=message):
         engine.submit(make(prompts[0], 2, lora=LoraRequest(7, weights, config)), lambda _: None)
+
+
+def test_different_adapters_never_share_cached_blocks(
+    engine: Engine, wire: dict[str, LoraRequest], tiny_model_dir: Path, adapters: dict[str, Path]
+) -> None:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    prompt = tuple(tokenizer.encode("A long shared system prompt for every adapter. " * 6))
+    runs: list[str | None] = ["lora-a", "lora-b", None, "lora-a", None]
+    reused = []
+    for name in runs:
+        result = run(engine, make(prompt, 8, lora=wire[name] if name else None))
+        blocks = result.final().blocks
+        assert blocks is not None
+        reused.append(blocks.reused)
+        expected = peft_greedy(tiny_model_dir, adapters.get(name or ""), prompt, 8)
+        assert result.tokens() == expected, name
+    cached = (len(prompt) - 1) // 32  # the engine's default tokens_per_block
+    assert cached > 0
+    assert reused == [0, 0, 0, cached, cached]

@@ -8,10 +8,8 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from transformers import DynamicCache
 
 from deploy.triton.engine.checks import validate_request
-from deploy.triton.engine.kvcache import BatchKVCache
 from deploy.triton.engine.sampling import (
     SamplingRows,
     apply_penalties,
@@ -225,33 +223,6 @@ def test_sampling_rows_select_extend_and_record_keep_rows_aligned() -> None:
     assert rows.seen[0].tolist() == [False, False, True, False, True]
     logits = torch.tensor([[0.0, 0.0, 1.0, 0.0, 0.0]] * 2)
     assert rows.choose(logits, [(1, 2)]).tolist() == [0, 0]
-
-
-def _cache(rows: int, length: int, fill: float) -> DynamicCache:
-    keys = torch.full((rows, 1, length, 2), fill)
-    return DynamicCache(ddp_cache_data=[(keys, keys.clone())])
-
-
-def test_batch_kv_cache_left_pads_joins_and_trims() -> None:
-    cpu = torch.device("cpu")
-    batch = BatchKVCache.from_prefill(_cache(1, 3, 1.0), cpu)
-    batch.extend(BatchKVCache.from_prefill(_cache(1, 5, 2.0), cpu).repeat(2))
-    assert batch.pads == [2, 0, 0]
-    assert batch.token_counts() == [3, 5, 5]
-    mask, positions = batch.step_inputs()
-    assert positions.squeeze(1).tolist() == [3, 5, 5]
-    assert mask is not None
-    assert mask.tolist()[0] == [0, 0, 1, 1, 1, 1]
-    assert batch.cache is not None
-    keys = next(iter(batch.cache))[0]
-    assert keys[0, 0, :2].abs().sum() == 0
-    batch.select([0])
-    assert batch.pads == [0]
-    assert batch.length == 3
-    assert batch.step_inputs()[0] is None
-    batch.select([])
-    assert len(batch) == 0
-    assert batch.length == 0
 
 
 def _request(**overrides: Any) -> EngineRequest:

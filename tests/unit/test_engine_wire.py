@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from typing import Any
 
@@ -12,8 +13,10 @@ import pytest
 from deploy.triton.engine.config import settings_from_model_config
 from deploy.triton.engine.outputs import ItemContext, OutputLayout, response_tensors
 from deploy.triton.engine.types import (
+    EngineConfig,
     EngineError,
     FinishReason,
+    RequestBlocks,
     SamplingConfig,
     SequenceOutput,
     Timings,
@@ -220,6 +223,7 @@ OUTPUT = SequenceOutput(
     generation_logits=LOGITS,
     timings=Timings(10, 20, 30, 40),
     cached_tokens=130,
+    blocks=RequestBlocks(alloc_total=2, alloc_new=1, reused=3),
 )
 ALL = frozenset(
     {
@@ -235,6 +239,7 @@ ALL = frozenset(
         "sequence_index",
         "kv_cache_alloc_new_blocks",
         "kv_cache_reused_blocks",
+        "kv_cache_alloc_total_blocks",
         "arrival_time_ns",
         "last_token_time_ns",
         "acceptance_rate",
@@ -321,7 +326,12 @@ def test_unrequested_outputs_are_placeholders_before_v014_and_absent_after() -> 
 
 def test_perf_metrics_count_blocks_and_times() -> None:
     tensors = response_tensors(OUTPUT, _context(return_perf_metrics=True), ALL, V019)
-    assert tensors["kv_cache_alloc_new_blocks"].tolist() == [[3]]  # 130 tokens, 64 per block
+    assert tensors["kv_cache_alloc_total_blocks"].tolist() == [[2]]
+    assert tensors["kv_cache_alloc_new_blocks"].tolist() == [[1]]
+    assert tensors["kv_cache_reused_blocks"].tolist() == [[3]]
+    assert tensors["kv_cache_reused_blocks"].dtype == np.int32
+    unpaged = dataclasses.replace(OUTPUT, blocks=None)
+    tensors = response_tensors(unpaged, _context(return_perf_metrics=True), ALL, V019)
     assert tensors["kv_cache_reused_blocks"].tolist() == [[0]]
     assert tensors["arrival_time_ns"].tolist() == [[10]]
     assert tensors["arrival_time_ns"].dtype == np.int64
@@ -388,12 +398,69 @@ def test_settings_read_parameters_and_treat_placeholders_as_unset() -> None:
 
 
 @pytest.mark.parametrize(
+    ("parameters", "expected"),
+    [
+        # Unset or still a placeholder: the C++ backend's defaults (reuse on, no chunking).
+        ({}, (32, True, 0.9, None, False, 8192)),
+        (
+            {"enable_kv_cache_reuse": "${enable_kv_cache_reuse}", "max_num_tokens": "${x}"},
+            (32, True, 0.9, None, False, 8192),
+        ),
+        # What the stock v0.8 and v0.11 examples fill in (docs/llama.md).
+        (
+            {
+                "enable_kv_cache_reuse": "False",
+                "max_tokens_in_paged_kv_cache": "2560",
+                "kv_cache_free_gpu_mem_fraction": "0.5",
+            },
+            (32, False, 0.5, 2560, False, 8192),
+        ),
+        (
+            {"tokens_per_block": "16", "enable_chunked_context": "true", "max_num_tokens": "64"},
+            (16, True, 0.9, None, True, 64),
+        ),
+    ],
+)
+def test_settings_read_the_kv_cache_and_scheduler_parameters(
+    parameters: dict[str, str], expected: tuple[object, ...]
+) -> None:
+    engine = settings_from_model_config(_config(gpt_model_path="m", **parameters)).engine
+    assert isinstance(engine, EngineConfig)
+    kv = engine.kv_cache
+    got = (
+        kv.tokens_per_block,
+        kv.enable_reuse,
+        kv.free_gpu_mem_fraction,
+        kv.max_tokens,
+        engine.enable_chunked_context,
+        engine.max_num_tokens,
+    )
+    assert got == expected
+
+
+def test_prompt_table_extra_ids_salt_the_prompt() -> None:
+    inputs = _inputs(prompt_table_extra_ids=np.array([[0, 7, 7, 0]], np.uint64))
+    ((request, _),) = parse_items(inputs, id_prefix="k", exclude_input_default=False)
+    assert request.extra_ids == (0, 7, 7)
+    plain = _inputs(prompt_table_extra_ids=np.zeros((1, 3), np.uint64))
+    assert parse_items(plain, id_prefix="k", exclude_input_default=False)[0][0].extra_ids is None
+    short = _inputs(prompt_table_extra_ids=np.array([[1]], np.uint64))
+    with pytest.raises(EngineError, match="prompt_table_extra_ids holds 1 ids"):
+        parse_items(short, id_prefix="k", exclude_input_default=False)
+
+
+@pytest.mark.parametrize(
     ("parameters", "message"),
     [
         ({}, "gpt_model_path"),
         ({"gpt_model_path": "m", "max_beam_width": "2"}, "max_beam_width"),
         ({"gpt_model_path": "m", "torch_max_batch_size": "many"}, "integer"),
         ({"gpt_model_path": "m", "exclude_input_in_output": "maybe"}, "true or false"),
+        ({"gpt_model_path": "m", "enable_kv_cache_reuse": "perhaps"}, "true or false"),
+        ({"gpt_model_path": "m", "kv_cache_free_gpu_mem_fraction": "1.5"}, r"\(0, 1\]"),
+        ({"gpt_model_path": "m", "max_tokens_in_paged_kv_cache": "0"}, "at least 1"),
+        ({"gpt_model_path": "m", "tokens_per_block": "0"}, "at least 1"),
+        ({"gpt_model_path": "m", "max_num_tokens": "-4"}, "at least 1"),
     ],
 )
 def test_settings_reject_bad_parameters(parameters: dict[str, str], message: str) -> None:

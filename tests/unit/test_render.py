@@ -209,6 +209,53 @@ def test_torch_engine_config(release: str) -> None:
     assert not any("${" in v for v in params.values())
 
 
+KV_SETTINGS = {
+    "enable_kv_cache_reuse": False,
+    "enable_chunked_context": True,
+    "kv_cache_free_gpu_mem_fraction": 0.5,
+    "max_tokens_in_paged_kv_cache": 4096,
+    "tokens_per_block": 16,
+    "max_num_tokens": 256,
+}
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_torch_kv_cache_settings_reach_the_engine(release: str) -> None:
+    from google.protobuf import json_format
+
+    from deploy.triton.engine.config import settings_from_model_config
+    from deploy.triton.engine.types import EngineConfig, KvCacheConfig
+
+    def engine(**settings: object) -> EngineConfig:
+        spec = _spec({**TORCH, **settings}, release=release)
+        config = parse(render_config(parse_spec(spec).models[0], "tensorrt_llm"))
+        document = json_format.MessageToDict(config, preserving_proto_field_name=True)
+        read = settings_from_model_config(document).engine
+        assert isinstance(read, EngineConfig)
+        return read
+
+    chosen = engine(**KV_SETTINGS)
+    assert chosen.kv_cache == KvCacheConfig(16, False, 0.5, 4096)
+    assert (chosen.enable_chunked_context, chosen.max_num_tokens) == (True, 256)
+    default = engine()
+    assert default.kv_cache == KvCacheConfig()  # reuse on, as the C++ backend's default
+    assert (default.enable_chunked_context, default.max_num_tokens) == (False, 8192)
+
+
+def test_a_cpp_engines_block_size_is_read_from_its_build(tmp_path: Path) -> None:
+    import json
+
+    engine_dir = tmp_path / "engine"
+    engine_dir.mkdir()
+    build = {"build_config": {"plugin_config": {"tokens_per_block": 64}}}
+    (engine_dir / "config.json").write_text(json.dumps(build))
+    spec = _spec({**TRTLLM, "engine_dir": str(engine_dir)})
+    config = parse(render_config(parse_spec(spec).models[0], "tensorrt_llm"))
+    assert config.parameters["tokens_per_block"].string_value == "64"
+    elsewhere = parse(render_config(parse_spec(_spec(TRTLLM)).models[0], "tensorrt_llm"))
+    assert "tokens_per_block" not in elsewhere.parameters
+
+
 def test_tensorrtllm_engine_config_keeps_only_set_parameters() -> None:
     spec = _spec(
         {**TRTLLM, "kv_cache_free_gpu_mem_fraction": 0.5, "parameters": {"decoding_mode": "top_p"}}
@@ -283,6 +330,14 @@ def test_spec_file_relative_paths_and_two_sidecars(tmp_path: Path) -> None:
         ({"models": [{"name": "a", "engine": TORCH}, {"name": "a", "engine": TORCH}]}, "twice"),
         ({"models": [{"name": "a", "engine": {"kind": "onnx"}}]}, "invalid spec"),
         ({"models": [{"name": "a", "engine": TORCH, "colour": 1}]}, "invalid spec"),
+        (
+            {"models": [{"name": "a", "engine": {**TORCH, "tokens_per_block": 0}}]},
+            "tokens_per_block must be >= 1",
+        ),
+        (
+            {"models": [{"name": "a", "engine": {**TORCH, "kv_cache_free_gpu_mem_fraction": 2.0}}]},
+            r"must be in \(0, 1\]",
+        ),
         ({"models": [{"name": "a", "engine": TRTLLM}]}, None),
         (
             {"models": [{"name": "a", "engine": TORCH}], "sidecars": [{"models": ["zz"]}]},

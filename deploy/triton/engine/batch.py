@@ -11,8 +11,8 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from deploy.triton.engine.blocks import BlockTable
 from deploy.triton.engine.guided import GrammarState, grammar_masks
-from deploy.triton.engine.kvcache import BatchKVCache
 from deploy.triton.engine.lora import LoadedLora
 from deploy.triton.engine.sampling import (
     SamplingRows,
@@ -24,6 +24,7 @@ from deploy.triton.engine.types import (
     EngineRequest,
     FinishReason,
     OutputCallback,
+    RequestBlocks,
     SequenceOutput,
     Timings,
     TokenIds,
@@ -55,6 +56,10 @@ class SequenceState:
     scheduled_ns: int = 0
     first_token_ns: int = 0
     last_token_ns: int = 0
+    table: BlockTable = field(default_factory=BlockTable)
+    """The sequence's KV-cache blocks: ``table.length`` tokens of ``history`` are cached."""
+    blocks: RequestBlocks | None = None
+    """Its request's prompt blocks, as the perf metrics report them."""
 
     def __post_init__(self) -> None:
         if not self.history:
@@ -136,6 +141,7 @@ class SequenceState:
                 last_token_ns=self.last_token_ns,
             ),
             cached_tokens=len(self.history),
+            blocks=self.blocks,
         )
 
     def error_output(self, message: str) -> SequenceOutput:
@@ -158,43 +164,44 @@ def _stack(rows: list[npt.NDArray[np.float32]]) -> npt.NDArray[np.float32]:
 
 
 class DecodeBatch:
-    """Sequences decoded together; row r of the KV cache and sampling state is sequences[r]."""
+    """Sequences decoded together; row r of the sampling state is sequences[r]."""
 
-    def __init__(
-        self, sequences: list[SequenceState], kv: BatchKVCache, sampling: SamplingRows
-    ) -> None:
+    def __init__(self, sequences: list[SequenceState], sampling: SamplingRows) -> None:
         self.sequences = sequences
-        self.kv = kv
         self.sampling = sampling
 
     @classmethod
     def empty(cls, vocab_size: int, device: torch.device) -> DecodeBatch:
         """A batch with no sequences."""
-        return cls([], BatchKVCache.empty(device), SamplingRows.empty(vocab_size, device))
+        return cls([], SamplingRows.empty(vocab_size, device))
 
     def __len__(self) -> int:
         return len(self.sequences)
 
-    def keep(self, rows: Sequence[int]) -> None:
-        """Keep only `rows`, in that order."""
+    def keep(self, rows: Sequence[int]) -> list[SequenceState]:
+        """Keep only `rows`, in that order; returns the sequences that left."""
         if len(rows) == len(self.sequences):
-            return
+            return []
+        kept = set(rows)
+        left = [seq for row, seq in enumerate(self.sequences) if row not in kept]
         self.sequences = [self.sequences[r] for r in rows]
-        self.kv.select(rows)
         self.sampling.select(rows)
+        return left
 
     def extend(self, other: DecodeBatch) -> None:
         """Move the sequences of `other` into this batch."""
         if not other.sequences:
             return
         self.sequences = self.sequences + other.sequences
-        self.kv.extend(other.kv)
         self.sampling.extend(other.sampling)
 
-    def advance(self, logits: torch.Tensor) -> list[tuple[SequenceState, SequenceOutput]]:
+    def advance(
+        self, logits: torch.Tensor
+    ) -> tuple[list[tuple[SequenceState, SequenceOutput]], list[SequenceState]]:
         """Choose each row's next token from its logits; finished rows leave the batch.
 
-        Returns the outputs now due, each with the sequence it belongs to.
+        Returns the outputs now due, each with the sequence it belongs to, and the sequences
+        that finished.
         """
         bans = [(row, token) for row, seq in enumerate(self.sequences) for token in seq.bans()]
         allowed = grammar_masks(
@@ -217,5 +224,4 @@ class DecodeBatch:
             output = seq.take_output()
             if output is not None:
                 outputs.append((seq, output))
-        self.keep(running)
-        return outputs
+        return outputs, self.keep(running)

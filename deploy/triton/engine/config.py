@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from deploy.triton.engine.types import GUIDED_BACKEND as BACKEND
-from deploy.triton.engine.types import EngineConfig, EngineError, GuidedConfig
+from deploy.triton.engine.types import EngineConfig, EngineError, GuidedConfig, KvCacheConfig
 from deploy.triton.loadtest.paced import PacedConfig
 from deploy.triton.params import flag, parameter
 
@@ -91,7 +91,41 @@ def _torch(model_config: Mapping[str, Any]) -> EngineConfig:
         num_threads=_int(model_config, "torch_num_threads", None),
         lora_cache_size=max(1, _int(model_config, "torch_lora_cache_size", 8) or 8),
         guided=_guided(model_config),
+        kv_cache=_kv_cache(model_config),
+        enable_chunked_context=_bool(model_config, "enable_chunked_context", False),
+        max_num_tokens=_positive(model_config, "max_num_tokens", EngineConfig.max_num_tokens),
+        iter_stats_max_iterations=_positive(
+            model_config, "iter_stats_max_iterations", EngineConfig.iter_stats_max_iterations
+        ),
     )
+
+
+def _kv_cache(model_config: Mapping[str, Any]) -> KvCacheConfig:
+    """The C++ backend's KV-cache parameters (``enable_kv_cache_reuse`` defaults to true there
+    too), and the block size the torch engine pages its cache in."""
+    fraction = _float(model_config, "kv_cache_free_gpu_mem_fraction", 0.9)
+    if not 0.0 < fraction <= 1.0:
+        raise EngineError(
+            f"parameter kv_cache_free_gpu_mem_fraction must be in (0, 1], got {fraction}"
+        )
+    max_tokens = _int(model_config, "max_tokens_in_paged_kv_cache", None)
+    if max_tokens is not None and max_tokens < 1:
+        raise EngineError("parameter max_tokens_in_paged_kv_cache must be at least 1")
+    return KvCacheConfig(
+        tokens_per_block=_positive(
+            model_config, "tokens_per_block", KvCacheConfig.tokens_per_block
+        ),
+        enable_reuse=_bool(model_config, "enable_kv_cache_reuse", True),
+        free_gpu_mem_fraction=fraction,
+        max_tokens=max_tokens,
+    )
+
+
+def _positive(model_config: Mapping[str, Any], key: str, default: int) -> int:
+    value = _int(model_config, key, default)
+    if value is None or value < 1:
+        raise EngineError(f"parameter {key} must be at least 1, got {value}")
+    return value
 
 
 def _paced(model_config: Mapping[str, Any]) -> PacedConfig:

@@ -1,125 +1,207 @@
-"""Left-padded batch KV cache: per-sequence prefill caches joined into one batch and split again."""
+"""The paged KV cache in torch: per-layer pools of token slots, grouped in blocks, and the
+``transformers`` cache views one forward pass reads and writes them through.
+
+Slot ``b * tokens_per_block + i`` of every layer's pool holds token ``i`` of block ``b``. A
+forward pass gets a view over some sequences' block tables: each layer writes its new keys and
+values into their slots and reads back every row's tokens, left-padded to a common length, so
+the model sees an ordinary batch of padded caches (any attention implementation, sliding
+windows included).
+"""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 from transformers import DynamicCache
+from transformers.cache_utils import Cache, CacheLayerMixin, DynamicLayer
+
+from deploy.triton.engine.types import EngineError, KvCacheConfig
 
 logger = logging.getLogger(__name__)
 
-LayerKV = tuple[torch.Tensor, torch.Tensor]
+_PROBE_TOKEN = 0
 
 
-def _layers(cache: DynamicCache) -> list[LayerKV]:
-    return [(keys, values) for keys, values, *_ in cache]
+@dataclass(frozen=True)
+class KVLayout:
+    """The keys and values a model caches per token: ``(kv_heads, head_dim)`` per layer."""
 
-
-def _left_pad(tensor: torch.Tensor, columns: int) -> torch.Tensor:
-    if columns == 0:
-        return tensor
-    shape = list(tensor.shape)
-    shape[-2] = columns
-    return torch.cat([tensor.new_zeros(shape), tensor], dim=-2)
-
-
-class BatchKVCache:
-    """The KV cache of a decode batch, one row per sequence.
-
-    Rows are left-padded to a common length: `pads[r]` leading columns of row r hold no token
-    and are masked out. The wrapped `DynamicCache` grows by one column on every decode step;
-    joining and leaving sequences rebuild it (concatenate or slice rows, trim padding).
-    """
-
-    def __init__(self, cache: DynamicCache | None, pads: Sequence[int], device: torch.device):
-        self.cache = cache
-        self.device = device
-        self._set_pads(list(pads))
-
-    @classmethod
-    def empty(cls, device: torch.device) -> BatchKVCache:
-        """A cache with no rows."""
-        return cls(None, [], device)
-
-    @classmethod
-    def from_prefill(cls, cache: DynamicCache, device: torch.device) -> BatchKVCache:
-        """Wrap the single-row cache a prefill produced."""
-        return cls(cache, [0], device)
-
-    def _set_pads(self, pads: list[int]) -> None:
-        self.pads = pads
-        self._pads = torch.tensor(pads, dtype=torch.long, device=self.device)
-
-    def __len__(self) -> int:
-        return len(self.pads)
+    heads: tuple[tuple[int, int], ...]
+    dtype: torch.dtype
 
     @property
-    def length(self) -> int:
-        """Columns per row (padding included)."""
-        return 0 if self.cache is None else int(self.cache.get_seq_length())
+    def bytes_per_token(self) -> int:
+        """Cache memory of one token, keys and values of every layer."""
+        size = torch.empty(0, dtype=self.dtype).element_size()
+        return sum(2 * heads * dim * size for heads, dim in self.heads)
 
-    def token_counts(self) -> list[int]:
-        """Real tokens held per row."""
-        length = self.length
-        return [length - pad for pad in self.pads]
+    @classmethod
+    def probe(cls, model: Any, device: torch.device, cache_arg: str) -> KVLayout:
+        """Run one token through ``model`` to see what each of its layers caches."""
+        cache = DynamicCache()
+        ids = torch.tensor([[_PROBE_TOKEN]], dtype=torch.long, device=device)
+        with torch.inference_mode():
+            model(input_ids=ids, use_cache=True, **{cache_arg: cache})
+        heads = []
+        dtype = torch.float32
+        for layer in cache.layers:
+            keys = getattr(layer, "keys", None)
+            if not isinstance(layer, DynamicLayer) or keys is None or keys.dim() != 4:
+                raise EngineError(
+                    f"the model's cache layer {type(layer).__name__} is not attention keys and "
+                    "values: the torch engine's paged KV cache cannot hold it"
+                )
+            heads.append((int(keys.shape[1]), int(keys.shape[3])))
+            dtype = keys.dtype
+        return cls(tuple(heads), dtype)
 
-    def step_inputs(self) -> tuple[torch.Tensor | None, torch.Tensor]:
-        """Attention mask (None without padding) and position ids for one new token per row."""
-        length = self.length
-        positions = (length - self._pads).unsqueeze(1)
-        if not any(self.pads):
-            return None, positions
-        columns = torch.arange(length + 1, device=self.device).unsqueeze(0)
-        return (columns >= self._pads.unsqueeze(1)).long(), positions
 
-    def repeat(self, times: int) -> BatchKVCache:
-        """A cache holding each row `times` times in a row (shared prefill of n sequences)."""
-        if self.cache is None or times == 1:
-            return self
-        layers = [
-            (keys.repeat_interleave(times, dim=0), values.repeat_interleave(times, dim=0))
-            for keys, values in _layers(self.cache)
-        ]
-        pads = [pad for pad in self.pads for _ in range(times)]
-        return BatchKVCache(DynamicCache(ddp_cache_data=layers), pads, self.device)
-
-    def select(self, rows: Sequence[int]) -> None:
-        """Keep only `rows`, in that order, and drop padding columns no row needs."""
-        if self.cache is None:
-            return
-        if not rows:
-            self.cache = None
-            self._set_pads([])
-            return
-        pads = [self.pads[r] for r in rows]
-        trim = min(pads)
-        index = torch.tensor(list(rows), dtype=torch.long, device=self.device)
-        layers = [
-            (keys[index, :, trim:], values[index, :, trim:]) for keys, values in _layers(self.cache)
-        ]
-        self.cache = DynamicCache(ddp_cache_data=layers)
-        self._set_pads([pad - trim for pad in pads])
-
-    def extend(self, other: BatchKVCache) -> None:
-        """Append the rows of `other`, left-padding whichever side is shorter."""
-        if other.cache is None:
-            return
-        if self.cache is None:
-            self.cache = other.cache
-            self._set_pads(list(other.pads))
-            return
-        length = max(self.length, other.length)
-        grow_self, grow_other = length - self.length, length - other.length
-        layers = [
-            (
-                torch.cat([_left_pad(k1, grow_self), _left_pad(k2, grow_other)]),
-                torch.cat([_left_pad(v1, grow_self), _left_pad(v2, grow_other)]),
-            )
-            for (k1, v1), (k2, v2) in zip(_layers(self.cache), _layers(other.cache), strict=True)
-        ]
-        self.cache = DynamicCache(ddp_cache_data=layers)
-        self._set_pads(
-            [pad + grow_self for pad in self.pads] + [pad + grow_other for pad in other.pads]
+def pool_blocks(
+    config: KvCacheConfig,
+    layout: KVLayout,
+    device: torch.device,
+    *,
+    default_tokens: int,
+) -> int:
+    """How many blocks the pool gets: ``free_gpu_mem_fraction`` of the free memory on CUDA,
+    ``default_tokens`` on the CPU; ``max_tokens`` caps both."""
+    per_block = layout.bytes_per_token * config.tokens_per_block
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        blocks = int(free * config.free_gpu_mem_fraction) // per_block
+    else:
+        blocks = -(-default_tokens // config.tokens_per_block)
+    if config.max_tokens is not None:
+        blocks = min(blocks, config.max_tokens // config.tokens_per_block)
+    if blocks < 1:
+        raise EngineError(
+            f"the KV cache has room for no block of {config.tokens_per_block} tokens "
+            f"({per_block} bytes each)"
         )
+    return blocks
+
+
+class KVPool:
+    """Every layer's keys and values, ``[num_blocks * tokens_per_block, heads, head_dim]``."""
+
+    def __init__(
+        self, layout: KVLayout, num_blocks: int, tokens_per_block: int, device: torch.device
+    ) -> None:
+        self.layout = layout
+        self.num_blocks = num_blocks
+        self.tokens_per_block = tokens_per_block
+        self.device = device
+        slots = num_blocks * tokens_per_block
+        # Untouched pages of an empty CPU tensor cost no memory until a block is first written.
+        self.keys = [
+            torch.empty(slots, h, d, dtype=layout.dtype, device=device) for h, d in layout.heads
+        ]
+        self.values = [
+            torch.empty(slots, h, d, dtype=layout.dtype, device=device) for h, d in layout.heads
+        ]
+        logger.info(
+            "KV cache: %d blocks of %d tokens, %.1f MiB",
+            num_blocks,
+            tokens_per_block,
+            slots * layout.bytes_per_token / 2**20,
+        )
+
+    def copy_block(self, source: int, target: int) -> None:
+        """Copy one block's keys and values into another block."""
+        size = self.tokens_per_block
+        src = slice(source * size, (source + 1) * size)
+        dst = slice(target * size, (target + 1) * size)
+        for keys, values in zip(self.keys, self.values, strict=True):
+            keys[dst] = keys[src]
+            values[dst] = values[src]
+
+    def view(self, tables: Sequence[Sequence[int]], starts: Sequence[int], count: int) -> PagedView:
+        """A cache view for a forward pass writing ``count`` tokens per row, row ``r`` at
+        positions ``starts[r]...`` of the sequence whose blocks are ``tables[r]``."""
+        device = self.device
+        size = self.tokens_per_block
+        start = torch.tensor(list(starts), dtype=torch.long, device=device)
+        total = start + count
+        width = int(total.max())
+        pads = width - total
+        columns = torch.arange(width, device=device).unsqueeze(0) - pads.unsqueeze(1)
+        longest = max(len(table) for table in tables)
+        table = torch.tensor(
+            [list(t) + [0] * (longest - len(t)) for t in tables], dtype=torch.long, device=device
+        )
+        positions = columns.clamp(min=0)
+        read = table.gather(1, positions // size) * size + positions % size
+        new = start.unsqueeze(1) + torch.arange(count, device=device).unsqueeze(0)
+        write = table.gather(1, new // size) * size + new % size
+        mask = (columns >= 0).long() if bool(pads.any()) else None
+        return PagedView(self, read, write.reshape(-1), new, mask, width - count)
+
+
+class _PagedLayer(CacheLayerMixin):  # type: ignore[misc]
+    """One layer's window on the pool for one forward pass."""
+
+    is_sliding = False
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, view: PagedView) -> None:
+        super().__init__()
+        self._pool = (keys, values)
+        self._view = view
+        self.is_initialized = True
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        self.is_initialized = True
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        view = self._view
+        rows, columns = view.read.shape
+        out = []
+        for pool, states in zip(self._pool, (key_states, value_states), strict=True):
+            heads, dim = pool.shape[1], pool.shape[2]
+            pool.index_copy_(0, view.write, states.transpose(1, 2).reshape(-1, heads, dim))
+            gathered = pool.index_select(0, view.read.reshape(-1))
+            out.append(gathered.view(rows, columns, heads, dim).transpose(1, 2))
+        return out[0], out[1]
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self._view.past + query_length, 0
+
+    def get_seq_length(self) -> int:
+        return self._view.past
+
+    def get_max_length(self) -> int:
+        return -1
+
+
+class PagedView(Cache):  # type: ignore[misc]
+    """The ``transformers`` cache of one forward pass over block tables of the pool.
+
+    ``positions`` are the new tokens' position ids ``[rows, count]``; ``attention_mask`` is
+    the 2-D padding mask ``[rows, past + count]`` (None when no row is padded); ``past`` is
+    the padded length before this pass.
+    """
+
+    def __init__(
+        self,
+        pool: KVPool,
+        read: torch.Tensor,
+        write: torch.Tensor,
+        positions: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        past: int,
+    ) -> None:
+        self.read = read
+        self.write = write
+        self.positions = positions
+        self.attention_mask = attention_mask
+        self.past = past
+        layers: list[Any] = [
+            _PagedLayer(keys, values, self)
+            for keys, values in zip(pool.keys, pool.values, strict=True)
+        ]
+        super().__init__(layers=layers)

@@ -9,7 +9,6 @@ unconditionally; later releases leave those outputs out.
 from __future__ import annotations
 
 import functools
-import math
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -17,12 +16,10 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from deploy.triton.engine.types import SequenceOutput
+from deploy.triton.engine.types import RequestBlocks, SequenceOutput
 
 Array = npt.NDArray[Any]
 Builder = Callable[[], Array]
-TOKENS_PER_BLOCK = 64
-"""KV-cache block size the perf metrics count in (TensorRT-LLM's default `tokens_per_block`)."""
 _NUMPY_TYPES: dict[str, type[np.generic]] = {
     "TYPE_FP32": np.float32,
     "TYPE_FP16": np.float16,
@@ -130,19 +127,16 @@ def _logits(
 
 
 def _perf_metrics(output: SequenceOutput) -> dict[str, Builder]:
-    """TensorRT-LLM's per-request perf metrics.
-
-    The KV cache here is not paged and never reuses a prefix: every block the sequence holds
-    (counted in `TOKENS_PER_BLOCK` tokens) is newly allocated, none reused, and no draft tokens.
-    """
+    """TensorRT-LLM's per-request perf metrics: the prompt's KV-cache blocks (found cached,
+    taken from the pool, of which held no cached content) and timings; no draft tokens."""
     timings = output.timings
     if timings is None:
         return {}
-    blocks = math.ceil(output.cached_tokens / TOKENS_PER_BLOCK)
+    blocks = output.blocks or RequestBlocks()
     values: dict[str, tuple[float, type[np.generic]]] = {
-        "kv_cache_alloc_new_blocks": (blocks, np.int32),
-        "kv_cache_reused_blocks": (0, np.int32),
-        "kv_cache_alloc_total_blocks": (blocks, np.int32),
+        "kv_cache_alloc_new_blocks": (blocks.alloc_new, np.int32),
+        "kv_cache_reused_blocks": (blocks.reused, np.int32),
+        "kv_cache_alloc_total_blocks": (blocks.alloc_total, np.int32),
         "arrival_time_ns": (timings.arrival_ns, np.int64),
         "first_scheduled_time_ns": (timings.first_scheduled_ns, np.int64),
         "first_token_time_ns": (timings.first_token_ns, np.int64),

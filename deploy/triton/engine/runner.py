@@ -9,10 +9,10 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-from transformers import AutoModelForCausalLM, DynamicCache
+from transformers import AutoModelForCausalLM
 from transformers.utils import logging as hf_logging
 
-from deploy.triton.engine.kvcache import BatchKVCache
+from deploy.triton.engine.kvcache import KVLayout, PagedView
 from deploy.triton.engine.lora import LoadedLora, LoraContext, LoraTargets, install
 from deploy.triton.engine.types import EngineConfig, EngineError, TokenIds
 
@@ -136,46 +136,58 @@ class ModelRunner:
         )
         return cls(model, device)
 
+    def kv_layout(self) -> KVLayout:
+        """What the model caches per token, seen by running one token through it."""
+        return KVLayout.probe(self.model, self.device, self._cache_arg)
+
     def prefill(
         self,
-        input_ids: Sequence[int],
+        tokens: Sequence[int],
+        view: PagedView,
         *,
         all_logits: bool = False,
         adapter: LoadedLora | None = None,
-    ) -> tuple[torch.Tensor, DynamicCache, torch.Tensor | None]:
-        """Run the prompt (through `adapter`, if any); returns the next-token logits [vocab]
-        (float32), its KV cache and, with `all_logits`, the logits of every prompt position
-        [prompt_len, vocab]."""
-        ids = torch.tensor([list(input_ids)], dtype=torch.long, device=self.device)
-        cache = DynamicCache()
-        extra = {"logits_to_keep": 1} if self._keep_last_logits and not all_logits else {}
-        self._use_adapters([adapter])
-        with torch.inference_mode():
-            extra[self._cache_arg] = cache
-            out = self.model(input_ids=ids, use_cache=True, **extra)
-        logits = out.logits[0].float()
-        return logits[-1], cache, logits if all_logits else None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Run a prompt's ``tokens`` (all of it or a chunk) on top of what ``view`` already
+        holds (through ``adapter``, if any); returns the next-token logits [vocab] (float32)
+        and, with ``all_logits``, the logits of every position [len(tokens), vocab]."""
+        logits = self._forward([list(tokens)], view, [adapter], last_only=not all_logits)[0]
+        return logits[-1], logits if all_logits else None
 
     def decode(
         self,
         tokens: Sequence[int],
-        kv: BatchKVCache,
+        view: PagedView,
         adapters: Sequence[LoadedLora | None] = (),
     ) -> torch.Tensor:
         """Feed one token per row, each row through its adapter (if any); returns next-token
         logits [rows, vocab] (float32)."""
-        mask, positions = kv.step_inputs()
-        ids = torch.tensor(list(tokens), dtype=torch.long, device=self.device).unsqueeze(1)
+        return self._forward([[token] for token in tokens], view, adapters, last_only=True)[
+            :, -1, :
+        ]
+
+    def _forward(
+        self,
+        rows: list[list[int]],
+        view: PagedView,
+        adapters: Sequence[LoadedLora | None],
+        *,
+        last_only: bool,
+    ) -> torch.Tensor:
+        ids = torch.tensor(rows, dtype=torch.long, device=self.device)
+        extra: dict[str, Any] = {self._cache_arg: view}
+        if last_only and self._keep_last_logits:
+            extra["logits_to_keep"] = 1
         self._use_adapters(adapters)
         with torch.inference_mode():
             out = self.model(
                 input_ids=ids,
-                attention_mask=mask,
-                position_ids=positions,
+                attention_mask=view.attention_mask,
+                position_ids=view.positions,
                 use_cache=True,
-                **{self._cache_arg: kv.cache},
+                **extra,
             )
-        return out.logits[:, -1, :].float()
+        return out.logits.float()
 
     def _use_adapters(self, adapters: Sequence[LoadedLora | None]) -> None:
         if not self._lora_installed:

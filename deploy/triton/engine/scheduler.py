@@ -13,32 +13,25 @@ import torch
 
 from deploy.triton.engine.batch import DecodeBatch, SequenceState
 from deploy.triton.engine.checks import validate_request
-from deploy.triton.engine.guided import NOT_ENABLED, GrammarState, GuidedDecoding
-from deploy.triton.engine.kvcache import BatchKVCache
-from deploy.triton.engine.lora import LoadedLora, LoraCache
+from deploy.triton.engine.context import ContextJob, ContextPhase, Submission
+from deploy.triton.engine.guided import NOT_ENABLED, GuidedDecoding
+from deploy.triton.engine.kvstore import KVStore
+from deploy.triton.engine.lora import LoraCache
 from deploy.triton.engine.runner import ModelRunner
-from deploy.triton.engine.sampling import SamplingRows, sequence_seed, static_bias
 from deploy.triton.engine.types import (
     EngineConfig,
     EngineError,
     EngineRequest,
     EngineStats,
     FinishReason,
+    IterationStats,
     OutputCallback,
     SequenceOutput,
 )
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class _Submit:
-    request: EngineRequest
-    callback: OutputCallback
-    max_new_tokens: int
-    adapter: LoadedLora | None = None
-    grammar: object | None = None
-    """The request's compiled grammar (xgrammar ``CompiledGrammar``), when it is guided."""
+# Pool sizing on the CPU for a model that states no context length and a config that sets none.
+_FALLBACK_SEQ_LEN = 4096
 
 
 @dataclass(frozen=True)
@@ -50,7 +43,7 @@ class _Shutdown:
     pass
 
 
-_Command = _Submit | _Stop | _Shutdown
+_Command = Submission | _Stop | _Shutdown
 
 
 class Engine:
@@ -58,32 +51,36 @@ class Engine:
 
     `submit` queues a request; its `callback` then receives `SequenceOutput`s from the engine
     thread, ending with a finished one for every sequence (also on `stop`, errors and
-    `shutdown`). New requests are prefilled between decode steps and join the running batch.
+    `shutdown`). Each iteration admits waiting requests whose blocks the KV store can reserve
+    (taking their cached prefix), prefills prompts (whole, or with chunked context at most
+    `max_num_tokens` prompt tokens), then decodes one token for every running sequence.
     """
 
     def __init__(
-        self,
-        runner: ModelRunner,
-        *,
-        max_batch_size: int = 16,
-        max_seq_len: int | None = None,
-        lora_cache_size: int = 8,
-        guided: GuidedDecoding | None = None,
+        self, runner: ModelRunner, config: EngineConfig, guided: GuidedDecoding | None = None
     ) -> None:
         self.runner = runner
         self.guided = guided
-        self.loras = LoraCache(lora_cache_size)
-        self.max_batch_size = max_batch_size
-        self.max_seq_len = max_seq_len or runner.max_positions
+        self.config = config
+        self.loras = LoraCache(config.lora_cache_size)
+        self.max_batch_size = config.max_batch_size
+        seq_len = config.max_seq_len or runner.max_positions
+        self.store = KVStore.build(runner, config, seq_len or _FALLBACK_SEQ_LEN)
+        self.max_seq_len: int | None = min(seq_len or self.store.capacity, self.store.capacity)
+        self.context = ContextPhase(runner, self.store, guided)
         self._inbox: queue.SimpleQueue[_Command] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._active: dict[str, int] = {}
         self._closed = False
-        self._waiting: deque[_Submit] = deque()
+        self._waiting: deque[Submission] = deque()
+        self._jobs: list[ContextJob] = []
         self._batch = DecodeBatch.empty(runner.vocab_size, runner.device)
         self._steps = 0
+        self._iterations = 0
         self._max_running = 0
-        self._context = (0, 0)
+        self._history: deque[IterationStats] = deque(maxlen=config.iter_stats_max_iterations)
+        self._snapshot = EngineStats(0, 0, 0, kv_cache=self.store.stats())
+        self._due: list[tuple[OutputCallback, SequenceOutput]] = []
         self._thread: threading.Thread | None = None
 
     @classmethod
@@ -95,13 +92,7 @@ class Engine:
             guided = GuidedDecoding.load(
                 config.guided, config.model_path, runner.vocab_size, runner.default_end_ids
             )
-        engine = cls(
-            runner,
-            max_batch_size=config.max_batch_size,
-            max_seq_len=config.max_seq_len,
-            lora_cache_size=config.lora_cache_size,
-            guided=guided,
-        )
+        engine = cls(runner, config, guided)
         engine.start()
         return engine
 
@@ -127,8 +118,13 @@ class Engine:
         max_new = validate_request(
             request, self.runner.vocab_size, self.max_seq_len, self.max_batch_size
         )
-        if max_new != request.max_new_tokens:
-            logger.debug("request %s capped to %d new tokens", request.request_id, max_new)
+        blocks, _ = self.store.worst_case(request, max_new)
+        if not self.store.manager.fits(blocks):
+            raise EngineError(
+                f"the request may need {blocks} KV-cache blocks (its prompt and "
+                f"{max_new} new tokens for each of its {request.num_return_sequences} sequences), "
+                f"which must not exceed the {self.store.manager.num_blocks} blocks of the cache"
+            )
         adapter = None
         if request.lora is not None:
             adapter = self.loras.resolve(request.lora, self.runner.lora_targets)
@@ -143,7 +139,7 @@ class Engine:
             if request.request_id in self._active:
                 raise EngineError(f"request id {request.request_id!r} is already running")
             self._active[request.request_id] = request.num_return_sequences
-            self._inbox.put(_Submit(request, callback, max_new, adapter, grammar))
+            self._inbox.put(Submission(request, callback, max_new, adapter, grammar))
 
     def stop(self, request_id: str) -> None:
         """End a request early; each of its sequences gets a final output with what it has."""
@@ -158,18 +154,17 @@ class Engine:
             self._thread.join(timeout)
 
     def stats(self) -> EngineStats:
-        """Current occupancy (approximate while the engine runs)."""
-        batch = self._batch
-        requests, tokens = self._context
-        return EngineStats(
-            running_sequences=len(batch),
-            waiting_requests=len(self._waiting),
-            steps=self._steps,
-            max_running=self._max_running,
-            context_requests=requests,
-            context_tokens=tokens,
-            cached_tokens=sum(len(seq.history) for seq in list(batch.sequences)),
-        )
+        """Occupancy and the KV-cache pool as of the last iteration."""
+        return self._snapshot
+
+    def iteration_stats(self) -> list[IterationStats]:
+        """The iterations since the last call (at most ``iter_stats_max_iterations``)."""
+        drained = []
+        while True:
+            try:
+                drained.append(self._history.popleft())
+            except IndexError:
+                return drained
 
     def _run(self) -> None:
         failure: str | None = None
@@ -177,8 +172,10 @@ class Engine:
             with torch.inference_mode():
                 while self._pump():
                     self._admit()
-                    if self._batch:
-                        self._step()
+                    context = self._prefill()
+                    decoded = self._step() if self._batch else 0
+                    self._record(*context, decoded)
+                    self._deliver()
         except Exception as exc:
             logger.exception("engine loop failed")
             failure = f"engine failure: {exc}"
@@ -188,7 +185,7 @@ class Engine:
             self._abort_all(failure)
 
     def _pump(self) -> bool:
-        block = not self._batch and not self._waiting
+        block = not self._batch and not self._waiting and not self._jobs
         while True:
             try:
                 command = self._inbox.get(block=block)
@@ -203,6 +200,16 @@ class Engine:
                 self._waiting.append(command)
 
     def _emit(self, callback: OutputCallback, output: SequenceOutput) -> None:
+        """Queue an output; the iteration's outputs go out once its statistics are published,
+        so whoever receives a final output finds its blocks already returned."""
+        self._due.append((callback, output))
+
+    def _deliver(self) -> None:
+        due, self._due = self._due, []
+        for callback, output in due:
+            self._send(callback, output)
+
+    def _send(self, callback: OutputCallback, output: SequenceOutput) -> None:
         if output.finished:
             with self._lock:
                 left = self._active.get(output.request_id, 1) - 1
@@ -215,7 +222,7 @@ class Engine:
         except Exception:
             logger.exception("output callback of request %s failed", output.request_id)
 
-    def _emit_unstarted(self, entry: _Submit, reason: FinishReason, error: str | None) -> None:
+    def _emit_unstarted(self, entry: Submission, reason: FinishReason, error: str | None) -> None:
         for index in range(entry.request.num_return_sequences):
             output = SequenceOutput(
                 request_id=entry.request.request_id,
@@ -232,6 +239,8 @@ class Engine:
         for entry in [e for e in self._waiting if e.request.request_id == request_id]:
             self._waiting.remove(entry)
             self._emit_unstarted(entry, FinishReason.CANCELLED, None)
+        for job in [j for j in self._jobs if j.request.request_id == request_id]:
+            self._drop_job(job, FinishReason.CANCELLED, None)
         keep: list[int] = []
         for row, seq in enumerate(self._batch.sequences):
             if seq.request.request_id != request_id:
@@ -241,89 +250,119 @@ class Engine:
             output = seq.take_output()
             if output is not None:
                 self._emit(seq.callback, output)
-        self._batch.keep(keep)
+        self._release(self._batch.keep(keep))
+
+    def _drop_job(self, job: ContextJob, reason: FinishReason, error: str | None) -> None:
+        self._jobs.remove(job)
+        self.store.release(job.admission.table)
+        self._emit_unstarted(job.entry, reason, error)
+
+    def _release(self, sequences: list[SequenceState]) -> None:
+        for seq in sequences:
+            self.store.release(seq.table)
 
     def _admit(self) -> None:
-        requests = tokens = 0
+        """Waiting requests in order, while batch slots and KV blocks last."""
         while self._waiting:
-            wanted = self._waiting[0].request.num_return_sequences
-            if len(self._batch) + wanted > self.max_batch_size:
+            entry = self._waiting[0]
+            running = len(self._batch) + sum(j.request.num_return_sequences for j in self._jobs)
+            if running + entry.request.num_return_sequences > self.max_batch_size:
+                return
+            admission = self.store.admit(entry.request, entry.max_new_tokens)
+            if admission is None:
+                return
+            self._waiting.popleft()
+            self._jobs.append(ContextJob(entry, admission))
+
+    def _prefill(self) -> tuple[int, int]:
+        """Prefill prompts within this iteration's token budget; returns the requests and
+        prompt tokens it worked on."""
+        budget = self.config.max_num_tokens
+        requests = tokens = 0
+        for job in list(self._jobs):
+            if self.config.enable_chunked_context:
+                take = job.chunk(budget, self.store.tokens_per_block)
+            else:
+                take = job.remaining if requests == 0 or job.remaining <= budget else 0
+            if take <= 0:
                 break
-            entry = self._waiting.popleft()
-            try:
-                group = self._prefill(entry)
-            except Exception as exc:
-                logger.exception("prefill of request %s failed", entry.request.request_id)
-                self._emit_unstarted(entry, FinishReason.ERROR, f"prefill failed: {exc}")
-                continue
+            budget -= take
             requests += 1
-            tokens += len(entry.request.input_ids)
-            self._batch.extend(group)
-        if requests or self._batch:
-            self._context = (requests, tokens)
+            tokens += take
+            self._prefill_chunk(job, take)
+        return requests, tokens
 
-    def _prefill(self, entry: _Submit) -> DecodeBatch:
-        request, runner = entry.request, self.runner
-        n = request.num_return_sequences
-        end_ids = runner.default_end_ids if request.end_ids is None else request.end_ids
-        sequences = [
-            SequenceState(
-                request=request,
-                index=index,
-                callback=entry.callback,
-                end_ids=end_ids,
-                max_new_tokens=entry.max_new_tokens,
-                begin_suppress=runner.begin_suppress_tokens,
-                adapter=entry.adapter,
-                grammar=self._grammar_state(entry, end_ids),
-            )
-            for index in range(n)
-        ]
-        logits, cache, context = runner.prefill(
-            request.input_ids, all_logits=request.return_context_logits, adapter=entry.adapter
-        )
-        context_logits = None if context is None else context.cpu().numpy()
-        for seq in sequences:
-            seq.context_logits = context_logits
-        bias = static_bias(
-            runner.vocab_size, runner.suppress_tokens, request.bad_words, request.embedding_bias
-        )
-        seeds = [sequence_seed(request.sampling.seed, index) for index in range(n)]
-        sampling = SamplingRows.for_request(
-            request.sampling, seeds, bias, request.input_ids, runner.device
-        )
-        kv = BatchKVCache.from_prefill(cache, runner.device).repeat(n)
-        group = DecodeBatch(sequences, kv, sampling)
-        for seq, output in group.advance(logits.unsqueeze(0).expand(n, -1)):
+    def _prefill_chunk(self, job: ContextJob, take: int) -> None:
+        try:
+            logits = self.context.prefill(job, take)
+            if logits is None:
+                return
+            self._jobs.remove(job)
+            group, outputs, finished = self.context.start(job, logits)
+        except Exception as exc:
+            logger.exception("prefill of request %s failed", job.request.request_id)
+            if job in self._jobs:
+                self._drop_job(job, FinishReason.ERROR, f"prefill failed: {exc}")
+            else:
+                self.store.release(job.admission.table)
+                self._emit_unstarted(job.entry, FinishReason.ERROR, f"prefill failed: {exc}")
+            return
+        for seq, output in outputs:
             self._emit(seq.callback, output)
-        return group
+        self._release(finished)
+        self._batch.extend(group)
 
-    def _grammar_state(self, entry: _Submit, end_ids: tuple[int, ...]) -> GrammarState | None:
-        if entry.grammar is None or self.guided is None:
-            return None
-        return self.guided.matcher(entry.grammar, end_ids)
-
-    def _step(self) -> None:
+    def _step(self) -> int:
         batch = self._batch
         self._max_running = max(self._max_running, len(batch))
+        rows = len(batch)
         try:
+            tables = [seq.table for seq in batch.sequences]
+            for table in tables:
+                self.store.grow(table, 1)
             logits = self.runner.decode(
                 [seq.next_input for seq in batch.sequences],
-                batch.kv,
+                self.store.view(tables, 1),
                 [seq.adapter for seq in batch.sequences],
             )
-            outputs = batch.advance(logits)
+            for seq in batch.sequences:
+                seq.table.length += 1
+                self.store.commit(seq.table, seq.history, seq.request.extra_ids)
+            outputs, finished = batch.advance(logits)
         except Exception as exc:
             logger.exception("decode step failed; failing %d sequences", len(batch))
             self._fail_batch(f"decode failed: {exc}")
-            return
+            return 0
         self._steps += 1
         for seq, output in outputs:
             self._emit(seq.callback, output)
+        self._release(finished)
+        return rows
+
+    def _record(self, context_requests: int, context_tokens: int, decoded: int) -> None:
+        """Publish this iteration's statistics and a fresh snapshot for `stats`."""
+        self._iterations += 1
+        kv = self.store.stats()
+        self._history.append(
+            IterationStats(self._iterations, context_requests, context_tokens, decoded, kv)
+        )
+        sequences = self._batch.sequences
+        self._snapshot = EngineStats(
+            running_sequences=len(sequences)
+            + sum(j.request.num_return_sequences for j in self._jobs),
+            waiting_requests=len(self._waiting),
+            steps=self._steps,
+            max_running=self._max_running,
+            context_requests=context_requests,
+            context_tokens=context_tokens,
+            cached_tokens=sum(seq.table.length for seq in sequences),
+            kv_cache=kv,
+        )
 
     def _fail_batch(self, message: str) -> None:
         for seq in self._batch.sequences:
             self._emit(seq.callback, seq.error_output(message))
+        self._release(self._batch.sequences)
         self._batch = DecodeBatch.empty(self.runner.vocab_size, self.runner.device)
 
     def _abort_all(self, failure: str | None) -> None:
@@ -333,10 +372,12 @@ class Engine:
                 command = self._inbox.get_nowait()
             except queue.Empty:
                 break
-            if isinstance(command, _Submit):
+            if isinstance(command, Submission):
                 self._waiting.append(command)
         while self._waiting:
             self._emit_unstarted(self._waiting.popleft(), reason, failure)
+        for job in list(self._jobs):
+            self._drop_job(job, reason, failure)
         for seq in self._batch.sequences:
             if failure is not None:
                 self._emit(seq.callback, seq.error_output(failure))
@@ -345,4 +386,6 @@ class Engine:
             output = seq.take_output()
             if output is not None:
                 self._emit(seq.callback, output)
+        self._release(self._batch.sequences)
         self._batch = DecodeBatch.empty(self.runner.vocab_size, self.runner.device)
+        self._deliver()

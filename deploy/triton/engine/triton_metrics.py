@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import collections
 import logging
-import math
 import os
 import threading
 import time
@@ -13,8 +12,7 @@ from typing import Any
 
 import triton_python_backend_utils as pb_utils
 
-from deploy.triton.engine.outputs import TOKENS_PER_BLOCK
-from deploy.triton.engine.types import EngineStats
+from deploy.triton.engine.types import EngineStats, KvCacheStats
 
 logger = logging.getLogger(__name__)
 
@@ -40,15 +38,14 @@ def _rss_bytes() -> int:
 
 
 def stat_values(
-    stats: EngineStats, *, max_batch_size: int, max_seq_len: int, gpu_bytes: int
+    stats: EngineStats, *, max_batch_size: int, gpu_bytes: int
 ) -> dict[tuple[str, str], float]:
     """Every gauge value, by (family, label value), from one snapshot of the engine.
 
-    The KV cache is counted in blocks of `TOKENS_PER_BLOCK` tokens against the most the
-    scheduler can hold (`max_batch_size` sequences of `max_seq_len` tokens); nothing is reused.
+    The KV-cache blocks are the engine's pool (``reused`` counts since the start, as the C++
+    backend's executor does); an engine without one reports an empty pool.
     """
-    max_blocks = max_batch_size * math.ceil(max_seq_len / TOKENS_PER_BLOCK)
-    used_blocks = math.ceil(stats.cached_tokens / TOKENS_PER_BLOCK)
+    kv = stats.kv_cache or KvCacheStats(0, 0, 0, 0)
     active = stats.running_sequences + stats.waiting_requests
     return {
         ("nv_trt_llm_request_metrics", "active"): active,
@@ -59,12 +56,12 @@ def stat_values(
         ("nv_trt_llm_runtime_memory_metrics", "cpu"): _rss_bytes(),
         ("nv_trt_llm_runtime_memory_metrics", "gpu"): gpu_bytes,
         ("nv_trt_llm_runtime_memory_metrics", "pinned"): 0,
-        ("nv_trt_llm_kv_cache_block_metrics", "max"): max_blocks,
-        ("nv_trt_llm_kv_cache_block_metrics", "free"): max(0, max_blocks - used_blocks),
-        ("nv_trt_llm_kv_cache_block_metrics", "used"): used_blocks,
-        ("nv_trt_llm_kv_cache_block_metrics", "tokens_per"): TOKENS_PER_BLOCK,
-        ("nv_trt_llm_kv_cache_block_metrics", "reused"): 0,
-        ("nv_trt_llm_kv_cache_block_metrics", "fraction"): used_blocks / max(1, max_blocks),
+        ("nv_trt_llm_kv_cache_block_metrics", "max"): kv.max_blocks,
+        ("nv_trt_llm_kv_cache_block_metrics", "free"): kv.free_blocks,
+        ("nv_trt_llm_kv_cache_block_metrics", "used"): kv.used_blocks,
+        ("nv_trt_llm_kv_cache_block_metrics", "tokens_per"): kv.tokens_per_block,
+        ("nv_trt_llm_kv_cache_block_metrics", "reused"): kv.reused,
+        ("nv_trt_llm_kv_cache_block_metrics", "fraction"): kv.fraction,
         ("nv_trt_llm_inflight_batcher_metrics", "total_context_tokens"): stats.context_tokens,
         ("nv_trt_llm_inflight_batcher_metrics", "generation_requests"): stats.running_sequences,
         ("nv_trt_llm_inflight_batcher_metrics", "micro_batch_id"): 0,

@@ -149,7 +149,6 @@ class TritonPythonModel:
         return stat_values(
             engine.stats(),
             max_batch_size=engine.max_batch_size,
-            max_seq_len=engine.max_seq_len or 0,
             gpu_bytes=gpu,
         )
 

@@ -127,6 +127,9 @@ class EngineRequest:
     """The item's ``LoraRequest`` (task id, and weights and config when sent), or None."""
     guide: GuideRequest | None = None
     """The grammar the output must follow (``guided_decoding_guide_type``), or None."""
+    extra_ids: TokenIds | None = None
+    """Per prompt token, an id that tells apart equal token ids of different content
+    (``prompt_table_extra_ids``); it salts the block of its token."""
 
 
 class FinishReason(enum.Enum):
@@ -147,6 +150,17 @@ class Timings:
     first_scheduled_ns: int
     first_token_ns: int
     last_token_ns: int
+
+
+@dataclass(frozen=True)
+class RequestBlocks:
+    """KV-cache blocks of one request's prompt, as TensorRT-LLM's per-request perf metrics
+    count them: taken from the free pool (``alloc_total``), of which held no cached content
+    (``alloc_new``), and found cached under the prompt's hash chain (``reused``)."""
+
+    alloc_total: int = 0
+    alloc_new: int = 0
+    reused: int = 0
 
 
 @dataclass(frozen=True)
@@ -175,6 +189,8 @@ class SequenceOutput:
     timings: Timings | None = None
     cached_tokens: int = 0
     """Prompt plus generated tokens held in the KV cache for this sequence."""
+    blocks: RequestBlocks | None = None
+    """The request's KV-cache blocks (None from an engine without a block store)."""
 
     @property
     def finished(self) -> bool:
@@ -183,6 +199,22 @@ class SequenceOutput:
 
 
 OutputCallback = Callable[[SequenceOutput], None]
+
+
+@dataclass(frozen=True)
+class KvCacheConfig:
+    """The paged KV cache: block size, prefix reuse and the memory budget.
+
+    On CUDA the pool takes ``free_gpu_mem_fraction`` of the memory free once the model is
+    loaded; on the CPU it holds ``max_tokens``, by default room for every running sequence at
+    full length. ``max_tokens`` also caps the CUDA pool, as ``max_tokens_in_paged_kv_cache``
+    caps TensorRT-LLM's.
+    """
+
+    tokens_per_block: int = 32
+    enable_reuse: bool = True
+    free_gpu_mem_fraction: float = 0.9
+    max_tokens: int | None = None
 
 
 @dataclass(frozen=True)
@@ -199,6 +231,53 @@ class EngineConfig:
     """LoRA adapters kept between requests; the least recently used is evicted first."""
     guided: GuidedConfig | None = None
     """Guided decoding (``guided_decoding_backend: xgrammar``) and its tokenizer, or None."""
+    kv_cache: KvCacheConfig = KvCacheConfig()
+    enable_chunked_context: bool = False
+    """Prefill long prompts in chunks between decode steps of the running batch."""
+    max_num_tokens: int = 8192
+    """Most prompt tokens prefilled in one iteration (whole prompts when not chunked: at least
+    one prompt per iteration)."""
+    iter_stats_max_iterations: int = 1000
+    """Iteration statistics kept until read."""
+
+
+@dataclass(frozen=True)
+class KvCacheStats:
+    """The KV-cache pool as TensorRT-LLM's ``KvCacheStats`` describes it.
+
+    ``used`` blocks are held by running sequences; ``free`` ones are empty or hold cached
+    content nothing references (evicted, least recently used first, when needed), so
+    ``free + used == max``. ``alloc_total``, ``alloc_new``, ``reused`` and ``missed`` count
+    since the start.
+    """
+
+    max_blocks: int
+    free_blocks: int
+    used_blocks: int
+    tokens_per_block: int
+    alloc_total: int = 0
+    alloc_new: int = 0
+    reused: int = 0
+    missed: int = 0
+    cached_blocks: int = 0
+    """Free blocks that hold reusable content."""
+
+    @property
+    def fraction(self) -> float:
+        """Share of the pool in use."""
+        return self.used_blocks / self.max_blocks if self.max_blocks else 0.0
+
+
+@dataclass(frozen=True)
+class IterationStats:
+    """What one scheduler iteration did: the prompt tokens it prefilled (whole prompts or
+    chunks) and the sequences it decoded a token for."""
+
+    iteration: int
+    context_requests: int
+    context_tokens: int
+    generation_requests: int
+    kv_cache: KvCacheStats
 
 
 @dataclass(frozen=True)
@@ -207,7 +286,8 @@ class EngineStats:
 
     `steps` counts decode iterations; `max_running` is the most sequences that ever shared
     one; `context_requests` and `context_tokens` describe the last iteration's prefills;
-    `cached_tokens` is what the KV cache of the running sequences holds.
+    `cached_tokens` is what the KV cache of the running sequences holds; `kv_cache` the block
+    pool (None for an engine without one).
     """
 
     running_sequences: int
@@ -217,6 +297,7 @@ class EngineStats:
     context_requests: int = 0
     context_tokens: int = 0
     cached_tokens: int = 0
+    kv_cache: KvCacheStats | None = None
 
 
 class ServingEngine(Protocol):

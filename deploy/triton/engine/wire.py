@@ -207,6 +207,18 @@ def _lora(inputs: Inputs, item: int) -> LoraRequest | None:
     return LoraRequest(task_id, weights, config)
 
 
+def _extra_ids(inputs: Inputs, item: int, prompt_length: int) -> TokenIds | None:
+    """The item's ``prompt_table_extra_ids``, one per prompt token; all zero is none."""
+    row = _row(inputs, "prompt_table_extra_ids", item)
+    if row is None or not row.any():
+        return None
+    if row.size < prompt_length:
+        raise EngineError(
+            f"prompt_table_extra_ids holds {row.size} ids for a prompt of {prompt_length} tokens"
+        )
+    return tuple(int(value) for value in row[:prompt_length])
+
+
 def _text(inputs: Inputs, name: str, item: int) -> str | None:
     row = _row(inputs, name, item)
     if row is None or not row.size:
@@ -255,6 +267,7 @@ def parse_items(
             arrival_ns=arrival,
             lora=_lora(inputs, item),
             guide=_guide(inputs, item),
+            extra_ids=_extra_ids(inputs, item, prompt.size),
         )
         perf = _flag(inputs, "return_perf_metrics", item) or _flag(
             inputs, "return_kv_cache_reuse_stats", item

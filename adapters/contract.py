@@ -84,6 +84,9 @@ class ModelTarget:
     kind: EntryModel
     engine_model: str | None = None
     """The ``tensorrt_llm`` model behind ``triton_model``; stop requests go there."""
+    tokens_per_block: int | None = None
+    """The engine's KV-cache block size where its config does not state it (the C++ backend
+    keeps it in the engine): reused blocks times this are the prompt's cached tokens."""
 
 
 class TextStream(Protocol):
@@ -140,6 +143,8 @@ class TokenChunk:
     ``token_count`` and ``prompt_tokens`` are ``None`` when the deployment does not report token
     counts (releases before ``return_num_*``); the gateway then counts with its own tokenizer.
     Streaming chunks carry their own count; a non-streaming request yields one chunk with the total.
+    ``cached_tokens`` is how much of the prompt the engine found in its KV cache, where it
+    reports that (``kv_cache_reused_blocks``); ``None`` where it does not.
     """
 
     text: str
@@ -147,6 +152,7 @@ class TokenChunk:
     prompt_tokens: int | None = None
     logprobs: tuple[float, ...] = field(default=())
     final: bool = False
+    cached_tokens: int | None = None
 
 
 @runtime_checkable

@@ -36,7 +36,12 @@ def demo_settings(host: str, port: int) -> Settings:
             {
                 "name": DEMO_MODEL,
                 "release": "latest",
-                "engine": {"kind": "torch", "model_dir": str(model_dir), "max_seq_len": 2048},
+                "engine": {
+                    "kind": "torch",
+                    "model_dir": str(model_dir),
+                    "max_seq_len": 2048,
+                    "enable_kv_cache_reuse": True,
+                },
             }
         ]
     }

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 
@@ -88,6 +88,10 @@ class ModelSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     tool_call_format: ToolCallFormat | None = None
     """How the model writes tool calls (``hermes``, ``llama3_json``, ``mistral``, ``pythonic``);
     guessed from the chat template when unset."""
+    tokens_per_block: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    """The engine's KV-cache block size, which turns its reused blocks into the prompt's
+    ``cached_tokens``; needed only where the engine's config does not state it (rendered
+    pipelines do; a C++ engine keeps it in its build, ``plugin_config.tokens_per_block``)."""
 
 
 class LimitSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

@@ -99,23 +99,32 @@ class TritonBackend:
         if model.is_ensemble and model.engine_model:
             engine = await self._model_config(target.url, model.engine_model)
             model = replace(
-                model, decoupled=engine.decoupled, guided_decoding=engine.guided_decoding
+                model,
+                decoupled=engine.decoupled,
+                guided_decoding=engine.guided_decoding,
+                tokens_per_block=engine.tokens_per_block,
             )
         elif model.engine_model and model.engine_model != model.name:
-            model = replace(model, guided_decoding=await self._engine_guides(target, model))
+            behind = await self._engine_config(target, model)
+            model = replace(
+                model,
+                guided_decoding=behind.guided_decoding if behind else True,
+                tokens_per_block=behind.tokens_per_block if behind else None,
+            )
+        if model.tokens_per_block is None:
+            model = replace(model, tokens_per_block=target.tokens_per_block)
         if not model.stops_abandoned and key not in self._models:
             logger.warning(STOCK_BLS_WARNING, target.triton_model, target.url)
         self._models[key] = model
         return model
 
-    async def _engine_guides(self, target: ModelTarget, model: ModelInputs) -> bool:
-        """Whether a BLS's engine guides; when its config cannot be read, the engine decides."""
+    async def _engine_config(self, target: ModelTarget, model: ModelInputs) -> ModelInputs | None:
+        """A BLS's engine config; when it cannot be read, the engine decides whether it guides."""
         try:
-            engine = await self._model_config(target.url, model.engine_model or "")
+            return await self._model_config(target.url, model.engine_model or "")
         except BackendError as exc:
             logger.debug("engine config of %s unreadable: %s", target.triton_model, exc)
-            return True
-        return engine.guided_decoding
+            return None
 
     async def is_ready(self, target: ModelTarget) -> bool:
         """Whether the target model is loaded; an unreachable server is not ready."""

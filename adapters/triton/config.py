@@ -14,6 +14,9 @@ _ENGINE_STEP_INPUTS = frozenset({"input_ids", "request_output_len"})
 # and v0.19 alike, through the ensembles and through the BLS.
 _STOCK_BLS_FORWARDS_TEMPERATURE_SINCE = "prompt_table_extra_id"
 _STOCK_BLS_BEFORE_V0_13_DROPS = frozenset({"temperature"})
+# Per-request KV reuse stats: v0.16 to v0.18 have a flag of their own, v0.19 the perf metrics.
+_REUSE_STATS_INPUTS = ("return_perf_metrics", "return_kv_cache_reuse_stats")
+REUSED_BLOCKS = "kv_cache_reused_blocks"
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +54,8 @@ class ModelInputs:
     dropped: frozenset[str] = frozenset()
     """Inputs the model declares but never passes on to its engine (the stock BLS before
     TensorRT-LLM v0.13 drops ``temperature``): sending them changes nothing."""
+    tokens_per_block: int | None = None
+    """The engine's KV-cache block size (its ``tokens_per_block`` parameter), when known."""
 
     @property
     def is_ensemble(self) -> bool:
@@ -110,6 +115,18 @@ class ModelInputs:
         return self.guided_decoding and all(self.has(name) for name in names)
 
     @property
+    def reuse_stats_input(self) -> str | None:
+        """The flag that asks for per-request KV reuse stats, where the model returns them."""
+        if REUSED_BLOCKS not in self.outputs:
+            return None
+        return next((name for name in _REUSE_STATS_INPUTS if self.has(name)), None)
+
+    @property
+    def reports_cached_tokens(self) -> bool:
+        """Whether the engine's reused blocks can be asked for and turned into prompt tokens."""
+        return self.tokens_per_block is not None and self.reuse_stats_input is not None
+
+    @property
     def lora_config_columns(self) -> int | None:
         """Columns of a ``lora_config`` row (3, or 4 with DoRA); ``None`` without LoRA."""
         spec = self.inputs.get("lora_config")
@@ -149,7 +166,16 @@ def parse_model_config(document: Mapping[str, Any]) -> ModelInputs:
         guided_decoding=_guided_decoding(platform, parameters),
         stops_abandoned=stops_abandoned,
         dropped=dropped,
+        tokens_per_block=_positive_int(parameters.get("tokens_per_block")),
     )
+
+
+def _positive_int(value: str | None) -> int | None:
+    try:
+        number = int(value) if value is not None else None
+    except ValueError:
+        return None
+    return number if number is not None and number > 0 else None
 
 
 def _stock_bls_drops(inputs: Mapping[str, TensorSpec]) -> frozenset[str]:

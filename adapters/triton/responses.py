@@ -12,7 +12,7 @@ import numpy as np
 import numpy.typing as npt
 
 from adapters.contract import BackendError, GenerationRequest, TextStream, TokenChunk
-from adapters.triton.config import ModelInputs
+from adapters.triton.config import REUSED_BLOCKS, ModelInputs
 from adapters.triton.errors import classify
 from adapters.triton.tensors import requested_outputs, streams
 
@@ -43,8 +43,10 @@ class ResponseDecoder:
         counts: CountSource = "reported",
         keep_logprobs: bool = True,
         echo_prefix: str = "",
+        tokens_per_block: int | None = None,
     ) -> None:
         self._cumulative = cumulative
+        self._tokens_per_block = tokens_per_block
         self._counts = counts
         self._keep_logprobs = keep_logprobs
         self._echo_prefix = echo_prefix
@@ -69,6 +71,7 @@ class ResponseDecoder:
             prompt_tokens=_first_int(outputs.get("num_input_tokens")),
             logprobs=logprobs if self._keep_logprobs else (),
             final=final,
+            cached_tokens=cached_tokens(outputs, self._tokens_per_block),
         )
 
     def finish(self) -> TokenChunk:
@@ -137,8 +140,10 @@ class EngineDecoder:
         prompt_tokens: int,
         echoed: Sequence[int] = (),
         keep_logprobs: bool = True,
+        tokens_per_block: int | None = None,
     ) -> None:
         self._text = text
+        self._tokens_per_block = tokens_per_block
         self._prompt_tokens = prompt_tokens
         self._echoed = list(echoed)
         self._keep_logprobs = keep_logprobs
@@ -161,11 +166,20 @@ class EngineDecoder:
             prompt_tokens=self._prompt_tokens,
             logprobs=logprobs if self._keep_logprobs else (),
             final=final,
+            cached_tokens=cached_tokens(outputs, self._tokens_per_block),
         )
 
     def finish(self) -> TokenChunk:
         """A closing chunk for a stream that ended without a response flagged final."""
         return self.decode({}, final=True)
+
+
+def cached_tokens(outputs: Outputs, tokens_per_block: int | None) -> int | None:
+    """Prompt tokens the engine found cached: its reused KV-cache blocks, in tokens."""
+    blocks = _first_int(outputs.get(REUSED_BLOCKS))
+    if blocks is None or tokens_per_block is None:
+        return None
+    return max(0, blocks) * tokens_per_block
 
 
 def _ids(outputs: Outputs) -> list[int]:
@@ -182,12 +196,14 @@ def merge_chunks(chunks: Sequence[TokenChunk]) -> TokenChunk:
     """One final chunk holding everything: a non-streamed answer may span several responses."""
     counts = [chunk.token_count for chunk in chunks]
     prompt_tokens = [chunk.prompt_tokens for chunk in chunks if chunk.prompt_tokens is not None]
+    cached = [chunk.cached_tokens for chunk in chunks if chunk.cached_tokens is not None]
     return TokenChunk(
         text="".join(chunk.text for chunk in chunks),
         token_count=None if None in counts else sum(count or 0 for count in counts),
         prompt_tokens=prompt_tokens[0] if prompt_tokens else None,
         logprobs=tuple(value for chunk in chunks for value in chunk.logprobs),
         final=True,
+        cached_tokens=cached[0] if cached else None,
     )
 
 
@@ -279,6 +295,7 @@ def _decoder(
 ) -> ResponseDecoder | EngineDecoder:
     """How responses become chunks: text outputs, or token ids through the gateway's tokenizer."""
     echoes = not streaming and not model.has("exclude_input_in_output")
+    block = model.tokens_per_block if model.reports_cached_tokens else None
     if model.is_engine:
         if request.tokens is None:
             raise BackendError(f"{model.name} returns token ids: the request has no tokenizer")
@@ -287,12 +304,14 @@ def _decoder(
             prompt_tokens=len(request.prompt_ids),
             echoed=request.prompt_ids if echoes else (),
             keep_logprobs=request.params.logprobs,
+            tokens_per_block=block,
         )
     return ResponseDecoder(
         cumulative=streaming and model.accumulate_tokens,
         counts=_count_source(model),
         keep_logprobs=request.params.logprobs,
         echo_prefix=request.prompt if echoes else "",
+        tokens_per_block=block,
     )
 
 

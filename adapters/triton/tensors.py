@@ -16,7 +16,7 @@ from adapters.contract import (
     LoraAdapter,
     SamplingParams,
 )
-from adapters.triton.config import ModelInputs, TensorSpec
+from adapters.triton.config import REUSED_BLOCKS, ModelInputs, TensorSpec
 
 Array = npt.NDArray[Any]
 
@@ -225,8 +225,12 @@ def requested_outputs(request: GenerationRequest, model: ModelInputs) -> list[st
         names = ["output_ids", "sequence_length"]
         if request.params.logprobs and model.supports_logprobs:
             names.append("output_log_probs")
+        if model.reports_cached_tokens:
+            names.append(REUSED_BLOCKS)
         return names
     names = ["text_output"]
+    if model.reports_cached_tokens:
+        names.append(REUSED_BLOCKS)
     if model.reports_input_tokens:
         names.append("num_input_tokens")
     if model.reports_output_tokens:
@@ -325,6 +329,8 @@ def _flags(request: GenerationRequest, model: ModelInputs) -> list[WireTensor]:
         flags.append(_flag("return_num_input_tokens", True))
     if model.reports_output_tokens and not model.is_engine:
         flags.append(_flag("return_num_output_tokens", True))
+    if model.reports_cached_tokens and model.reuse_stats_input is not None:
+        flags.append(_flag(model.reuse_stats_input, True))
     return flags
 
 

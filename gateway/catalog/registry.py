@@ -106,6 +106,7 @@ def _route(model: ModelSettings, spec: Spec | None, grpc_urls: Mapping[str, str]
             triton_model=triton_model,
             kind=model.entry,
             engine_model=engine_model,
+            tokens_per_block=model.tokens_per_block,
         ),
         tokenizer_dir=tokenizer_dir,
         chat_template_file=model.chat_template,

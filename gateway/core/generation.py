@@ -34,13 +34,15 @@ class TextDelta:
 
 @dataclass(frozen=True, slots=True)
 class ChoiceEnd:
-    """One choice finished; its token counts."""
+    """One choice finished; its token counts. ``cached_tokens`` is how much of the prompt the
+    engine found in its KV cache (None where the deployment does not say)."""
 
     index: int
     prompt_index: int
     finish_reason: FinishReason
     prompt_tokens: int
     completion_tokens: int
+    cached_tokens: int | None = None
 
 
 Event = TextDelta | ChoiceEnd
@@ -133,6 +135,7 @@ class ChoiceRunner:
         raw: list[str] = []
         counted: int | None = 0
         prompt_tokens: int | None = None
+        cached: int | None = None
         chunks = self._backend.generate(self._model.target, request)
         exhausted = False
         try:
@@ -141,6 +144,7 @@ class ChoiceRunner:
                 raw.append(chunk.text)
                 counted = _add(counted, chunk.token_count)
                 prompt_tokens = chunk.prompt_tokens or prompt_tokens
+                cached = chunk.cached_tokens if cached is None else cached
                 text = matcher.feed(chunk.text)
                 if text or chunk.logprobs:
                     yield await self._delta(spec.index, text, chunk)
@@ -159,12 +163,14 @@ class ChoiceRunner:
             # Re-tokenized text can come out longer than what the engine generated.
             counted_again = await self._model.tokenizer.count("".join(raw))
             completion_tokens = min(counted_again, spec.params.max_tokens)
+        prompt_tokens = prompt_tokens or spec.prompt.token_count
         end = ChoiceEnd(
             index=spec.index,
             prompt_index=spec.prompt_index,
             finish_reason=finish_reason(matcher.stopped, completion_tokens, spec.params.max_tokens),
-            prompt_tokens=prompt_tokens or spec.prompt.token_count,
+            prompt_tokens=prompt_tokens,
             completion_tokens=completion_tokens,
+            cached_tokens=None if cached is None else min(cached, prompt_tokens),
         )
         self._meter.ended(end)
         yield end
@@ -246,7 +252,10 @@ class GenerationService:
                 async for event in events:
                     if isinstance(event, ChoiceEnd):
                         watch.ended(
-                            event.prompt_index, event.prompt_tokens, event.completion_tokens
+                            event.prompt_index,
+                            event.prompt_tokens,
+                            event.completion_tokens,
+                            event.cached_tokens or 0,
                         )
                     elif event.text:
                         watch.text(event.index)

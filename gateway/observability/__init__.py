@@ -97,13 +97,18 @@ class GenerationWatch:
             self._owner.metrics.record_token_gap(record, now - last)
         self._last[index] = now
 
-    def ended(self, prompt_index: int, prompt_tokens: int, completion_tokens: int) -> None:
-        """A choice ended with these token counts (choices of one prompt share its tokens)."""
+    def ended(
+        self, prompt_index: int, prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0
+    ) -> None:
+        """A choice ended with these token counts (choices of one prompt share its tokens, and
+        the engine's cache of them)."""
         record = self._record
         if record is None:
             return
         first = prompt_index not in self._prompts
         self._owner.metrics.record_tokens(record, prompt_tokens if first else 0, completion_tokens)
+        if first and cached_tokens:
+            self._owner.metrics.record_cached_tokens(record, cached_tokens)
         self._prompts[prompt_index] = prompt_tokens
         record.prompt_tokens = sum(self._prompts.values())
         record.completion_tokens += completion_tokens

@@ -139,6 +139,13 @@ class GatewayMetrics:
             MODEL_LABELS,
             registry=registry,
         )
+        self.cached_prompt_tokens = Counter(
+            "gateway_cached_prompt_tokens",
+            "Prompt tokens the engine found in its KV cache (prefix reuse); also counted, and "
+            "billed, as prompt tokens.",
+            MODEL_LABELS,
+            registry=registry,
+        )
         self.rate_limited = Counter(
             "gateway_rate_limited",
             "Requests refused by a tenant limit, by tenant and limit.",
@@ -173,6 +180,7 @@ class GatewayMetrics:
         self._queue_time = _Children(self.queue_time)
         self._prompt_tokens = _Children(self.prompt_tokens)
         self._completion_tokens = _Children(self.completion_tokens)
+        self._cached_prompt_tokens = _Children(self.cached_prompt_tokens)
         self._tenant_requests_in_flight = _Children(self.tenant_requests_in_flight)
         self._tenant_tokens = _Children(self.tenant_tokens)
 
@@ -214,6 +222,10 @@ class GatewayMetrics:
         """Token counts of one finished choice."""
         self._prompt_tokens(*record.labels).inc(prompt)
         self._completion_tokens(*record.labels).inc(completion)
+
+    def record_cached_tokens(self, record: RequestRecord, cached: int) -> None:
+        """``cached`` tokens of one prompt came from the engine's KV cache."""
+        self._cached_prompt_tokens(*record.labels).inc(cached)
 
     def record_request(self, record: RequestRecord, seconds: float) -> None:
         """One answered HTTP request; completion requests also by model, adapter and tenant."""

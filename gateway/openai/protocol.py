@@ -152,12 +152,20 @@ class CompletionRequest(SamplingFields, frozen=True, kw_only=True):
 # Responses: field order follows OpenAI's; UNSET fields are left out of the JSON.
 
 
+class PromptTokensDetails(Struct, frozen=True):
+    """What the prompt's tokens were: ``cached_tokens`` came from the engine's KV cache."""
+
+    cached_tokens: int
+
+
 class Usage(Struct, frozen=True):
-    """Token counts of a whole request."""
+    """Token counts of a whole request; ``prompt_tokens_details`` where the engine reports
+    the prompt tokens it found cached."""
 
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    prompt_tokens_details: PromptTokensDetails | UnsetType = UNSET
 
 
 class TopLogprob(Struct, frozen=True):

@@ -14,9 +14,7 @@ from msgspec import UNSET, UnsetType
 
 from gateway.core.generation import ChoiceEnd, ChoiceResult, Event, TextDelta
 from gateway.core.plan import Plan
-from gateway.openai.protocol import (
-    Usage,
-)
+from gateway.openai.protocol import PromptTokensDetails, Usage
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,15 +32,23 @@ class Header:
 
 
 def usage_of(ends: Iterable[ChoiceEnd]) -> Usage:
-    """Usage of a request: each prompt counted once, every choice's completion added up."""
+    """Usage of a request: each prompt counted once (its cached tokens too, as its first
+    ending choice reports them), every choice's completion added up."""
     prompts: dict[int, int] = {}
+    cached: dict[int, int | None] = {}
     completion = 0
     for end in ends:
         prompts.setdefault(end.prompt_index, end.prompt_tokens)
+        cached.setdefault(end.prompt_index, end.cached_tokens)
         completion += end.completion_tokens
     prompt = sum(prompts.values())
+    reported = [tokens for tokens in cached.values() if tokens is not None]
+    details = PromptTokensDetails(cached_tokens=sum(reported)) if reported else UNSET
     return Usage(
-        prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion
+        prompt_tokens=prompt,
+        completion_tokens=completion,
+        total_tokens=prompt + completion,
+        prompt_tokens_details=details,
     )
 
 

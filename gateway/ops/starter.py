@@ -30,6 +30,7 @@ models:
       kind: torch               # the project's PyTorch engine; `tensorrtllm` for real engines
       model_dir: smollm2        # built-in name: SmolLM2-135M-Instruct, converted once
       max_seq_len: 2048
+      enable_kv_cache_reuse: true # shared prefixes (system prompts, chat history) prefill once
       # device: auto (the default) is CUDA where the machine has it, else the CPU.
 """
 

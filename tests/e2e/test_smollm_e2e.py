@@ -184,3 +184,31 @@ def test_smollm2_with_a_lora_adapter_through_triton_gateway_serve(
     finally:
         process.send_signal(signal.SIGTERM)
         process.wait(timeout=60)
+
+
+def test_a_shared_system_prompt_is_prefilled_once(demo_url: str) -> None:
+    """The demo turns KV-cache reuse on: the second question on the same system prompt finds it
+    cached, and greedy answers are what they would be without the cache."""
+    client = openai.OpenAI(base_url=f"{demo_url}/v1", api_key="unused", max_retries=0)
+    system = (
+        "You are a geography tutor. Answer in one short sentence, name the country, and never "
+        "add anything else. Be precise about capitals, rivers and mountains. "
+    ) * 4
+    usages, answers = [], []
+    for question in ("What is the capital of France?", "What is the capital of Italy?") * 2:
+        reply = client.chat.completions.create(
+            model=DEMO_MODEL,
+            messages=[{"role": "system", "content": system}, {"role": "user", "content": question}],
+            temperature=0,
+            max_tokens=12,
+        )
+        usages.append(reply.usage)
+        answers.append(reply.choices[0].message.content)
+    details = [usage.prompt_tokens_details if usage else None for usage in usages]
+    assert all(detail is not None for detail in details)
+    cached = [detail.cached_tokens for detail in details if detail is not None]
+    assert cached[0] == 0
+    assert 32 * 4 <= cached[1] < usages[1].prompt_tokens  # the system prompt, not the question
+    assert cached[2] == (usages[2].prompt_tokens - 1) // 32 * 32  # the whole first prompt
+    assert answers[2] == answers[0] and answers[3] == answers[1]
+    assert "Paris" in (answers[0] or "")

@@ -39,6 +39,10 @@ RELEASES = ("v0.8", "v0.11", "v0.19")
 LORA_RELEASES = ("v0.19",)
 GUIDED_RELEASES = ("v0.19",)
 """Releases whose stock ensemble and BLS carry the LoRA inputs (v0.8 and v0.11's do not)."""
+REUSE_STATS_RELEASES = ("v0.19",)
+"""Releases whose stock models return per-request KV reuse stats (``return_perf_metrics``)."""
+TOKENS_PER_BLOCK = 32
+"""The torch engine's default block size: a stock config does not state it."""
 STACKS = [(release, decoupled) for release in RELEASES for decoupled in (True, False)]
 ENTRIES = ("ensemble", "bls")
 MESSAGES = [{"role": "user", "content": "Write a short note about rivers."}]
@@ -91,6 +95,7 @@ def _settings(url: str, model_dir: Path, release: str, adapter: Path) -> Setting
             entry=entry,  # type: ignore[arg-type]
             tokenizer_dir=str(model_dir),
             adapters=lora if release in LORA_RELEASES and name != "noseed" else (),
+            tokens_per_block=TOKENS_PER_BLOCK,
         )
 
     models = [
@@ -321,6 +326,49 @@ def test_the_stock_bls_is_named_at_start_up_as_unable_to_stop(stack: Stack) -> N
     _chat(stack, "ensemble", max_tokens=2)
     assert len(warned()) == 1, "one warning, at start-up"
     assert warned()[0].startswith("tensorrt_llm_bls at ") and "ensemble" in warned()[0]
+
+
+@pytest.mark.parametrize("entry", ENTRIES)
+def test_a_repeated_prompt_reports_its_cached_tokens(stack: Stack, entry: str) -> None:
+    """v0.19's stock models return the engine's reused blocks: the gateway reports them as
+    cached prompt tokens, streamed and not. v0.8's and v0.11's examples turn reuse off and
+    return no reuse stats: no details, and the engine reuses nothing."""
+    model = stack.model(entry)
+    system = f"[{entry}] " + "Answer every question with care and in few words. " * 8
+    messages = [{"role": "system", "content": system}, {"role": "user", "content": "Why?"}]
+    params: dict[str, Any] = {"model": model, "messages": messages, "max_tokens": 6}
+    first = stack.client.chat.completions.create(temperature=0, **params)
+    second = stack.client.chat.completions.create(temperature=0, **params)
+    usage = [first.usage, second.usage]
+    assert second.choices[0].message.content == first.choices[0].message.content
+    assert usage[0] is not None and usage[1] is not None
+    assert usage[0].prompt_tokens == usage[1].prompt_tokens  # billed in full
+    streamed = None
+    if stack.decoupled:
+        chunks = stack.client.chat.completions.create(
+            stream=True, stream_options={"include_usage": True}, temperature=0, **params
+        )
+        streamed = [chunk.usage for chunk in chunks if chunk.usage][-1]
+    if stack.release not in REUSE_STATS_RELEASES:
+        assert usage[1].prompt_tokens_details is None
+        assert stack.engine_metric(BLOCKS, kv_cache_block_type="reused") == 0
+        return
+    assert usage[0].prompt_tokens_details is not None
+    assert usage[1].prompt_tokens_details is not None
+    cached = usage[1].prompt_tokens_details.cached_tokens
+    assert usage[0].prompt_tokens_details.cached_tokens == 0
+    assert cached == (usage[1].prompt_tokens - 1) // TOKENS_PER_BLOCK * TOKENS_PER_BLOCK > 0
+    if streamed is not None:
+        assert streamed.prompt_tokens_details is not None
+        assert streamed.prompt_tokens_details.cached_tokens == cached
+    time.sleep(0.3)  # the engine publishes its statistics every 100 ms
+    pool = {kind: stack.engine_metric(BLOCKS, kv_cache_block_type=kind) for kind in POOL}
+    assert pool["reused"] >= cached // TOKENS_PER_BLOCK
+    assert pool["free"] + pool["used"] == pool["max"]
+
+
+BLOCKS = "nv_trt_llm_kv_cache_block_metrics"
+POOL = ("max", "free", "used", "reused")
 
 
 def test_requests_share_engine_steps_and_a_dropped_request_frees_its_slot(stack: Stack) -> None:

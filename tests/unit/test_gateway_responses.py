@@ -46,6 +46,23 @@ def test_usage_counts_each_prompt_once() -> None:
     )
 
 
+def test_usage_reports_cached_prompt_tokens_once_per_prompt() -> None:
+    ends = [
+        ChoiceEnd(0, 0, "stop", 40, 2, cached_tokens=32),
+        ChoiceEnd(1, 0, "stop", 40, 3, cached_tokens=32),
+        ChoiceEnd(2, 1, "stop", 50, 1, cached_tokens=0),
+    ]
+    usage = as_json([usage_of(ends)])[0]
+    assert usage == {
+        "prompt_tokens": 90,
+        "completion_tokens": 6,
+        "total_tokens": 96,
+        "prompt_tokens_details": {"cached_tokens": 32},
+    }
+    without = as_json([usage_of([ChoiceEnd(0, 0, "stop", 4, 2)])])[0]
+    assert "prompt_tokens_details" not in without
+
+
 def test_chat_completion_shape() -> None:
     result = ChoiceResult(0, "Hi", end=ChoiceEnd(0, 0, "length", 4, 5))
     body = as_json([chat_completion(plan(), [result], HEADER)])[0]

@@ -145,3 +145,39 @@ def test_model_without_lora_or_optional_outputs() -> None:
 )  # fmt: skip
 def test_wire_datatype(config_type: str, wire: str) -> None:
     assert wire_datatype(config_type) == wire
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [("16", 16), ("64", 64), ("0", None), ("many", None), ("${tokens_per_block}", None)],
+)
+def test_the_engines_block_size_is_read_from_its_parameters(
+    value: str, expected: int | None
+) -> None:
+    document = stock("tensorrt_llm", release="v0.19")
+    document["config"].setdefault("parameters", {})["tokens_per_block"] = {"string_value": value}
+    model = parse_model_config(document)
+    assert model.tokens_per_block == expected
+    assert model.reuse_stats_input == "return_perf_metrics"
+    assert model.reports_cached_tokens is (expected is not None)
+
+
+def _renamed_perf_flag(document: dict[str, Any]) -> dict[str, Any]:
+    """A v0.16 to v0.18 layout: the reuse stats asked for by ``return_kv_cache_reuse_stats``."""
+    for tensor in document["config"]["input"]:
+        if tensor["name"] == "return_perf_metrics":
+            tensor["name"] = "return_kv_cache_reuse_stats"
+    return document
+
+
+@pytest.mark.parametrize(
+    ("document", "flag"),
+    [
+        (stock("tensorrt_llm", release="v0.19"), "return_perf_metrics"),
+        (_renamed_perf_flag(stock("tensorrt_llm", release="v0.19")), "return_kv_cache_reuse_stats"),
+        (stock("tensorrt_llm", release="v0.11"), None),
+    ],
+    ids=["v0.19", "v0.16-v0.18", "v0.11"],
+)
+def test_the_reuse_stats_flag_of_each_release(document: dict[str, Any], flag: str | None) -> None:
+    assert parse_model_config(document).reuse_stats_input == flag

@@ -135,3 +135,14 @@ def test_wire_arrays_from_raw_contents() -> None:
     assert wire_array("BYTES", raw, (1, 3)).tolist() == [[b"ab", b"", "é".encode()]]
     numbers = np.array([[1, -2]], np.int32)
     assert wire_array("INT32", numbers.tobytes(), (1, 2)).tolist() == [[1, -2]]
+
+
+def test_the_engine_is_asked_for_its_reused_blocks_where_its_block_size_is_known() -> None:
+    from dataclasses import replace
+
+    assert "return_perf_metrics" not in {t.name for t in build_inputs(engine_request(), ENGINE)}
+    sized = replace(ENGINE, tokens_per_block=32)
+    tensors = {t.name: t for t in build_inputs(engine_request(), sized)}
+    assert tensors["return_perf_metrics"].array.tolist() == [[True]]
+    assert requested_outputs(engine_request(), sized)[-1] == "kv_cache_reused_blocks"
+    assert "kv_cache_reused_blocks" not in requested_outputs(engine_request(), OLD_ENGINE)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from adapters.contract import TokenChunk
-from adapters.triton.responses import ResponseDecoder, merge_chunks
+from adapters.triton.responses import EngineDecoder, ResponseDecoder, cached_tokens, merge_chunks
 
 
 def text(value: bytes) -> np.ndarray[Any, Any]:
@@ -176,3 +176,41 @@ def test_non_streamed_responses_merge_into_one_final_chunk(
     chunks: list[TokenChunk], expected: TokenChunk
 ) -> None:
     assert merge_chunks(chunks) == expected
+
+
+@pytest.mark.parametrize(
+    ("outputs", "tokens_per_block", "expected"),
+    [
+        ({"kv_cache_reused_blocks": count(3)}, 32, 96),
+        ({"kv_cache_reused_blocks": count(0)}, 64, 0),
+        ({"kv_cache_reused_blocks": count(3)}, None, None),  # the block size is not known
+        ({}, 32, None),  # the release returns no reuse stats
+    ],
+)
+def test_reused_blocks_become_cached_prompt_tokens(
+    outputs: dict[str, Any], tokens_per_block: int | None, expected: int | None
+) -> None:
+    assert cached_tokens(outputs, tokens_per_block) == expected
+    decoder = ResponseDecoder(tokens_per_block=tokens_per_block)
+    assert decoder.decode({"text_output": text(b"x"), **outputs}).cached_tokens == expected
+
+
+class _Ids:
+    def step(self, ids: Any) -> str:
+        return "".join(chr(96 + i) for i in ids)
+
+    def flush(self) -> str:
+        return ""
+
+
+def test_the_engine_entry_reports_cached_tokens_too() -> None:
+    decoder = EngineDecoder(_Ids(), prompt_tokens=40, tokens_per_block=16)
+    chunk = decoder.decode(
+        {"output_ids": np.array([[[1, 2]]], np.int32), "kv_cache_reused_blocks": count(2)}
+    )
+    assert (chunk.text, chunk.cached_tokens) == ("ab", 32)
+
+
+def test_merged_chunks_keep_the_first_reported_cached_tokens() -> None:
+    chunks = [TokenChunk("a", 1), TokenChunk("b", 1, cached_tokens=64), TokenChunk("", 0)]
+    assert merge_chunks(chunks).cached_tokens == 64

@@ -255,6 +255,41 @@ def test_requested_outputs_follow_what_the_model_reports() -> None:
     ]
 
 
+def _block_size(document: dict[str, Any], tokens: int = 32) -> ModelInputs:
+    from dataclasses import replace
+
+    return replace(parse_model_config(document), tokens_per_block=tokens)
+
+
+@pytest.mark.parametrize(
+    ("model", "flag"),
+    [
+        (_block_size(stock_release("ensemble")), "return_perf_metrics"),
+        (_block_size(stock_release("tensorrt_llm_bls", release="v0.19")), "return_perf_metrics"),
+        (_block_size(stock_release("ensemble", release="v0.11")), None),  # no reuse stats
+        (parse_model_config(stock_release("ensemble")), None),  # block size unknown
+    ],
+    ids=["latest-ensemble", "v0.19-bls", "v0.11", "no-block-size"],
+)
+def test_reuse_stats_are_asked_for_where_the_model_returns_them(
+    model: ModelInputs, flag: str | None
+) -> None:
+    generation = GenerationRequest(
+        request_id="r",
+        prompt="Hi",
+        params=SamplingParams(max_tokens=4),
+        stream=False,
+    )
+    names = by_name(build_inputs(generation, model))
+    outputs = requested_outputs(generation, model)
+    if flag is None:
+        assert "return_perf_metrics" not in names
+        assert "kv_cache_reused_blocks" not in outputs
+        return
+    assert names[flag].array.tolist() == [[True]]
+    assert "kv_cache_reused_blocks" in outputs
+
+
 def test_stop_request_inputs() -> None:
     assert signature(stop_request_inputs()) == {
         "stop": ("BOOL", (1, 1), [[True]]),

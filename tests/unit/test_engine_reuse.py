@@ -169,6 +169,18 @@ class _Stream(Result):
         self.started.set()
 
 
+def test_a_running_sequence_shares_its_prompt_blocks(engine: Engine, encode: Any) -> None:
+    prompt = encode("<running> " + SYSTEM)
+    stream = _Stream()
+    engine.submit(make(prompt, 200, end_ids=(), streaming=True), stream)
+    assert stream.started.wait(TIMEOUT_S)
+    second = run(engine, make(prompt, 4))
+    assert not stream.done.is_set()  # still generating while its blocks were found
+    assert _reused(second) == (len(prompt) - 1) // BLOCK
+    engine.stop(stream.outputs[0].request_id)
+    stream.wait()
+
+
 def _interleaving(model_dir: Path, encode: Any, *, chunked: bool) -> list[IterationStats]:
     """The iterations of a long prompt's prefill while another stream decodes."""
     engine = _engine(model_dir, enable_chunked_context=chunked, max_num_tokens=2 * BLOCK)

@@ -59,6 +59,9 @@ BLS_TRACEBACK = (
         ("request_output_len must be at least 1", None, InvalidRequest),
         ("the prompt has 90 tokens but torch_max_seq_len is 64: no room is left for output", None,
          InvalidRequest),
+        ("the request may need 300 KV-cache blocks (its prompt and 4000 new tokens for each of "
+         "its 4 sequences), which must not exceed the 256 blocks of the cache", None,
+         InvalidRequest),
         ("boom: something", None, InferenceFailed),
         ("CUDA error: an illegal memory access", "StatusCode.INTERNAL", InferenceFailed),
         ("Request was cancelled", "CANCELLED", InferenceFailed),

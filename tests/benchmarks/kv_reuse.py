@@ -19,6 +19,7 @@ nothing is asserted.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import statistics
 import tempfile
@@ -173,7 +174,15 @@ class Bench:
         }
 
     def close(self) -> None:
+        """Stop the engine and give its KV pool back, so that the next engine's pool, sized
+        from the free memory on CUDA, is as large."""
+        import torch
+
         self.engine.shutdown()
+        del self.engine
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
 
 
 def measure(args: argparse.Namespace, model: str) -> dict[str, Any]:

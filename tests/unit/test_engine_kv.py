@@ -14,7 +14,8 @@ from deploy.triton.engine.blocks import (
     next_hash,
     salt_hash,
 )
-from deploy.triton.engine.kvcache import KVLayout, KVPool
+from deploy.triton.engine.kvcache import KVLayout, KVPool, pool_blocks
+from deploy.triton.engine.types import EngineError, KvCacheConfig
 
 ROOT = salt_hash("model", None)
 
@@ -176,3 +177,35 @@ def test_a_prefill_view_continues_a_cached_prefix() -> None:
     assert view.write.tolist() == [0, 1, 2]
     assert view.read.tolist() == [[12, 13, 14, 15, 0, 1, 2]]
     assert layout.bytes_per_token == 2 * (1 * 2 + 2 * 4) * 4
+
+
+# SmolLM2-135M's cache: 30 layers of 3 KV heads of 64 in bfloat16, 23,040 bytes a token.
+SMOLLM2 = KVLayout(((3, 64),) * 30, torch.bfloat16)
+GIB = 2**30
+
+
+@pytest.mark.parametrize(
+    ("config", "free_bytes", "blocks"),
+    [
+        # CUDA: the fraction of the free memory, in whole blocks of 32 tokens (737,280 bytes).
+        (KvCacheConfig(), 10 * GIB, int(10 * GIB * 0.9) // 737_280),
+        (KvCacheConfig(free_gpu_mem_fraction=0.5), 10 * GIB, 5 * GIB // 737_280),
+        (KvCacheConfig(max_tokens=3200), 10 * GIB, 100),  # max_tokens_in_paged_kv_cache caps it
+        (KvCacheConfig(tokens_per_block=64), 10 * GIB, int(10 * GIB * 0.9) // 1_474_560),
+        # The CPU: the default of every batch slot at full length, or max_tokens.
+        (KvCacheConfig(), None, 16 * 2048 // 32),
+        (KvCacheConfig(tokens_per_block=64), None, 16 * 2048 // 64),
+        (KvCacheConfig(max_tokens=1000), None, 31),
+    ],
+)
+def test_the_pool_is_sized_by_the_budget(
+    config: KvCacheConfig, free_bytes: int | None, blocks: int
+) -> None:
+    assert pool_blocks(config, SMOLLM2, free_bytes, default_tokens=16 * 2048) == blocks
+
+
+def test_a_budget_without_room_for_a_block_is_refused() -> None:
+    with pytest.raises(EngineError, match="no block of 32 tokens"):
+        pool_blocks(KvCacheConfig(), SMOLLM2, 500_000, default_tokens=0)
+    with pytest.raises(EngineError, match="no block"):
+        pool_blocks(KvCacheConfig(max_tokens=16), SMOLLM2, None, default_tokens=4096)

@@ -60,19 +60,26 @@ class KVLayout:
         return cls(tuple(heads), dtype)
 
 
+def free_device_bytes(device: torch.device) -> int | None:
+    """Memory free on a CUDA device now; None on the CPU, whose pool is sized in tokens."""
+    if device.type != "cuda":
+        return None
+    free, _ = torch.cuda.mem_get_info(device)
+    return int(free)
+
+
 def pool_blocks(
     config: KvCacheConfig,
     layout: KVLayout,
-    device: torch.device,
+    free_bytes: int | None,
     *,
     default_tokens: int,
 ) -> int:
-    """How many blocks the pool gets: ``free_gpu_mem_fraction`` of the free memory on CUDA,
-    ``default_tokens`` on the CPU; ``max_tokens`` caps both."""
+    """How many blocks the pool gets: ``free_gpu_mem_fraction`` of ``free_bytes`` on CUDA,
+    ``default_tokens`` on the CPU (``free_bytes`` None); ``max_tokens`` caps both."""
     per_block = layout.bytes_per_token * config.tokens_per_block
-    if device.type == "cuda":
-        free, _ = torch.cuda.mem_get_info(device)
-        blocks = int(free * config.free_gpu_mem_fraction) // per_block
+    if free_bytes is not None:
+        blocks = int(free_bytes * config.free_gpu_mem_fraction) // per_block
     else:
         blocks = -(-default_tokens // config.tokens_per_block)
     if config.max_tokens is not None:

@@ -14,7 +14,7 @@ from deploy.triton.engine.blocks import (
     chain_hashes,
     salt_hash,
 )
-from deploy.triton.engine.kvcache import KVPool, PagedView, pool_blocks
+from deploy.triton.engine.kvcache import KVPool, PagedView, free_device_bytes, pool_blocks
 from deploy.triton.engine.runner import ModelRunner
 from deploy.triton.engine.types import EngineConfig, EngineRequest, KvCacheStats
 
@@ -46,7 +46,8 @@ class KVStore:
         kv = config.kv_cache
         layout = runner.kv_layout()
         default_tokens = config.max_batch_size * max_seq_len
-        blocks = pool_blocks(kv, layout, runner.device, default_tokens=default_tokens)
+        free = free_device_bytes(runner.device)
+        blocks = pool_blocks(kv, layout, free, default_tokens=default_tokens)
         pool = KVPool(layout, blocks, kv.tokens_per_block, runner.device)
         manager = BlockManager(blocks, kv.tokens_per_block, reuse=kv.enable_reuse)
         return cls(pool, manager, f"{config.model_path}|{layout.dtype}")

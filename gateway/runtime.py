@@ -7,7 +7,7 @@ import asyncio
 import logging
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Protocol, runtime_checkable
@@ -18,12 +18,14 @@ from adapters.contract import Backend, ModelTarget
 from deploy.sidecar.spec import Spec, SpecError, load_spec, parse_spec
 from deploy.sidecar.supervisor import Sidecar, sidecar_from_spec
 from gateway.catalog.lora import AdapterError, AdapterExists
+from gateway.catalog.lora.board import AdapterBoard
 from gateway.catalog.registry import ModelRegistry, ModelRoute, load_model, resolve_routes
 from gateway.core.generation import GenerationService
 from gateway.observability import Observability
 from gateway.ops.drain import Lifecycle
 from gateway.settings import Settings, SettingsError, SidecarSettings, check_settings
 from gateway.tenancy.service import Tenancy
+from gateway.workers.shared import SidecarView, read_state
 
 logger = logging.getLogger(__name__)
 BackendFactory = Callable[[tuple[ModelRoute, ...]], Backend]
@@ -69,6 +71,7 @@ class Runtime:
         backend: Backend | None,
         backend_factory: BackendFactory,
         observability: Observability,
+        shared_sidecars: Path | None = None,
     ) -> None:
         check_settings(settings)
         self.settings = settings
@@ -77,6 +80,11 @@ class Runtime:
         self.observability = observability
         self.metrics = observability.metrics
         self.tenancy = Tenancy(settings.tenancy, self.metrics)
+        store = settings.tenancy.store
+        self.adapter_board = AdapterBoard(
+            self.registry, self.tenancy.redis, prefix=store.prefix, refresh_s=store.refresh_s
+        )
+        """Adapters loaded at run time, shared by every process that shares the Redis store."""
         self._backend = backend
         self._owns_backend = backend is None
         self._backend_factory = backend_factory
@@ -85,7 +93,9 @@ class Runtime:
         )
         self._generation: GenerationService | None = None
         self._sidecars: list[Sidecar] = []
-        self.metrics.watch_sidecars(lambda: list(self._sidecars))
+        self._shared = shared_sidecars
+        """The state file of sidecars another process supervises (a worker's parent)."""
+        self.metrics.watch_sidecars(lambda: self.sidecars)
         self._bring_up_task: asyncio.Task[None] | None = None
         self.http = httpx.AsyncClient()
         """One HTTP client for what the gateway fetches itself (its sidecars' metrics)."""
@@ -94,8 +104,11 @@ class Runtime:
         self._hurried = False
 
     @property
-    def sidecars(self) -> list[Sidecar]:
-        """The supervised sidecars (none when the gateway uses existing Tritons)."""
+    def sidecars(self) -> list[Sidecar] | list[SidecarView]:
+        """The sidecars: supervised here, or by the parent of this worker; none when the
+        gateway uses existing Tritons."""
+        if self._shared is not None:
+            return list(read_state(self._shared).sidecars)
         return list(self._sidecars)
 
     @property
@@ -131,6 +144,7 @@ class Runtime:
         )
         self.registry.replace(models)
         await self._load_adapters(routes)
+        await self.adapter_board.start()
         if self._backend is None:
             self._backend = self._backend_factory(routes)
         self._generation = GenerationService(
@@ -138,7 +152,7 @@ class Runtime:
             timeout_s=self.settings.limits.request_timeout_s,
             observability=self.observability,
         )
-        self.lifecycle.sidecars_ready = not self._sidecars
+        self.lifecycle.sidecars_ready = not self._sidecars and self._shared is None
         self._bring_up_task = asyncio.create_task(self._bring_up(routes))
         self.lifecycle.started = True
         logger.info("gateway started with %d model(s)", len(self.registry))
@@ -164,6 +178,7 @@ class Runtime:
             logger.warning("requests still in flight after %.0f s; shutting down anyway", grace)
         if self._backend is not None and self._owns_backend:
             await self._backend.close()
+        await self.adapter_board.close()
         await self.tenancy.close()
         if self._bring_up_task is not None:
             self._bring_up_task.cancel()
@@ -177,6 +192,8 @@ class Runtime:
         if sidecars is None:
             return None, {}
         spec = await asyncio.to_thread(read_spec, sidecars)
+        if self._shared is not None:
+            return spec, shared_urls(spec, read_state(self._shared).sidecars)
         if sidecars.workdir:
             self._workdir = Path(sidecars.workdir)
         else:
@@ -191,6 +208,9 @@ class Runtime:
 
     async def _bring_up(self, routes: tuple[ModelRoute, ...]) -> None:
         """Start the sidecars, then read each model's Triton config so the first request is fast."""
+        if self._shared is not None:
+            while not read_state(self._shared).ready:
+                await asyncio.sleep(0.2)
         for sidecar in self._sidecars:
             try:
                 await asyncio.to_thread(sidecar.start)
@@ -224,3 +244,15 @@ class Runtime:
             sidecar.stop(grace_s)
         if self._temporary_workdir and self._workdir is not None:
             shutil.rmtree(self._workdir, ignore_errors=True)
+
+
+def shared_urls(spec: Spec, views: Sequence[SidecarView]) -> dict[str, str]:
+    """The gRPC address of each pipeline, from the sidecars another process supervises."""
+    by_name = {view.name: view for view in views}
+    urls: dict[str, str] = {}
+    for sidecar_spec in spec.sidecars:
+        view = by_name.get(sidecar_spec.name)
+        if view is None:
+            raise SettingsError(f"sidecar {sidecar_spec.name!r} is not among the shared ones")
+        urls.update({model.name: view.grpc_url for model in spec.models_of(sidecar_spec)})
+    return urls

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 
@@ -128,6 +128,11 @@ class ServerSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
     """Address to bind."""
     port: int = 8000
     """Port to bind."""
+    workers: Annotated[int, msgspec.Meta(ge=1)] = 1
+    """Gateway processes serving the port. One process streams about 10k tokens/s; above that
+    give it several (up to about half the host's cores: Triton needs the rest). The default is
+    one: nothing more to run, and the limits live in memory unless a Redis store is set; with
+    more, and no Redis configured, the gateway runs one itself to keep them exact."""
 
 
 class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

@@ -84,6 +84,8 @@ class ModelTarget:
     kind: EntryModel
     engine_model: str | None = None
     """The ``tensorrt_llm`` model behind ``triton_model``; stop requests go there."""
+    http_url: str | None = None
+    """The same Triton's HTTP address; streams go there (``generate_stream``) when known."""
 
 
 class TextStream(Protocol):

@@ -136,8 +136,8 @@ class Runtime:
 
     async def _start(self) -> None:
         await self.tenancy.start()
-        spec, urls = await self._prepare_sidecars()
-        routes = resolve_routes(self.settings, spec, urls)
+        spec, grpc_urls, http_urls = await self._prepare_sidecars()
+        routes = resolve_routes(self.settings, spec, grpc_urls, http_urls)
         # One thread, one model after another: transformers' lazy imports are not thread-safe.
         models = await asyncio.to_thread(
             lambda: [load_model(route, self._executor) for route in routes]
@@ -187,24 +187,22 @@ class Runtime:
         self._executor.shutdown(wait=False, cancel_futures=True)
         await asyncio.to_thread(self.observability.close)
 
-    async def _prepare_sidecars(self) -> tuple[Spec | None, dict[str, str]]:
+    async def _prepare_sidecars(self) -> tuple[Spec | None, dict[str, str], dict[str, str]]:
         sidecars = self.settings.sidecars
         if sidecars is None:
-            return None, {}
+            return None, {}, {}
         spec = await asyncio.to_thread(read_spec, sidecars)
         if self._shared is not None:
-            return spec, shared_urls(spec, read_state(self._shared).sidecars)
+            return spec, *shared_urls(spec, read_state(self._shared).sidecars)
         if sidecars.workdir:
             self._workdir = Path(sidecars.workdir)
         else:
             self._workdir = Path(tempfile.mkdtemp(prefix="triton-gateway-"))
             self._temporary_workdir = True
-        urls: dict[str, str] = {}
         for sidecar_spec in spec.sidecars:
             sidecar = await asyncio.to_thread(sidecar_from_spec, spec, sidecar_spec, self._workdir)
             self._sidecars.append(sidecar)
-            urls.update({model.name: sidecar.grpc_url for model in spec.models_of(sidecar_spec)})
-        return spec, urls
+        return spec, *shared_urls(spec, self._sidecars)
 
     async def _bring_up(self, routes: tuple[ModelRoute, ...]) -> None:
         """Start the sidecars, then read each model's Triton config so the first request is fast."""
@@ -246,13 +244,18 @@ class Runtime:
             shutil.rmtree(self._workdir, ignore_errors=True)
 
 
-def shared_urls(spec: Spec, views: Sequence[SidecarView]) -> dict[str, str]:
-    """The gRPC address of each pipeline, from the sidecars another process supervises."""
-    by_name = {view.name: view for view in views}
-    urls: dict[str, str] = {}
+def shared_urls(
+    spec: Spec, sidecars: Sequence[Sidecar] | Sequence[SidecarView]
+) -> tuple[dict[str, str], dict[str, str]]:
+    """The gRPC and HTTP addresses of each pipeline, from its sidecar."""
+    by_name = {sidecar.name: sidecar for sidecar in sidecars}
+    grpc_urls: dict[str, str] = {}
+    http_urls: dict[str, str] = {}
     for sidecar_spec in spec.sidecars:
-        view = by_name.get(sidecar_spec.name)
-        if view is None:
+        sidecar = by_name.get(sidecar_spec.name)
+        if sidecar is None:
             raise SettingsError(f"sidecar {sidecar_spec.name!r} is not among the shared ones")
-        urls.update({model.name: view.grpc_url for model in spec.models_of(sidecar_spec)})
-    return urls
+        for model in spec.models_of(sidecar_spec):
+            grpc_urls[model.name] = sidecar.grpc_url
+            http_urls[model.name] = sidecar.http_url
+    return grpc_urls, http_urls

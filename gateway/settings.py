@@ -62,6 +62,10 @@ class ModelSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     request and per streamed chunk)."""
     triton_url: str | None = None
     """Triton gRPC ``host:port``; defaults to the pipeline's sidecar, else 127.0.0.1:8001."""
+    triton_http_url: str | None = None
+    """The same Triton's HTTP ``host:port``: requests stream over its ``generate_stream``,
+    which costs the gateway a third of gRPC's CPU per token; the pipeline's sidecar's by
+    default. Unset with ``triton_url`` set: gRPC only."""
     triton_model: str | None = None
     """Triton model to call, e.g. ``tiny_ensemble``; defaults to ``<pipeline>_<entry>``."""
     engine_model: str | None = None

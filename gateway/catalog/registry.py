@@ -64,13 +64,17 @@ class ServedModel:
 
 
 def resolve_routes(
-    settings: Settings, spec: Spec | None, grpc_urls: Mapping[str, str]
+    settings: Settings,
+    spec: Spec | None,
+    grpc_urls: Mapping[str, str],
+    http_urls: Mapping[str, str] | None = None,
 ) -> tuple[ModelRoute, ...]:
-    """Decide every model's Triton address, model names and tokenizer (pure)."""
+    """Decide every model's Triton addresses, model names and tokenizer (pure); ``grpc_urls``
+    and ``http_urls`` are the supervised sidecars' addresses by pipeline."""
     models = settings.models
     if not models and spec is not None:
         models = tuple(ModelSettings(name=m.name, pipeline=m.name) for m in spec.models)
-    routes = tuple(_route(model, spec, grpc_urls) for model in models)
+    routes = tuple(_route(model, spec, grpc_urls, http_urls or {}) for model in models)
     names = [route.name for route in routes]
     duplicates = sorted({name for name in names if names.count(name) > 1})
     if duplicates:
@@ -78,7 +82,12 @@ def resolve_routes(
     return routes
 
 
-def _route(model: ModelSettings, spec: Spec | None, grpc_urls: Mapping[str, str]) -> ModelRoute:
+def _route(
+    model: ModelSettings,
+    spec: Spec | None,
+    grpc_urls: Mapping[str, str],
+    http_urls: Mapping[str, str],
+) -> ModelRoute:
     pipeline = _pipeline(model, spec)
     prefix = f"{model.pipeline}_" if model.pipeline else ""
     triton_model = model.triton_model or f"{prefix}{model.entry}"
@@ -87,6 +96,9 @@ def _route(model: ModelSettings, spec: Spec | None, grpc_urls: Mapping[str, str]
         pipeline.triton_name("tensorrt_llm") if pipeline is not None else None
     )
     url = model.triton_url or (grpc_urls.get(pipeline.name) if pipeline else None)
+    http_url = model.triton_http_url
+    if http_url is None and model.triton_url is None and pipeline is not None:
+        http_url = http_urls.get(pipeline.name)
     tokenizer_dir = model.tokenizer_dir or (pipeline.tokenizer if pipeline else None)
     if tokenizer_dir is None:
         raise SettingsError(f"model {model.name!r}: tokenizer_dir is required without a pipeline")
@@ -106,6 +118,7 @@ def _route(model: ModelSettings, spec: Spec | None, grpc_urls: Mapping[str, str]
             triton_model=triton_model,
             kind=model.entry,
             engine_model=engine_model,
+            http_url=http_url,
         ),
         tokenizer_dir=tokenizer_dir,
         chat_template_file=model.chat_template,

@@ -23,6 +23,9 @@ class SidecarLike(Protocol):
     def grpc_url(self) -> str: ...
 
     @property
+    def http_url(self) -> str: ...
+
+    @property
     def metrics_url(self) -> str: ...
 
 
@@ -32,6 +35,7 @@ class SidecarView:
 
     name: str
     grpc_url: str
+    http_url: str
     metrics_url: str
     pid: int | None
     restarts: int
@@ -48,7 +52,10 @@ class SharedState:
 
 def write_state(path: Path, sidecars: Iterable[SidecarLike], *, ready: bool) -> None:
     """Replace the state file at once (readers never see half of it)."""
-    views = [SidecarView(s.name, s.grpc_url, s.metrics_url, s.pid, s.restarts) for s in sidecars]
+    views = [
+        SidecarView(s.name, s.grpc_url, s.http_url, s.metrics_url, s.pid, s.restarts)
+        for s in sidecars
+    ]
     data = {"ready": ready, "sidecars": [asdict(view) for view in views]}
     temporary = path.with_suffix(f".{os.getpid()}.tmp")
     temporary.write_text(json.dumps(data))

@@ -46,12 +46,14 @@ def free_port() -> int:
 
 
 def sidecar_settings(sidecar: Sidecar, tokenizer_dir: Path, **limits: float) -> Settings:
-    """The tiny pipelines of the test sidecar as three served models."""
+    """The tiny pipelines of the test sidecar as served models, streamed over HTTP as a
+    supervised sidecar's are (requests with LoRA weights go over gRPC)."""
 
     def model(name: str, triton_model: str, entry: str) -> ModelSettings:
         return ModelSettings(
             name=name,
             triton_url=sidecar.grpc_url,
+            triton_http_url=sidecar.http_url,
             triton_model=triton_model,
             entry=entry,  # type: ignore[arg-type]
             tokenizer_dir=str(tokenizer_dir),

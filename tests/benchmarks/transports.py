@@ -139,7 +139,7 @@ def http_sse(host: str, port: int, tokens: int) -> Callable[[], Awaitable[Send]]
             "request_output_len": [tokens],
             "end_id": [2],
             "streaming": [True],
-        }  # fmt: skip
+        }
     )
     head = (
         f"POST /v2/models/{MODEL}/generate_stream HTTP/1.1\r\nHost: {host}\r\n"

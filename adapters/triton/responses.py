@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import codecs
+import dataclasses
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -179,8 +180,13 @@ def _ids(outputs: Outputs) -> list[int]:
 
 
 def merge_chunks(chunks: Sequence[TokenChunk]) -> TokenChunk:
-    """One chunk holding several in order: a non-streamed answer that spans several responses,
-    or streamed responses that arrived together; final if the last one is."""
+    """One final chunk holding everything: a non-streamed answer may span several responses."""
+    return dataclasses.replace(join_chunks(chunks), final=True)
+
+
+def join_chunks(chunks: Sequence[TokenChunk]) -> TokenChunk:
+    """One chunk holding several in order (streamed responses that arrived together); final if
+    the last one is."""
     counts = [chunk.token_count for chunk in chunks]
     prompt_tokens = [chunk.prompt_tokens for chunk in chunks if chunk.prompt_tokens is not None]
     return TokenChunk(
@@ -269,7 +275,7 @@ class Exchange:
                 chunks.append(chunk)
             if self.finished:
                 break
-        return chunks[0] if len(chunks) == 1 else merge_chunks(chunks) if chunks else None
+        return chunks[0] if len(chunks) == 1 else join_chunks(chunks) if chunks else None
 
     def on_reply(self, reply: Reply | None) -> TokenChunk | None:
         """The chunk to pass on now for ``reply`` (``None``: the stream ended), if any."""

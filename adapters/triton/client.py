@@ -272,7 +272,7 @@ class TritonBackend:
         if target.http_url is not None and stoppable and carries(tensors):
             body = generate_body(request_id, tensors, priority=request.priority)
             return self._http.call(
-                target.http_url, target.triton_model, body, request.trace_headers
+                target.http_url, target.triton_model, body, request.trace_headers, deadline
             )
         message = infer_request(
             target.triton_model, request_id, tensors, outputs, priority=request.priority

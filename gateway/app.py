@@ -30,6 +30,7 @@ from gateway.openai.completions import routes as completions
 from gateway.openai.models import routes as models
 from gateway.openai.pipeline import CompletionPipeline
 from gateway.ops import health, metrics
+from gateway.replicas.sources import Resolver, resolve_addresses
 from gateway.runtime import BackendFactory, Runtime, triton_backend
 from gateway.server import SideListener
 from gateway.settings import Settings, SettingsError
@@ -129,17 +130,22 @@ def create_app(
     backend: Backend | None = None,
     backend_factory: BackendFactory = triton_backend,
     span_exporter: SpanExporter | None = None,
+    resolver: Resolver = resolve_addresses,
 ) -> Litestar:
     """The gateway as an ASGI app; ``backend`` replaces the Triton backend the app would create.
 
     Start-up (the ASGI lifespan) starts the configured sidecars, loads every model's tokenizer,
     creates the backend and the completion pipeline; shutdown turns readiness off, drains
     requests and stops sidecars. ``span_exporter`` receives the spans (tests pass an in-memory
-    one).
+    one); ``resolver`` looks up the addresses of ``dns:`` replicas (tests pass their own).
     """
     observability = Observability(settings.observability, span_exporter=span_exporter)
     runtime = Runtime(
-        settings, backend=backend, backend_factory=backend_factory, observability=observability
+        settings,
+        backend=backend,
+        backend_factory=backend_factory,
+        observability=observability,
+        resolver=resolver,
     )
     handler = error_handler(settings.limits.retry_after_s)
     beside = None

@@ -22,6 +22,9 @@ from gateway.catalog.registry import ModelRegistry, ModelRoute, load_model, reso
 from gateway.core.generation import GenerationService
 from gateway.observability import Observability
 from gateway.ops.drain import Lifecycle
+from gateway.replicas.metrics import ReplicaMetrics
+from gateway.replicas.router import Router
+from gateway.replicas.sources import Endpoint, Resolver, resolve_addresses
 from gateway.settings import Settings, SettingsError, SidecarSettings, check_settings
 from gateway.tenancy.service import Tenancy
 
@@ -30,9 +33,12 @@ BackendFactory = Callable[[tuple[ModelRoute, ...]], Backend]
 
 
 def triton_backend(routes: tuple[ModelRoute, ...]) -> Backend:
-    """The production backend: Triton over gRPC."""
+    """The production backend: Triton over gRPC; with replicas, channels that reconnect to a
+    restarted replica within a couple of seconds."""
     from adapters.triton.client import TritonBackend
 
+    if any(route.replicas is not None for route in routes):
+        return TritonBackend(max_reconnect_backoff_s=2.0)
     return TritonBackend()
 
 
@@ -69,6 +75,7 @@ class Runtime:
         backend: Backend | None,
         backend_factory: BackendFactory,
         observability: Observability,
+        resolver: Resolver = resolve_addresses,
     ) -> None:
         check_settings(settings)
         self.settings = settings
@@ -86,6 +93,10 @@ class Runtime:
         self._generation: GenerationService | None = None
         self._sidecars: list[Sidecar] = []
         self.metrics.watch_sidecars(lambda: list(self._sidecars))
+        self._resolver = resolver
+        self.router = Router(())
+        """The replica pools of models served by several Tritons."""
+        self.metrics.registry.register(ReplicaMetrics(lambda: self.router, lambda: self._backend))
         self._bring_up_task: asyncio.Task[None] | None = None
         self.http = httpx.AsyncClient()
         """One HTTP client for what the gateway fetches itself (its sidecars' metrics)."""
@@ -123,8 +134,8 @@ class Runtime:
 
     async def _start(self) -> None:
         await self.tenancy.start()
-        spec, urls = await self._prepare_sidecars()
-        routes = resolve_routes(self.settings, spec, urls)
+        spec, urls, hosts = await self._prepare_sidecars()
+        routes = resolve_routes(self.settings, spec, urls, hosts)
         # One thread, one model after another: transformers' lazy imports are not thread-safe.
         models = await asyncio.to_thread(
             lambda: [load_model(route, self._executor) for route in routes]
@@ -133,10 +144,14 @@ class Runtime:
         await self._load_adapters(routes)
         if self._backend is None:
             self._backend = self._backend_factory(routes)
+        retry_after_s = self.settings.limits.retry_after_s
+        self.router = Router(routes, retry_after_s=retry_after_s, resolver=self._resolver)
+        self.router.start(self._backend, self.http)
         self._generation = GenerationService(
             self._backend,
             timeout_s=self.settings.limits.request_timeout_s,
             observability=self.observability,
+            router=self.router,
         )
         self.lifecycle.sidecars_ready = not self._sidecars
         self._bring_up_task = asyncio.create_task(self._bring_up(routes))
@@ -162,6 +177,7 @@ class Runtime:
         grace = 0.0 if self._hurried else self.settings.limits.shutdown_grace_s
         if not await self.lifecycle.drained(grace):
             logger.warning("requests still in flight after %.0f s; shutting down anyway", grace)
+        await self.router.close()
         if self._backend is not None and self._owns_backend:
             await self._backend.close()
         await self.tenancy.close()
@@ -172,10 +188,14 @@ class Runtime:
         self._executor.shutdown(wait=False, cancel_futures=True)
         await asyncio.to_thread(self.observability.close)
 
-    async def _prepare_sidecars(self) -> tuple[Spec | None, dict[str, str]]:
+    async def _prepare_sidecars(
+        self,
+    ) -> tuple[Spec | None, dict[str, str], dict[str, list[Endpoint]]]:
+        """The sidecars built (not started); per pipeline, its first sidecar's address and,
+        where several host it, every one as a replica."""
         sidecars = self.settings.sidecars
         if sidecars is None:
-            return None, {}
+            return None, {}, {}
         spec = await asyncio.to_thread(read_spec, sidecars)
         if sidecars.workdir:
             self._workdir = Path(sidecars.workdir)
@@ -183,11 +203,15 @@ class Runtime:
             self._workdir = Path(tempfile.mkdtemp(prefix="triton-gateway-"))
             self._temporary_workdir = True
         urls: dict[str, str] = {}
+        hosts: dict[str, list[Endpoint]] = {}
         for sidecar_spec in spec.sidecars:
             sidecar = await asyncio.to_thread(sidecar_from_spec, spec, sidecar_spec, self._workdir)
             self._sidecars.append(sidecar)
-            urls.update({model.name: sidecar.grpc_url for model in spec.models_of(sidecar_spec)})
-        return spec, urls
+            endpoint = Endpoint(sidecar.name, sidecar.grpc_url, sidecar.metrics_url)
+            for model in spec.models_of(sidecar_spec):
+                urls.setdefault(model.name, sidecar.grpc_url)
+                hosts.setdefault(model.name, []).append(endpoint)
+        return spec, urls, {name: found for name, found in hosts.items() if len(found) > 1}
 
     async def _bring_up(self, routes: tuple[ModelRoute, ...]) -> None:
         """Start the sidecars, then read each model's Triton config so the first request is fast."""
@@ -204,6 +228,8 @@ class Runtime:
         if not isinstance(backend, DescribesModels):
             return
         for route in routes:
+            if route.replicas is not None:
+                continue  # each replica's config is read with its first request
             try:
                 described = await backend.describe(route.target)
             except Exception as exc:

@@ -4,7 +4,8 @@
 the requests in flight and the engine's waiting requests, free KV cache, prefix affinity and
 adapter affinity. Affinity counts only on replicas within the bounded load (consistent hashing
 with bounded loads): a replica whose load with this request would pass ``load_factor`` times the
-mean is chosen for its load alone. Ties go round the tied replicas in turn. ``least_request``
+mean, and more than ``load_slack`` requests over the least loaded, is chosen for its load
+alone. Ties go round the tied replicas in turn. ``least_request``
 and ``round_robin`` are there to compare against.
 """
 
@@ -53,12 +54,16 @@ class Request:
     """Whether the request names a LoRA adapter."""
 
 
-def within_bound(candidates: Sequence[Candidate], load_factor: float) -> list[bool]:
+def within_bound(
+    candidates: Sequence[Candidate], load_factor: float, load_slack: float = 0.0
+) -> list[bool]:
     """Whether each replica may take the request for affinity: its load plus this request stays
-    within ``ceil(load_factor * mean load)``, counting this request in the mean."""
+    within ``ceil(load_factor * mean load)`` (this request counted in the mean), or within
+    ``load_slack`` of the least loaded replica's (a few requests are no imbalance)."""
     loads = [candidate.load for candidate in candidates]
     cap = math.ceil(load_factor * (sum(loads) + 1) / len(loads))
-    return [load + 1 <= cap for load in loads]
+    least = min(loads)
+    return [load + 1 <= cap or load - least <= load_slack for load in loads]
 
 
 def scores(
@@ -66,10 +71,11 @@ def scores(
     request: Request,
     weights: ScoreWeights,
     load_factor: float,
+    load_slack: float = 0.0,
 ) -> list[float]:
     """Each replica's score under the ``score`` policy."""
     busiest = max(candidate.load for candidate in candidates)
-    bounded = within_bound(candidates, load_factor)
+    bounded = within_bound(candidates, load_factor, load_slack)
     result = []
     for candidate, affine in zip(candidates, bounded, strict=True):
         score = weights.queue * (1 - candidate.load / (busiest + 1))
@@ -96,6 +102,7 @@ def choose(
     *,
     weights: ScoreWeights,
     load_factor: float,
+    load_slack: float = 0.0,
     turn: int,
 ) -> int:
     """The index of the replica to send the request to; ``turn`` counts requests, for ties."""
@@ -105,4 +112,4 @@ def choose(
         return turn % len(candidates)
     if policy == "least_request":
         return _best([-candidate.in_flight for candidate in candidates], turn)
-    return _best(scores(candidates, request, weights, load_factor), turn)
+    return _best(scores(candidates, request, weights, load_factor, load_slack), turn)

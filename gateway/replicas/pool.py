@@ -173,6 +173,7 @@ class ReplicaPool:
             Request(prompt_blocks=len(hashes), adapter=adapter is not None),
             weights=settings.weights,
             load_factor=settings.load_factor,
+            load_slack=settings.load_slack,
             turn=self._turn,
         )
         self._turn += 1
@@ -196,7 +197,9 @@ class ReplicaPool:
             kv_fraction=signals.kv_fraction,
             prefix_blocks=depths.get(replica.name, 0),
             holds_adapter=owner == replica.name,
-            adapter_room=self.adapters.has_room(replica.name),
+            # Room counts only for an adapter nobody holds: it must not lure the requests of
+            # one that is held away from its replica.
+            adapter_room=owner is None and self.adapters.has_room(replica.name),
         )
 
     def _remember(self, routed: Routed, hashes: Sequence[int], adapter: str | None) -> None:

@@ -31,8 +31,8 @@ class ScoreWeights(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     prefix: float = 3.0
     """Prefix affinity: the share of the prompt's leading blocks last routed to the replica."""
     adapter: float = 2.0
-    """Adapter affinity: 1 where the replica holds the request's LoRA adapter, 0.5 where its
-    LoRA cache has room for it, else 0."""
+    """Adapter affinity: 1 where the replica holds the request's LoRA adapter; for an adapter no
+    replica holds, 0.5 where the replica's LoRA cache has room for it; else 0."""
 
 
 class RoutingSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -46,6 +46,10 @@ class RoutingSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     load_factor: float = 1.5
     """Bounded load: affinity counts only on a replica whose load, with this request, stays
     within this factor of the mean load, so one hot prefix or adapter cannot swamp a replica."""
+    load_slack: int = 8
+    """...or whose load is at most this many requests over the least loaded replica's: a few
+    requests more on the replica holding the prefix or adapter are no imbalance (SGLang's
+    router uses both tests the same way)."""
     prefix_block_tokens: int = 64
     """Tokens per hashed prompt block until a replica reports its KV-cache block size
     (``nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type="tokens_per"}``)."""
@@ -96,6 +100,8 @@ def check_routing(routing: RoutingSettings) -> list[str]:
         "resolve_interval_s": routing.resolve_interval_s,
     }
     problems += [f"{name} must be > 0" for name, value in positive.items() if value <= 0]
+    if routing.load_slack < 0:
+        problems.append("load_slack must be >= 0")
     if routing.load_factor < 1:
         problems.append("load_factor must be >= 1")
     if routing.max_eject_s < routing.eject_s:

@@ -198,8 +198,19 @@ async def test_prefix_and_adapter_affinity_in_a_pool() -> None:
     assert sum(r.adapter_hits for r in pool.replicas.values()) == 6
 
 
-async def test_affinity_gives_way_to_bounded_load() -> None:
-    pool = pool_of(["a", "b"], prefix_block_tokens=4)
+@pytest.mark.parametrize(
+    ("slack", "expected"),
+    [
+        # One prefix: all would go to a; the bound keeps a within ceil(1.5 x 12 / 2) = 9...
+        (0, {"a:1": 9, "b:1": 3}),
+        # ...or within the slack of b's load.
+        (4, {"a:1": 9, "b:1": 3}),
+        (8, {"a:1": 10, "b:1": 2}),
+        (20, {"a:1": 12}),
+    ],
+)
+async def test_affinity_gives_way_to_bounded_load(slack: int, expected: dict[str, int]) -> None:
+    pool = pool_of(["a", "b"], prefix_block_tokens=4, load_slack=slack)
     backend = ScriptedBackend(CHUNKS)
     backend.hung.update({"a:1", "b:1"})
     ids = list(range(16))
@@ -208,8 +219,7 @@ async def test_affinity_gives_way_to_bounded_load() -> None:
         tasks.append(asyncio.create_task(drain(dispatch.stream(pool, backend, request(ids)))))
         await asyncio.sleep(0)
     await asyncio.sleep(0.01)
-    # One prefix: all would go to a; the bound keeps a within ceil(1.5 x 12 / 2) = 9.
-    assert Counter(backend.urls) == {"a:1": 9, "b:1": 3}
+    assert Counter(backend.urls) == expected
     for task in tasks:
         task.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)

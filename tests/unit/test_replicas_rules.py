@@ -53,8 +53,9 @@ def c(name: str, in_flight: int = 0, **fields: object) -> Candidate:
             0,
             "b",
         ),
-        # ...but not the bounded load: 5 in flight against 0 and 0 is over 1.5 x the mean.
-        ("score", [c("a", 5, prefix_blocks=4), c("b"), c("c")], Request(prompt_blocks=4), 0, "b"),
+        # ...but not the bounded load: 9 in flight against 0 and 0 is over 1.5 x the mean and
+        # more than 8 (the default slack) over the least loaded.
+        ("score", [c("a", 9, prefix_blocks=4), c("b"), c("c")], Request(prompt_blocks=4), 0, "b"),
         # Adapter affinity: the holder, then a replica with room, then the rest.
         (
             "score",
@@ -96,24 +97,28 @@ def test_choose(
         request_,
         weights=W,
         load_factor=1.5,
+        load_slack=8,
         turn=turn,
     )
     assert candidates[index].name == chosen
 
 
 @pytest.mark.parametrize(
-    ("loads", "factor", "expected"),
+    ("loads", "factor", "slack", "expected"),
     [
-        ([0, 0, 0], 1.5, [True, True, True]),
-        ([3, 0, 0], 1.5, [False, True, True]),  # cap ceil(1.5 * 4 / 3) = 2
-        ([2, 2, 2], 1.5, [True, True, True]),  # cap ceil(1.5 * 7 / 3) = 4
-        ([3, 3, 0], 1.0, [False, False, True]),  # cap ceil(7 / 3) = 3
-        ([3, 2, 1], 1.0, [False, True, True]),
-        ([4, 2, 2], 1.25, [False, True, True]),  # cap ceil(1.25 * 9 / 3) = 4
+        ([0, 0, 0], 1.5, 0, [True, True, True]),
+        ([3, 0, 0], 1.5, 0, [False, True, True]),  # cap ceil(1.5 * 4 / 3) = 2
+        ([2, 2, 2], 1.5, 0, [True, True, True]),  # cap ceil(1.5 * 7 / 3) = 4
+        ([3, 3, 0], 1.0, 0, [False, False, True]),  # cap ceil(7 / 3) = 3
+        ([3, 2, 1], 1.0, 0, [False, True, True]),
+        ([4, 2, 2], 1.25, 0, [False, True, True]),  # cap ceil(1.25 * 9 / 3) = 4
+        ([3, 0, 0], 1.5, 3, [True, True, True]),  # 3 over the least loaded: within the slack
+        ([9, 5, 4], 1.0, 4, [False, True, True]),  # cap 7; 5 over the least loaded
     ],
 )
-def test_bounded_load(loads: list[int], factor: float, expected: list[bool]) -> None:
-    assert within_bound([c(str(i), load) for i, load in enumerate(loads)], factor) == expected
+def test_bounded_load(loads: list[int], factor: float, slack: int, expected: list[bool]) -> None:
+    candidates = [c(str(i), load) for i, load in enumerate(loads)]
+    assert within_bound(candidates, factor, slack) == expected
 
 
 @pytest.mark.parametrize(

@@ -146,7 +146,8 @@ class Runtime:
             self._backend = self._backend_factory(routes)
         retry_after_s = self.settings.limits.retry_after_s
         self.router = Router(routes, retry_after_s=retry_after_s, resolver=self._resolver)
-        self.router.start(self._backend, self.http)
+        if not self._sidecars:
+            self.router.start(self._backend, self.http)
         self._generation = GenerationService(
             self._backend,
             timeout_s=self.settings.limits.request_timeout_s,
@@ -225,6 +226,9 @@ class Runtime:
                 return
         self.lifecycle.sidecars_ready = True
         backend = self._backend
+        if self._sidecars and backend is not None:
+            # Only now: a gRPC call in flight while a sidecar is forked can crash the child.
+            self.router.start(backend, self.http)
         if not isinstance(backend, DescribesModels):
             return
         for route in routes:

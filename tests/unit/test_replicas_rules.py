@@ -8,6 +8,8 @@ import asyncio
 import msgspec
 import pytest
 
+from deploy.sidecar.spec import parse_spec
+from gateway.catalog.registry import resolve_routes
 from gateway.replicas.affinity import AdapterIndex, PrefixIndex, block_hashes
 from gateway.replicas.health import Health, stalled
 from gateway.replicas.policy import Candidate, Request, choose, scores, within_bound
@@ -380,3 +382,58 @@ def test_routing_settings_are_checked(model: dict[str, object], match: str) -> N
 def test_routing_defaults_pass() -> None:
     model = ModelSettings(replicas="dns:t:1", routing=RoutingSettings())
     check_settings(Settings(models=(model,), tenancy=TenancySettings(auth=False)))
+
+
+SIDECAR_SPEC = parse_spec(
+    {
+        "models": [
+            {"name": "tiny", "engine": {"kind": "torch", "model_dir": "/m/tiny"}},
+            {"name": "big", "engine": {"kind": "torch", "model_dir": "/m/big"}},
+        ],
+        "sidecars": [
+            {"name": "gpu0", "models": ["tiny", "big"]},
+            {"name": "gpu1", "models": ["tiny"]},
+        ],
+    }
+)
+HOSTS = {
+    "tiny": [
+        Endpoint("gpu0", "127.0.0.1:1", "http://127.0.0.1:3/metrics"),
+        Endpoint("gpu1", "127.0.0.1:4", "http://127.0.0.1:6/metrics"),
+    ]
+}
+
+
+@pytest.mark.parametrize(
+    ("model", "url", "replicas"),
+    [
+        # A pipeline on two sidecars has both as replicas; on one, it keeps its one address.
+        (ModelSettings(name="t", pipeline="tiny"), "127.0.0.1:1", tuple(HOSTS["tiny"])),
+        (ModelSettings(name="b", pipeline="big"), "127.0.0.1:1", None),
+        # A Triton named in the settings wins over the sidecars.
+        (ModelSettings(name="t", pipeline="tiny", triton_url="h:9"), "h:9", None),
+        (
+            ModelSettings(name="t", tokenizer_dir="/t", replicas=("a:1", "b:1")),
+            "a:1",
+            (
+                Endpoint("a:1", "a:1", "http://a:8002/metrics"),
+                Endpoint("b:1", "b:1", "http://b:8002/metrics"),
+            ),
+        ),
+        (
+            ModelSettings(name="t", tokenizer_dir="/t", replicas="dns:triton:8001"),
+            "dns:triton:8001",
+            DnsName("triton", 8001, 8002),
+        ),
+    ],
+)
+def test_routes_with_replicas(model: ModelSettings, url: str, replicas: object) -> None:
+    urls = {"tiny": "127.0.0.1:1", "big": "127.0.0.1:1"}
+    (route,) = resolve_routes(Settings(models=(model,)), SIDECAR_SPEC, urls, HOSTS)
+    assert (route.target.url, route.replicas) == (url, replicas)
+
+
+def test_bad_replicas_name_the_model() -> None:
+    model = ModelSettings(name="t", tokenizer_dir="/t", replicas="triton:8001")
+    with pytest.raises(SettingsError, match=r"model 't': replicas: .*dns:HOST:PORT"):
+        resolve_routes(Settings(models=(model,)), None, {})

@@ -8,8 +8,10 @@
                                  (a failed one doubles the time out, up to max_eject_s)
 
 A replica is pending until a probe first finds it ready, and only an ``up`` replica gets
-requests. An ejected replica is not probed until its time out has passed; the first probe after
-that is the half-open one.
+requests. A probe that answers "not ready" or cannot connect fails at once; one that times out
+fails only as the ``probe_misses``-th in a row (a busy host answers late, a dead one refuses).
+An ejected replica is not probed until its time out has passed; the first probe after that is
+the half-open one.
 """
 
 from __future__ import annotations
@@ -28,6 +30,9 @@ class Health:
 
     eject_s: float
     max_eject_s: float
+    probe_misses: int = 1
+    """Probes in a row that time out before that counts as a failed probe."""
+    missed: int = 0
     state: State = "pending"
     until: float = 0.0
     """When an ejected replica may be probed again."""
@@ -58,15 +63,21 @@ class Health:
             self._eject(now)
         return False
 
-    def probed(self, ready: bool, now: float) -> bool:
-        """A readiness probe answered; True when that ejected the replica."""
+    def probed(self, ready: bool, now: float, *, timed_out: bool = False) -> bool:
+        """A readiness probe answered (or ``timed_out``); True when that ejected the replica."""
         if ready:
+            self.missed = 0
             if self.probe_due(now):
                 self.state = "up"
                 self.next_eject_s = self.eject_s
             return False
         if self.state == "pending":
             return False
+        if timed_out and self.state == "up":
+            self.missed += 1
+            if self.missed < self.probe_misses:
+                return False
+        self.missed = 0
         return self.failed("probe", now)
 
     def _eject(self, now: float) -> None:

@@ -116,7 +116,11 @@ class ReplicaPool:
             del self.replicas[name]
         added = [name for name in wanted if name not in self.replicas]
         for name in added:
-            health = Health(self.settings.eject_s, self.settings.max_eject_s)
+            health = Health(
+                self.settings.eject_s,
+                self.settings.max_eject_s,
+                probe_misses=self.settings.probe_misses,
+            )
             self.replicas[name] = Replica(wanted[name], self.target, health)
         if added or removed:
             logger.info("model %s: replicas %s", self.model, sorted(self.replicas))
@@ -217,10 +221,10 @@ class ReplicaPool:
         if replica.health.failed(reason, self.clock()):
             self._ejected(replica, reason)
 
-    def probed(self, replica: Replica, ready: bool) -> None:
-        """A readiness probe of ``replica`` answered."""
+    def probed(self, replica: Replica, ready: bool, *, timed_out: bool = False) -> None:
+        """A readiness probe of ``replica`` answered (or ``timed_out``)."""
         was = replica.health.state
-        if replica.health.probed(ready, self.clock()):
+        if replica.health.probed(ready, self.clock(), timed_out=timed_out):
             self._ejected(replica, "probe")
         elif replica.health.state == "up" and was != "up":
             logger.info("model %s: replica %s is up", self.model, replica.name)

@@ -70,6 +70,9 @@ class RoutingSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     """How often each replica's readiness is asked."""
     probe_timeout_s: float = 1.0
     """How long a readiness probe or a metrics scrape may take."""
+    probe_misses: int = 3
+    """Probes in a row that time out before the replica is ejected (a loaded host answers
+    late); a probe answered "not ready", or refused, ejects at once."""
     eject_s: float = 1.0
     """How long a failed replica is out before a probe may take it back; doubled each time that
     probe fails, up to ``max_eject_s``."""
@@ -100,6 +103,8 @@ def check_routing(routing: RoutingSettings) -> list[str]:
         "resolve_interval_s": routing.resolve_interval_s,
     }
     problems += [f"{name} must be > 0" for name, value in positive.items() if value <= 0]
+    if routing.probe_misses < 1:
+        problems.append("probe_misses must be >= 1")
     if routing.load_slack < 0:
         problems.append("load_slack must be >= 0")
     if routing.load_factor < 1:

@@ -89,6 +89,10 @@ class PoolWatch:
         try:
             async with asyncio.timeout(self.pool.settings.probe_timeout_s):
                 ready = await self._backend.is_ready(replica.target)
+        except TimeoutError:
+            logger.debug("probe of %s timed out", replica.name)
+            self.pool.probed(replica, False, timed_out=True)
+            return
         except Exception as exc:
             logger.debug("probe of %s failed: %r", replica.name, exc)
             ready = False

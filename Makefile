@@ -41,6 +41,7 @@ bench: $(STAMP)
 	$(BIN)/python -m tests.benchmarks.tenancy
 	$(BIN)/python -m tests.benchmarks.lora
 	$(BIN)/python -m tests.benchmarks.guided --smollm
+	$(BIN)/python -m tests.benchmarks.replicas --out $(BENCH_OUT)
 
 # 200 concurrent streams against `triton-gateway serve` on the tiny model: errors, RSS, open files.
 soak: $(STAMP)

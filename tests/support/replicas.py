@@ -48,6 +48,7 @@ def start_replicas(
     max_batch_sizes: Sequence[int],
     *,
     lora_cache_size: int = 2,
+    engine_options: dict[str, object] | None = None,
 ) -> list[Sidecar]:
     """One supervised tritonserver per host with the tiny model (latest release) at the engine
     batch size given for it; every one on the same gRPC, HTTP and metrics ports.
@@ -66,6 +67,7 @@ def start_replicas(
             "model_dir": str(model_dir),
             "max_batch_size": batch,
             "lora_cache_size": lora_cache_size,
+            **(engine_options or {}),
         }
         spec = parse_spec(
             {

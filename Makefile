@@ -41,6 +41,7 @@ bench: $(STAMP)
 	$(BIN)/python -m tests.benchmarks.tenancy
 	$(BIN)/python -m tests.benchmarks.lora
 	$(BIN)/python -m tests.benchmarks.guided --smollm
+	$(BIN)/python -m tests.benchmarks.replicas --out $(BENCH_OUT)
 
 # Gateway against direct Triton on the paced load-test engine, 1 to 1,536 streams (a host of
 # 16 cores or more). On a GPU host from the offline bundle:

@@ -33,6 +33,7 @@ from gateway.openai.completions import routes as completions
 from gateway.openai.models import routes as models
 from gateway.openai.pipeline import CompletionPipeline
 from gateway.ops import health, metrics
+from gateway.replicas.sources import Resolver, resolve_addresses
 from gateway.runtime import BackendFactory, Runtime, triton_backend
 from gateway.server import SideListener
 from gateway.settings import Settings, SettingsError
@@ -149,6 +150,7 @@ def create_app(
     backend_factory: BackendFactory = triton_backend,
     span_exporter: SpanExporter | None = None,
     worker: WorkerContext | None = None,
+    resolver: Resolver = resolve_addresses,
 ) -> Litestar:
     """The gateway as an ASGI app; ``backend`` replaces the Triton backend the app would create.
 
@@ -156,7 +158,8 @@ def create_app(
     creates the backend and the completion pipeline; shutdown turns readiness off, drains
     requests and stops sidecars. ``span_exporter`` receives the spans (tests pass an in-memory
     one). ``worker`` makes the app one of several worker processes: the sidecars its parent
-    supervises are used, not started, and the ports are shared.
+    supervises are used, not started, and the ports are shared. ``resolver`` looks up the
+    addresses of ``dns:`` replicas (tests pass their own).
     """
     observability = Observability(settings.observability, span_exporter=span_exporter)
     runtime = Runtime(
@@ -165,6 +168,7 @@ def create_app(
         backend_factory=backend_factory,
         observability=observability,
         shared_sidecars=worker.shared_sidecars if worker is not None else None,
+        resolver=resolver,
     )
     handler = error_handler(settings.limits.retry_after_s)
     beside = None

@@ -23,6 +23,9 @@ from gateway.catalog.registry import ModelRegistry, ModelRoute, load_model, reso
 from gateway.core.generation import GenerationService
 from gateway.observability import Observability
 from gateway.ops.drain import Lifecycle
+from gateway.replicas.metrics import ReplicaMetrics
+from gateway.replicas.router import Router
+from gateway.replicas.sources import Endpoint, Resolver, resolve_addresses
 from gateway.settings import Settings, SettingsError, SidecarSettings, check_settings
 from gateway.tenancy.service import Tenancy
 from gateway.workers.shared import SidecarView, read_state
@@ -32,9 +35,12 @@ BackendFactory = Callable[[tuple[ModelRoute, ...]], Backend]
 
 
 def triton_backend(routes: tuple[ModelRoute, ...]) -> Backend:
-    """The production backend: Triton over gRPC."""
+    """The production backend: Triton over gRPC; with replicas, channels that reconnect to a
+    restarted replica within a couple of seconds."""
     from adapters.triton.client import TritonBackend
 
+    if any(route.replicas is not None for route in routes):
+        return TritonBackend(max_reconnect_backoff_s=2.0)
     return TritonBackend()
 
 
@@ -72,6 +78,7 @@ class Runtime:
         backend_factory: BackendFactory,
         observability: Observability,
         shared_sidecars: Path | None = None,
+        resolver: Resolver = resolve_addresses,
     ) -> None:
         check_settings(settings)
         self.settings = settings
@@ -96,6 +103,10 @@ class Runtime:
         self._shared = shared_sidecars
         """The state file of sidecars another process supervises (a worker's parent)."""
         self.metrics.watch_sidecars(lambda: self.sidecars)
+        self._resolver = resolver
+        self.router = Router(())
+        """The replica pools of models served by several Tritons."""
+        self.metrics.registry.register(ReplicaMetrics(lambda: self.router, lambda: self._backend))
         self._bring_up_task: asyncio.Task[None] | None = None
         self.http = httpx.AsyncClient()
         """One HTTP client for what the gateway fetches itself (its sidecars' metrics)."""
@@ -136,8 +147,8 @@ class Runtime:
 
     async def _start(self) -> None:
         await self.tenancy.start()
-        spec, grpc_urls, http_urls = await self._prepare_sidecars()
-        routes = resolve_routes(self.settings, spec, grpc_urls, http_urls)
+        spec, grpc_urls, http_urls, hosts = await self._prepare_sidecars()
+        routes = resolve_routes(self.settings, spec, grpc_urls, http_urls, hosts)
         # One thread, one model after another: transformers' lazy imports are not thread-safe.
         models = await asyncio.to_thread(
             lambda: [load_model(route, self._executor) for route in routes]
@@ -147,12 +158,18 @@ class Runtime:
         await self.adapter_board.start()
         if self._backend is None:
             self._backend = self._backend_factory(routes)
+        retry_after_s = self.settings.limits.retry_after_s
+        self.router = Router(routes, retry_after_s=retry_after_s, resolver=self._resolver)
+        supervised = bool(self._sidecars) or self._shared is not None
+        if not supervised:
+            self.router.start(self._backend, self.http)
         self._generation = GenerationService(
             self._backend,
             timeout_s=self.settings.limits.request_timeout_s,
             observability=self.observability,
+            router=self.router,
         )
-        self.lifecycle.sidecars_ready = not self._sidecars and self._shared is None
+        self.lifecycle.sidecars_ready = not supervised
         self._bring_up_task = asyncio.create_task(self._bring_up(routes))
         self.lifecycle.started = True
         logger.info("gateway started with %d model(s)", len(self.registry))
@@ -176,6 +193,7 @@ class Runtime:
         grace = 0.0 if self._hurried else self.settings.limits.shutdown_grace_s
         if not await self.lifecycle.drained(grace):
             logger.warning("requests still in flight after %.0f s; shutting down anyway", grace)
+        await self.router.close()
         if self._backend is not None and self._owns_backend:
             await self._backend.close()
         await self.adapter_board.close()
@@ -187,10 +205,12 @@ class Runtime:
         self._executor.shutdown(wait=False, cancel_futures=True)
         await asyncio.to_thread(self.observability.close)
 
-    async def _prepare_sidecars(self) -> tuple[Spec | None, dict[str, str], dict[str, str]]:
+    async def _prepare_sidecars(self) -> tuple[Spec | None, *SidecarAddresses]:
+        """The sidecars built (not started), or those of this worker's parent, and their
+        addresses by pipeline."""
         sidecars = self.settings.sidecars
         if sidecars is None:
-            return None, {}, {}
+            return None, {}, {}, {}
         spec = await asyncio.to_thread(read_spec, sidecars)
         if self._shared is not None:
             return spec, *shared_urls(spec, read_state(self._shared).sidecars)
@@ -219,9 +239,15 @@ class Runtime:
                 return
         self.lifecycle.sidecars_ready = True
         backend = self._backend
+        if (self._sidecars or self._shared is not None) and backend is not None:
+            # Only once they are up: a gRPC call in flight while a sidecar is forked can crash
+            # the child, and a probe of one still starting would eject it.
+            self.router.start(backend, self.http)
         if not isinstance(backend, DescribesModels):
             return
         for route in routes:
+            if route.replicas is not None:
+                continue  # each replica's config is read with its first request
             try:
                 described = await backend.describe(route.target)
             except Exception as exc:
@@ -244,18 +270,27 @@ class Runtime:
             shutil.rmtree(self._workdir, ignore_errors=True)
 
 
+SidecarAddresses = tuple[dict[str, str], dict[str, str], dict[str, list[Endpoint]]]
+"""Per pipeline: the gRPC and HTTP addresses of its (first) sidecar, and where several sidecars
+host it, every one as a replica."""
+
+
 def shared_urls(
     spec: Spec, sidecars: Sequence[Sidecar] | Sequence[SidecarView]
-) -> tuple[dict[str, str], dict[str, str]]:
-    """The gRPC and HTTP addresses of each pipeline, from its sidecar."""
+) -> SidecarAddresses:
+    """The addresses of each pipeline, from the sidecars hosting it."""
     by_name = {sidecar.name: sidecar for sidecar in sidecars}
     grpc_urls: dict[str, str] = {}
     http_urls: dict[str, str] = {}
+    hosts: dict[str, list[Endpoint]] = {}
     for sidecar_spec in spec.sidecars:
         sidecar = by_name.get(sidecar_spec.name)
         if sidecar is None:
             raise SettingsError(f"sidecar {sidecar_spec.name!r} is not among the shared ones")
+        endpoint = Endpoint(sidecar.name, sidecar.grpc_url, sidecar.metrics_url, sidecar.http_url)
         for model in spec.models_of(sidecar_spec):
-            grpc_urls[model.name] = sidecar.grpc_url
-            http_urls[model.name] = sidecar.http_url
-    return grpc_urls, http_urls
+            grpc_urls.setdefault(model.name, sidecar.grpc_url)
+            http_urls.setdefault(model.name, sidecar.http_url)
+            hosts.setdefault(model.name, []).append(endpoint)
+    replicas = {name: found for name, found in hosts.items() if len(found) > 1}
+    return grpc_urls, http_urls, replicas

@@ -9,6 +9,7 @@ import msgspec
 
 from adapters.contract import EntryModel
 from gateway.observability import ObservabilitySettings
+from gateway.replicas.settings import EndpointSettings, RoutingSettings, check_routing
 from gateway.tenancy.config import TenancyConfigError, TenancySettings, check_tenancy
 
 ToolCallFormat = Literal["hermes", "llama3_json", "mistral", "pythonic"]
@@ -92,6 +93,13 @@ class ModelSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     tool_call_format: ToolCallFormat | None = None
     """How the model writes tool calls (``hermes``, ``llama3_json``, ``mistral``, ``pythonic``);
     guessed from the chat template when unset."""
+    replicas: tuple[str | EndpointSettings, ...] | str = ()
+    """Several Tritons serving this model, instead of ``triton_url``: a list of ``host:port``
+    (or ``{url, metrics_url, name}``), or ``dns:HOST:PORT``, a name resolved again every
+    ``routing.resolve_interval_s`` (a Kubernetes headless Service). A pipeline hosted by several
+    sidecars has its sidecars as replicas without this."""
+    routing: RoutingSettings = RoutingSettings()
+    """How requests are spread over the replicas and when a replica is taken out."""
 
 
 class LimitSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -160,6 +168,14 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
 
 def check_settings(settings: Settings) -> None:
     """Reject settings whose parts contradict each other, before anything starts."""
+    for model in settings.models:
+        problems = check_routing(model.routing)
+        if problems:
+            raise SettingsError(f"model {model.name!r}: routing: {'; '.join(problems)}")
+        if model.replicas and model.triton_url is not None:
+            raise SettingsError(
+                f"model {model.name!r}: set triton_url (one Triton) or replicas (several), not both"
+            )
     try:
         check_tenancy(settings.tenancy)
     except TenancyConfigError as exc:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
+from collections import Counter
 from collections.abc import AsyncGenerator, Iterator, Mapping, Sequence
 from contextlib import aclosing, contextmanager
 from dataclasses import replace
@@ -12,7 +13,7 @@ from typing import Any, Protocol
 
 import grpc  # type: ignore[import-untyped]
 import tritonclient.grpc.aio as triton_aio
-from tritonclient.grpc import InferResult, service_pb2
+from tritonclient.grpc import MAX_GRPC_MESSAGE_SIZE, InferResult, KeepAliveOptions, service_pb2
 from tritonclient.utils import InferenceServerException
 
 from adapters.contract import (
@@ -69,11 +70,31 @@ def map_triton_errors(operation: str) -> Iterator[None]:
         raise classify(f"{operation}: failed to connect: {exc}", "UNAVAILABLE") from exc
 
 
+def reconnecting_channel_args(max_backoff_s: float) -> list[tuple[str, Any]]:
+    """tritonclient's channel options, plus reconnection attempts at most ``max_backoff_s``
+    apart (gRPC's default grows to two minutes), so a restarted server is reached again soon."""
+    keepalive = KeepAliveOptions()
+    backoff_ms = max(int(max_backoff_s * 1000), 100)
+    return [
+        ("grpc.max_send_message_length", MAX_GRPC_MESSAGE_SIZE),
+        ("grpc.max_receive_message_length", MAX_GRPC_MESSAGE_SIZE),
+        ("grpc.keepalive_time_ms", keepalive.keepalive_time_ms),
+        ("grpc.keepalive_timeout_ms", keepalive.keepalive_timeout_ms),
+        ("grpc.keepalive_permit_without_calls", keepalive.keepalive_permit_without_calls),
+        ("grpc.http2.max_pings_without_data", keepalive.http2_max_pings_without_data),
+        ("grpc.initial_reconnect_backoff_ms", min(backoff_ms, 1000)),
+        ("grpc.min_reconnect_backoff_ms", min(backoff_ms, 1000)),
+        ("grpc.max_reconnect_backoff_ms", backoff_ms),
+    ]
+
+
 class TritonBackend:
     """A ``Backend`` over one or more tritonservers: one gRPC channel per URL.
 
     ``connect_timeout_s`` bounds metadata calls (readiness, model configs); ``stop_timeout_s``
-    bounds the stop request sent to the engine when an ensemble request is abandoned.
+    bounds the stop request sent to the engine when an ensemble request is abandoned;
+    ``max_reconnect_backoff_s`` (with no ``channel_args``) caps the time between attempts to
+    reach a server that went away.
     """
 
     def __init__(
@@ -82,15 +103,21 @@ class TritonBackend:
         connect_timeout_s: float = 5.0,
         stop_timeout_s: float = 2.0,
         channel_args: Sequence[tuple[str, Any]] | None = None,
+        max_reconnect_backoff_s: float | None = None,
     ) -> None:
         self._connect_timeout_s = connect_timeout_s
         self._stop_timeout_s = stop_timeout_s
+        if channel_args is None and max_reconnect_backoff_s is not None:
+            channel_args = reconnecting_channel_args(max_reconnect_backoff_s)
         self._channel_args = list(channel_args) if channel_args is not None else None
         self._clients: dict[str, triton_aio.InferenceServerClient] = {}
         self._http = HttpPool()
         self._models: dict[tuple[str, str], ModelInputs] = {}
         self._lora_sent: set[tuple[str, str, int]] = set()
         self._background: set[asyncio.Task[None]] = set()
+        self.adapter_loads: Counter[tuple[str, str, str]] = Counter()
+        """Requests that carried LoRA weights, by (URL, Triton model, ``first`` or ``evicted``):
+        the adapter's first request to that server, or its resend after an eviction."""
 
     async def __aenter__(self) -> TritonBackend:
         return self
@@ -157,6 +184,9 @@ class TritonBackend:
         send_weights = lora_key not in self._lora_sent
         yielded = False
         while True:
+            if send_weights:
+                reason = "evicted" if lora_key in self._lora_sent else "first"
+                self.adapter_loads[(target.url, target.triton_model, reason)] += 1
             chunks = self._stream(target, request, deadline=deadline, send_weights=send_weights)
             try:
                 async with aclosing(chunks):

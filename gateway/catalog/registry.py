@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,11 +15,14 @@ from deploy.sidecar.spec import ModelSpec, Spec, TorchEngine
 from gateway.catalog.lora import LoraLibrary
 from gateway.catalog.text.prompts import PromptTokenizer
 from gateway.http.errors import unknown_model
+from gateway.replicas.settings import RoutingSettings
+from gateway.replicas.sources import Endpoint, ReplicaSource, SourceError, parse_source
 from gateway.settings import ModelSettings, SamplingDefaults, Settings, SettingsError
 
 logger = logging.getLogger(__name__)
 DEFAULT_TRITON_URL = "127.0.0.1:8001"
 DEFAULT_CONTEXT_LENGTH = 4096
+DEFAULT_ROUTING = RoutingSettings()
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +40,10 @@ class ModelRoute:
     owned_by: str
     tool_call_format: str | None = None
     skip_special_tokens: bool = True
+    replicas: ReplicaSource | None = None
+    """The Tritons serving the model when there are several (``target.url`` is then the
+    first's, or the DNS name)."""
+    routing: RoutingSettings = DEFAULT_ROUTING
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,13 +75,22 @@ def resolve_routes(
     spec: Spec | None,
     grpc_urls: Mapping[str, str],
     http_urls: Mapping[str, str] | None = None,
+    sidecar_replicas: Mapping[str, Sequence[Endpoint]] | None = None,
 ) -> tuple[ModelRoute, ...]:
-    """Decide every model's Triton addresses, model names and tokenizer (pure); ``grpc_urls``
-    and ``http_urls`` are the supervised sidecars' addresses by pipeline."""
+    """Decide every model's Triton address (or replicas), model names and tokenizer (pure).
+
+    ``grpc_urls`` and ``http_urls`` map a pipeline to the addresses of the sidecar hosting it;
+    ``sidecar_replicas`` to every sidecar hosting it, for pipelines hosted by several.
+    """
     models = settings.models
     if not models and spec is not None:
         models = tuple(ModelSettings(name=m.name, pipeline=m.name) for m in spec.models)
-    routes = tuple(_route(model, spec, grpc_urls, http_urls or {}) for model in models)
+    routes = tuple(
+        _with_replicas(
+            _route(model, spec, grpc_urls, http_urls or {}), model, sidecar_replicas or {}
+        )
+        for model in models
+    )
     names = [route.name for route in routes]
     duplicates = sorted({name for name in names if names.count(name) > 1})
     if duplicates:
@@ -130,6 +146,30 @@ def _route(
         tool_call_format=model.tool_call_format,
         skip_special_tokens=skip_special,
     )
+
+
+def _with_replicas(
+    route: ModelRoute, model: ModelSettings, sidecar_replicas: Mapping[str, Sequence[Endpoint]]
+) -> ModelRoute:
+    """The route with its replicas: configured ones, or the sidecars hosting its pipeline."""
+    source: ReplicaSource | None = None
+    if model.replicas:
+        try:
+            routing = model.routing
+            source = parse_source(model.replicas, routing.metrics_port, routing.http_port)
+        except SourceError as exc:
+            raise SettingsError(f"model {model.name!r}: replicas: {exc}") from exc
+    elif model.triton_url is None and model.pipeline is not None:
+        hosts = sidecar_replicas.get(model.pipeline)
+        source = tuple(hosts) if hosts else None
+    if source is None:
+        return route
+    if isinstance(source, tuple):
+        first, http_url = source[0].url, source[0].http_url
+    else:
+        first, http_url = f"dns:{source.host}:{source.port}", None
+    target = dataclasses.replace(route.target, url=first, http_url=http_url)
+    return dataclasses.replace(route, target=target, replicas=source, routing=model.routing)
 
 
 def _pipeline(model: ModelSettings, spec: Spec | None) -> ModelSpec | None:

@@ -20,6 +20,7 @@ from opentelemetry.sdk.trace.export import SpanExporter
 
 from deploy.sidecar.supervisor import Sidecar
 from gateway.app import create_app
+from gateway.replicas.sources import Resolver, resolve_addresses
 from gateway.settings import LimitSettings, ModelSettings, Settings
 from gateway.tenancy import TenancySettings
 
@@ -116,11 +117,17 @@ def stop_process(process: subprocess.Popen[bytes], timeout_s: float = 60.0) -> N
 class LiveGateway:
     """A gateway served by uvicorn in a background thread."""
 
-    def __init__(self, settings: Settings, span_exporter: SpanExporter | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        span_exporter: SpanExporter | None = None,
+        resolver: Resolver = resolve_addresses,
+    ) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        self.app = create_app(settings, span_exporter=span_exporter, resolver=resolver)
         config = uvicorn.Config(
-            create_app(settings, span_exporter=span_exporter),
+            self.app,
             host="127.0.0.1",
             port=self.port,
             log_level="warning",

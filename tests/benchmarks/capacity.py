@@ -90,7 +90,8 @@ def _client_main(job: dict[str, Any]) -> tuple[list[Result], float]:
             )  # fmt: skip
             return client.send
 
-        samples, _ = await run_level(connect, job["streams"], job["seconds"])
+        # A stream that never ends is an error of its own, not a hung level.
+        samples, _ = await run_level(connect, job["streams"], job["seconds"], 120.0)
         return samples
 
     cpu = time.process_time()

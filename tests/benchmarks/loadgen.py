@@ -91,7 +91,10 @@ Send = Callable[[Sample], Awaitable[None]]
 
 
 async def run_level(
-    connect: Callable[[], Awaitable[Send]], concurrency: int, seconds: float
+    connect: Callable[[], Awaitable[Send]],
+    concurrency: int,
+    seconds: float,
+    request_timeout_s: float | None = None,
 ) -> tuple[list[Sample], float]:
     """``concurrency`` workers, each on its own connection, sending until ``seconds`` pass.
 
@@ -106,7 +109,8 @@ async def run_level(
         while time.perf_counter() < deadline:
             sample = Sample(start=time.perf_counter())
             try:
-                await send(sample)
+                async with asyncio.timeout(request_timeout_s):
+                    await send(sample)
             except Exception as exc:
                 sample.error = f"{type(exc).__name__}: {exc}"[:300]
             sample.end = time.perf_counter()

@@ -12,7 +12,7 @@ TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 # Where `make bench` writes its reports; BENCH_OUT=tests/benchmarks/results updates the committed ones.
 BENCH_OUT ?= .bench/results
 
-.PHONY: install demo test bench soak lint clean gpu-bundle
+.PHONY: install demo test bench capacity soak lint clean gpu-bundle
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -42,6 +42,14 @@ bench: $(STAMP)
 	$(BIN)/python -m tests.benchmarks.lora
 	$(BIN)/python -m tests.benchmarks.guided --smollm
 	$(BIN)/python -m tests.benchmarks.kv_reuse --tokens 32 --out $(BENCH_OUT)
+	$(BIN)/python -m tests.benchmarks.replicas --out $(BENCH_OUT)
+
+# Gateway against direct Triton on the paced load-test engine, 1 to 1,536 streams (a host of
+# 16 cores or more). On a GPU host from the offline bundle:
+#   make capacity CAPACITY_PYTHON=/opt/gw/env/bin/python CAPACITY_ARGS="--text-env /opt/gw/text-env"
+CAPACITY_PYTHON ?= $(BIN)/python
+capacity:
+	$(CAPACITY_PYTHON) -m tests.benchmarks.capacity --out $(BENCH_OUT) $(CAPACITY_ARGS)
 
 # 200 concurrent streams against `triton-gateway serve` on the tiny model: errors, RSS, open files.
 soak: $(STAMP)

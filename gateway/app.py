@@ -6,6 +6,8 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from litestar import Litestar, Request, Response, Router
@@ -16,6 +18,7 @@ from opentelemetry.sdk.trace.export import SpanExporter
 
 from adapters.contract import Backend
 from gateway.catalog.lora import routes as lora_admin
+from gateway.catalog.lora.board import AdapterBoard
 from gateway.catalog.registry import ModelRegistry
 from gateway.http import docs
 from gateway.http.errors import (
@@ -30,6 +33,7 @@ from gateway.openai.completions import routes as completions
 from gateway.openai.models import routes as models
 from gateway.openai.pipeline import CompletionPipeline
 from gateway.ops import health, metrics
+from gateway.replicas.sources import Resolver, resolve_addresses
 from gateway.runtime import BackendFactory, Runtime, triton_backend
 from gateway.server import SideListener
 from gateway.settings import Settings, SettingsError
@@ -38,6 +42,17 @@ from gateway.tenancy.service import Tenancy
 
 logger = logging.getLogger(__name__)
 CLIENT_CLOSED_REQUEST = 499
+
+
+@dataclass(frozen=True)
+class WorkerContext:
+    """What a worker process learns from its parent."""
+
+    index: int
+    shared_sidecars: Path | None
+    """The parent's sidecar state file; ``None`` when the models' Tritons run elsewhere."""
+
+
 Handler = Callable[[Request[Any, Any, Any], Exception], Response[Any]]
 
 
@@ -85,6 +100,10 @@ def _tenancy(state: State) -> Tenancy:
     return state.runtime.tenancy  # type: ignore[no-any-return]
 
 
+def _board(state: State) -> AdapterBoard:
+    return state.runtime.adapter_board  # type: ignore[no-any-return]
+
+
 def _pipeline(state: State) -> CompletionPipeline:
     return state.pipeline  # type: ignore[no-any-return]
 
@@ -97,6 +116,7 @@ def dependencies() -> dict[str, Provide]:
         "registry": Provide(_registry, use_cache=True, sync_to_thread=False),
         "tenancy": Provide(_tenancy, use_cache=True, sync_to_thread=False),
         "pipeline": Provide(_pipeline, use_cache=True, sync_to_thread=False),
+        "board": Provide(_board, use_cache=True, sync_to_thread=False),
         "audience": Provide(models.audience, sync_to_thread=False),
     }
 
@@ -129,17 +149,26 @@ def create_app(
     backend: Backend | None = None,
     backend_factory: BackendFactory = triton_backend,
     span_exporter: SpanExporter | None = None,
+    worker: WorkerContext | None = None,
+    resolver: Resolver = resolve_addresses,
 ) -> Litestar:
     """The gateway as an ASGI app; ``backend`` replaces the Triton backend the app would create.
 
     Start-up (the ASGI lifespan) starts the configured sidecars, loads every model's tokenizer,
     creates the backend and the completion pipeline; shutdown turns readiness off, drains
     requests and stops sidecars. ``span_exporter`` receives the spans (tests pass an in-memory
-    one).
+    one). ``worker`` makes the app one of several worker processes: the sidecars its parent
+    supervises are used, not started, and the ports are shared. ``resolver`` looks up the
+    addresses of ``dns:`` replicas (tests pass their own).
     """
     observability = Observability(settings.observability, span_exporter=span_exporter)
     runtime = Runtime(
-        settings, backend=backend, backend_factory=backend_factory, observability=observability
+        settings,
+        backend=backend,
+        backend_factory=backend_factory,
+        observability=observability,
+        shared_sidecars=worker.shared_sidecars if worker is not None else None,
+        resolver=resolver,
     )
     handler = error_handler(settings.limits.retry_after_s)
     beside = None
@@ -149,6 +178,7 @@ def create_app(
             settings.observability.metrics.host or settings.server.host,
             settings.observability.metrics.port,
             "observability.metrics.port",
+            shared=worker is not None,
         )
 
     @asynccontextmanager

@@ -17,6 +17,7 @@ from gateway.settings import (
     Settings,
     SettingsError,
     SidecarSettings,
+    check_settings,
     load_settings,
 )
 from gateway.tenancy import TenancySettings
@@ -57,10 +58,9 @@ def demo_settings(host: str, port: int) -> Settings:
 
 
 def serve(settings: Settings) -> int:
-    """Run the gateway with uvicorn until SIGTERM or Ctrl-C drains it; sidecars stop with it."""
-    from gateway.app import create_app
+    """Run the gateway until SIGTERM or Ctrl-C drains it; sidecars stop with it. With
+    ``server.workers`` above one, a parent process supervises that many workers."""
     from gateway.observability import configure_logging
-    from gateway.server import run
 
     configure_logging(settings.log_level, settings.observability.log_format)
     server = settings.server
@@ -68,6 +68,11 @@ def serve(settings: Settings) -> int:
     names = ", ".join(model.name for model in settings.models) or "every pipeline of the spec"
     waits = " once its sidecars have loaded" if settings.sidecars is not None else ""
     print(f"  models: {names}; ready{waits} (/health/ready); Ctrl-C stops", flush=True)
+    if server.workers > 1:
+        return _serve_workers(settings)
+    from gateway.app import create_app
+    from gateway.server import run
+
     app = create_app(settings)
     runtime = app.state["runtime"]
     # Once started: with the Redis store, the tenants and keys in force are known only then.
@@ -78,6 +83,23 @@ def serve(settings: Settings) -> int:
         print(f"error: {failure}", file=sys.stderr, flush=True)
         return 1
     return 0
+
+
+def _serve_workers(settings: Settings) -> int:
+    import tempfile
+
+    from gateway.workers.pool import Pool, needs_embedded_redis
+
+    check_settings(settings)
+    server = settings.server
+    limits = "limits in an embedded redis" if needs_embedded_redis(settings) else "limits shared"
+    print(f"  {server.workers} worker processes on the port; {limits}", flush=True)
+    with tempfile.TemporaryDirectory(prefix="triton-gateway-") as folder:
+        pool = Pool(settings, Path(folder))
+        code = pool.run()
+    if pool.failure is not None:
+        print(f"error: {pool.failure}", file=sys.stderr, flush=True)
+    return code
 
 
 def _serve(args: argparse.Namespace) -> int:

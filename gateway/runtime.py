@@ -7,7 +7,7 @@ import asyncio
 import logging
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Protocol, runtime_checkable
@@ -18,21 +18,29 @@ from adapters.contract import Backend, ModelTarget
 from deploy.sidecar.spec import Spec, SpecError, load_spec, parse_spec
 from deploy.sidecar.supervisor import Sidecar, sidecar_from_spec
 from gateway.catalog.lora import AdapterError, AdapterExists
+from gateway.catalog.lora.board import AdapterBoard
 from gateway.catalog.registry import ModelRegistry, ModelRoute, load_model, resolve_routes
 from gateway.core.generation import GenerationService
 from gateway.observability import Observability
 from gateway.ops.drain import Lifecycle
+from gateway.replicas.metrics import ReplicaMetrics
+from gateway.replicas.router import Router
+from gateway.replicas.sources import Endpoint, Resolver, resolve_addresses
 from gateway.settings import Settings, SettingsError, SidecarSettings, check_settings
 from gateway.tenancy.service import Tenancy
+from gateway.workers.shared import SidecarView, read_state
 
 logger = logging.getLogger(__name__)
 BackendFactory = Callable[[tuple[ModelRoute, ...]], Backend]
 
 
 def triton_backend(routes: tuple[ModelRoute, ...]) -> Backend:
-    """The production backend: Triton over gRPC."""
+    """The production backend: Triton over gRPC; with replicas, channels that reconnect to a
+    restarted replica within a couple of seconds."""
     from adapters.triton.client import TritonBackend
 
+    if any(route.replicas is not None for route in routes):
+        return TritonBackend(max_reconnect_backoff_s=2.0)
     return TritonBackend()
 
 
@@ -69,6 +77,8 @@ class Runtime:
         backend: Backend | None,
         backend_factory: BackendFactory,
         observability: Observability,
+        shared_sidecars: Path | None = None,
+        resolver: Resolver = resolve_addresses,
     ) -> None:
         check_settings(settings)
         self.settings = settings
@@ -77,6 +87,11 @@ class Runtime:
         self.observability = observability
         self.metrics = observability.metrics
         self.tenancy = Tenancy(settings.tenancy, self.metrics)
+        store = settings.tenancy.store
+        self.adapter_board = AdapterBoard(
+            self.registry, self.tenancy.redis, prefix=store.prefix, refresh_s=store.refresh_s
+        )
+        """Adapters loaded at run time, shared by every process that shares the Redis store."""
         self._backend = backend
         self._owns_backend = backend is None
         self._backend_factory = backend_factory
@@ -85,7 +100,13 @@ class Runtime:
         )
         self._generation: GenerationService | None = None
         self._sidecars: list[Sidecar] = []
-        self.metrics.watch_sidecars(lambda: list(self._sidecars))
+        self._shared = shared_sidecars
+        """The state file of sidecars another process supervises (a worker's parent)."""
+        self.metrics.watch_sidecars(lambda: self.sidecars)
+        self._resolver = resolver
+        self.router = Router(())
+        """The replica pools of models served by several Tritons."""
+        self.metrics.registry.register(ReplicaMetrics(lambda: self.router, lambda: self._backend))
         self._bring_up_task: asyncio.Task[None] | None = None
         self.http = httpx.AsyncClient()
         """One HTTP client for what the gateway fetches itself (its sidecars' metrics)."""
@@ -94,8 +115,11 @@ class Runtime:
         self._hurried = False
 
     @property
-    def sidecars(self) -> list[Sidecar]:
-        """The supervised sidecars (none when the gateway uses existing Tritons)."""
+    def sidecars(self) -> list[Sidecar] | list[SidecarView]:
+        """The sidecars: supervised here, or by the parent of this worker; none when the
+        gateway uses existing Tritons."""
+        if self._shared is not None:
+            return list(read_state(self._shared).sidecars)
         return list(self._sidecars)
 
     @property
@@ -123,22 +147,29 @@ class Runtime:
 
     async def _start(self) -> None:
         await self.tenancy.start()
-        spec, urls = await self._prepare_sidecars()
-        routes = resolve_routes(self.settings, spec, urls)
+        spec, grpc_urls, http_urls, hosts = await self._prepare_sidecars()
+        routes = resolve_routes(self.settings, spec, grpc_urls, http_urls, hosts)
         # One thread, one model after another: transformers' lazy imports are not thread-safe.
         models = await asyncio.to_thread(
             lambda: [load_model(route, self._executor) for route in routes]
         )
         self.registry.replace(models)
         await self._load_adapters(routes)
+        await self.adapter_board.start()
         if self._backend is None:
             self._backend = self._backend_factory(routes)
+        retry_after_s = self.settings.limits.retry_after_s
+        self.router = Router(routes, retry_after_s=retry_after_s, resolver=self._resolver)
+        supervised = bool(self._sidecars) or self._shared is not None
+        if not supervised:
+            self.router.start(self._backend, self.http)
         self._generation = GenerationService(
             self._backend,
             timeout_s=self.settings.limits.request_timeout_s,
             observability=self.observability,
+            router=self.router,
         )
-        self.lifecycle.sidecars_ready = not self._sidecars
+        self.lifecycle.sidecars_ready = not supervised
         self._bring_up_task = asyncio.create_task(self._bring_up(routes))
         self.lifecycle.started = True
         logger.info("gateway started with %d model(s)", len(self.registry))
@@ -162,8 +193,10 @@ class Runtime:
         grace = 0.0 if self._hurried else self.settings.limits.shutdown_grace_s
         if not await self.lifecycle.drained(grace):
             logger.warning("requests still in flight after %.0f s; shutting down anyway", grace)
+        await self.router.close()
         if self._backend is not None and self._owns_backend:
             await self._backend.close()
+        await self.adapter_board.close()
         await self.tenancy.close()
         if self._bring_up_task is not None:
             self._bring_up_task.cancel()
@@ -172,25 +205,30 @@ class Runtime:
         self._executor.shutdown(wait=False, cancel_futures=True)
         await asyncio.to_thread(self.observability.close)
 
-    async def _prepare_sidecars(self) -> tuple[Spec | None, dict[str, str]]:
+    async def _prepare_sidecars(self) -> tuple[Spec | None, *SidecarAddresses]:
+        """The sidecars built (not started), or those of this worker's parent, and their
+        addresses by pipeline."""
         sidecars = self.settings.sidecars
         if sidecars is None:
-            return None, {}
+            return None, {}, {}, {}
         spec = await asyncio.to_thread(read_spec, sidecars)
+        if self._shared is not None:
+            return spec, *shared_urls(spec, read_state(self._shared).sidecars)
         if sidecars.workdir:
             self._workdir = Path(sidecars.workdir)
         else:
             self._workdir = Path(tempfile.mkdtemp(prefix="triton-gateway-"))
             self._temporary_workdir = True
-        urls: dict[str, str] = {}
         for sidecar_spec in spec.sidecars:
             sidecar = await asyncio.to_thread(sidecar_from_spec, spec, sidecar_spec, self._workdir)
             self._sidecars.append(sidecar)
-            urls.update({model.name: sidecar.grpc_url for model in spec.models_of(sidecar_spec)})
-        return spec, urls
+        return spec, *shared_urls(spec, self._sidecars)
 
     async def _bring_up(self, routes: tuple[ModelRoute, ...]) -> None:
         """Start the sidecars, then read each model's Triton config so the first request is fast."""
+        if self._shared is not None:
+            while not read_state(self._shared).ready:
+                await asyncio.sleep(0.2)
         for sidecar in self._sidecars:
             try:
                 await asyncio.to_thread(sidecar.start)
@@ -201,9 +239,15 @@ class Runtime:
                 return
         self.lifecycle.sidecars_ready = True
         backend = self._backend
+        if (self._sidecars or self._shared is not None) and backend is not None:
+            # Only once they are up: a gRPC call in flight while a sidecar is forked can crash
+            # the child, and a probe of one still starting would eject it.
+            self.router.start(backend, self.http)
         if not isinstance(backend, DescribesModels):
             return
         for route in routes:
+            if route.replicas is not None:
+                continue  # each replica's config is read with its first request
             try:
                 described = await backend.describe(route.target)
             except Exception as exc:
@@ -224,3 +268,29 @@ class Runtime:
             sidecar.stop(grace_s)
         if self._temporary_workdir and self._workdir is not None:
             shutil.rmtree(self._workdir, ignore_errors=True)
+
+
+SidecarAddresses = tuple[dict[str, str], dict[str, str], dict[str, list[Endpoint]]]
+"""Per pipeline: the gRPC and HTTP addresses of its (first) sidecar, and where several sidecars
+host it, every one as a replica."""
+
+
+def shared_urls(
+    spec: Spec, sidecars: Sequence[Sidecar] | Sequence[SidecarView]
+) -> SidecarAddresses:
+    """The addresses of each pipeline, from the sidecars hosting it."""
+    by_name = {sidecar.name: sidecar for sidecar in sidecars}
+    grpc_urls: dict[str, str] = {}
+    http_urls: dict[str, str] = {}
+    hosts: dict[str, list[Endpoint]] = {}
+    for sidecar_spec in spec.sidecars:
+        sidecar = by_name.get(sidecar_spec.name)
+        if sidecar is None:
+            raise SettingsError(f"sidecar {sidecar_spec.name!r} is not among the shared ones")
+        endpoint = Endpoint(sidecar.name, sidecar.grpc_url, sidecar.metrics_url, sidecar.http_url)
+        for model in spec.models_of(sidecar_spec):
+            grpc_urls.setdefault(model.name, sidecar.grpc_url)
+            http_urls.setdefault(model.name, sidecar.http_url)
+            hosts.setdefault(model.name, []).append(endpoint)
+    replicas = {name: found for name, found in hosts.items() if len(found) > 1}
+    return grpc_urls, http_urls, replicas

@@ -113,11 +113,14 @@ class DrainingServer(uvicorn.Server):
 
 
 def run(
-    app: Litestar, settings: Settings, on_started: Callable[[], None] | None = None
+    app: Litestar,
+    settings: Settings,
+    on_started: Callable[[], None] | None = None,
+    sockets: list[socket.socket] | None = None,
 ) -> str | None:
     """Serve ``app`` (made by ``create_app(settings)``) until a signal drains and stops it, or
     until it can never become ready (returns why then); ``on_started`` runs once the app has
-    started and the port listens."""
+    started and the port listens; ``sockets`` are listened on instead of binding the port."""
     server = settings.server
     config = uvicorn.Config(
         app,
@@ -128,8 +131,21 @@ def run(
         timeout_graceful_shutdown=int(settings.limits.shutdown_grace_s),
     )
     runtime: Runtime = app.state["runtime"]
-    DrainingServer(config, runtime, settings, on_started).run()
+    DrainingServer(config, runtime, settings, on_started).run(sockets)
     return runtime.lifecycle.failure
+
+
+def reuse_port_socket(host: str, port: int) -> socket.socket:
+    """A listening socket that other processes may bind as well (``SO_REUSEPORT``): the kernel
+    spreads new connections among them."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind((host, port))
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
 
 
 class _BesideServer(uvicorn.Server):
@@ -143,8 +159,12 @@ class _BesideServer(uvicorn.Server):
 class SideListener:
     """An ASGI app on a port of its own, served in the running event loop beside the API."""
 
-    def __init__(self, app: ASGIApp, host: str, port: int, what: str) -> None:
+    def __init__(
+        self, app: ASGIApp, host: str, port: int, what: str, *, shared: bool = False
+    ) -> None:
         self._app, self._host, self._port, self._what = app, host, port, what
+        self._shared = shared
+        """Several worker processes listen on the port together."""
         self._server: _BesideServer | None = None
         self._task: asyncio.Task[None] | None = None
 
@@ -152,7 +172,10 @@ class SideListener:
         """Listen (a port that cannot be bound stops the start, naming the setting)."""
         family = socket.AF_INET6 if ":" in self._host else socket.AF_INET
         try:
-            sock = socket.create_server((self._host, self._port), family=family)
+            if self._shared:
+                sock = reuse_port_socket(self._host, self._port)
+            else:
+                sock = socket.create_server((self._host, self._port), family=family)
         except OSError as exc:
             raise SettingsError(
                 f"{self._what}: cannot listen on {self._host}:{self._port}: {exc.strerror}"

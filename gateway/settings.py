@@ -9,6 +9,7 @@ import msgspec
 
 from adapters.contract import EntryModel
 from gateway.observability import ObservabilitySettings
+from gateway.replicas.settings import EndpointSettings, RoutingSettings, check_routing
 from gateway.tenancy.config import TenancyConfigError, TenancySettings, check_tenancy
 
 ToolCallFormat = Literal["hermes", "llama3_json", "mistral", "pythonic"]
@@ -62,6 +63,10 @@ class ModelSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     request and per streamed chunk)."""
     triton_url: str | None = None
     """Triton gRPC ``host:port``; defaults to the pipeline's sidecar, else 127.0.0.1:8001."""
+    triton_http_url: str | None = None
+    """The same Triton's HTTP ``host:port``: requests stream over its ``generate_stream``,
+    which costs the gateway a third of gRPC's CPU per token; the pipeline's sidecar's by
+    default. Unset with ``triton_url`` set: gRPC only."""
     triton_model: str | None = None
     """Triton model to call, e.g. ``tiny_ensemble``; defaults to ``<pipeline>_<entry>``."""
     engine_model: str | None = None
@@ -92,6 +97,13 @@ class ModelSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     """The engine's KV-cache block size, which turns its reused blocks into the prompt's
     ``cached_tokens``; needed only where the engine's config does not state it (rendered
     pipelines do; a C++ engine keeps it in its build, ``plugin_config.tokens_per_block``)."""
+    replicas: tuple[str | EndpointSettings, ...] | str = ()
+    """Several Tritons serving this model, instead of ``triton_url``: a list of ``host:port``
+    (or ``{url, metrics_url, name}``), or ``dns:HOST:PORT``, a name resolved again every
+    ``routing.resolve_interval_s`` (a Kubernetes headless Service). A pipeline hosted by several
+    sidecars has its sidecars as replicas without this."""
+    routing: RoutingSettings = RoutingSettings()
+    """How requests are spread over the replicas and when a replica is taken out."""
 
 
 class LimitSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -132,6 +144,11 @@ class ServerSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
     """Address to bind."""
     port: int = 8000
     """Port to bind."""
+    workers: Annotated[int, msgspec.Meta(ge=1)] = 1
+    """Gateway processes serving the port. One process streams about 10k tokens/s; above that
+    give it several (up to about half the host's cores: Triton needs the rest). The default is
+    one: nothing more to run, and the limits live in memory unless a Redis store is set; with
+    more, and no Redis configured, the gateway runs one itself to keep them exact."""
 
 
 class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -155,6 +172,14 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
 
 def check_settings(settings: Settings) -> None:
     """Reject settings whose parts contradict each other, before anything starts."""
+    for model in settings.models:
+        problems = check_routing(model.routing)
+        if problems:
+            raise SettingsError(f"model {model.name!r}: routing: {'; '.join(problems)}")
+        if model.replicas and model.triton_url is not None:
+            raise SettingsError(
+                f"model {model.name!r}: set triton_url (one Triton) or replicas (several), not both"
+            )
     try:
         check_tenancy(settings.tenancy)
     except TenancyConfigError as exc:

@@ -5,14 +5,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
+from collections import Counter
 from collections.abc import AsyncGenerator, Iterator, Mapping, Sequence
 from contextlib import aclosing, contextmanager
 from dataclasses import replace
-from typing import Any
+from typing import Any, Protocol
 
 import grpc  # type: ignore[import-untyped]
 import tritonclient.grpc.aio as triton_aio
-from tritonclient.grpc import InferResult, service_pb2
+from tritonclient.grpc import MAX_GRPC_MESSAGE_SIZE, InferResult, KeepAliveOptions, service_pb2
 from tritonclient.utils import InferenceServerException
 
 from adapters.contract import (
@@ -25,6 +26,7 @@ from adapters.contract import (
 )
 from adapters.triton.config import ModelInputs, parse_model_config
 from adapters.triton.errors import classify
+from adapters.triton.http import HttpError, HttpPool, carries, generate_body
 from adapters.triton.responses import Exchange, Reply
 from adapters.triton.tensors import WireTensor, build_inputs, stop_request_inputs, wire_array
 
@@ -56,17 +58,43 @@ def map_triton_errors(operation: str) -> Iterator[None]:
         raise classify(f"{operation}: {details}", getattr(code, "name", None)) from exc
     except InferenceServerException as exc:
         raise classify(f"{operation}: {exc.message()}", exc.status()) from exc
+    except HttpError as exc:
+        raise classify(f"{operation}: {exc}", exc.status_name) from exc
     except TimeoutError as exc:
         raise BackendTimeout(f"{operation}: timed out") from exc
+    except (asyncio.IncompleteReadError, asyncio.LimitOverrunError) as exc:
+        raise classify(
+            f"{operation}: the connection ended mid-answer: {exc}", "UNAVAILABLE"
+        ) from exc
     except OSError as exc:
         raise classify(f"{operation}: failed to connect: {exc}", "UNAVAILABLE") from exc
+
+
+def reconnecting_channel_args(max_backoff_s: float) -> list[tuple[str, Any]]:
+    """tritonclient's channel options, plus reconnection attempts at most ``max_backoff_s``
+    apart (gRPC's default grows to two minutes), so a restarted server is reached again soon."""
+    keepalive = KeepAliveOptions()
+    backoff_ms = max(int(max_backoff_s * 1000), 100)
+    return [
+        ("grpc.max_send_message_length", MAX_GRPC_MESSAGE_SIZE),
+        ("grpc.max_receive_message_length", MAX_GRPC_MESSAGE_SIZE),
+        ("grpc.keepalive_time_ms", keepalive.keepalive_time_ms),
+        ("grpc.keepalive_timeout_ms", keepalive.keepalive_timeout_ms),
+        ("grpc.keepalive_permit_without_calls", keepalive.keepalive_permit_without_calls),
+        ("grpc.http2.max_pings_without_data", keepalive.http2_max_pings_without_data),
+        ("grpc.initial_reconnect_backoff_ms", min(backoff_ms, 1000)),
+        ("grpc.min_reconnect_backoff_ms", min(backoff_ms, 1000)),
+        ("grpc.max_reconnect_backoff_ms", backoff_ms),
+    ]
 
 
 class TritonBackend:
     """A ``Backend`` over one or more tritonservers: one gRPC channel per URL.
 
     ``connect_timeout_s`` bounds metadata calls (readiness, model configs); ``stop_timeout_s``
-    bounds the stop request sent to the engine when an ensemble request is abandoned.
+    bounds the stop request sent to the engine when an ensemble request is abandoned;
+    ``max_reconnect_backoff_s`` (with no ``channel_args``) caps the time between attempts to
+    reach a server that went away.
     """
 
     def __init__(
@@ -75,14 +103,21 @@ class TritonBackend:
         connect_timeout_s: float = 5.0,
         stop_timeout_s: float = 2.0,
         channel_args: Sequence[tuple[str, Any]] | None = None,
+        max_reconnect_backoff_s: float | None = None,
     ) -> None:
         self._connect_timeout_s = connect_timeout_s
         self._stop_timeout_s = stop_timeout_s
+        if channel_args is None and max_reconnect_backoff_s is not None:
+            channel_args = reconnecting_channel_args(max_reconnect_backoff_s)
         self._channel_args = list(channel_args) if channel_args is not None else None
         self._clients: dict[str, triton_aio.InferenceServerClient] = {}
+        self._http = HttpPool()
         self._models: dict[tuple[str, str], ModelInputs] = {}
         self._lora_sent: set[tuple[str, str, int]] = set()
         self._background: set[asyncio.Task[None]] = set()
+        self.adapter_loads: Counter[tuple[str, str, str]] = Counter()
+        """Requests that carried LoRA weights, by (URL, Triton model, ``first`` or ``evicted``):
+        the adapter's first request to that server, or its resend after an eviction."""
 
     async def __aenter__(self) -> TritonBackend:
         return self
@@ -158,6 +193,9 @@ class TritonBackend:
         send_weights = lora_key not in self._lora_sent
         yielded = False
         while True:
+            if send_weights:
+                reason = "evicted" if lora_key in self._lora_sent else "first"
+                self.adapter_loads[(target.url, target.triton_model, reason)] += 1
             chunks = self._stream(target, request, deadline=deadline, send_weights=send_weights)
             try:
                 async with aclosing(chunks):
@@ -173,12 +211,17 @@ class TritonBackend:
             self._lora_sent.add(lora_key)
             return
 
+    def idle_http_connections(self, target: ModelTarget) -> int:
+        """Kept-alive HTTP connections to the target's Triton (streams went over HTTP)."""
+        return self._http.idle(target.http_url) if target.http_url else 0
+
     async def close(self) -> None:
         """Finish pending stop requests and close every channel."""
         if self._background:
             await asyncio.wait(set(self._background), timeout=self._stop_timeout_s)
         for task in list(self._background):
             task.cancel()
+        await self._http.close()
         clients, self._clients = list(self._clients.values()), {}
         for client in clients:
             await client.close()
@@ -233,30 +276,51 @@ class TritonBackend:
                 model = await self.describe(target)
         request_id = f"{request.request_id or 'gen'}-{uuid.uuid4().hex[:12]}"
         exchange = Exchange.of(request, model)
-        message = infer_request(
-            target.triton_model,
-            request_id,
-            build_inputs(request, model, lora_weights=send_weights),
-            exchange.outputs,
-            priority=request.priority,
-        )
+        tensors = build_inputs(request, model, lora_weights=send_weights)
         operation = f"request {request_id} to {target.triton_model}"
-        logger.debug("%s: streaming=%s outputs=%s", operation, exchange.streaming, exchange.outputs)
-        call = self._open(target.url, message, _remaining(deadline), request.trace_headers)
+        call = self._call(target, request, request_id, tensors, exchange, deadline)
+        logger.debug("%s: streaming=%s via %s", operation, exchange.streaming, type(call).__name__)
         try:
             with map_triton_errors(operation):
                 while not exchange.finished:
-                    # The call carries the deadline: gRPC ends it with DEADLINE_EXCEEDED.
-                    response = await call.read()
-                    chunk = exchange.on_reply(_reply(response, exchange.outputs))
+                    chunk = exchange.on_replies(await call.read())
                     if chunk is not None:
                         yield chunk
-                await _drain(call)
+                await call.drain()
         finally:
             self._release(call, exchange, target, request_id, operation)
 
+    def _call(
+        self,
+        target: ModelTarget,
+        request: GenerationRequest,
+        request_id: str,
+        tensors: list[WireTensor],
+        exchange: Exchange,
+        deadline: float,
+    ) -> Call:
+        """The request on its way: over HTTP ``generate_stream`` where the target has an HTTP
+        address, JSON carries every input and an abandoned request is still stopped; else over
+        gRPC ``ModelStreamInfer``. Triton notices a closed HTTP connection only when it writes,
+        so a BLS request answered once (nothing written until the end, and no stop request to
+        send) goes over gRPC, whose cancellation arrives at once. Both calls end at the
+        deadline."""
+        outputs = exchange.outputs
+        model = exchange.model
+        stoppable = exchange.streaming or model.is_ensemble or model.is_engine
+        if target.http_url is not None and stoppable and carries(tensors):
+            body = generate_body(request_id, tensors, priority=request.priority)
+            return self._http.call(
+                target.http_url, target.triton_model, body, request.trace_headers, deadline
+            )
+        message = infer_request(
+            target.triton_model, request_id, tensors, outputs, priority=request.priority
+        )
+        call = self._open(target.url, message, _remaining(deadline), request.trace_headers)
+        return GrpcCall(call, outputs)
+
     def _release(
-        self, call: Any, exchange: Exchange, target: ModelTarget, request_id: str, operation: str
+        self, call: Call, exchange: Exchange, target: ModelTarget, request_id: str, operation: str
     ) -> None:
         """The one place a call ends: cancelled, and its engine request stopped if abandoned."""
         call.cancel()
@@ -341,6 +405,43 @@ def _outputs(response: service_pb2.ModelInferResponse, names: Sequence[str]) -> 
         for index, tensor in enumerate(response.outputs)
         if tensor.name in names
     }
+
+
+class Call(Protocol):
+    """A request on its way to Triton, whichever the transport."""
+
+    async def read(self) -> list[Reply] | None:
+        """The responses that arrived (at least one); ``None`` once the stream ended."""
+        ...
+
+    async def drain(self) -> None:
+        """Read the stream's end after the final response, so the transport closes cleanly."""
+        ...
+
+    def cancel(self) -> None:
+        """End the call; Triton cancels the request if it still runs."""
+        ...
+
+
+class GrpcCall:
+    """A ``ModelStreamInfer`` call, its responses read as replies."""
+
+    def __init__(self, call: Any, outputs: Sequence[str]) -> None:
+        self._call = call
+        self._outputs = outputs
+
+    async def read(self) -> list[Reply] | None:
+        """The next reply (grpcio reads one message at a time); ``None`` at the stream's end."""
+        reply = _reply(await self._call.read(), self._outputs)
+        return None if reply is None else [reply]
+
+    async def drain(self) -> None:
+        """Read to the stream's end."""
+        await _drain(self._call)
+
+    def cancel(self) -> None:
+        """Cancel the gRPC call."""
+        self._call.cancel()
 
 
 async def _drain(call: Any) -> None:

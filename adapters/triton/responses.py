@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import codecs
+import dataclasses
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -194,6 +195,12 @@ def _ids(outputs: Outputs) -> list[int]:
 
 def merge_chunks(chunks: Sequence[TokenChunk]) -> TokenChunk:
     """One final chunk holding everything: a non-streamed answer may span several responses."""
+    return dataclasses.replace(join_chunks(chunks), final=True)
+
+
+def join_chunks(chunks: Sequence[TokenChunk]) -> TokenChunk:
+    """One chunk holding several in order (streamed responses that arrived together); final if
+    the last one is."""
     counts = [chunk.token_count for chunk in chunks]
     prompt_tokens = [chunk.prompt_tokens for chunk in chunks if chunk.prompt_tokens is not None]
     cached = [chunk.cached_tokens for chunk in chunks if chunk.cached_tokens is not None]
@@ -202,7 +209,7 @@ def merge_chunks(chunks: Sequence[TokenChunk]) -> TokenChunk:
         token_count=None if None in counts else sum(count or 0 for count in counts),
         prompt_tokens=prompt_tokens[0] if prompt_tokens else None,
         logprobs=tuple(value for chunk in chunks for value in chunk.logprobs),
-        final=True,
+        final=chunks[-1].final,
         cached_tokens=cached[0] if cached else None,
     )
 
@@ -272,6 +279,19 @@ class Exchange:
         streaming = streams(request, model)
         return cls(model, _decoder(request, model, streaming), requested_outputs(request, model),
                    streaming)  # fmt: skip
+
+    def on_replies(self, replies: Sequence[Reply] | None) -> TokenChunk | None:
+        """One chunk for the replies that arrived together (``None``: the stream ended)."""
+        if replies is None:
+            return self.on_reply(None)
+        chunks = []
+        for reply in replies:
+            chunk = self.on_reply(reply)
+            if chunk is not None:
+                chunks.append(chunk)
+            if self.finished:
+                break
+        return chunks[0] if len(chunks) == 1 else join_chunks(chunks) if chunks else None
 
     def on_reply(self, reply: Reply | None) -> TokenChunk | None:
         """The chunk to pass on now for ``reply`` (``None``: the stream ended), if any."""

@@ -232,7 +232,8 @@ class Spec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     models: list[ModelSpec]
     """Served pipelines."""
     sidecars: list[SidecarSpec] = msgspec.field(default_factory=lambda: [SidecarSpec()])
-    """tritonserver processes; by default one hosting every model."""
+    """tritonserver processes; by default one hosting every model. A model hosted by several
+    is served by all of them, as replicas the gateway routes among."""
 
     def model(self, name: str) -> ModelSpec:
         """The pipeline called ``name``."""
@@ -352,18 +353,11 @@ def _check(spec: Spec) -> None:
         if model.triton_max_batch_size < 1:
             raise SpecError(f"model {model.name!r}: triton_max_batch_size must be >= 1")
         _check_engine(model)
-    hosted: dict[str, str] = {}
     names = {s.name for s in spec.sidecars}
     if len(names) != len(spec.sidecars):
         raise SpecError("sidecar names must be unique")
-    for sidecar in spec.sidecars:
-        for model in spec.models_of(sidecar):
-            if model.name in hosted:
-                raise SpecError(
-                    f"model {model.name!r} is hosted by both sidecar {hosted[model.name]!r} "
-                    f"and {sidecar.name!r}"
-                )
-            hosted[model.name] = sidecar.name
-    missing = seen - hosted.keys()
+    # A pipeline hosted by several sidecars has them as replicas (one per GPU, say).
+    hosted = {model.name for sidecar in spec.sidecars for model in spec.models_of(sidecar)}
+    missing = seen - hosted
     if missing:
         raise SpecError(f"models not hosted by any sidecar: {sorted(missing)}")

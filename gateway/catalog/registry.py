@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,11 +15,14 @@ from deploy.sidecar.spec import ModelSpec, Spec, TorchEngine
 from gateway.catalog.lora import LoraLibrary
 from gateway.catalog.text.prompts import PromptTokenizer
 from gateway.http.errors import unknown_model
+from gateway.replicas.settings import RoutingSettings
+from gateway.replicas.sources import Endpoint, ReplicaSource, SourceError, parse_source
 from gateway.settings import ModelSettings, SamplingDefaults, Settings, SettingsError
 
 logger = logging.getLogger(__name__)
 DEFAULT_TRITON_URL = "127.0.0.1:8001"
 DEFAULT_CONTEXT_LENGTH = 4096
+DEFAULT_ROUTING = RoutingSettings()
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +40,10 @@ class ModelRoute:
     owned_by: str
     tool_call_format: str | None = None
     skip_special_tokens: bool = True
+    replicas: ReplicaSource | None = None
+    """The Tritons serving the model when there are several (``target.url`` is then the
+    first's, or the DNS name)."""
+    routing: RoutingSettings = DEFAULT_ROUTING
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,13 +71,26 @@ class ServedModel:
 
 
 def resolve_routes(
-    settings: Settings, spec: Spec | None, grpc_urls: Mapping[str, str]
+    settings: Settings,
+    spec: Spec | None,
+    grpc_urls: Mapping[str, str],
+    http_urls: Mapping[str, str] | None = None,
+    sidecar_replicas: Mapping[str, Sequence[Endpoint]] | None = None,
 ) -> tuple[ModelRoute, ...]:
-    """Decide every model's Triton address, model names and tokenizer (pure)."""
+    """Decide every model's Triton address (or replicas), model names and tokenizer (pure).
+
+    ``grpc_urls`` and ``http_urls`` map a pipeline to the addresses of the sidecar hosting it;
+    ``sidecar_replicas`` to every sidecar hosting it, for pipelines hosted by several.
+    """
     models = settings.models
     if not models and spec is not None:
         models = tuple(ModelSettings(name=m.name, pipeline=m.name) for m in spec.models)
-    routes = tuple(_route(model, spec, grpc_urls) for model in models)
+    routes = tuple(
+        _with_replicas(
+            _route(model, spec, grpc_urls, http_urls or {}), model, sidecar_replicas or {}
+        )
+        for model in models
+    )
     names = [route.name for route in routes]
     duplicates = sorted({name for name in names if names.count(name) > 1})
     if duplicates:
@@ -78,7 +98,12 @@ def resolve_routes(
     return routes
 
 
-def _route(model: ModelSettings, spec: Spec | None, grpc_urls: Mapping[str, str]) -> ModelRoute:
+def _route(
+    model: ModelSettings,
+    spec: Spec | None,
+    grpc_urls: Mapping[str, str],
+    http_urls: Mapping[str, str],
+) -> ModelRoute:
     pipeline = _pipeline(model, spec)
     prefix = f"{model.pipeline}_" if model.pipeline else ""
     triton_model = model.triton_model or f"{prefix}{model.entry}"
@@ -87,6 +112,9 @@ def _route(model: ModelSettings, spec: Spec | None, grpc_urls: Mapping[str, str]
         pipeline.triton_name("tensorrt_llm") if pipeline is not None else None
     )
     url = model.triton_url or (grpc_urls.get(pipeline.name) if pipeline else None)
+    http_url = model.triton_http_url
+    if http_url is None and model.triton_url is None and pipeline is not None:
+        http_url = http_urls.get(pipeline.name)
     tokenizer_dir = model.tokenizer_dir or (pipeline.tokenizer if pipeline else None)
     if tokenizer_dir is None:
         raise SettingsError(f"model {model.name!r}: tokenizer_dir is required without a pipeline")
@@ -107,6 +135,7 @@ def _route(model: ModelSettings, spec: Spec | None, grpc_urls: Mapping[str, str]
             kind=model.entry,
             engine_model=engine_model,
             tokens_per_block=model.tokens_per_block,
+            http_url=http_url,
         ),
         tokenizer_dir=tokenizer_dir,
         chat_template_file=model.chat_template,
@@ -118,6 +147,30 @@ def _route(model: ModelSettings, spec: Spec | None, grpc_urls: Mapping[str, str]
         tool_call_format=model.tool_call_format,
         skip_special_tokens=skip_special,
     )
+
+
+def _with_replicas(
+    route: ModelRoute, model: ModelSettings, sidecar_replicas: Mapping[str, Sequence[Endpoint]]
+) -> ModelRoute:
+    """The route with its replicas: configured ones, or the sidecars hosting its pipeline."""
+    source: ReplicaSource | None = None
+    if model.replicas:
+        try:
+            routing = model.routing
+            source = parse_source(model.replicas, routing.metrics_port, routing.http_port)
+        except SourceError as exc:
+            raise SettingsError(f"model {model.name!r}: replicas: {exc}") from exc
+    elif model.triton_url is None and model.pipeline is not None:
+        hosts = sidecar_replicas.get(model.pipeline)
+        source = tuple(hosts) if hosts else None
+    if source is None:
+        return route
+    if isinstance(source, tuple):
+        first, http_url = source[0].url, source[0].http_url
+    else:
+        first, http_url = f"dns:{source.host}:{source.port}", None
+    target = dataclasses.replace(route.target, url=first, http_url=http_url)
+    return dataclasses.replace(route, target=target, replicas=source, routing=model.routing)
 
 
 def _pipeline(model: ModelSettings, spec: Spec | None) -> ModelSpec | None:

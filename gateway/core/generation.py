@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Literal
@@ -16,10 +16,13 @@ from gateway.catalog.registry import ServedModel
 from gateway.core.plan import ChoiceSpec, Plan
 from gateway.core.stops import StopMatcher
 from gateway.core.streams import CLEANUP_GRACE_S, merge, single
-from gateway.observability import Observability, ObservabilitySettings
+from gateway.observability import GenerationWatch, Observability, ObservabilitySettings
+from gateway.replicas.router import Router
 
 logger = logging.getLogger(__name__)
 FinishReason = Literal["stop", "length"]
+Opener = Callable[[GenerationRequest], AsyncIterator[TokenChunk]]
+"""Starts one backend request: straight to the model's Triton, or through its replica pool."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,9 +123,9 @@ class ChoiceRunner:
     """Streams one choice: stop sequences cut, counts kept, the backend closed on every exit."""
 
     def __init__(
-        self, backend: Backend, model: ServedModel, *, logprobs: bool, meter: UsageMeter
+        self, open_stream: Opener, model: ServedModel, *, logprobs: bool, meter: UsageMeter
     ) -> None:
-        self._backend = backend
+        self._open = open_stream
         self._model = model
         self._logprobs = logprobs
         self._meter = meter
@@ -136,7 +139,7 @@ class ChoiceRunner:
         counted: int | None = 0
         prompt_tokens: int | None = None
         cached: int | None = None
-        chunks = self._backend.generate(self._model.target, request)
+        chunks = self._open(request)
         exhausted = False
         try:
             async for chunk in chunks:
@@ -187,11 +190,17 @@ class GenerationService:
     """Turns a plan into one merged event stream over the backend."""
 
     def __init__(
-        self, backend: Backend, *, timeout_s: float, observability: Observability | None = None
+        self,
+        backend: Backend,
+        *,
+        timeout_s: float,
+        observability: Observability | None = None,
+        router: Router | None = None,
     ) -> None:
         self._backend = backend
         self._timeout_s = timeout_s
         self._observability = observability or Observability(ObservabilitySettings())
+        self._router = router
 
     def events(
         self,
@@ -206,13 +215,20 @@ class GenerationService:
         ``meter`` counts the tokens used as they are generated; ``priority`` is the Triton
         request priority (0: the model's default).
         """
-        runner = ChoiceRunner(
-            self._backend, model, logprobs=plan.logprobs, meter=meter or UsageMeter()
-        )
-        return self._observed(model, plan, runner, priority)
+        return self._observed(model, plan, meter or UsageMeter(), priority)
+
+    def _opener(self, model: ServedModel, watch: GenerationWatch) -> Opener:
+        """How the model's requests reach Triton: its one server, or a replica of its pool."""
+        router = self._router
+        pool = router.pool(model.base or model.name) if router else None
+        if router is None or pool is None:
+            backend, target = self._backend, model.target
+            return lambda request: backend.generate(target, request)
+        backend = self._backend
+        return lambda request: router.stream(pool, backend, request, watch)
 
     async def _observed(
-        self, model: ServedModel, plan: Plan, runner: ChoiceRunner, priority: int
+        self, model: ServedModel, plan: Plan, meter: UsageMeter, priority: int
     ) -> AsyncGenerator[Event, None]:
         # Everything starts at the first iteration, so an unconsumed generator leaves no span.
         request_id = uuid.uuid4().hex
@@ -227,6 +243,9 @@ class GenerationService:
         )
         error: BaseException | None = None
         tokens = model.tokenizer if model.target.kind == "tensorrt_llm" else None
+        runner = ChoiceRunner(
+            self._opener(model, watch), model, logprobs=plan.logprobs, meter=meter
+        )
         try:
             trace_headers = watch.trace_headers()
             streams = [

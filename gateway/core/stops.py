@@ -35,8 +35,12 @@ class StopMatcher:
         return held
 
     def _first_stop(self, text: str) -> int | None:
-        found = [index for stop in self._stops if (index := text.find(stop)) >= 0]
-        return min(found) if found else None
+        """Where to cut: before the stop that completes first, as generation meets it (of two
+        ending together, the longer)."""
+        found = [
+            (index + len(stop), index) for stop in self._stops if (index := text.find(stop)) >= 0
+        ]
+        return min(found)[1] if found else None
 
     def _partial_stop_length(self, text: str) -> int:
         """Length of the longest suffix of ``text`` that is a proper prefix of a stop."""

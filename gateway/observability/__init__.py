@@ -79,6 +79,24 @@ class GenerationWatch:
             record.queue_s = record.elapsed()
             owner.metrics.record_queue(record)
 
+    def replica(self, name: str, address: str) -> None:
+        """The call went to replica ``name`` at ``address`` (``host:port``) of the model."""
+        if not self.span.is_recording():
+            return
+        host, _, port = address.rpartition(":")
+        self.span.set_attribute("triton.replica", name)
+        self.span.set_attribute("server.address", host.strip("[]"))
+        if port.isdigit():
+            self.span.set_attribute("server.port", int(port))
+
+    def failover(self, name: str, error: BaseException) -> None:
+        """The call failed on replica ``name`` before its first token; another is tried."""
+        if self.span.is_recording():
+            self.span.add_event(
+                "gateway.failover",
+                {"triton.replica": name, "error.type": type(error).__name__},
+            )
+
     def trace_headers(self) -> dict[str, str]:
         """Trace context for the gRPC metadata of the Triton call."""
         incoming = self._record.trace_headers if self._record is not None else {}

@@ -1,16 +1,20 @@
 """Prometheus metrics on a per-app registry.
 
 Label values come only from configuration (routes, model and adapter names, tenant names, limit
-names, sidecar names), so the number of series stays bounded whatever clients send.
+names, sidecar names), so the number of series stays bounded whatever clients send. With
+several worker processes (``PROMETHEUS_MULTIPROC_DIR`` set before prometheus_client is
+imported) every process writes its values to that folder and a scrape sums them all.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
 from gateway.observability.record import RequestRecord
@@ -23,8 +27,11 @@ MODEL_LABELS = ["model", "adapter", "tenant"]
 class SidecarState(Protocol):
     """What the metrics read from a supervised tritonserver."""
 
-    name: str
-    restarts: int
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def restarts(self) -> int: ...
 
     @property
     def pid(self) -> int | None: ...
@@ -93,7 +100,10 @@ class GatewayMetrics:
             registry=registry,
         )
         self.in_flight = Gauge(
-            "gateway_requests_in_flight", "Requests being answered.", registry=registry
+            "gateway_requests_in_flight",
+            "Requests being answered.",
+            registry=registry,
+            multiprocess_mode="livesum",
         )
         self.generation_requests = Counter(
             "gateway_generation_requests",
@@ -160,9 +170,10 @@ class GatewayMetrics:
         )
         self.tenant_requests_in_flight = Gauge(
             "gateway_tenant_requests_in_flight",
-            "Admitted requests of each tenant not yet settled, in this process.",
+            "Admitted requests of each tenant not yet settled, in this gateway.",
             ["tenant"],
             registry=registry,
+            multiprocess_mode="livesum",
         )
         self.tenant_tokens = Counter(
             "gateway_tenant_tokens",
@@ -171,6 +182,7 @@ class GatewayMetrics:
             registry=registry,
         )
 
+        self._sidecars: _Sidecars | None = None
         self._requests = _Children(self.requests)
         self._duration = _Children(self.duration)
         self._generation_requests = _Children(self.generation_requests)
@@ -186,7 +198,8 @@ class GatewayMetrics:
 
     def watch_sidecars(self, sidecars: Callable[[], Iterable[SidecarState]]) -> None:
         """Report the state of the supervised sidecars ``sidecars()`` returns at each scrape."""
-        self.registry.register(_Sidecars(sidecars))
+        self._sidecars = _Sidecars(sidecars)
+        self.registry.register(self._sidecars)
 
     def record_rate_limited(self, tenant: str, limit: str) -> None:
         """A limit refused a request of ``tenant``."""
@@ -237,5 +250,12 @@ class GatewayMetrics:
                 self._end_to_end(*record.labels).observe(seconds)
 
     def render(self) -> bytes:
-        """The Prometheus text exposition of every metric."""
-        return generate_latest(self.registry)
+        """The Prometheus text exposition of every metric, of every worker process."""
+        folder = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+        if not folder:
+            return generate_latest(self.registry)
+        registry = CollectorRegistry()
+        MultiProcessCollector(registry, path=folder)  # type: ignore[no-untyped-call]
+        if self._sidecars is not None:
+            registry.register(self._sidecars)
+        return generate_latest(registry)

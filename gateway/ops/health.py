@@ -20,6 +20,10 @@ async def live() -> dict[str, str]:
 
 
 async def _model_ready(runtime: Runtime, model: ServedModel) -> bool:
+    pool = runtime.router.pool(model.name)
+    if pool is not None:
+        # Its probes keep the answer current: at least one replica takes requests.
+        return pool.ready()
     timeout = runtime.settings.limits.readiness_timeout_s
     try:
         return await asyncio.wait_for(runtime.backend.is_ready(model.target), timeout)
@@ -30,7 +34,8 @@ async def _model_ready(runtime: Runtime, model: ServedModel) -> bool:
 
 @get("/health/ready", media_type=MediaType.JSON)
 async def ready(runtime: Runtime) -> Response[dict[str, object]]:
-    """200 once every configured model is ready in its Triton; 503 before and while stopping."""
+    """200 once every configured model is ready in its Triton (at least one replica of a model
+    with several); 503 before and while stopping."""
     models = list(runtime.registry)
     accepting = runtime.lifecycle.accepting
     states = await asyncio.gather(*(_model_ready(runtime, m) for m in models)) if accepting else []

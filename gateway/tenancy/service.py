@@ -126,6 +126,9 @@ class Tenancy:
             self.store, client = redis_store, redis_store.client
         else:
             self.store = MemoryStore()
+        self.redis = client
+        """The Redis client of the store (None with the memory store), for what else the
+        replicas share."""
         self.directory = Directory(
             settings,
             client,

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import itertools
 import json
 import os
@@ -113,7 +114,7 @@ def gateway_config(
                     "model_dir": str(folder),
                     "device": args.device,
                     "dtype": "bfloat16",
-                    "max_batch_size": 64,
+                    "max_batch_size": 128,
                     "max_seq_len": 2048,
                     "guided_decoding": args.guided,
                 },
@@ -219,11 +220,11 @@ async def run_level(
                 else:
                     results.append(await direct_stream(grpc_client._client_stub, request))
 
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         await asyncio.gather(*(worker() for _ in range(concurrency)))
-        wall = time.perf_counter() - start
+        wall, cpu = time.perf_counter() - start, time.process_time() - cpu
     await grpc_client.close()
-    return summarise(target, concurrency, results, wall, tokens)
+    return summarise(target, concurrency, results, wall, tokens, client_cores=cpu / wall)
 
 
 async def both_models(url: str, models: list[str], streams: int, tokens: int) -> dict[str, Any]:
@@ -297,12 +298,16 @@ async def measure(
     levels: list[Level] = []
     for concurrency in args.concurrency:
         rounds = max(1, args.requests // concurrency)
-        for target in ("direct", "gateway"):
-            level = await run_level(
-                target, url, grpc_url, main_model, concurrency, args.tokens, rounds
-            )
-            print(level.line(), flush=True)
-            levels.append(level)
+        for repeat in range(args.repeats):
+            # Interleaved, the order swapped every run: drift on the host hits both paths alike.
+            order = ("direct", "gateway") if repeat % 2 == 0 else ("gateway", "direct")
+            for target in order:
+                level = await run_level(
+                    target, url, grpc_url, main_model, concurrency, args.tokens, rounds
+                )
+                level = dataclasses.replace(level, repeat=repeat)
+                print(level.line(), flush=True)
+                levels.append(level)
     together = await both_models(url, names, args.multi_streams, args.tokens)
     print("both models at once:", together, flush=True)
     return {"levels": levels, "multi_model": together}
@@ -322,9 +327,10 @@ def main(argv: list[str] | None = None) -> int:
         default=4,
         help="requests per level: every client sends requests/concurrency, >= 1",
     )
+    parser.add_argument("--repeats", type=int, default=3, help="interleaved runs per level")
     parser.add_argument("--start-timeout", type=float, default=300.0)
     parser.add_argument("--guided", action="store_true", help="engine with xgrammar (installed)")
-    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32, 64])
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32, 64, 128])
     parser.add_argument("--multi-streams", type=int, default=16)
     args = parser.parse_args(argv)
     workdir = Path(tempfile.mkdtemp(prefix="bench-gpu-"))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,13 +23,17 @@ class Level:
     itl_p99_ms: float
     e2e_p50_ms: float
     incomplete: int
+    repeat: int = 0
+    client_cores: float = 0.0
+    """CPU the benchmark's own process spent per second of the level: near 1.0, it was the limit."""
 
     def line(self) -> str:
         return (
-            f"{self.target:8s} c={self.concurrency:3d} n={self.requests:4d} "
+            f"{self.target:8s} c={self.concurrency:3d} #{self.repeat} n={self.requests:4d} "
             f"{self.tokens_per_s:9.1f} tok/s  TTFT p50 {self.ttft_p50_ms:7.1f} ms "
             f"p99 {self.ttft_p99_ms:7.1f}  ITL p50 {self.itl_p50_ms:6.2f} ms "
-            f"p99 {self.itl_p99_ms:6.2f}  e2e p50 {self.e2e_p50_ms:8.1f} ms"
+            f"p99 {self.itl_p99_ms:6.2f}  e2e p50 {self.e2e_p50_ms:8.1f} ms  "
+            f"client {self.client_cores:.2f} cores"
         )
 
 
@@ -40,7 +45,12 @@ def _quantile(values: list[float], q: float) -> float:
 
 
 def summarise(
-    target: str, concurrency: int, results: list[dict[str, Any]], wall: float, expected: int
+    target: str,
+    concurrency: int,
+    results: list[dict[str, Any]],
+    wall: float,
+    expected: int,
+    client_cores: float = 0.0,
 ) -> Level:
     """Aggregate tokens/s over the wall time; latencies over every request and token gap."""
     ttft = [r["arrivals"][0] * 1000 for r in results if r["arrivals"]]
@@ -61,23 +71,54 @@ def summarise(
         itl_p99_ms=_quantile(gaps, 0.99),
         e2e_p50_ms=statistics.median(r["end"] * 1000 for r in results),
         incomplete=sum(1 for r in results if r["tokens"] < expected),
+        client_cores=client_cores,
     )
-
-
-def _by(levels: list[Any], target: str) -> dict[int, Any]:
-    return {
-        level["concurrency"]: level for level in map(_as_dict, levels) if level["target"] == target
-    }
 
 
 def _as_dict(level: Any) -> dict[str, Any]:
     return level if isinstance(level, dict) else dict(level.__dict__)
 
 
+def _runs(levels: list[Any], target: str) -> dict[int, list[dict[str, Any]]]:
+    """Every repeat of one target, by concurrency."""
+    runs: dict[int, list[dict[str, Any]]] = {}
+    for level in map(_as_dict, levels):
+        if level["target"] == target:
+            runs.setdefault(level["concurrency"], []).append(level)
+    return runs
+
+
+def _by(levels: list[Any], target: str) -> dict[int, dict[str, float]]:
+    """The median of every figure over the repeats, by concurrency."""
+    return {
+        concurrency: {key: _median([run[key] for run in runs]) for key in _FIGURES}
+        for concurrency, runs in _runs(levels, target).items()
+    }
+
+
+def _median(values: list[float]) -> float:
+    """Over the runs that have the figure (a run whose tokens all came in one chunk has no ITL)."""
+    known = [value for value in values if not math.isnan(value)]
+    return statistics.median(known) if known else math.nan
+
+
+_FIGURES = ("tokens_per_s", "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms",
+            "e2e_p50_ms", "client_cores")  # fmt: skip
+
+
+def _spread(runs: list[dict[str, Any]], key: str, form: str) -> str:
+    values = [run[key] for run in runs if not math.isnan(run[key])]
+    if len(values) <= 1:
+        return format(values[0] if values else math.nan, form)
+    return f"{statistics.median(values):{form}} ({min(values):{form}}–{max(values):{form}})"
+
+
 def render_markdown(report: dict[str, Any]) -> str:
-    """The results table, the batching gain and the gateway's share."""
+    """Medians over the interleaved repeats with their range, and the gateway's share."""
     machine = report["machine"]
     direct, gateway = _by(report["levels"], "direct"), _by(report["levels"], "gateway")
+    runs = {name: _runs(report["levels"], name) for name in ("direct", "gateway")}
+    repeats = max((len(r) for r in runs["gateway"].values()), default=1)
     lines = [
         f"# GPU run: {machine.get('gpu', 'CPU')}",
         "",
@@ -97,24 +138,29 @@ def render_markdown(report: dict[str, Any]) -> str:
         f"- Streaming completions of {report['tokens']} tokens each (a {report['prompt_chars']}"
         "-character prompt), greedy; `direct` is gRPC streaming to the sidecar's `ensemble`, "
         "`gateway` is `/v1/completions` with `stream: true` through `triton-gateway serve`.",
+        f"- {repeats} runs per level, direct and gateway interleaved (their order swapped every "
+        "run) after a warm-up: medians, the range in brackets. `client cores` is the CPU the "
+        "benchmark's own process spent per second: well under 1, it was not the limit.",
         "",
-        "| concurrency | target | tokens/s | TTFT p50 | TTFT p99 | ITL p50 | ITL p99 "
-        "| end to end p50 | gateway share of end to end |",
-        "|---:|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| concurrency | target | tokens/s | of direct | TTFT p50 ms | ITL p50 ms | added ITL p50 "
+        "| ITL p99 ms | end to end p50 ms | client cores |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for concurrency in sorted(gateway):
-        for name, level in (("direct", direct.get(concurrency)), ("gateway", gateway[concurrency])):
-            if level is None:
+        for name in ("direct", "gateway"):
+            mine = runs[name].get(concurrency)
+            if not mine:
                 continue
-            share = ""
+            share = added = ""
             if name == "gateway" and concurrency in direct:
-                added = level["e2e_p50_ms"] - direct[concurrency]["e2e_p50_ms"]
-                share = f"{added / level['e2e_p50_ms'] * 100:.1f}% ({added:+.1f} ms)"
+                base = direct[concurrency]
+                share = f"{100 * gateway[concurrency]['tokens_per_s'] / base['tokens_per_s']:.1f}%"
+                added = f"{gateway[concurrency]['itl_p50_ms'] - base['itl_p50_ms']:+.2f} ms"
             lines.append(
-                f"| {concurrency} | {name} | {level['tokens_per_s']:.0f} | "
-                f"{level['ttft_p50_ms']:.1f} ms | {level['ttft_p99_ms']:.1f} ms | "
-                f"{level['itl_p50_ms']:.2f} ms | {level['itl_p99_ms']:.2f} ms | "
-                f"{level['e2e_p50_ms']:.0f} ms | {share} |"
+                f"| {concurrency} | {name} | {_spread(mine, 'tokens_per_s', ',.0f')} | {share} | "
+                f"{_spread(mine, 'ttft_p50_ms', '.1f')} | {_spread(mine, 'itl_p50_ms', '.2f')} | "
+                f"{added} | {_spread(mine, 'itl_p99_ms', '.2f')} | "
+                f"{_spread(mine, 'e2e_p50_ms', '.0f')} | {_spread(mine, 'client_cores', '.2f')} |"
             )
     lines.append("")
     for name, levels in (("direct", direct), ("gateway", gateway)):

@@ -91,7 +91,10 @@ Send = Callable[[Sample], Awaitable[None]]
 
 
 async def run_level(
-    connect: Callable[[], Awaitable[Send]], concurrency: int, seconds: float
+    connect: Callable[[], Awaitable[Send]],
+    concurrency: int,
+    seconds: float,
+    request_timeout_s: float | None = None,
 ) -> tuple[list[Sample], float]:
     """``concurrency`` workers, each on its own connection, sending until ``seconds`` pass.
 
@@ -106,7 +109,8 @@ async def run_level(
         while time.perf_counter() < deadline:
             sample = Sample(start=time.perf_counter())
             try:
-                await send(sample)
+                async with asyncio.timeout(request_timeout_s):
+                    await send(sample)
             except Exception as exc:
                 sample.error = f"{type(exc).__name__}: {exc}"[:300]
             sample.end = time.perf_counter()
@@ -119,9 +123,23 @@ async def run_level(
 class HttpClient:
     """One kept-alive HTTP/1.1 connection sending the same POST again and again."""
 
-    def __init__(self, host: str, port: int, path: str, body: dict[str, Any], key: str) -> None:
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        path: str,
+        body: dict[str, Any],
+        key: str,
+        is_token: Callable[[bytes], bool] | None = None,
+        ends_with_done: bool = True,
+    ) -> None:
         payload = msgspec.json.encode(body)
-        self._stream = bool(body.get("stream"))
+        self._is_token = is_token or _has_text
+        """Whether an event carries a token (OpenAI chunks with text, by default)."""
+        self._ends_with_done = ends_with_done
+        """OpenAI streams end with ``[DONE]``; Triton's ``generate_stream`` just ends."""
+        self._stream = bool(body.get("stream") or body.get("streaming"))
+        """OpenAI's ``stream`` or Triton's ``streaming`` input."""
         self._request = (
             f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
             f"Authorization: Bearer {key}\r\nContent-Length: {len(payload)}\r\n\r\n"
@@ -165,11 +183,14 @@ class HttpClient:
                 data = event.removeprefix(b"data: ")
                 if data == _DONE:
                     done = True
-                if _has_text(data):
+                if self._is_token(data):
                     sample.token()
+                elif b'"completion_tokens"' in data:
+                    # Chunks joined under backpressure carry several tokens: usage counts them.
+                    sample.tokens = max(sample.tokens, _usage_tokens(data))
                 elif b'"error"' in data[:12]:
                     raise RuntimeError(f"in-band error: {data[:200]!r}")
-        if not done:
+        if not done and self._ends_with_done:
             raise RuntimeError("the stream ended without [DONE]")
 
 

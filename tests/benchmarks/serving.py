@@ -87,6 +87,7 @@ def gateway_config(sidecar: Sidecar, tokenizer_dir: Path) -> dict[str, Any]:
         return {
             "name": name,
             "triton_url": sidecar.grpc_url,
+            "triton_http_url": sidecar.http_url,
             "triton_model": f"{pipeline}_{entry}",
             "engine_model": f"{pipeline}_tensorrt_llm",
             "entry": entry,
@@ -140,6 +141,9 @@ def rss_mib(pid: int) -> float:
 def http_body(endpoint: str, model: str, stream: bool) -> dict[str, Any]:
     """The same request for every HTTP target: 16 tokens of a short prompt."""
     body: dict[str, Any] = {"model": model, "max_tokens": TOKENS, "stream": stream}
+    if stream:
+        # Tokens joined into one chunk under backpressure are counted from the usage.
+        body["stream_options"] = {"include_usage": True}
     if endpoint == "chat":
         body["messages"] = [{"role": "user", "content": PROMPT}]
     else:

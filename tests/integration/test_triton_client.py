@@ -44,13 +44,19 @@ LONG = 3000
 """Tokens a runaway generation would still produce: many seconds of engine work."""
 
 
-def target(sidecar: Sidecar, model: str) -> ModelTarget:
+TRANSPORTS = ["grpc", "http"]
+"""gRPC ``ModelStreamInfer``, or HTTP ``generate_stream`` (the default where Triton's HTTP
+address is known)."""
+
+
+def target(sidecar: Sidecar, model: str, transport: str = "grpc") -> ModelTarget:
     kind: EntryModel = "tensorrt_llm_bls"
     if model.endswith("_ensemble"):
         kind = "ensemble"
     elif model.endswith("_tensorrt_llm"):
         kind = "tensorrt_llm"
-    return ModelTarget(url=sidecar.grpc_url, triton_model=model, kind=kind)
+    http = sidecar.http_url if transport == "http" else None
+    return ModelTarget(url=sidecar.grpc_url, triton_model=model, kind=kind, http_url=http)
 
 
 @functools.cache
@@ -127,15 +133,20 @@ async def test_describe_discovers_the_rendered_models(sidecar: Sidecar) -> None:
     assert accumulating.engine_model == "tiny2_tensorrt_llm"
 
 
+@pytest.mark.parametrize("transport", TRANSPORTS)
 @pytest.mark.slow
 @pytest.mark.parametrize("model", MODELS)
-async def test_streamed_text_equals_non_streamed_text(sidecar: Sidecar, model: str) -> None:
-    where = target(sidecar, model)
+async def test_streamed_text_equals_non_streamed_text(
+    sidecar: Sidecar, transport: str, model: str
+) -> None:
+    where = target(sidecar, model, transport)
     async with TritonBackend() as backend:
         whole = await collect(backend, where, greedy(24, stream=False))
         pieces = await collect(backend, where, greedy(24, stream=True))
         described = await backend.describe(where)
+        kept_alive = backend.idle_http_connections(where)
 
+    assert (kept_alive > 0) is (transport == "http"), "HTTP streams keep their connection"
     assert [chunk.final for chunk in whole] == [True]
     assert [chunk.final for chunk in pieces] == [False] * (len(pieces) - 1) + [True]
     assert len(pieces) > 2, "streaming yields several chunks"
@@ -190,17 +201,18 @@ async def test_request_options_reach_the_engine(sidecar: Sidecar) -> None:
     assert sampled[3] == sampled[0], "the same seed samples the same text"
 
 
+@pytest.mark.parametrize("transport", TRANSPORTS)
 @pytest.mark.slow
 @pytest.mark.parametrize("model", ENTRIES)
 async def test_deadline_raises_backend_timeout_and_frees_the_engine(
-    sidecar: Sidecar, model: str
+    sidecar: Sidecar, transport: str, model: str
 ) -> None:
     engine = EngineProcess(sidecar, "tiny_tensorrt_llm")
     request = greedy(LONG, stream=False, min_tokens=LONG, timeout_s=1.0)
     started = time.monotonic()
     async with TritonBackend() as backend:
         with pytest.raises(BackendTimeout):
-            await collect(backend, target(sidecar, model), request)
+            await collect(backend, target(sidecar, model, transport), request)
         elapsed = time.monotonic() - started
         await asyncio.sleep(1.0)
         after = await engine.busy_seconds(1.5)
@@ -209,13 +221,16 @@ async def test_deadline_raises_backend_timeout_and_frees_the_engine(
     assert after < 0.15, f"the engine kept generating after the deadline ({after:.2f} CPU s)"
 
 
+@pytest.mark.parametrize("transport", TRANSPORTS)
 @pytest.mark.slow
 @pytest.mark.parametrize("model", ENTRIES)
 @pytest.mark.parametrize("stream", [False, True])
-async def test_logprobs_come_with_the_tokens(sidecar: Sidecar, model: str, stream: bool) -> None:
+async def test_logprobs_come_with_the_tokens(
+    sidecar: Sidecar, transport: str, model: str, stream: bool
+) -> None:
     async with TritonBackend() as backend:
         chunks = await collect(
-            backend, target(sidecar, model), greedy(6, stream=stream, logprobs=True)
+            backend, target(sidecar, model, transport), greedy(6, stream=stream, logprobs=True)
         )
 
     values = [value for chunk in chunks for value in chunk.logprobs]
@@ -223,17 +238,18 @@ async def test_logprobs_come_with_the_tokens(sidecar: Sidecar, model: str, strea
     assert all(value <= 0.0 for value in values)
 
 
+@pytest.mark.parametrize("transport", TRANSPORTS)
 @pytest.mark.slow
 @pytest.mark.parametrize("model", ENTRIES)
 @pytest.mark.parametrize("params", [{"max_tokens": 0}, {"temperature": -1.0}])
 async def test_rejected_parameters_are_invalid_requests(
-    sidecar: Sidecar, model: str, params: dict[str, Any]
+    sidecar: Sidecar, transport: str, model: str, params: dict[str, Any]
 ) -> None:
     options = dict(params)
     request = greedy(options.pop("max_tokens", 4), stream=False, **options)
     async with TritonBackend() as backend:
         with pytest.raises(InvalidRequest):
-            await collect(backend, target(sidecar, model), request)
+            await collect(backend, target(sidecar, model, transport), request)
 
 
 async def abandon_after_three_chunks(chunks: AsyncGenerator[TokenChunk, None], how: str) -> Any:
@@ -259,6 +275,7 @@ async def abandon_after_three_chunks(chunks: AsyncGenerator[TokenChunk, None], h
     return cancel()
 
 
+@pytest.mark.parametrize("transport", TRANSPORTS)
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("model", "how"),
@@ -267,11 +284,11 @@ async def abandon_after_three_chunks(chunks: AsyncGenerator[TokenChunk, None], h
      ("tiny2_tensorrt_llm", "cancel")],
 )  # fmt: skip
 async def test_abandoning_the_stream_stops_the_engine(
-    sidecar: Sidecar, model: str, how: str
+    sidecar: Sidecar, transport: str, model: str, how: str
 ) -> None:
     """The ensemble needs the stop request (Triton 2.51 does not cancel its running step)."""
     engine = EngineProcess(sidecar, model.split("_", 1)[0] + "_tensorrt_llm")
-    where = target(sidecar, model)
+    where = target(sidecar, model, transport)
     async with TritonBackend() as backend:
         chunks = backend.generate(
             where, addressed(where, greedy(LONG, stream=True, min_tokens=LONG))

@@ -20,6 +20,7 @@ from opentelemetry.sdk.trace.export import SpanExporter
 
 from deploy.sidecar.supervisor import Sidecar
 from gateway.app import create_app
+from gateway.replicas.sources import Resolver, resolve_addresses
 from gateway.settings import LimitSettings, ModelSettings, Settings
 from gateway.tenancy import TenancySettings
 
@@ -46,12 +47,14 @@ def free_port() -> int:
 
 
 def sidecar_settings(sidecar: Sidecar, tokenizer_dir: Path, **limits: float) -> Settings:
-    """The tiny pipelines of the test sidecar as three served models."""
+    """The tiny pipelines of the test sidecar as served models, streamed over HTTP as a
+    supervised sidecar's are (requests with LoRA weights go over gRPC)."""
 
     def model(name: str, triton_model: str, entry: str) -> ModelSettings:
         return ModelSettings(
             name=name,
             triton_url=sidecar.grpc_url,
+            triton_http_url=sidecar.http_url,
             triton_model=triton_model,
             entry=entry,  # type: ignore[arg-type]
             tokenizer_dir=str(tokenizer_dir),
@@ -114,11 +117,17 @@ def stop_process(process: subprocess.Popen[bytes], timeout_s: float = 60.0) -> N
 class LiveGateway:
     """A gateway served by uvicorn in a background thread."""
 
-    def __init__(self, settings: Settings, span_exporter: SpanExporter | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        span_exporter: SpanExporter | None = None,
+        resolver: Resolver = resolve_addresses,
+    ) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        self.app = create_app(settings, span_exporter=span_exporter, resolver=resolver)
         config = uvicorn.Config(
-            create_app(settings, span_exporter=span_exporter),
+            self.app,
             host="127.0.0.1",
             port=self.port,
             log_level="warning",

@@ -345,10 +345,17 @@ def test_spec_file_relative_paths_and_two_sidecars(tmp_path: Path) -> None:
         ),
         (
             {
-                "models": [{"name": "a", "engine": TORCH}],
+                "models": [{"name": "a", "engine": TORCH}, {"name": "b", "engine": TORCH}],
                 "sidecars": [{"name": "x", "models": ["a"]}, {"name": "y", "models": ["a"]}],
             },
-            "hosted by both",
+            r"not hosted by any sidecar: \['b'\]",
+        ),
+        (
+            {
+                "models": [{"name": "a", "engine": TORCH}],
+                "sidecars": [{"name": "x", "models": ["a"]}, {"name": "x", "models": ["a"]}],
+            },
+            "sidecar names must be unique",
         ),
     ],
 )
@@ -359,6 +366,16 @@ def test_spec_validation(data: dict[str, object], message: str | None) -> None:
         return
     with pytest.raises(SpecError, match=message):
         parse_spec(data)
+
+
+def test_a_pipeline_hosted_by_several_sidecars_is_served_by_each() -> None:
+    spec = parse_spec(
+        {
+            "models": [{"name": "a", "engine": TORCH}],
+            "sidecars": [{"name": "gpu0", "env": {"CUDA_VISIBLE_DEVICES": "0"}}, {"name": "gpu1"}],
+        }
+    )
+    assert [[m.name for m in spec.models_of(s)] for s in spec.sidecars] == [["a"], ["a"]]
 
 
 @pytest.mark.parametrize(

@@ -1,6 +1,8 @@
 """vLLM's run-time LoRA endpoints, on the admin router (behind the admin key):
-``/v1/load_lora_adapter`` and ``/v1/unload_lora_adapter``. Adapters loaded here live in this
-replica until it stops; adapters every replica must serve belong in the settings file."""
+``/v1/load_lora_adapter`` and ``/v1/unload_lora_adapter``. With the Redis store a load or
+unload reaches every worker and replica sharing it (``board``); with the memory store it is this
+process's alone. Either way it lasts until the gateway stops (or, with Redis, until it is
+unloaded): adapters every replica must always serve belong in the settings file."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ from litestar import Request, post
 from litestar.response import Response
 
 from gateway.catalog.lora import AdapterError, AdapterExists
+from gateway.catalog.lora.board import AdapterBoard
 from gateway.catalog.registry import ModelRegistry
 from gateway.http.answers import decode_body
 from gateway.http.errors import InvalidRequestError, ResourceNotFoundError
@@ -34,7 +37,7 @@ class UnloadAdapter(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
 @post("/v1/load_lora_adapter", status_code=200)
 async def load_lora_adapter(
-    request: Request[Any, Any, Any], registry: ModelRegistry
+    request: Request[Any, Any, Any], registry: ModelRegistry, board: AdapterBoard
 ) -> Response[str]:
     """Load a TensorRT-LLM or PEFT adapter folder and serve it under ``lora_name``."""
     body = decode_body(await request.body(), LoadAdapter)
@@ -50,9 +53,7 @@ async def load_lora_adapter(
     if base_name == body.lora_name:
         raise InvalidRequestError("An adapter cannot take a model's name.", param="lora_name")
     try:
-        await registry.adapters.load(
-            body.lora_name, body.lora_path, base.name, base.route.tokenizer_dir
-        )
+        await board.load(body.lora_name, body.lora_path, base.name)
     except AdapterExists as exc:
         raise InvalidRequestError(str(exc), param="lora_name") from None
     except AdapterError as exc:
@@ -64,11 +65,11 @@ async def load_lora_adapter(
 
 @post("/v1/unload_lora_adapter", status_code=200)
 async def unload_lora_adapter(
-    request: Request[Any, Any, Any], registry: ModelRegistry
+    request: Request[Any, Any, Any], board: AdapterBoard
 ) -> Response[str]:
     """Stop serving an adapter (requests already running finish on it)."""
     body = decode_body(await request.body(), UnloadAdapter)
-    if not registry.adapters.unload(body.lora_name):
+    if not await board.unload(body.lora_name):
         raise ResourceNotFoundError(
             f"The lora adapter '{body.lora_name}' cannot be found.", param="lora_name"
         )

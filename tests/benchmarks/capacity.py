@@ -1,0 +1,371 @@
+"""Capacity: how many streamed tokens per second the gateway passes on, against direct Triton.
+
+One tritonserver serves the PACED load-test engine (``engine: {kind: loadtest, token_s}``) as
+the ``tensorrt_llm`` model: every stream gets a token each ``1/--rate`` seconds, the way a
+TensorRT-LLM engine on a GPU streams, while the host spends almost nothing on it. The same
+closed-loop load then rises from one stream to thousands against:
+
+- ``direct``: Triton's HTTP ``generate_stream`` to the engine, the prompt's ids prebuilt;
+- ``gateway-1``: ``triton-gateway serve`` with one worker, ``/v1/completions`` streamed, the
+  engine entry (the gateway tokenizes and detokenizes), auth and the rate limiter on;
+- ``gateway-N``: the same with ``--workers`` worker processes (limits in the embedded Redis).
+
+The load comes from ``--clients`` processes, each an event loop of raw HTTP/1.1 clients. Per
+level: tokens/s, time to first token and inter-token latency p50/p99, errors, and the CPU of
+each process tree (Triton, the gateway, the load generator itself, whose ceiling shows in its
+own row). Chat completions run at a few levels too. Markdown, JSON and a plot go to ``--out``.
+
+Run on the GPU host from the offline bundle (``make capacity``); it needs no GPU, only cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing
+import os
+import platform
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from deploy.sidecar.models import ensure_tiny_model
+from deploy.sidecar.spec import parse_spec
+from deploy.sidecar.supervisor import Sidecar, sidecar_from_spec
+from gateway.catalog.text.hub import load_tokenizer
+from gateway.tenancy.keys import digest
+from tests.benchmarks.loadgen import HttpClient, Sample, run_level
+from tests.support.gateway import serve_process, stop_process
+
+KEY = "tgw-capacity-0123456789abcdef0123456789abcdef"
+PROMPT = "Write a short story about a lighthouse keeper who finds a message in a bottle."
+LEVELS = (1, 8, 32, 64, 128, 192, 256, 320, 384, 512, 768, 1024, 1536)
+CHAT_LEVELS = (64, 320, 1024)
+
+
+@dataclass(frozen=True)
+class Row:
+    """One target at one level."""
+
+    target: str
+    endpoint: str
+    streams: int
+    tokens_per_s: float
+    ttft_p50_ms: float
+    ttft_p99_ms: float
+    itl_p50_ms: float
+    itl_p99_ms: float
+    requests: int
+    errors: int
+    first_error: str | None
+    cpu: dict[str, float]
+    """Cores used by each process tree during the level."""
+
+
+def _quantile(values: list[float], q: float) -> float:
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+Result = tuple[float, float, float, int, list[float], str | None]
+
+
+def _client_main(job: dict[str, Any]) -> tuple[list[Result], float]:
+    """One load-generator process: ``job["streams"]`` clients for ``job["seconds"]``; its
+    samples and the CPU seconds it spent."""
+
+    async def run() -> list[Sample]:
+        async def connect() -> Any:
+            client = HttpClient(
+                job["host"], job["port"], job["path"], job["body"], KEY,
+                is_token=_direct_token if job["direct"] else None,
+                ends_with_done=not job["direct"],
+            )  # fmt: skip
+            return client.send
+
+        # A stream that never ends is an error of its own, not a hung level.
+        samples, _ = await run_level(connect, job["streams"], job["seconds"], 120.0)
+        return samples
+
+    cpu = time.process_time()
+    samples = asyncio.run(run())
+    cpu = time.process_time() - cpu
+    return [(s.start, s.first, s.end, s.tokens, s.gaps, s.error) for s in samples], cpu
+
+
+def _direct_token(data: bytes) -> bool:
+    return b'"output_ids"' in data
+
+
+def _spread(total: int, parts: int) -> list[int]:
+    share = [total // parts] * parts
+    for index in range(total % parts):
+        share[index] += 1
+    return [s for s in share if s]
+
+
+def _tree(pid: int) -> list[psutil.Process]:
+    root = psutil.Process(pid)
+    return [root, *root.children(recursive=True)]
+
+
+def _cpu(pids: dict[str, int]) -> dict[str, float]:
+    total = {}
+    for name, pid in pids.items():
+        seconds = 0.0
+        for process in _tree(pid):
+            try:
+                times = process.cpu_times()
+                seconds += times.user + times.system
+            except psutil.Error:
+                continue
+        total[name] = seconds
+    return total
+
+
+def measure(
+    target: str,
+    endpoint: str,
+    url: str,
+    job: dict[str, Any],
+    streams: int,
+    args: argparse.Namespace,
+    trees: dict[str, int],
+) -> Row:
+    host, port = url.removeprefix("http://").split(":")
+    jobs = [
+        {**job, "host": host, "port": int(port), "streams": share, "seconds": args.seconds}
+        for share in _spread(streams, args.clients)
+    ]
+    context = multiprocessing.get_context("spawn")
+    with context.Pool(len(jobs)) as pool:
+        warm = [{**j, "seconds": args.warmup} for j in jobs]
+        pool.map(_client_main, warm)
+        before = _cpu(trees)
+        started = time.perf_counter()
+        results = pool.map(_client_main, jobs)
+        wall = time.perf_counter() - started
+        after = _cpu(trees)
+    samples = [s for part, _ in results for s in part]
+    good = [s for s in samples if s[5] is None]
+    errors = [s[5] for s in samples if s[5] is not None]
+    cpu = {name: (after[name] - before[name]) / wall for name in trees}
+    cpu["load generator"] = sum(spent for _, spent in results) / wall
+    gaps = [gap for s in good for gap in s[4]]
+    row = Row(
+        target=target,
+        endpoint=endpoint,
+        streams=streams,
+        tokens_per_s=sum(s[3] for s in good) / wall,
+        ttft_p50_ms=1e3 * _quantile([s[1] - s[0] for s in good], 0.5),
+        ttft_p99_ms=1e3 * _quantile([s[1] - s[0] for s in good], 0.99),
+        itl_p50_ms=1e3 * _quantile(gaps, 0.5),
+        itl_p99_ms=1e3 * _quantile(gaps, 0.99),
+        requests=len(good),
+        errors=len(errors),
+        first_error=errors[0] if errors else None,
+        cpu=cpu,
+    )
+    print(
+        f"{target:10s} {endpoint:5s} {streams:5d} streams {row.tokens_per_s:9,.0f} tok/s "
+        f"TTFT p50 {row.ttft_p50_ms:7.1f} ms ITL p50 {row.itl_p50_ms:6.2f} p99 "
+        f"{row.itl_p99_ms:6.2f} ms errors {row.errors} cores "
+        + " ".join(f"{k}={v:.1f}" for k, v in cpu.items()),
+        flush=True,
+    )
+    return row
+
+
+def start_triton(args: argparse.Namespace, tokenizer: Path, workdir: Path) -> Sidecar:
+    engine = {
+        "kind": "loadtest",
+        "tokenizer_dir": str(tokenizer),
+        "token_s": 1.0 / args.rate,
+        "prompt_token_s": args.prompt_token_s,
+        "instances": args.instances,
+    }
+    model = {"name": "lt", "release": "latest", "engine": engine, "triton_max_batch_size": 256}
+    if args.text_env:
+        model["text_python_env"] = args.text_env
+    spec = parse_spec({"models": [model], "sidecars": [{"name": "capacity"}]})
+    sidecar = sidecar_from_spec(spec, spec.sidecars[0], workdir)
+    sidecar.start()
+    return sidecar
+
+
+def gateway_config(sidecar: Sidecar, tokenizer: Path, workers: int) -> dict[str, Any]:
+    model = {"name": "lt", "triton_url": sidecar.grpc_url, "triton_http_url": sidecar.http_url,
+             "triton_model": "lt_tensorrt_llm", "entry": "tensorrt_llm",
+             "tokenizer_dir": str(tokenizer), "context_length": 4096}  # fmt: skip
+    tenant = {"name": "bench", "requests_per_minute": 10_000_000, "tokens_per_minute": 10**12}
+    return {
+        "models": [model],
+        "tenancy": {"tenants": [tenant], "keys": [{"tenant": "bench", "sha256": digest(KEY)}]},
+        "server": {"workers": workers},
+        "limits": {"request_timeout_s": 600},
+        "log_level": "WARNING",
+    }
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    tokenizer = Path(args.tokenizer) if args.tokenizer else ensure_tiny_model()
+    ids = load_tokenizer(str(tokenizer)).encode(PROMPT, add_special_tokens=True)
+    workdir = Path(tempfile.mkdtemp(prefix="capacity-"))
+    sidecar = start_triton(args, tokenizer, workdir)
+    rows: list[Row] = []
+    direct = {"path": "/v2/models/lt_tensorrt_llm/generate_stream", "direct": True,
+              "body": {"input_ids": list(ids), "input_lengths": [len(ids)],
+                       "request_output_len": [args.tokens], "streaming": [True]}}  # fmt: skip
+    completion = {"path": "/v1/completions", "direct": False,
+                  "body": {"model": "lt", "prompt": PROMPT, "max_tokens": args.tokens,
+                           "stream": True, "stream_options": {"include_usage": True}}}  # fmt: skip
+    chat = {"path": "/v1/chat/completions", "direct": False,
+            "body": {"model": "lt", "messages": [{"role": "user", "content": PROMPT}],
+                     "max_tokens": args.tokens, "stream": True,
+                     "stream_options": {"include_usage": True}}}  # fmt: skip
+    try:
+        trees = {"triton": sidecar.pid or 0}
+        for streams in args.levels:
+            rows.append(measure("direct", "text", sidecar.http_url, direct, streams, args, trees))
+        for workers in args.workers:
+            name = f"gateway-{workers}"
+            url, process = serve_process(gateway_config(sidecar, tokenizer, workers), workdir,
+                                         name, timeout_s=180)  # fmt: skip
+            trees = {"triton": sidecar.pid or 0, "gateway": process.pid}
+            try:
+                for streams in args.levels:
+                    rows.append(measure(name, "text", url, completion, streams, args, trees))
+                for streams in (s for s in CHAT_LEVELS if s in args.levels):
+                    rows.append(measure(name, "chat", url, chat, streams, args, trees))
+            finally:
+                stop_process(process)
+    finally:
+        sidecar.stop()
+    return {
+        "machine": {
+            "host": platform.node(),
+            "cpus": os.cpu_count(),
+            "cpu_model": _cpu_model(),
+            "python": platform.python_version(),
+        },
+        "date": time.strftime("%Y-%m-%d %H:%M"),
+        "conditions": {
+            "rate_tokens_per_s_per_stream": args.rate,
+            "tokens": args.tokens,
+            "prompt_tokens": len(ids),
+            "engine_instances": args.instances,
+            "seconds_per_level": args.seconds,
+            "client_processes": args.clients,
+        },
+        "rows": [asdict(row) for row in rows],
+    }
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def render_markdown(report: dict[str, Any]) -> str:
+    """The table of every level: each gateway against direct Triton at the same streams."""
+    rows = report["rows"]
+    direct = {r["streams"]: r for r in rows if r["target"] == "direct"}
+    c = report["conditions"]
+    m = report["machine"]
+    lines = [
+        "# Capacity: streamed tokens through the gateway against direct Triton",
+        "",
+        f"{report['date']}; {m['cpus']} CPUs ({m['cpu_model']}), Python {m['python']}. Paced "
+        f"load-test engine: {c['rate_tokens_per_s_per_stream']:g} tokens/s per stream, "
+        f"{c['tokens']} tokens per request, a {c['prompt_tokens']}-token prompt, "
+        f"{c['engine_instances']} engine instances; {c['seconds_per_level']:g} s per level after "
+        f"a warm-up; {c['client_processes']} load-generator processes. `python -m "
+        "tests.benchmarks.capacity`.",
+        "",
+        "| target | endpoint | streams | tokens/s | of direct | TTFT p50 / p99 ms | added TTFT "
+        "p50 ms | ITL p50 / p99 ms | added ITL p50 ms | errors | cores: triton / gateway / "
+        "load generator |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for row in rows:
+        base = direct.get(row["streams"])
+        if base and not base["tokens_per_s"]:
+            base = None
+        share = f"{100 * row['tokens_per_s'] / base['tokens_per_s']:.1f}%" if base else "-"
+        added_ttft = f"{row['ttft_p50_ms'] - base['ttft_p50_ms']:+.2f}" if base else "-"
+        added_itl = f"{row['itl_p50_ms'] - base['itl_p50_ms']:+.3f}" if base else "-"
+        if row["target"] == "direct":
+            share, added_ttft, added_itl = "-", "-", "-"
+        cpu = row["cpu"]
+        cores = " / ".join(f"{cpu.get(k, 0):.1f}" for k in ("triton", "gateway", "load generator"))
+        lines.append(
+            f"| {row['target']} | {row['endpoint']} | {row['streams']} | "
+            f"{row['tokens_per_s']:,.0f} | {share} | {row['ttft_p50_ms']:.1f} / "
+            f"{row['ttft_p99_ms']:.1f} | {added_ttft} | {row['itl_p50_ms']:.2f} / "
+            f"{row['itl_p99_ms']:.2f} | {added_itl} | {row['errors']} | {cores} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def render_plot(report: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in report["rows"] if r["endpoint"] == "text"]
+    figure, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
+    for target in dict.fromkeys(r["target"] for r in rows):
+        mine = [r for r in rows if r["target"] == target]
+        streams = [r["streams"] for r in mine]
+        left.plot(streams, [r["tokens_per_s"] for r in mine], marker="o", label=target)
+        right.plot(streams, [r["ttft_p50_ms"] for r in mine], marker="o", label=target)
+    for axis, label in ((left, "streamed tokens/s"), (right, "time to first token p50 (ms)")):
+        axis.set_xscale("log", base=2)
+        axis.set_xlabel("concurrent streams")
+        axis.set_ylabel(label)
+        axis.grid(alpha=0.3)
+        axis.legend()
+    figure.suptitle("Gateway against direct Triton, paced load-test engine")
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--out", type=Path, default=Path(".bench/results"))
+    parser.add_argument("--rate", type=float, default=80.0, help="tokens/s per stream")
+    parser.add_argument("--prompt-token-s", type=float, default=0.00005)
+    parser.add_argument("--tokens", type=int, default=128)
+    parser.add_argument("--instances", type=int, default=8, help="engine instances")
+    parser.add_argument("--workers", type=int, nargs="+", default=[1, 8])
+    parser.add_argument("--levels", type=int, nargs="+", default=list(LEVELS))
+    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--warmup", type=float, default=2.0)
+    parser.add_argument("--clients", type=int, default=max(1, (os.cpu_count() or 2) // 4))
+    parser.add_argument("--tokenizer", help="tokenizer folder (default: the tiny model's)")
+    parser.add_argument("--text-env", help="text_python_env of the sidecar (numpy < 2)")
+    args = parser.parse_args()
+    report = run(args)
+    args.out.mkdir(parents=True, exist_ok=True)
+    stem = args.out / f"capacity-{report['machine']['cpus']}cpu"
+    stem.with_suffix(".json").write_text(json.dumps(report, indent=1))
+    stem.with_suffix(".md").write_text(render_markdown(report))
+    render_plot(report, stem.with_suffix(".png"))
+    print(render_markdown(report))
+
+
+if __name__ == "__main__":
+    main()

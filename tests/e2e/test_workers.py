@@ -1,0 +1,224 @@
+"""``server.workers``: several gateway processes on one port, as one gateway.
+
+One sidecar (the paced load-test engine, so streams last a known time) is supervised by the
+parent; the workers share the port, the limits (an embedded Redis, or the configured one), the
+admin API's changes, run-time LoRA adapters and the metrics; SIGTERM drains them all.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+import pytest
+
+from gateway.tenancy.keys import digest, new_key
+from tests.support.gateway import serve_process, stop_process
+from tests.support.redis_server import RedisServer
+
+pytestmark = pytest.mark.slow
+WORKERS = 3
+ADMIN = new_key()
+KEY = new_key()
+
+
+@dataclass
+class Gateway:
+    url: str
+    process: subprocess.Popen[bytes]
+
+    @property
+    def port(self) -> int:
+        return int(self.url.rsplit(":", 1)[1])
+
+    def workers(self) -> list[psutil.Process]:
+        """The worker processes (not the multiprocessing resource tracker, nor the sidecar)."""
+        children = psutil.Process(self.process.pid).children()
+        return [c for c in children if "spawn_main" in " ".join(c.cmdline())]
+
+
+def _config(model_dir: Path, store: dict[str, Any] | None) -> dict[str, Any]:
+    engine = {"kind": "loadtest", "tokenizer_dir": str(model_dir), "token_s": 0.01}
+    tenancy: dict[str, Any] = {
+        "admin_key_sha256": digest(ADMIN),
+        "tenants": [{"name": "team", "models": ["lt"], "requests_per_minute": 12}],
+        "keys": [{"tenant": "team", "sha256": digest(KEY)}],
+    }
+    if store is not None:
+        tenancy["store"] = store
+    return {
+        "sidecars": {"inline": {"models": [{"name": "lt", "engine": engine}]}},
+        "models": [{"name": "lt", "pipeline": "lt", "entry": "tensorrt_llm"}],
+        "tenancy": tenancy,
+        "server": {"workers": WORKERS},
+        "limits": {"drain_delay_s": 1.0, "shutdown_grace_s": 30.0},
+    }
+
+
+@pytest.fixture(scope="module", params=["embedded", "configured"])
+def gateway(
+    request: pytest.FixtureRequest, tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Gateway]:
+    redis = RedisServer().start() if request.param == "configured" else None
+    store = {"kind": "redis", "url": redis.url} if redis is not None else None
+    workdir = tmp_path_factory.mktemp(f"workers-{request.param}")
+    url, process = serve_process(_config(tiny_model_dir, store), workdir, "workers", 120)
+    try:
+        yield Gateway(url, process)
+    finally:
+        if process.poll() is None:
+            stop_process(process)
+        if redis is not None:
+            redis.stop()
+
+
+def _fresh(gateway: Gateway, method: str, path: str, key: str = KEY, **kwargs: Any) -> Any:
+    """One request on a connection of its own (the kernel picks the worker)."""
+    headers = {"Authorization": f"Bearer {key}"}
+    with httpx.Client(timeout=30) as client:
+        return client.request(method, f"{gateway.url}{path}", headers=headers, **kwargs)
+
+
+def test_the_port_is_served_by_every_worker(gateway: Gateway) -> None:
+    python = gateway.workers()
+    assert len(python) == WORKERS
+
+    async def hold() -> set[int]:
+        clients = [httpx.AsyncClient(timeout=30) for _ in range(24)]
+        try:
+            await asyncio.gather(*(c.get(f"{gateway.url}/health/live") for c in clients))
+            serving = set()
+            for worker in python:
+                ports = [c.laddr.port for c in worker.net_connections("tcp") if c.raddr]
+                if gateway.port in ports:
+                    serving.add(worker.pid)
+            return serving
+        finally:
+            await asyncio.gather(*(c.aclose() for c in clients))
+
+    assert len(asyncio.run(hold())) >= 2, "connections spread over the workers"
+
+
+def test_a_tenant_limit_holds_across_workers(gateway: Gateway) -> None:
+    body = {"model": "lt", "prompt": "hello there", "max_tokens": 1}
+    codes = [_fresh(gateway, "POST", "/v1/completions", json=body).status_code for _ in range(24)]
+    # 12 a minute with the default burst: 12 at once, then one each 5 s. Counted per process,
+    # the 24 requests spread over 3 workers would get up to 24 through.
+    assert 12 <= codes.count(200) <= 13
+    assert set(codes) == {200, 429}
+
+
+def test_an_admin_change_reaches_every_worker(gateway: Gateway) -> None:
+    patched = _fresh(
+        gateway, "PATCH", "/admin/tenants/team", key=ADMIN, json={"models": ["nothing"]}
+    )
+    assert patched.status_code == 200
+    time.sleep(1.0)  # every worker polls the store every 0.25 s
+    seen = {_fresh(gateway, "GET", "/v1/models").json()["data"] == [] for _ in range(12)}
+    assert seen == {True}
+    restored = _fresh(gateway, "PATCH", "/admin/tenants/team", key=ADMIN, json={"models": ["lt"]})
+    assert restored.status_code == 200
+
+
+def test_a_lora_load_reaches_every_worker(gateway: Gateway, adapters: dict[str, Path]) -> None:
+    load = {"lora_name": "run-time", "lora_path": str(adapters["lora-a"]), "base_model": "lt"}
+    answer = _fresh(gateway, "POST", "/v1/load_lora_adapter", key=ADMIN, json=load)
+    assert answer.status_code == 200, answer.text
+    time.sleep(1.0)
+    names = [
+        {m["id"] for m in _fresh(gateway, "GET", "/v1/models", key=ADMIN).json()["data"]}
+        for _ in range(12)
+    ]
+    assert all("run-time" in found for found in names)
+    unload = {"lora_name": "run-time"}
+    assert _fresh(gateway, "POST", "/v1/unload_lora_adapter", key=ADMIN, json=unload).is_success
+    time.sleep(1.0)
+    names = [
+        {m["id"] for m in _fresh(gateway, "GET", "/v1/models", key=ADMIN).json()["data"]}
+        for _ in range(12)
+    ]
+    assert not any("run-time" in found for found in names)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _metric(text: str, start: str) -> float:
+    return sum(
+        float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(start)
+    )
+
+
+def test_metrics_count_the_requests_of_every_worker(gateway: Gateway) -> None:
+    name = 'gateway_requests_total{method="GET",route="/health/live",status="200"}'
+    before = _metric(_fresh(gateway, "GET", "/metrics").text, name)
+    for _ in range(30):
+        assert _fresh(gateway, "GET", "/health/live").status_code == 200
+    scraped = [_metric(_fresh(gateway, "GET", "/metrics").text, name) - before for _ in range(6)]
+    assert scraped == [30.0] * 6, "every scrape, whichever worker answers, sums all workers"
+
+
+def test_sigterm_drains_streams_on_every_worker(gateway: Gateway) -> None:
+    body = {"model": "lt", "prompt": "hello", "max_tokens": 300, "stream": True,
+            "stream_options": {"include_usage": True}}  # fmt: skip
+    patched = _fresh(
+        gateway, "PATCH", "/admin/tenants/team", key=ADMIN, json={"requests_per_minute": None}
+    )
+    assert patched.status_code == 200
+    time.sleep(1.0)
+
+    async def stream(client: httpx.AsyncClient, opened: asyncio.Queue[int]) -> dict[str, Any]:
+        chunks: list[dict[str, Any]] = []
+        done = False
+        headers = {"Authorization": f"Bearer {KEY}"}
+        async with client.stream(
+            "POST", f"{gateway.url}/v1/completions", json=body, headers=headers
+        ) as answer:
+            async for line in answer.aiter_lines():
+                if line == "data: [DONE]":
+                    done = True
+                elif line.startswith("data: "):
+                    chunks.append(json.loads(line[6:]))
+                    if len(chunks) == 1:
+                        await opened.put(1)
+        return {"status": answer.status_code, "chunks": chunks, "done": done}
+
+    async def run() -> list[dict[str, Any]]:
+        opened: asyncio.Queue[int] = asyncio.Queue()
+        clients = [httpx.AsyncClient(timeout=60) for _ in range(9)]
+        tasks = [asyncio.create_task(stream(c, opened)) for c in clients]
+        for _ in tasks:
+            await asyncio.wait_for(opened.get(), 30)
+        serving = {
+            w.pid
+            for w in gateway.workers()
+            if any(c.laddr.port == gateway.port and c.raddr for c in w.net_connections("tcp"))
+        }
+        assert len(serving) >= 2, "streams on several workers"
+        children = {p.pid for p in psutil.Process(gateway.process.pid).children(recursive=True)}
+        gateway.process.send_signal(signal.SIGTERM)
+        results = await asyncio.gather(*tasks)
+        await asyncio.gather(*(c.aclose() for c in clients))
+        assert await asyncio.to_thread(gateway.process.wait, 60) == 0
+        deadline = time.monotonic() + 10
+        while (left := [pid for pid in children if _alive(pid)]) and time.monotonic() < deadline:
+            await asyncio.sleep(0.2)
+        assert left == [], [psutil.Process(pid).cmdline() for pid in left if _alive(pid)]
+        return results
+
+    for result in asyncio.run(run()):
+        assert result["status"] == 200 and result["done"]
+        assert result["chunks"][-1]["usage"]["completion_tokens"] == 300

@@ -1,0 +1,160 @@
+"""The Kubernetes manifests: every kustomization renders with ``kubectl kustomize``, every object
+validates against the Kubernetes schemas (offline, strict), the configuration files they carry
+are valid gateway settings and deploy specs, and the parts that must agree do."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from deploy.sidecar.spec import parse_spec
+from gateway.replicas.sources import DnsName, parse_source
+from gateway.settings import Settings, check_settings, parse_settings
+from tests.support import REPO
+
+KUBERNETES = REPO / "deploy" / "kubernetes"
+KUSTOMIZATIONS = sorted(p.parent for p in KUBERNETES.rglob("kustomization.yaml"))
+VERSIONS = ("1.30", kubernetes_validate.latest_version())
+"""The oldest Kubernetes release still commonly run, and the newest the schemas know."""
+
+
+@cache
+def render(directory: Path) -> list[dict[str, Any]]:
+    kubectl = shutil.which("kubectl")
+    assert kubectl is not None, "kubectl renders the kustomizations; it is not installed"
+    result = subprocess.run(
+        [kubectl, "kustomize", str(directory)], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
+
+
+def find(objects: list[dict[str, Any]], kind: str, prefix: str) -> dict[str, Any]:
+    (found,) = [
+        o for o in objects if o["kind"] == kind and o["metadata"]["name"].startswith(prefix)
+    ]
+    return found
+
+
+def container(deployment: dict[str, Any], name: str) -> dict[str, Any]:
+    (found,) = [
+        c for c in deployment["spec"]["template"]["spec"]["containers"] if c["name"] == name
+    ]
+    return found
+
+
+def gateway_settings(objects: list[dict[str, Any]]) -> Settings:
+    config = find(objects, "ConfigMap", "gateway-config")
+    return parse_settings(yaml.safe_load(config["data"]["gateway.yaml"]))
+
+
+def test_there_is_a_base_and_overlays() -> None:
+    names = [str(p.relative_to(KUBERNETES)) for p in KUSTOMIZATIONS]
+    assert "base" in names
+    assert len([n for n in names if n.startswith("overlays/")]) >= 2
+
+
+@pytest.mark.parametrize("directory", KUSTOMIZATIONS, ids=lambda p: str(p.relative_to(KUBERNETES)))
+@pytest.mark.parametrize("version", VERSIONS)
+def test_every_object_validates(directory: Path, version: str) -> None:
+    objects = render(directory)
+    kinds = {o["kind"] for o in objects}
+    assert {
+        "Deployment",
+        "Service",
+        "ConfigMap",
+        "HorizontalPodAutoscaler",
+        "PodDisruptionBudget",
+    } <= kinds
+    for manifest in objects:
+        kubernetes_validate.validate(manifest, version, strict=True)
+
+
+def test_the_validator_refuses_a_broken_object() -> None:
+    deployment = find(render(KUBERNETES / "base"), "Deployment", "gateway")
+    broken = yaml.safe_load(yaml.safe_dump(deployment))
+    broken["spec"]["template"]["spec"]["containers"][0]["ports"][0]["containerPort"] = "http"
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(broken, VERSIONS[0], strict=True)
+
+
+@pytest.mark.parametrize("directory", KUSTOMIZATIONS, ids=lambda p: str(p.relative_to(KUBERNETES)))
+def test_the_parts_agree(directory: Path) -> None:
+    objects = render(directory)
+    settings = gateway_settings(objects)
+    check_settings(settings)
+    spec = parse_spec(
+        yaml.safe_load(find(objects, "ConfigMap", "triton-deploy-spec")["data"]["deploy.yaml"])
+    )
+
+    # The model's replicas are the headless Service in front of the tritonserver pods.
+    (model,) = settings.models
+    source = parse_source(model.replicas, model.routing.metrics_port)
+    assert isinstance(source, DnsName)
+    service = find(objects, "Service", source.host)
+    assert service["spec"]["clusterIP"] == "None"
+    ports = {p["name"]: p["port"] for p in service["spec"]["ports"]}
+    assert (ports["grpc"], ports["metrics"]) == (source.port, source.metrics_port)
+    triton = find(objects, "Deployment", "triton")
+    selector = service["spec"]["selector"]
+    assert selector.items() <= triton["spec"]["template"]["metadata"]["labels"].items()
+    server = container(triton, "tritonserver")
+    assert server["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    assert f"--grpc-port={source.port}" in server["command"]
+    assert f"--metrics-port={source.metrics_port}" in server["command"]
+    (sidecar,) = spec.sidecars
+    assert f"--model-repository=/work/repos/{sidecar.name}" in server["command"]
+    assert model.triton_model == f"{spec.models[0].name}_{model.entry}"
+
+    # The gateway's probes are its health routes; its grace period covers the drain.
+    gateway = find(objects, "Deployment", "gateway")
+    pod = gateway["spec"]["template"]["spec"]
+    main = container(gateway, "gateway")
+    assert main["readinessProbe"]["httpGet"]["path"] == "/health/ready"
+    assert main["livenessProbe"]["httpGet"]["path"] == "/health/live"
+    pre_stop = main["lifecycle"]["preStop"]["exec"]["command"]
+    assert pre_stop[0] == "sleep"
+    drain = int(pre_stop[1]) + settings.limits.drain_delay_s + settings.limits.shutdown_grace_s
+    assert pod["terminationGracePeriodSeconds"] >= drain + 5
+    container_ports = {p["name"]: p["containerPort"] for p in main["ports"]}
+    assert container_ports == {
+        "http": settings.server.port,
+        "metrics": settings.observability.metrics.port,
+    }
+    # Tenants reach the API port only; the metrics stay on the pod.
+    api = find(objects, "Service", "gateway")
+    assert [p["targetPort"] for p in api["spec"]["ports"]] == ["http"]
+    # The limits are shared through the Redis the manifests run.
+    assert settings.tenancy.store.kind == "redis"
+    assert "redis://redis:" in (settings.tenancy.store.url or "")
+    find(objects, "Service", "redis")
+    hpa = find(objects, "HorizontalPodAutoscaler", "gateway")
+    assert hpa["spec"]["scaleTargetRef"]["name"] == gateway["metadata"]["name"]
+    pdb = find(objects, "PodDisruptionBudget", "gateway")
+    assert pdb["spec"]["selector"]["matchLabels"].items() <= pod_labels(gateway).items()
+
+
+def pod_labels(deployment: dict[str, Any]) -> dict[str, str]:
+    return deployment["spec"]["template"]["metadata"]["labels"]  # type: ignore[no-any-return]
+
+
+def test_the_overlays_differ_where_they_should() -> None:
+    single = render(KUBERNETES / "overlays" / "single-gpu")
+    multi = render(KUBERNETES / "overlays" / "multi-gpu")
+    assert find(single, "Deployment", "triton")["spec"]["replicas"] == 1
+    assert find(multi, "Deployment", "triton")["spec"]["replicas"] == 4
+    assert find(single, "PodDisruptionBudget", "gateway")["spec"] == {
+        "maxUnavailable": 1,
+        "selector": {"matchLabels": {"app.kubernetes.io/name": "gateway"}},
+    }
+    for objects in (single, multi):
+        assert {o["metadata"].get("namespace") for o in objects if o["kind"] != "Namespace"} == {
+            "triton-gateway"
+        }

@@ -1,0 +1,181 @@
+"""A model served by several real tritonservers on loopback, through the gateway: balance, a
+slow replica, prefix and adapter affinity, and DNS changes (``tests/support/replica_gateway.py``
+has the servers)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter, defaultdict
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.support.replica_gateway import (
+    IN_FLIGHT,
+    WORDS,
+    Replicas,
+    body,
+    closed_loop,
+    replica_gateway,
+)
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def replicas(
+    tiny_model_dir: Path, adapters: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Replicas]:
+    with replica_gateway(tiny_model_dir, adapters, tmp_path_factory.mktemp("replicas")) as running:
+        yield running
+
+
+async def sample_in_flight(
+    client: httpx.AsyncClient, model: str, stop: asyncio.Event
+) -> dict[str, list[float]]:
+    samples: dict[str, list[float]] = defaultdict(list)
+    while not stop.is_set():
+        text = (await client.get("/metrics")).text
+        for line in text.splitlines():
+            match = IN_FLIGHT.match(line)
+            if match and match[1] == model:
+                samples[match[2]].append(float(match[3]))
+        await asyncio.sleep(0.05)
+    return samples
+
+
+async def test_uniform_load_is_spread_evenly(replicas: Replicas) -> None:
+    before = replicas.served()
+    stop = asyncio.Event()
+    async with httpx.AsyncClient(base_url=replicas.url, timeout=60) as client:
+        sampler = asyncio.create_task(sample_in_flight(client, "tiny", stop))
+        answers = await closed_loop(
+            client,
+            lambda w, i: (body("tiny", f"{WORDS[w]} {WORDS[i % 18]}", 32), {}),
+            clients=12,
+            seconds=4,
+        )
+        stop.set()
+        samples = await sampler
+    assert {a.status_code for a in answers} == {200}
+    means = {name: sum(values) / len(values) for name, values in samples.items()}
+    assert set(means) == {"r1", "r2", "r3"}
+    assert max(means.values()) / min(means.values()) <= 1.5, means
+    after = replicas.served()
+    # Every replica of the model took its share (how fast each ran is the machine's doing).
+    assert all(after[name] > before[name] + 20 for name in ("r1", "r2", "r3"))
+    assert after["r4"] == before["r4"]
+
+
+async def test_a_slow_replica_gets_less_traffic(replicas: Replicas) -> None:
+    before = replicas.served()
+    async with httpx.AsyncClient(base_url=replicas.url, timeout=60) as client:
+        answers = await closed_loop(
+            client,
+            lambda w, i: (body("tiny-mixed", f"{WORDS[w]} {WORDS[i % 18]}", 32), {}),
+            clients=12,
+            seconds=4,
+        )
+    assert {a.status_code for a in answers} == {200}
+    after = replicas.served()
+    counts = {name: after[name] - before[name] for name in ("r1", "r2", "r4")}
+    # Round robin would give r4 a third; its queue keeps it below either other replica.
+    assert 0 < counts["r4"] < min(counts["r1"], counts["r2"]), counts
+    assert counts["r4"] < 0.25 * sum(counts.values()), counts
+
+
+def _prefix(group: int) -> str:
+    words = [WORDS[(group * 7 + i * (group + 1)) % len(WORDS)] for i in range(320)]
+    return f"group {group}: " + " ".join(words)
+
+
+async def test_prefix_affinity_keeps_a_prefix_on_one_replica(replicas: Replicas) -> None:
+    before = replicas.served()
+    groups = 6
+
+    def make(worker: int, i: int) -> tuple[dict[str, object], dict[str, str]]:
+        group = (worker + i) % groups
+        prompt = f"{_prefix(group)} question {worker}-{i}"
+        return body("tiny", prompt, 2), {"X-Request-ID": f"prefix-{group}-{worker}-{i}"}
+
+    async with httpx.AsyncClient(base_url=replicas.url, timeout=60) as client:
+        answers = await closed_loop(client, make, clients=6, each=12)
+    assert {a.status_code for a in answers} == {200}
+    assert answers[0].json()["usage"]["prompt_tokens"] >= 4 * 64
+    pool = replicas.router().pool("tiny")
+    assert pool.block_tokens == 64  # read from the engines' tokens_per, not the 16 configured
+
+    where = replicas.replica_of_requests()
+    by_group: dict[int, Counter[str]] = defaultdict(Counter)
+    for request_id, replica in where.items():
+        if request_id.startswith("prefix-"):
+            by_group[int(request_id.split("-")[1])][replica] += 1
+    assert sum(sum(c.values()) for c in by_group.values()) == 6 * 12
+    for group, seen in by_group.items():
+        assert seen.most_common(1)[0][1] / sum(seen.values()) >= 0.9, (group, seen)
+    after = replicas.served()
+    counts = {name: after[name] - before[name] for name in ("r1", "r2", "r3")}
+    assert max(counts.values()) / min(counts.values()) <= 1.5, counts
+
+
+async def test_adapter_affinity_keeps_an_adapter_on_one_replica(replicas: Replicas) -> None:
+    before = replicas.served()
+    names = ["lora-a", "lora-b", "lora-c"]
+
+    def make(worker: int, i: int) -> tuple[dict[str, object], dict[str, str]]:
+        name = names[(worker + i) % 3]
+        return body(name, f"{WORDS[i % 18]} {worker}", 4), {
+            "X-Request-ID": f"lora-{name}-{worker}-{i}"
+        }
+
+    async with httpx.AsyncClient(base_url=replicas.url, timeout=60) as client:
+        answers = await closed_loop(client, make, clients=6, each=10)
+    assert {a.status_code for a in answers} == {200}
+    where = replicas.replica_of_requests()
+    by_adapter: dict[str, Counter[str]] = defaultdict(Counter)
+    for request_id, replica in where.items():
+        if request_id.startswith("lora-"):
+            by_adapter[request_id.split("-")[2]][replica] += 1
+    assert set(by_adapter) == {"a", "b", "c"}
+    for adapter, seen in by_adapter.items():
+        assert seen.most_common(1)[0][1] / sum(seen.values()) >= 0.9, (adapter, seen)
+    after = replicas.served()
+    counts = {name: after[name] - before[name] for name in ("r1", "r2", "r3")}
+    assert max(counts.values()) / min(counts.values()) <= 1.5, counts
+    text = httpx.get(f"{replicas.url}/metrics").text
+    hits = sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith('gateway_replica_adapter_hits_total{model="tiny"')
+    )
+    assert hits >= 0.9 * 60 - 3
+
+
+async def test_dns_changes_add_and_remove_replicas(replicas: Replicas) -> None:
+    pool = replicas.router().pool("tiny-dns")
+    port = replicas.sidecars[0].grpc_port
+
+    async def send(count: int) -> dict[str, int]:
+        before = replicas.served()
+        async with httpx.AsyncClient(base_url=replicas.url, timeout=60) as client:
+            answers = await closed_loop(
+                client, lambda w, i: (body("tiny-dns", "cloud", 2), {}), clients=3, each=count
+            )
+        assert {a.status_code for a in answers} == {200}
+        after = replicas.served()
+        return {name: after[name] - before[name] for name in after if after[name] != before[name]}
+
+    assert sorted(pool.replicas) == [f"127.0.0.1:{port}", f"127.0.0.2:{port}"]
+    assert set(await send(4)) == {"r1", "r2"}
+    replicas.addresses = ["127.0.0.2", "127.0.0.3"]
+    deadline = time.monotonic() + 5
+    while sorted(r for r, s in pool.replicas.items() if s.health.routable) != [
+        f"127.0.0.2:{port}",
+        f"127.0.0.3:{port}",
+    ]:
+        assert time.monotonic() < deadline, sorted(pool.replicas)
+        await asyncio.sleep(0.05)
+    assert set(await send(4)) == {"r2", "r3"}

@@ -1,0 +1,112 @@
+"""Several tritonservers serving the tiny pipeline, one per loopback address and all on the same
+ports (as the pods behind a headless Service), started together; and what to read from them."""
+
+from __future__ import annotations
+
+import re
+import socket
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+
+from deploy.sidecar.spec import parse_spec
+from deploy.sidecar.supervisor import Sidecar, sidecar_from_spec
+
+PIPELINE = "tiny"
+ENGINE_MODEL = f"{PIPELINE}_tensorrt_llm"
+SUCCESS = re.compile(
+    r'^nv_inference_request_success\{model="(?P<model>[^"]+)",version="1"\} (?P<n>\S+)$',
+    re.MULTILINE,
+)
+
+
+def _free_everywhere(hosts: Sequence[str], taken: set[int]) -> int:
+    """A port free on every one of ``hosts``."""
+    for _ in range(200):
+        with socket.socket() as probe:
+            probe.bind((hosts[0], 0))
+            port = int(probe.getsockname()[1])
+        if port in taken:
+            continue
+        try:
+            for host in hosts[1:]:
+                with socket.socket() as other:
+                    other.bind((host, port))
+        except OSError:
+            continue
+        taken.add(port)
+        return port
+    raise RuntimeError(f"no port free on all of {hosts}")
+
+
+def start_replicas(
+    model_dir: Path,
+    workdir: Path,
+    hosts: Sequence[str],
+    max_batch_sizes: Sequence[int],
+    *,
+    lora_cache_size: int = 2,
+    engine_options: dict[str, object] | None = None,
+) -> list[Sidecar]:
+    """One supervised tritonserver per host with the tiny model (latest release) at the engine
+    batch size given for it; every one on the same gRPC, HTTP and metrics ports.
+
+    Only the engine model is loaded (the gateway's ``tensorrt_llm`` entry): one Python backend
+    process per server instead of four starts faster and holds less memory.
+    """
+    taken: set[int] = set()
+    ports = {
+        kind: _free_everywhere(hosts, taken) for kind in ("grpc_port", "http_port", "metrics_port")
+    }
+    sidecars = []
+    for index, (host, batch) in enumerate(zip(hosts, max_batch_sizes, strict=True), 1):
+        engine = {
+            "kind": "torch",
+            "model_dir": str(model_dir),
+            "max_batch_size": batch,
+            "lora_cache_size": lora_cache_size,
+            **(engine_options or {}),
+        }
+        spec = parse_spec(
+            {
+                "models": [{"name": PIPELINE, "release": "latest", "engine": engine}],
+                "sidecars": [
+                    {
+                        "name": f"r{index}",
+                        "host": host,
+                        "extra_args": [
+                            "--model-control-mode=explicit",
+                            f"--load-model={ENGINE_MODEL}",
+                        ],
+                        **ports,
+                    }
+                ],
+            }
+        )
+        sidecars.append(sidecar_from_spec(spec, spec.sidecars[0], workdir))
+    with ThreadPoolExecutor(len(sidecars)) as pool:
+        futures = [pool.submit(sidecar.start) for sidecar in sidecars]
+        try:
+            for future in futures:
+                future.result()
+        except BaseException:
+            stop_replicas(sidecars)
+            raise
+    return sidecars
+
+
+def stop_replicas(sidecars: Sequence[Sidecar]) -> None:
+    """Stop them all at once."""
+    with ThreadPoolExecutor(len(sidecars)) as pool:
+        list(pool.map(lambda sidecar: sidecar.stop(grace_s=3), sidecars))
+
+
+def served(sidecar: Sidecar, model: str = ENGINE_MODEL) -> int:
+    """Requests ``model`` of ``sidecar`` answered successfully, by Triton's own count."""
+    text = httpx.get(sidecar.metrics_url, timeout=5).text
+    for match in SUCCESS.finditer(text):
+        if match["model"] == model:
+            return int(float(match["n"]))
+    return 0

@@ -3,13 +3,16 @@ the cached prompt tokens the gateway reports for them (OpenAI's ``cached_tokens`
 
 from __future__ import annotations
 
+import hashlib
 import re
 import time
 import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
+import msgspec
 import numpy as np
 import pytest
 
@@ -20,7 +23,9 @@ from tests.support.gateway import (  # noqa: F401
     ENGINE_MODEL,
     ENSEMBLE_MODEL,
     SYNC_ENSEMBLE_MODEL,
+    LiveGateway,
     gateway_url,
+    sidecar_settings,
 )
 from tests.support.sidecars import CHUNK_TOKENS, SMALL_KV_CACHE
 
@@ -159,8 +164,28 @@ ENTRIES = [ENSEMBLE_MODEL, BLS_MODEL, ENGINE_MODEL, "tiny2-bls"]
 
 
 @pytest.fixture(scope="module")
-def client(gateway_url: str) -> Iterator[httpx.Client]:  # noqa: F811
-    with httpx.Client(base_url=gateway_url, timeout=120) as client:
+def grpc_gateway_url(sidecar: Sidecar, tiny_model_dir: Path) -> Iterator[str]:
+    """A gateway serving the same models with no HTTP address: every request goes over gRPC."""
+    settings = sidecar_settings(sidecar, tiny_model_dir)
+    models = tuple(msgspec.structs.replace(m, triton_http_url=None) for m in settings.models)
+    gateway = LiveGateway(msgspec.structs.replace(settings, models=models)).start()
+    yield gateway.url
+    gateway.stop()
+
+
+@pytest.fixture(scope="module", params=["http", "grpc"])
+def transport(request: pytest.FixtureRequest) -> str:
+    """How the gateway streams from Triton: HTTP ``generate_stream`` or gRPC
+    ``ModelStreamInfer``."""
+    param: str = request.param
+    return param
+
+
+@pytest.fixture(scope="module")
+def client(request: pytest.FixtureRequest, transport: str) -> Iterator[httpx.Client]:
+    """A client of the gateway that streams over ``transport``."""
+    url: str = request.getfixturevalue("gateway_url" if transport == "http" else "grpc_gateway_url")
+    with httpx.Client(base_url=url, timeout=120) as client:
         yield client
 
 
@@ -192,9 +217,11 @@ def _chat(
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
 @pytest.mark.parametrize("model", ENTRIES)
 def test_a_repeated_chat_prompt_reports_cached_tokens(
-    client: httpx.Client, model: str, stream: bool
+    client: httpx.Client, transport: str, model: str, stream: bool
 ) -> None:
-    system = f"[{model} {stream}] {SYSTEM}"  # shared with no other test
+    # The prompt's first block is shared with no other test: a tag that differs from its start.
+    tag = hashlib.blake2s(f"{transport} {model} {stream}".encode()).hexdigest()[:12]
+    system = f"[{tag}] {SYSTEM}"
     first_text, first = _chat(client, model, "Why?", stream, system)
     second_text, second = _chat(client, model, "Why?", stream, system)
     assert second_text == first_text
@@ -206,10 +233,12 @@ def test_a_repeated_chat_prompt_reports_cached_tokens(
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
-def test_completions_report_cached_tokens_too(client: httpx.Client, stream: bool) -> None:
+def test_completions_report_cached_tokens_too(
+    client: httpx.Client, transport: str, stream: bool
+) -> None:
     body: dict[str, Any] = {
         "model": ENSEMBLE_MODEL,
-        "prompt": SYSTEM + f" Complete this ({stream}):",
+        "prompt": SYSTEM + f" Complete this ({transport} {stream}):",
         "max_tokens": 4,
         "temperature": 0,
     }

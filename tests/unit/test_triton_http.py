@@ -16,7 +16,7 @@ from adapters.contract import GenerationRequest, SamplingParams
 from adapters.triton.config import parse_model_config
 from adapters.triton.http import ChunkedEvents, carries, generate_body, reply_of
 from adapters.triton.responses import Exchange, Reply
-from adapters.triton.tensors import WireTensor
+from adapters.triton.tensors import WireTensor, build_inputs
 from tests.support.stock_configs import stock
 
 SETTINGS = settings(max_examples=150, deadline=None)
@@ -165,3 +165,36 @@ def test_a_group_is_final_when_its_last_reply_is(final: bool) -> None:
     chunk = exchange.on_replies(replies)
     assert chunk is not None and chunk.text == "ab" and chunk.token_count == 2
     assert chunk.final is final and exchange.finished is final
+
+
+@pytest.mark.parametrize(
+    ("entry", "release"), [("ensemble", "latest"), ("tensorrt_llm_bls", "v0.19")]
+)
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_reuse_stats_are_asked_for_and_read_over_http(
+    entry: str, release: str, stream: bool
+) -> None:
+    """The flag asking for reuse stats goes in the JSON body; the reused blocks come back in the
+    events' JSON and become the prompt's cached tokens, as over gRPC."""
+    model = dataclasses.replace(
+        parse_model_config(stock(entry, release=release)), decoupled=True, tokens_per_block=32
+    )
+    request = GenerationRequest(
+        request_id="r", prompt="hi", params=SamplingParams(max_tokens=2), stream=stream
+    )
+    tensors = build_inputs(request, model)
+    assert carries(tensors)
+    assert json.loads(generate_body("r-1", tensors))["return_perf_metrics"] == [True]
+
+    exchange = Exchange.of(request, model)
+    assert "kv_cache_reused_blocks" in exchange.outputs
+    events = [
+        b'{"model_name": "m", "text_output": "a", "num_output_tokens": 1,'
+        b' "kv_cache_reused_blocks": 3, "kv_cache_alloc_new_blocks": 1, "kv_cache_hit_rate": 0.75}',
+        b'{"text_output": "b", "num_output_tokens": 1, "kv_cache_reused_blocks": 3}',
+    ]
+    chunks = [exchange.on_replies([reply_of(event)]) for event in events]
+    chunks.append(exchange.on_replies(None))
+    sent = [chunk for chunk in chunks if chunk is not None]
+    assert "".join(chunk.text for chunk in sent) == "ab"
+    assert sent[0].cached_tokens == 96

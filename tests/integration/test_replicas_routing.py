@@ -13,6 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from deploy.sidecar.spec import TorchEngine
 from tests.support.replica_gateway import (
     IN_FLIGHT,
     WORDS,
@@ -104,9 +105,10 @@ async def test_prefix_affinity_keeps_a_prefix_on_one_replica(replicas: Replicas)
     async with httpx.AsyncClient(base_url=replicas.url, timeout=60) as client:
         answers = await closed_loop(client, make, clients=6, each=12)
     assert {a.status_code for a in answers} == {200}
-    assert answers[0].json()["usage"]["prompt_tokens"] >= 4 * 64
+    block = TorchEngine(model_dir="tiny").tokens_per_block  # what the replicas' engines page in
+    assert answers[0].json()["usage"]["prompt_tokens"] >= 8 * block
     pool = replicas.router().pool("tiny")
-    assert pool.block_tokens == 64  # read from the engines' tokens_per, not the 16 configured
+    assert pool.block_tokens == block  # read from the engines' tokens_per, not the 16 configured
 
     where = replicas.replica_of_requests()
     by_group: dict[int, Counter[str]] = defaultdict(Counter)

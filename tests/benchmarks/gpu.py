@@ -124,7 +124,12 @@ def gateway_config(
             }
         )
     return {
-        "models": [{"name": name, "pipeline": name} for name in models],
+        "models": [
+            # A model given its Triton's gRPC address (and no HTTP one) is reached over gRPC.
+            {"name": name, "pipeline": name}
+            | ({"triton_url": f"127.0.0.1:{grpc_port}"} if args.transport == "grpc" else {})
+            for name in models
+        ],
         "sidecars": {
             "inline": {"models": spec_models, "sidecars": [{"name": "gpu", "grpc_port": grpc_port}]}
         },
@@ -327,6 +332,12 @@ def main(argv: list[str] | None = None) -> int:
         default=4,
         help="requests per level: every client sends requests/concurrency, >= 1",
     )
+    parser.add_argument(
+        "--transport",
+        choices=("http", "grpc"),
+        default="http",
+        help="the gateway's transport to Triton: HTTP generate_stream (its default) or gRPC",
+    )
     parser.add_argument("--repeats", type=int, default=3, help="interleaved runs per level")
     parser.add_argument("--start-timeout", type=float, default=300.0)
     parser.add_argument("--guided", action="store_true", help="engine with xgrammar (installed)")
@@ -359,6 +370,7 @@ def main(argv: list[str] | None = None) -> int:
     report = {
         "machine": machine(),
         "device": args.device,
+        "transport": args.transport,
         "parameters": params,
         "ready_s": ready_s,
         "tokens": args.tokens,

@@ -113,6 +113,9 @@ def _spread(runs: list[dict[str, Any]], key: str, form: str) -> str:
     return f"{statistics.median(values):{form}} ({min(values):{form}}–{max(values):{form}})"
 
 
+_TRANSPORTS = {"http": "HTTP `generate_stream`", "grpc": "gRPC"}
+
+
 def render_markdown(report: dict[str, Any]) -> str:
     """Medians over the interleaved repeats with their range, and the gateway's share."""
     machine = report["machine"]
@@ -137,7 +140,8 @@ def render_markdown(report: dict[str, Any]) -> str:
         + ".",
         f"- Streaming completions of {report['tokens']} tokens each (a {report['prompt_chars']}"
         "-character prompt), greedy; `direct` is gRPC streaming to the sidecar's `ensemble`, "
-        "`gateway` is `/v1/completions` with `stream: true` through `triton-gateway serve`.",
+        "`gateway` is `/v1/completions` with `stream: true` through `triton-gateway serve`, "
+        f"which reaches Triton over {_TRANSPORTS[report.get('transport', 'grpc')]}.",
         f"- {repeats} runs per level, direct and gateway interleaved (their order swapped every "
         "run) after a warm-up: medians, the range in brackets. `client cores` is the CPU the "
         "benchmark's own process spent per second: well under 1, it was not the limit.",

@@ -188,10 +188,14 @@ GIB = 2**30
     ("config", "free_bytes", "blocks"),
     [
         # CUDA: the fraction of the free memory, in whole blocks of 32 tokens (737,280 bytes).
-        (KvCacheConfig(), 10 * GIB, int(10 * GIB * 0.9) // 737_280),
-        (KvCacheConfig(free_gpu_mem_fraction=0.5), 10 * GIB, 5 * GIB // 737_280),
+        (KvCacheConfig(), GIB // 2, int(GIB // 2 * 0.9) // 737_280),
+        (KvCacheConfig(free_gpu_mem_fraction=0.5), GIB // 2, GIB // 4 // 737_280),
         (KvCacheConfig(max_tokens=3200), 10 * GIB, 100),  # max_tokens_in_paged_kv_cache caps it
-        (KvCacheConfig(tokens_per_block=64), 10 * GIB, int(10 * GIB * 0.9) // 1_474_560),
+        (KvCacheConfig(tokens_per_block=64), GIB // 2, int(GIB // 2 * 0.9) // 1_474_560),
+        # ...and no more than the batch can use, leaving the device to activations; more only
+        # where max_tokens asks for it.
+        (KvCacheConfig(), 10 * GIB, 16 * 2048 // 32),
+        (KvCacheConfig(max_tokens=64 * 2048), 10 * GIB, 64 * 2048 // 32),
         # The CPU: the default of every batch slot at full length, or max_tokens.
         (KvCacheConfig(), None, 16 * 2048 // 32),
         (KvCacheConfig(tokens_per_block=64), None, 16 * 2048 // 64),

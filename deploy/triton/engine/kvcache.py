@@ -75,15 +75,20 @@ def pool_blocks(
     *,
     default_tokens: int,
 ) -> int:
-    """How many blocks the pool gets: ``free_gpu_mem_fraction`` of ``free_bytes`` on CUDA,
-    ``default_tokens`` on the CPU (``free_bytes`` None); ``max_tokens`` caps both."""
+    """How many blocks the pool gets: ``max_tokens``, else ``default_tokens`` (every batch slot
+    at full length); on CUDA (``free_bytes`` known) at most ``free_gpu_mem_fraction`` of the free
+    memory. Unlike a TensorRT-LLM engine, whose activations are allocated before the pool is
+    sized, this engine allocates them as it runs: a pool no larger than the batch can use leaves
+    them the rest of the device (and room for other models on it)."""
     per_block = layout.bytes_per_token * config.tokens_per_block
+    tokens = config.max_tokens if config.max_tokens is not None else default_tokens
+    blocks = (
+        tokens // config.tokens_per_block
+        if config.max_tokens is not None
+        else (-(-tokens // config.tokens_per_block))
+    )
     if free_bytes is not None:
-        blocks = int(free_bytes * config.free_gpu_mem_fraction) // per_block
-    else:
-        blocks = -(-default_tokens // config.tokens_per_block)
-    if config.max_tokens is not None:
-        blocks = min(blocks, config.max_tokens // config.tokens_per_block)
+        blocks = min(blocks, int(free_bytes * config.free_gpu_mem_fraction) // per_block)
     if blocks < 1:
         raise EngineError(
             f"the KV cache has room for no block of {config.tokens_per_block} tokens "

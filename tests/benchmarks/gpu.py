@@ -165,7 +165,7 @@ async def gateway_stream(client: httpx.AsyncClient, model: str, tokens: int) -> 
     return {"arrivals": arrivals, "end": time.perf_counter() - start, "tokens": completion}
 
 
-def direct_request(model: str, tokens: int) -> Any:
+def direct_request(model: str, tokens: int, perf_metrics: bool = False) -> Any:
     """The ensemble request a minimal gRPC client sends: text, lengths, streaming on."""
     import numpy as np
 
@@ -181,6 +181,9 @@ def direct_request(model: str, tokens: int) -> Any:
         tensor("min_length", tokens, "INT32", np.int32),
         tensor("stream", True, "BOOL", np.bool_),
     ]
+    if perf_metrics:
+        # What the gateway asks for to report cached_tokens.
+        inputs.append(tensor("return_perf_metrics", True, "BOOL", np.bool_))
     return infer_request(f"{model}_ensemble", "bench", inputs, ["text_output"])
 
 
@@ -207,7 +210,14 @@ async def direct_stream(stub: Any, request: Any) -> dict[str, Any]:
 
 
 async def run_level(
-    target: str, url: str, grpc_url: str, model: str, concurrency: int, tokens: int, rounds: int
+    target: str,
+    url: str,
+    grpc_url: str,
+    model: str,
+    concurrency: int,
+    tokens: int,
+    rounds: int,
+    perf_metrics: bool = False,
 ) -> Level:
     """``concurrency`` clients, each sending ``rounds`` requests back to back."""
     import tritonclient.grpc.aio as grpcclient
@@ -215,7 +225,7 @@ async def run_level(
     results: list[dict[str, Any]] = []
     limits = httpx.Limits(max_connections=concurrency + 4)
     grpc_client = grpcclient.InferenceServerClient(grpc_url)
-    request = direct_request(model, tokens)
+    request = direct_request(model, tokens, perf_metrics)
     async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as http:
 
         async def worker() -> None:
@@ -308,8 +318,9 @@ async def measure(
             order = ("direct", "gateway") if repeat % 2 == 0 else ("gateway", "direct")
             for target in order:
                 level = await run_level(
-                    target, url, grpc_url, main_model, concurrency, args.tokens, rounds
-                )
+                    target, url, grpc_url, main_model, concurrency, args.tokens, rounds,
+                    args.direct_perf_metrics,
+                )  # fmt: skip
                 level = dataclasses.replace(level, repeat=repeat)
                 print(level.line(), flush=True)
                 levels.append(level)
@@ -337,6 +348,11 @@ def main(argv: list[str] | None = None) -> int:
         choices=("http", "grpc"),
         default="http",
         help="the gateway's transport to Triton: HTTP generate_stream (its default) or gRPC",
+    )
+    parser.add_argument(
+        "--direct-perf-metrics",
+        action="store_true",
+        help="the direct requests ask for TensorRT-LLM's perf metrics, as the gateway does",
     )
     parser.add_argument("--repeats", type=int, default=3, help="interleaved runs per level")
     parser.add_argument("--start-timeout", type=float, default=300.0)

@@ -340,6 +340,18 @@ def test_perf_metrics_count_blocks_and_times() -> None:
     assert "arrival_time_ns" not in response_tensors(OUTPUT, _context(), ALL, V019)
 
 
+def test_streamed_perf_metrics_come_with_the_first_and_the_last_response() -> None:
+    context = _context(streaming=True, return_perf_metrics=True)
+    first = dataclasses.replace(OUTPUT, new_from=0, finish_reason=None)
+    middle = dataclasses.replace(OUTPUT, new_from=1, finish_reason=None)
+    last = dataclasses.replace(OUTPUT, new_from=2)
+    carried = [
+        "kv_cache_reused_blocks" in response_tensors(output, context, ALL, V019)
+        for output in (first, middle, last)
+    ]
+    assert carried == [True, False, True]
+
+
 def test_response_tensors_send_only_what_was_requested_and_asked_for() -> None:
     context = _context(return_log_probs=False, return_num_output_tokens=False)
     tensors = response_tensors(

@@ -46,8 +46,10 @@ class HttpError(Exception):
 
 
 def carries(tensors: Sequence[WireTensor]) -> bool:
-    """Whether JSON can carry every input (not 16-bit floats such as LoRA weights)."""
-    return all(tensor.datatype in _JSON_TYPES for tensor in tensors)
+    """Whether JSON can carry every input: not 16-bit floats (LoRA weights), and no more than one
+    dimension besides the batch (Triton's ``generate`` reads a JSON list as one dimension, so
+    stop and bad word lists, ``[1, 2, N]``, cannot go that way)."""
+    return all(tensor.datatype in _JSON_TYPES and tensor.array.ndim <= 2 for tensor in tensors)
 
 
 def generate_body(request_id: str, tensors: Sequence[WireTensor], *, priority: int = 0) -> bytes:

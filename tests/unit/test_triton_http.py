@@ -50,7 +50,13 @@ def test_the_generate_body_drops_the_batch_dimension() -> None:
 
 def test_sixteen_bit_floats_stay_on_grpc() -> None:
     assert carries([_tensor("input_ids", "INT32", [[1]])])
-    assert not carries([_tensor("lora_weights", "FP16", [[[0.5]]]), _tensor("x", "INT32", [[1]])])
+    assert not carries([_tensor("lora_weights", "FP16", [[0.5]]), _tensor("x", "INT32", [[1]])])
+
+
+def test_word_lists_stay_on_grpc() -> None:
+    # [batch, 2, N]: Triton's generate endpoint would read the two rows as one dimension.
+    words = _tensor("stop_words_list", "INT32", [[[5, 6], [2, -1]]])
+    assert not carries([_tensor("input_ids", "INT32", [[1, 2]]), words])
 
 
 def test_replies_are_shaped_as_the_grpc_outputs() -> None:

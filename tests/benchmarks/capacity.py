@@ -301,8 +301,8 @@ def render_markdown(report: dict[str, Any]) -> str:
     ]
     for row in rows:
         base = direct.get(row["streams"])
-        if base and not base["tokens_per_s"]:
-            base = None
+        if base and (not base["tokens_per_s"] or base["errors"]):
+            base = None  # a direct level that failed is no baseline
         share = f"{100 * row['tokens_per_s'] / base['tokens_per_s']:.1f}%" if base else "-"
         added_ttft = f"{row['ttft_p50_ms'] - base['ttft_p50_ms']:+.2f}" if base else "-"
         added_itl = f"{row['itl_p50_ms'] - base['itl_p50_ms']:+.3f}" if base else "-"

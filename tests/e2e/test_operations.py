@@ -82,6 +82,9 @@ def collector() -> Iterator[str]:
     server.shutdown()
 
 
+DRAINED_TOKENS = 1200
+
+
 def _config(model_dir: Path, collector: str, **limits: float) -> dict[str, Any]:
     trace_args = [
         "--trace-config=mode=opentelemetry",
@@ -285,7 +288,10 @@ async def test_sigterm_drains_sixteen_streams(gateway: tuple[str, Any, Path]) ->
     assert children, "the gateway runs its sidecar"
     started = asyncio.Event()
     opened: list[int] = []
-    streams = [asyncio.create_task(_stream(url, 400, started, opened)) for _ in range(STREAMS)]
+    # Long enough to outlive the drain delay on a fast host too.
+    streams = [
+        asyncio.create_task(_stream(url, DRAINED_TOKENS, started, opened)) for _ in range(STREAMS)
+    ]
     await asyncio.wait_for(started.wait(), 60)
 
     process.send_signal(signal.SIGTERM)
@@ -312,7 +318,7 @@ async def test_sigterm_drains_sixteen_streams(gateway: tuple[str, Any, Path]) ->
     results = await asyncio.gather(*streams)
     for result in results:
         assert result["status"] == 200 and result["done"]
-        assert result["chunks"][-1]["usage"]["completion_tokens"] == 400
+        assert result["chunks"][-1]["usage"]["completion_tokens"] == DRAINED_TOKENS
         assert result["chunks"][-2]["choices"][0]["finish_reason"] == "length"
     assert await asyncio.to_thread(process.wait, 60) == 0
     time.sleep(0.5)

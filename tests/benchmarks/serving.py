@@ -44,7 +44,8 @@ from deploy.sidecar.spec import parse_spec
 from deploy.sidecar.supervisor import Sidecar, sidecar_from_spec
 from gateway.catalog.text.hub import load_tokenizer
 from gateway.tenancy.keys import digest
-from tests import bench_report, litellm_proxy
+from tests.benchmarks import litellm_proxy
+from tests.benchmarks import report as bench_report
 from tests.benchmarks.loadgen import HttpClient, Sample, TritonStreamClient, run_level, summarize
 from tests.benchmarks.report import Cell
 from tests.support import REPO

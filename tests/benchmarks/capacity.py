@@ -32,14 +32,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import psutil
-
 from deploy.sidecar.models import ensure_tiny_model
 from deploy.sidecar.spec import parse_spec
 from deploy.sidecar.supervisor import Sidecar, sidecar_from_spec
 from gateway.catalog.text.hub import load_tokenizer
 from gateway.tenancy.keys import digest
 from tests.benchmarks.loadgen import HttpClient, Sample, run_level
+from tests.benchmarks.serving import cpu_seconds
 from tests.support.gateway import serve_process, stop_process
 
 KEY = "tgw-capacity-0123456789abcdef0123456789abcdef"
@@ -111,23 +110,8 @@ def _spread(total: int, parts: int) -> list[int]:
     return [s for s in share if s]
 
 
-def _tree(pid: int) -> list[psutil.Process]:
-    root = psutil.Process(pid)
-    return [root, *root.children(recursive=True)]
-
-
 def _cpu(pids: dict[str, int]) -> dict[str, float]:
-    total = {}
-    for name, pid in pids.items():
-        seconds = 0.0
-        for process in _tree(pid):
-            try:
-                times = process.cpu_times()
-                seconds += times.user + times.system
-            except psutil.Error:
-                continue
-        total[name] = seconds
-    return total
+    return {name: cpu_seconds(pid) for name, pid in pids.items()}
 
 
 def measure(

@@ -22,6 +22,12 @@ IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 _NAT64: Final = (ipaddress.IPv6Network("64:ff9b::/96"), ipaddress.IPv6Network("64:ff9b:1::/48"))
 _IPV4_COMPATIBLE: Final = ipaddress.IPv6Network("::/96")
 _SHARED_V4: Final = ipaddress.IPv4Network("100.64.0.0/10")
+# Special-purpose blocks that older Pythons' ``is_global`` still counts as global.
+_SPECIAL: Final = (
+    ipaddress.IPv4Network("192.0.0.0/24"),
+    ipaddress.IPv6Network("3fff::/20"),
+    ipaddress.IPv6Network("5f00::/16"),
+)
 
 
 def is_public(address: IPAddress) -> bool:
@@ -30,7 +36,7 @@ def is_public(address: IPAddress) -> bool:
         embedded = _embedded_ipv4(address)
         if embedded is not None:
             return _is_public_v4(embedded)
-        if address in _IPV4_COMPATIBLE or address.teredo is not None:
+        if address in _IPV4_COMPATIBLE or address.teredo is not None or _special(address):
             return False
         return address.is_global and not (
             address.is_multicast
@@ -47,6 +53,7 @@ def _is_public_v4(address: ipaddress.IPv4Address) -> bool:
     return (
         address.is_global
         and address not in _SHARED_V4
+        and not _special(address)
         and not (
             address.is_multicast
             or address.is_reserved
@@ -56,6 +63,10 @@ def _is_public_v4(address: ipaddress.IPv4Address) -> bool:
             or address.is_private
         )
     )
+
+
+def _special(address: IPAddress) -> bool:
+    return any(address in network for network in _SPECIAL)
 
 
 def _embedded_ipv4(address: ipaddress.IPv6Address) -> ipaddress.IPv4Address | None:

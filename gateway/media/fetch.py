@@ -72,7 +72,7 @@ async def _follow(
             result = await _get(client, target, addresses, policy)
         if isinstance(result, bytes):
             return result
-        target = checked_url(str(target.join(result)))
+        target = _redirect_target(target, result)
     raise ImageError(f"the image URL redirected more than {policy.max_redirects} times")
 
 
@@ -90,6 +90,14 @@ def checked_url(url: str) -> httpx.URL:
     if not parsed.host:
         raise ImageError("the image URL has no host")
     return parsed
+
+
+def _redirect_target(current: httpx.URL, location: str) -> httpx.URL:
+    try:
+        joined = current.join(location)
+    except (httpx.InvalidURL, ValueError) as error:
+        raise ImageError(f"the image URL redirected to a malformed URL ({error})") from None
+    return checked_url(str(joined))
 
 
 async def _vetted_addresses(
@@ -144,6 +152,8 @@ async def _get(
             logger.debug("image fetch: %s (%s) refused the connection: %s", host, address, error)
             failure = error
             continue
+        except httpx.InvalidURL as error:  # httpx reads a redirect's Location as it answers
+            raise ImageError(f"the image URL redirected to a malformed URL ({error})") from None
         except httpx.TransportError as error:
             raise ImageError(f"fetching the image URL failed ({type(error).__name__})") from None
         try:

@@ -10,7 +10,6 @@ import pytest
 from PIL import Image
 
 from gateway.media import ImageError, ImagePolicy, LoadedImage, load_image
-from gateway.media import decode as decode_module
 from gateway.media.decode import decode_image
 from tests.support.images import data_url, encode, picture, png_claiming
 
@@ -209,7 +208,7 @@ async def test_oversized_base64_is_refused_before_decoding(
     def refuse(*args: object, **kwargs: object) -> bytes:
         raise AssertionError("the base64 text was decoded")
 
-    monkeypatch.setattr(decode_module.base64, "b64decode", refuse)
+    monkeypatch.setattr(base64, "b64decode", refuse)
     with pytest.raises(ImageError, match="larger than the limit of 1024 bytes"):
         await load("data:image/png;base64," + "A" * 1372, ImagePolicy(max_bytes=1024))
 

@@ -3,9 +3,14 @@ networks are allowed, and cut off by the size, time and redirect limits."""
 
 from __future__ import annotations
 
+import shutil
+import ssl
+import subprocess
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
+import httpx
 import numpy as np
 import pytest
 
@@ -112,3 +117,55 @@ async def test_an_error_status_is_named(server: ImageServer) -> None:
 async def test_a_closed_port_is_an_image_error(server: ImageServer) -> None:
     with pytest.raises(ImageError, match="could not connect"):
         await load_image("http://127.0.0.1:9/image", PRIVATE)
+
+
+def _certificates(directory: Path, hostname: str) -> tuple[Path, Path, Path]:
+    """A throwaway certificate authority and a certificate it signed for ``hostname``."""
+    ca, ca_key = directory / "ca.pem", directory / "ca.key"
+    cert, key, request = directory / "cert.pem", directory / "cert.key", directory / "cert.csr"
+    extensions = directory / "extensions.cnf"
+    extensions.write_text(
+        f"subjectAltName=DNS:{hostname}\nbasicConstraints=critical,CA:FALSE\n"
+        "keyUsage=critical,digitalSignature\nextendedKeyUsage=serverAuth\n"
+        "subjectKeyIdentifier=hash\nauthorityKeyIdentifier=keyid\n"
+    )
+    signed = ["-out", cert, "-days", "2", "-extfile", extensions]
+    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+    commands = [
+        ["req", "-x509", *ec, "-keyout", ca_key, "-out", ca, "-days", "2", "-subj", "/CN=CA"],
+        ["req", *ec, "-keyout", key, "-out", request, "-subj", f"/CN={hostname}"],
+        ["x509", "-req", "-in", request, "-CA", ca, "-CAkey", ca_key, "-CAcreateserial", *signed],
+    ]
+    for command in commands:
+        subprocess.run(["openssl", *map(str, command)], check=True, capture_output=True)
+    return ca, cert, key
+
+
+@pytest.fixture(scope="module")
+def tls_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ImageServer, Path]]:
+    if shutil.which("openssl") is None:
+        pytest.skip("the openssl command makes the test certificates")
+    ca, cert, key = _certificates(tmp_path_factory.mktemp("tls"), "images.test")
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(cert, key)
+    with serve_images(PNG, tls=context) as running:
+        yield running, ca
+
+
+async def test_https_verifies_the_hosts_name_on_a_connection_to_its_address(
+    tls_server: tuple[ImageServer, Path],
+) -> None:
+    server, ca = tls_server
+    resolver = StaticResolver({"images.test": ["127.0.0.1"], "other.test": ["127.0.0.1"]})
+    trusting = httpx.AsyncHTTPTransport(verify=ssl.create_default_context(cafile=ca))
+    loaded = await load_image(
+        server.url("/image", host="images.test"), PRIVATE, resolver=resolver, transport=trusting
+    )
+    assert loaded.data == PNG
+    assert server.server_names == ["images.test"]
+    assert server.seen == [("/image", f"images.test:{server.port}")]
+    with pytest.raises(ImageError, match="Hostname mismatch"):  # the certificate names images.test
+        await load_image(
+            server.url("/image", host="other.test"), PRIVATE, resolver=resolver, transport=trusting
+        )
+    assert len(server.seen) == 1

@@ -9,6 +9,7 @@ and Host header are recorded.
 
 from __future__ import annotations
 
+import ssl
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -24,9 +25,12 @@ class ImageServer:
     seen: list[tuple[str, str]] = field(default_factory=list)
     """(path, Host header) of each request, in order."""
     stop: threading.Event = field(default_factory=threading.Event)
+    scheme: str = "http"
+    server_names: list[str | None] = field(default_factory=list)
+    """The TLS server name (SNI) of each handshake, over https."""
 
     def url(self, path: str, host: str = "127.0.0.1") -> str:
-        return f"http://{host}:{self.port}{path}"
+        return f"{self.scheme}://{host}:{self.port}{path}"
 
 
 def _handler(server: ImageServer) -> type[BaseHTTPRequestHandler]:
@@ -74,10 +78,14 @@ def _handler(server: ImageServer) -> type[BaseHTTPRequestHandler]:
 
 
 @contextmanager
-def serve_images(image: bytes) -> Iterator[ImageServer]:
-    """The server, running in a thread until the block ends."""
+def serve_images(image: bytes, tls: ssl.SSLContext | None = None) -> Iterator[ImageServer]:
+    """The server, running in a thread until the block ends; over https with ``tls``."""
     server = ImageServer(image)
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), _handler(server))
+    if tls is not None:
+        server.scheme = "https"
+        tls.sni_callback = lambda _socket, name, _context: server.server_names.append(name)
+        httpd.socket = tls.wrap_socket(httpd.socket, server_side=True)
     httpd.daemon_threads = True
     server.port = httpd.server_address[1]
     thread = threading.Thread(target=httpd.serve_forever, name="image-server", daemon=True)

@@ -31,7 +31,11 @@ class ImagePolicy:
     max_bytes: int = 20 * MiB
     """The largest encoded image, decoded from base64 or received over HTTP."""
     max_pixels: int = 40_000_000
-    """The most pixels (width × height), read from the header before decoding."""
+    """The most pixels (width × height), read from the header before decoding.
+
+    Pillow's process-wide guard still applies above it: twice ``PIL.Image.MAX_IMAGE_PIXELS``
+    (about 179 million by default) is refused whatever this says.
+    """
     timeout_s: float = 10.0
     """The whole fetch, redirects and name resolution included."""
     max_redirects: int = 3

@@ -144,7 +144,9 @@ def _inspect(
 ) -> tuple[MediaType, int, int]:
     """Format and size from the header, and the file's structure verified, before decoding."""
     with Image.open(io.BytesIO(data), formats=FORMATS) as probe:
-        media_type = _FOUND[str(probe.format)]
+        media_type = _FOUND.get(str(probe.format))
+        if media_type is None:
+            raise ImageError("the image is not a PNG, JPEG or WebP image")
         width, height = probe.size
         if declared is not None and declared != media_type:
             raise ImageError(f"the image is declared as {declared} but is {media_type}")

@@ -109,6 +109,7 @@ def gateway_config(
         spec_models.append(
             {
                 "name": name,
+                "release": args.release,
                 "engine": {
                     "kind": "torch",
                     "model_dir": str(folder),
@@ -124,11 +125,13 @@ def gateway_config(
             }
         )
     return {
+        # One gateway model per transport, all served by the same pipeline. A model given its
+        # Triton's gRPC address (and no HTTP one) is reached over gRPC.
         "models": [
-            # A model given its Triton's gRPC address (and no HTTP one) is reached over gRPC.
-            {"name": name, "pipeline": name}
-            | ({"triton_url": f"127.0.0.1:{grpc_port}"} if args.transport == "grpc" else {})
+            {"name": gateway_model(name, transport, args.transport), "pipeline": name}
+            | ({"triton_url": f"127.0.0.1:{grpc_port}"} if transport == "grpc" else {})
             for name in models
+            for transport in args.transport
         ],
         "sidecars": {
             "inline": {"models": spec_models, "sidecars": [{"name": "gpu", "grpc_port": grpc_port}]}
@@ -136,6 +139,12 @@ def gateway_config(
         "tenancy": {"auth": False},
         "limits": {"request_timeout_s": 300},
     }
+
+
+def gateway_model(name: str, transport: str, transports: list[str]) -> str:
+    """The gateway's name for a pipeline reached over ``transport``: the pipeline's own name
+    for the first transport, suffixed for the others."""
+    return name if transport == transports[0] else f"{name}-{transport}"
 
 
 async def gateway_stream(client: httpx.AsyncClient, model: str, tokens: int) -> dict[str, Any]:
@@ -165,8 +174,18 @@ async def gateway_stream(client: httpx.AsyncClient, model: str, tokens: int) -> 
     return {"arrivals": arrivals, "end": time.perf_counter() - start, "tokens": completion}
 
 
-def direct_request(model: str, tokens: int, perf_metrics: bool = False) -> Any:
-    """The ensemble request a minimal gRPC client sends: text, lengths, streaming on."""
+# What the direct requests may add, each the way the gateway sends it: greedy spelled out as
+# temperature 0 and top_k 1 (the gateway's form for every release), TensorRT-LLM's perf
+# metrics (which the gateway asks for to report cached_tokens), and the log probs by which it
+# counts output tokens where the model reports no count.
+DIRECT_EXTRAS = ("greedy", "perf", "counts")
+
+
+def direct_request(
+    model: str, tokens: int, extras: tuple[str, ...] = (), release: str = "latest"
+) -> Any:
+    """The ensemble request a minimal gRPC client sends: text, lengths, streaming on; plus
+    ``extras`` (of ``DIRECT_EXTRAS``)."""
     import numpy as np
 
     from adapters.triton.client import infer_request
@@ -178,13 +197,23 @@ def direct_request(model: str, tokens: int, perf_metrics: bool = False) -> Any:
     inputs = [
         tensor("text_input", PROMPT.encode(), "BYTES", np.object_),
         tensor("max_tokens", tokens, "INT32", np.int32),
-        tensor("min_length", tokens, "INT32", np.int32),
+        # TensorRT-LLM 1.x's ensemble calls it min_tokens.
+        tensor("min_tokens" if release == "latest" else "min_length", tokens, "INT32", np.int32),
         tensor("stream", True, "BOOL", np.bool_),
     ]
-    if perf_metrics:
-        # What the gateway asks for to report cached_tokens.
+    if "greedy" in extras:
+        inputs.append(tensor("temperature", 0.0, "FP32", np.float32))
+        inputs.append(tensor("top_k", 1, "INT32", np.int32))
+    if "perf" in extras:
         inputs.append(tensor("return_perf_metrics", True, "BOOL", np.bool_))
-    return infer_request(f"{model}_ensemble", "bench", inputs, ["text_output"])
+    outputs = ["text_output"]
+    if "counts" in extras:
+        # Our ensemble reports no token counts: the gateway counts output tokens by their log
+        # probs, one per token.
+        inputs.append(tensor("exclude_input_in_output", True, "BOOL", np.bool_))
+        inputs.append(tensor("return_log_probs", True, "BOOL", np.bool_))
+        outputs.append("output_log_probs")
+    return infer_request(f"{model}_ensemble", "bench", inputs, outputs)
 
 
 async def direct_stream(stub: Any, request: Any) -> dict[str, Any]:
@@ -214,10 +243,11 @@ async def run_level(
     url: str,
     grpc_url: str,
     model: str,
+    gateway_names: dict[str, str],
+    release: str,
     concurrency: int,
     tokens: int,
     rounds: int,
-    perf_metrics: bool = False,
 ) -> Level:
     """``concurrency`` clients, each sending ``rounds`` requests back to back."""
     import tritonclient.grpc.aio as grpcclient
@@ -225,13 +255,13 @@ async def run_level(
     results: list[dict[str, Any]] = []
     limits = httpx.Limits(max_connections=concurrency + 4)
     grpc_client = grpcclient.InferenceServerClient(grpc_url)
-    request = direct_request(model, tokens, perf_metrics)
+    request = direct_request(model, tokens, tuple(target.split("-")[1:]), release)
     async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as http:
 
         async def worker() -> None:
             for _ in range(rounds):
-                if target == "gateway":
-                    results.append(await gateway_stream(http, model, tokens))
+                if target.startswith("gateway"):
+                    results.append(await gateway_stream(http, gateway_names[target], tokens))
                 else:
                     results.append(await direct_stream(grpc_client._client_stub, request))
 
@@ -304,22 +334,37 @@ def gpu_memory() -> str:
         return "n/a"
 
 
+def direct_targets(variants: list[str]) -> list[str]:
+    """``direct``, then ``direct-greedy``, ``direct-perf``, ``direct-greedy-perf`` as asked."""
+    return ["direct", *(f"direct-{v}" for v in variants if v)]
+
+
+def gateway_targets(transports: list[str]) -> list[str]:
+    """``gateway`` for one transport; ``gateway-http``, ``gateway-grpc`` for several."""
+    return ["gateway"] if len(transports) == 1 else [f"gateway-{t}" for t in transports]
+
+
 async def measure(
     args: argparse.Namespace, url: str, grpc_url: str, names: list[str]
 ) -> dict[str, Any]:
     main_model = names[0]
-    await run_level("gateway", url, grpc_url, main_model, 4, 16, 1)
-    await run_level("direct", url, grpc_url, main_model, 4, 16, 1)
+    targets = direct_targets(args.direct) + gateway_targets(args.transport)
+    gateway_names = {
+        target: gateway_model(main_model, transport, args.transport)
+        for target, transport in zip(gateway_targets(args.transport), args.transport, strict=True)
+    }
+    for target in targets:
+        await run_level(target, url, grpc_url, main_model, gateway_names, args.release, 4, 16, 1)
     levels: list[Level] = []
     for concurrency in args.concurrency:
-        rounds = max(1, args.requests // concurrency)
+        rounds = args.rounds or max(1, args.requests // concurrency)
         for repeat in range(args.repeats):
-            # Interleaved, the order swapped every run: drift on the host hits both paths alike.
-            order = ("direct", "gateway") if repeat % 2 == 0 else ("gateway", "direct")
+            # Interleaved, the order reversed every run: drift on the host hits every path alike.
+            order = targets if repeat % 2 == 0 else targets[::-1]
             for target in order:
                 level = await run_level(
-                    target, url, grpc_url, main_model, concurrency, args.tokens, rounds,
-                    args.direct_perf_metrics,
+                    target, url, grpc_url, main_model, gateway_names, args.release,
+                    concurrency, args.tokens, rounds,
                 )  # fmt: skip
                 level = dataclasses.replace(level, repeat=repeat)
                 print(level.line(), flush=True)
@@ -344,15 +389,32 @@ def main(argv: list[str] | None = None) -> int:
         help="requests per level: every client sends requests/concurrency, >= 1",
     )
     parser.add_argument(
-        "--transport",
-        choices=("http", "grpc"),
-        default="http",
-        help="the gateway's transport to Triton: HTTP generate_stream (its default) or gRPC",
+        "--rounds",
+        type=int,
+        default=0,
+        help="requests every client sends back to back at every level (instead of --requests)",
     )
     parser.add_argument(
-        "--direct-perf-metrics",
-        action="store_true",
-        help="the direct requests ask for TensorRT-LLM's perf metrics, as the gateway does",
+        "--release",
+        default="latest",
+        help="the TensorRT-LLM release whose model configs are rendered; before 'latest' the "
+        "ensemble reports no token counts and the gateway counts output tokens by log probs",
+    )
+    parser.add_argument(
+        "--transport",
+        choices=("http", "grpc"),
+        nargs="+",
+        default=["http"],
+        help="the gateway's transports to Triton, each measured interleaved with the others: "
+        "HTTP generate_stream (its default) and gRPC",
+    )
+    parser.add_argument(
+        "--direct",
+        nargs="*",
+        default=[],
+        metavar="EXTRAS",
+        help="more direct targets, measured beside the plain one, each adding what the gateway "
+        f"sends beyond the text: {', '.join(DIRECT_EXTRAS)} or both joined by '-'",
     )
     parser.add_argument("--repeats", type=int, default=3, help="interleaved runs per level")
     parser.add_argument("--start-timeout", type=float, default=300.0)
@@ -360,6 +422,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32, 64, 128])
     parser.add_argument("--multi-streams", type=int, default=16)
     args = parser.parse_args(argv)
+    for variant in args.direct:
+        if not set(variant.split("-")) <= set(DIRECT_EXTRAS):
+            parser.error(f"--direct {variant}: each part is one of {', '.join(DIRECT_EXTRAS)}")
     workdir = Path(tempfile.mkdtemp(prefix="bench-gpu-"))
     args.out.mkdir(parents=True, exist_ok=True)
     shapes = {"llama-1b": TOY if args.toy else BIG, "llama-160m": TOY if args.toy else SMALL}
@@ -387,6 +452,8 @@ def main(argv: list[str] | None = None) -> int:
         "machine": machine(),
         "device": args.device,
         "transport": args.transport,
+        "targets": direct_targets(args.direct) + gateway_targets(args.transport),
+        "release": args.release,
         "parameters": params,
         "ready_s": ready_s,
         "tokens": args.tokens,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 import statistics
 from dataclasses import dataclass
@@ -119,16 +120,20 @@ _TRANSPORTS = {"http": "HTTP `generate_stream`", "grpc": "gRPC"}
 def render_markdown(report: dict[str, Any]) -> str:
     """Medians over the interleaved repeats with their range, and the gateway's share."""
     machine = report["machine"]
-    direct, gateway = _by(report["levels"], "direct"), _by(report["levels"], "gateway")
-    runs = {name: _runs(report["levels"], name) for name in ("direct", "gateway")}
-    repeats = max((len(r) for r in runs["gateway"].values()), default=1)
+    targets = report.get("targets", ["direct", "gateway"])
+    by = {name: _by(report["levels"], name) for name in targets}
+    direct = by["direct"]
+    runs = {name: _runs(report["levels"], name) for name in targets}
+    repeats = max((len(r) for r in runs["direct"].values()), default=1)
+    transports = report.get("transport", "grpc")
+    transports = [transports] if isinstance(transports, str) else transports
     lines = [
         f"# GPU run: {machine.get('gpu', 'CPU')}",
         "",
         f"- Machine: {machine.get('nvidia_smi', 'no GPU')}; {machine['cpus']} CPU cores; "
         f"torch {machine['torch']} (CUDA {machine.get('cuda')}).",
         f"- Models (random weights, bfloat16, PyTorch engine on {report['device']}, one "
-        "tritonserver): "
+        f"tritonserver, the {report.get('release', 'v0.19')} release's model configs): "
         + ", ".join(
             f"{name} {count / 1e9:.2f}B parameters" for name, count in report["parameters"].items()
         )
@@ -139,10 +144,18 @@ def render_markdown(report: dict[str, Any]) -> str:
         )
         + ".",
         f"- Streaming completions of {report['tokens']} tokens each (a {report['prompt_chars']}"
-        "-character prompt), greedy; `direct` is gRPC streaming to the sidecar's `ensemble`, "
-        "`gateway` is `/v1/completions` with `stream: true` through `triton-gateway serve`, "
-        f"which reaches Triton over {_TRANSPORTS[report.get('transport', 'grpc')]}.",
-        f"- {repeats} runs per level, direct and gateway interleaved (their order swapped every "
+        "-character prompt), greedy; `direct` is gRPC streaming to the sidecar's `ensemble`"
+        + (
+            "; `direct-greedy` adds temperature 0 and top_k 1, `direct-perf` asks for perf "
+            "metrics, `direct-counts` for log probs (the gateway's token count), as the "
+            "gateway does"
+            if any(t.startswith("direct-") for t in targets)
+            else ""
+        )
+        + "; `gateway` is `/v1/completions` with `stream: true` through `triton-gateway serve`, "
+        f"which reaches Triton over {' or '.join(_TRANSPORTS[t] for t in transports)}"
+        + (" (`gateway-http`, `gateway-grpc`)." if len(transports) > 1 else "."),
+        f"- {repeats} runs per level, the targets interleaved (their order reversed every "
         "run) after a warm-up: medians, the range in brackets. `client cores` is the CPU the "
         "benchmark's own process spent per second: well under 1, it was not the limit.",
         "",
@@ -150,16 +163,16 @@ def render_markdown(report: dict[str, Any]) -> str:
         "| ITL p99 ms | end to end p50 ms | client cores |",
         "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for concurrency in sorted(gateway):
-        for name in ("direct", "gateway"):
+    for concurrency in sorted(direct):
+        for name in targets:
             mine = runs[name].get(concurrency)
             if not mine:
                 continue
             share = added = ""
-            if name == "gateway" and concurrency in direct:
-                base = direct[concurrency]
-                share = f"{100 * gateway[concurrency]['tokens_per_s'] / base['tokens_per_s']:.1f}%"
-                added = f"{gateway[concurrency]['itl_p50_ms'] - base['itl_p50_ms']:+.2f} ms"
+            if name != "direct" and concurrency in by[name]:
+                base, ours = direct[concurrency], by[name][concurrency]
+                share = f"{100 * ours['tokens_per_s'] / base['tokens_per_s']:.1f}%"
+                added = f"{ours['itl_p50_ms'] - base['itl_p50_ms']:+.2f} ms"
             lines.append(
                 f"| {concurrency} | {name} | {_spread(mine, 'tokens_per_s', ',.0f')} | {share} | "
                 f"{_spread(mine, 'ttft_p50_ms', '.1f')} | {_spread(mine, 'itl_p50_ms', '.2f')} | "
@@ -167,7 +180,7 @@ def render_markdown(report: dict[str, Any]) -> str:
                 f"{_spread(mine, 'e2e_p50_ms', '.0f')} | {_spread(mine, 'client_cores', '.2f')} |"
             )
     lines.append("")
-    for name, levels in (("direct", direct), ("gateway", gateway)):
+    for name, levels in by.items():
         if 1 in levels and 32 in levels:
             gain = levels[32]["tokens_per_s"] / levels[1]["tokens_per_s"]
             lines.append(f"- In-flight batching gain, 32 streams vs 1 ({name}): {gain:.1f}x.")
@@ -191,7 +204,9 @@ def render_plot(report: dict[str, Any], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     figure, (rate, ttft) = plt.subplots(1, 2, figsize=(10, 4))
-    for target, style in (("direct", "o--"), ("gateway", "s-")):
+    styles = itertools.cycle(("s-", "^-", "v-"))
+    for target in report.get("targets", ["direct", "gateway"]):
+        style = "o--" if target == "direct" else next(styles)
         levels = _by(report["levels"], target)
         xs = sorted(levels)
         rate.plot(xs, [levels[x]["tokens_per_s"] for x in xs], style, label=target)

@@ -30,7 +30,7 @@ from deploy.triton.engine.types import (
     GuideRequest,
     KvCacheConfig,
 )
-from tests.support.engine import MAX_SEQ_LEN, SAMPLED, make, run, submit
+from tests.support.engine import MAX_SEQ_LEN, SAMPLED, beam_reference, make, run, submit
 
 _EARLY = {True: 1, False: 0, "never": 2}
 
@@ -65,38 +65,6 @@ def prompts(tiny_model_dir: Path) -> list[tuple[int, ...]]:
     return [tuple(tokenizer.encode(text)) for text in texts]
 
 
-def _hf_beams(
-    model: Any,
-    prompt: tuple[int, ...],
-    width: int,
-    max_new: int,
-    penalty: float,
-    early: Any,
-    eos: int,
-) -> list[list[int]]:
-    """transformers' beams, best first. ``renormalize_logits`` makes its scores the log-softmax
-    of the processed logits (suppressed tokens removed), which is what TensorRT-LLM scores."""
-    with torch.no_grad():
-        out = model.generate(
-            torch.tensor([prompt]),
-            attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-            do_sample=False,
-            num_beams=width,
-            num_return_sequences=width,
-            max_new_tokens=max_new,
-            length_penalty=penalty,
-            early_stopping=early,
-            renormalize_logits=True,
-            eos_token_id=eos,
-            pad_token_id=eos,
-        )
-    beams = []
-    for sequence in out:
-        tokens = sequence[len(prompt) :].tolist()
-        beams.append(tokens[: tokens.index(eos)] if eos in tokens else tokens)
-    return beams
-
-
 @pytest.mark.parametrize(
     ("width", "max_new", "penalty", "early", "eos"),
     [
@@ -125,7 +93,10 @@ def test_beams_match_transformers_generate(
         final = run(engine, make(prompt, max_new, beam=beam, end_ids=(eos,))).final()
         assert final.beams is not None
         ours = [tokens.tolist() for tokens in final.beams.token_ids]
-        assert ours == _hf_beams(hf_model, prompt, width, max_new, penalty, early, eos)
+        expected = beam_reference(
+            hf_model, prompt, width, max_new, length_penalty=penalty, early_stopping=early, eos=eos
+        )
+        assert ours == expected
 
 
 def test_beams_end_on_the_end_id_and_report_their_log_probs(

@@ -40,6 +40,20 @@ class Guide:
 
 
 @dataclass(frozen=True, slots=True)
+class BeamSearch:
+    """Beam search in TensorRT-LLM's terms: ``width`` beams of one request, best first.
+    ``None`` leaves the engine's default (no length penalty; ``early_stopping`` 1: stop once
+    ``width`` beams ended; 0: when no running beam can do better; 2: TensorRT-LLM's above 1,
+    transformers' "never")."""
+
+    width: int
+    length_penalty: float | None = None
+    early_stopping: int | None = None
+    param: str = "n"
+    """The request field that set the width, named when the model cannot search that wide."""
+
+
+@dataclass(frozen=True, slots=True)
 class SamplingParams:
     """Sampling controls in TensorRT-LLM's terms; ``None`` means "leave the backend default"."""
 
@@ -59,6 +73,8 @@ class SamplingParams:
     the matching input."""
     guide: Guide | None = None
     """Guided decoding of the output (``response_format``, forced tool calls), or None."""
+    beam: BeamSearch | None = None
+    """Beam search instead of sampling: one request answering every beam."""
     seed_origin: SeedOrigin = "client"
     """Who chose ``seed``: the client (it must be honoured), the gateway to make the ``n``
     choices of one request differ (also required), or the gateway only so that unseeded
@@ -155,6 +171,8 @@ class TokenChunk:
     logprobs: tuple[float, ...] = field(default=())
     final: bool = False
     cached_tokens: int | None = None
+    beams: tuple[str, ...] = ()
+    """A beam search's texts, best first (``text`` is the first), in one final chunk."""
 
 
 @runtime_checkable

@@ -42,6 +42,7 @@ def demo_settings(host: str, port: int) -> Settings:
                     "model_dir": str(model_dir),
                     "max_seq_len": 2048,
                     "enable_kv_cache_reuse": True,
+                    "max_beam_width": 4,
                 },
             }
         ]

@@ -24,6 +24,7 @@ from adapters.contract import (
     ModelTarget,
     TokenChunk,
 )
+from adapters.triton.beams import beam_inputs
 from adapters.triton.config import ModelInputs, parse_model_config
 from adapters.triton.errors import classify
 from adapters.triton.http import HttpError, HttpPool, carries, generate_body
@@ -138,6 +139,7 @@ class TritonBackend:
                 decoupled=engine.decoupled,
                 guided_decoding=engine.guided_decoding,
                 tokens_per_block=engine.tokens_per_block,
+                max_beam_width=engine.max_beam_width,
             )
         elif model.engine_model and model.engine_model != model.name:
             behind = await self._engine_config(target, model)
@@ -145,6 +147,7 @@ class TritonBackend:
                 model,
                 guided_decoding=behind.guided_decoding if behind else True,
                 tokens_per_block=behind.tokens_per_block if behind else None,
+                max_beam_width=behind.max_beam_width if behind else None,
             )
         if model.tokens_per_block is None:
             model = replace(model, tokens_per_block=target.tokens_per_block)
@@ -277,6 +280,8 @@ class TritonBackend:
         request_id = f"{request.request_id or 'gen'}-{uuid.uuid4().hex[:12]}"
         exchange = Exchange.of(request, model)
         tensors = build_inputs(request, model, lora_weights=send_weights)
+        if request.params.beam is not None:
+            tensors.extend(beam_inputs(request.params.beam, model))
         operation = f"request {request_id} to {target.triton_model}"
         call = self._call(target, request, request_id, tensors, exchange, deadline)
         logger.debug("%s: streaming=%s via %s", operation, exchange.streaming, type(call).__name__)
@@ -308,7 +313,9 @@ class TritonBackend:
         outputs = exchange.outputs
         model = exchange.model
         stoppable = exchange.streaming or model.is_ensemble or model.is_engine
-        if target.http_url is not None and stoppable and carries(tensors):
+        # JSON flattens the beam axis of the outputs: beams go over gRPC.
+        single = request.params.beam is None
+        if target.http_url is not None and stoppable and single and carries(tensors):
             body = generate_body(request_id, tensors, priority=request.priority)
             return self._http.call(
                 target.http_url, target.triton_model, body, request.trace_headers, deadline

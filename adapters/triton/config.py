@@ -56,6 +56,8 @@ class ModelInputs:
     TensorRT-LLM v0.13 drops ``temperature``): sending them changes nothing."""
     tokens_per_block: int | None = None
     """The engine's KV-cache block size (its ``tokens_per_block`` parameter), when known."""
+    max_beam_width: int | None = None
+    """The engine's widest beam search (its ``max_beam_width`` parameter), when known."""
 
     @property
     def is_ensemble(self) -> bool:
@@ -167,6 +169,7 @@ def parse_model_config(document: Mapping[str, Any]) -> ModelInputs:
         stops_abandoned=stops_abandoned,
         dropped=dropped,
         tokens_per_block=_positive_int(parameters.get("tokens_per_block")),
+        max_beam_width=_positive_int(parameters.get("max_beam_width")),
     )
 
 

@@ -45,7 +45,9 @@ class ResponseDecoder:
         keep_logprobs: bool = True,
         echo_prefix: str = "",
         tokens_per_block: int | None = None,
+        beams: bool = False,
     ) -> None:
+        self._beams = beams
         self._cumulative = cumulative
         self._tokens_per_block = tokens_per_block
         self._counts = counts
@@ -58,6 +60,8 @@ class ResponseDecoder:
 
     def decode(self, outputs: Outputs, *, final: bool = False) -> TokenChunk:
         """The chunk for one response; ``final`` for the request's last one."""
+        if self._beams:
+            return self._beam_texts(outputs, final=final)
         text = self._text(outputs, final=final)
         reported = _first_int(outputs.get("num_output_tokens"))
         logprobs = self._logprobs.new(outputs.get("output_log_probs"), reported)
@@ -78,6 +82,26 @@ class ResponseDecoder:
     def finish(self) -> TokenChunk:
         """A closing chunk for a stream that ended without a response flagged final."""
         return self.decode({}, final=True)
+
+    def _beam_texts(self, outputs: Outputs, *, final: bool) -> TokenChunk:
+        """Every beam's whole text (a beam search is answered once); the gateway counts each
+        beam's tokens itself."""
+        array = outputs.get("text_output")
+        raw = [] if array is None else list(array.reshape(-1))
+        texts = tuple(
+            (item if isinstance(item, bytes) else str(item).encode())
+            .decode("utf-8", "replace")
+            .removeprefix(self._echo_prefix)
+            for item in raw
+        )
+        return TokenChunk(
+            text=texts[0] if texts else "",
+            token_count=None,
+            prompt_tokens=_first_int(outputs.get("num_input_tokens")),
+            final=final,
+            cached_tokens=cached_tokens(outputs, self._tokens_per_block),
+            beams=texts,
+        )
 
     def _text(self, outputs: Outputs, *, final: bool) -> str:
         raw = _first_bytes(outputs.get("text_output"))
@@ -201,6 +225,7 @@ def merge_chunks(chunks: Sequence[TokenChunk]) -> TokenChunk:
 def join_chunks(chunks: Sequence[TokenChunk]) -> TokenChunk:
     """One chunk holding several in order (streamed responses that arrived together); final if
     the last one is."""
+    beams = [chunk.beams for chunk in chunks if chunk.beams]
     counts = [chunk.token_count for chunk in chunks]
     prompt_tokens = [chunk.prompt_tokens for chunk in chunks if chunk.prompt_tokens is not None]
     cached = [chunk.cached_tokens for chunk in chunks if chunk.cached_tokens is not None]
@@ -211,6 +236,7 @@ def join_chunks(chunks: Sequence[TokenChunk]) -> TokenChunk:
         logprobs=tuple(value for chunk in chunks for value in chunk.logprobs),
         final=chunks[-1].final,
         cached_tokens=cached[0] if cached else None,
+        beams=beams[-1] if beams else (),
     )
 
 
@@ -332,6 +358,7 @@ def _decoder(
         keep_logprobs=request.params.logprobs,
         echo_prefix=request.prompt if echoes else "",
         tokens_per_block=block,
+        beams=request.params.beam is not None,
     )
 
 

@@ -103,7 +103,11 @@ def _engine_values(model: ModelSpec) -> dict[str, str]:
     if isinstance(engine, TorchEngine):
         return (
             values
-            | {"triton_backend": "python", "engine_dir": engine.model_dir, "max_beam_width": "1"}
+            | {
+                "triton_backend": "python",
+                "engine_dir": engine.model_dir,
+                "max_beam_width": str(engine.max_beam_width),
+            }
             | _optional(
                 {
                     "kv_cache_free_gpu_mem_fraction": engine.kv_cache_free_gpu_mem_fraction,

@@ -63,6 +63,9 @@ class TorchEngine(
     """Tokens of one KV-cache block, the unit of reuse and of the block metrics."""
     max_num_tokens: int | None = None
     """Most prompt tokens prefilled in one iteration (engine default 8192)."""
+    max_beam_width: int = 1
+    """Widest beam search a request may ask for (``beam_width``); each beam takes a row of
+    ``max_batch_size``."""
 
 
 class TensorRTLLMEngine(
@@ -322,10 +325,13 @@ def _check_torch(name: str, engine: TorchEngine) -> None:
         "tokens_per_block": engine.tokens_per_block,
         "max_num_tokens": engine.max_num_tokens,
         "max_tokens_in_paged_kv_cache": engine.max_tokens_in_paged_kv_cache,
+        "max_beam_width": engine.max_beam_width,
     }
     for field, value in counts.items():
         if value is not None and value < 1:
             raise SpecError(f"model {name!r}: engine {field} must be >= 1")
+    if engine.max_beam_width > engine.max_batch_size:
+        raise SpecError(f"model {name!r}: engine max_beam_width must not exceed max_batch_size")
     fraction = engine.kv_cache_free_gpu_mem_fraction
     if fraction is not None and not 0.0 < fraction <= 1.0:
         raise SpecError(f"model {name!r}: engine kv_cache_free_gpu_mem_fraction must be in (0, 1]")

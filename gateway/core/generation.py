@@ -178,6 +178,45 @@ class ChoiceRunner:
         self._meter.ended(end)
         yield end
 
+    async def run_beams(
+        self, specs: Sequence[ChoiceSpec], request: GenerationRequest
+    ) -> AsyncGenerator[Event, None]:
+        """The choices one beam search answers, its best beams first: each beam's text (stop
+        sequences cut) and ending. Every beam's tokens are used, so the first choice's count
+        also holds those of the beams beyond the ``n`` returned (TensorRT-LLM's count)."""
+        chunks = self._open(request)
+        final: TokenChunk | None = None
+        try:
+            async for chunk in chunks:
+                final = chunk
+        finally:
+            await close_quietly(chunks)
+        first = specs[0]
+        beams = (final.beams or (final.text,)) if final is not None else ()
+        counts = [
+            min(await self._model.tokenizer.count(text), first.params.max_tokens) for text in beams
+        ]
+        hidden = sum(counts[len(specs) :])
+        prompt_tokens = (final.prompt_tokens if final else None) or first.prompt.token_count
+        cached = final.cached_tokens if final is not None else None
+        for position, spec in enumerate(specs):
+            matcher = StopMatcher(spec.params.stop)
+            text = beams[position] if position < len(beams) else ""
+            shown = matcher.feed(text) + matcher.flush()
+            if shown:
+                yield TextDelta(spec.index, shown)
+            tokens = counts[position] if position < len(counts) else 0
+            end = ChoiceEnd(
+                index=spec.index,
+                prompt_index=spec.prompt_index,
+                finish_reason=finish_reason(matcher.stopped, tokens, spec.params.max_tokens),
+                prompt_tokens=prompt_tokens,
+                completion_tokens=tokens + (hidden if position == 0 else 0),
+                cached_tokens=None if cached is None else min(cached, prompt_tokens),
+            )
+            self._meter.ended(end)
+            yield end
+
     async def _delta(self, index: int, text: str, chunk: TokenChunk) -> TextDelta:
         if not self._logprobs or not chunk.logprobs:
             return TextDelta(index, text)
@@ -248,24 +287,30 @@ class GenerationService:
         )
         try:
             trace_headers = watch.trace_headers()
-            streams = [
-                runner.run(
-                    spec,
-                    GenerationRequest(
-                        request_id=f"{request_id}-{spec.index}",
-                        prompt=spec.prompt.text,
-                        prompt_ids=spec.prompt.ids,
-                        tokens=tokens,
-                        params=spec.params,
-                        stream=plan.stream,
-                        timeout_s=self._timeout_s,
-                        priority=priority,
-                        lora=model.adapter,
-                        trace_headers=trace_headers,
-                    ),
+
+            def request_of(spec: ChoiceSpec) -> GenerationRequest:
+                return GenerationRequest(
+                    request_id=f"{request_id}-{spec.index}",
+                    prompt=spec.prompt.text,
+                    prompt_ids=spec.prompt.ids,
+                    tokens=tokens,
+                    params=spec.params,
+                    stream=plan.stream,
+                    timeout_s=self._timeout_s,
+                    priority=priority,
+                    lora=model.adapter,
+                    trace_headers=trace_headers,
                 )
-                for spec in plan.choices
-            ]
+
+            if plan.choices[0].params.beam is not None:
+                groups: dict[int, list[ChoiceSpec]] = {}
+                for spec in plan.choices:
+                    groups.setdefault(spec.prompt_index, []).append(spec)
+                streams = [
+                    runner.run_beams(specs, request_of(specs[0])) for specs in groups.values()
+                ]
+            else:
+                streams = [runner.run(spec, request_of(spec)) for spec in plan.choices]
             merged = single(streams[0], self._timeout_s) if len(streams) == 1 else None
             async with aclosing(merged or merge(streams, self._timeout_s)) as events:
                 async for event in events:

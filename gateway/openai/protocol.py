@@ -122,6 +122,12 @@ class SamplingFields(Struct, frozen=True, kw_only=True):
     repetition_penalty: Annotated[float, Meta(gt=0.0)] | UnsetType | None = UNSET
     min_tokens: NonNegativeInt | UnsetType | None = UNSET
     response_format: ResponseFormat | UnsetType | None = UNSET
+    use_beam_search: bool | UnsetType | None = UNSET
+    """vLLM's: the ``n`` choices are the best beams of one beam search."""
+    length_penalty: float | UnsetType | None = UNSET
+    """vLLM's: beams are scored ``cum_log_prob / generated ** length_penalty``."""
+    early_stopping: bool | Literal["never"] | UnsetType | None = UNSET
+    """vLLM's: stop once ``n`` beams ended (true), heuristically (false), or never early."""
 
 
 class ChatCompletionRequest(SamplingFields, frozen=True, kw_only=True):

@@ -195,7 +195,7 @@ def test_client_cancellation_stops_generation(sidecar: Sidecar) -> None:
             },
             "lora_task_id must be set for LoRA inference",
         ),
-        ({"beam_width": 2}, "beam_width 2 is not supported"),
+        ({"beam_width": 8}, "max_beam_width 4"),
         ({"prompt": PROMPT * 1000}, "torch_max_seq_len"),
     ],
 )

@@ -83,3 +83,38 @@ def reference(hf_model: Any, prompt: tuple[int, ...], max_new: int = 24) -> list
 def fresh_index(tokens: list[int], start: int = 1) -> int:
     """The first position from `start` whose token did not occur before it."""
     return next(i for i in range(start, len(tokens)) if tokens[i] not in tokens[:i])
+
+
+def beam_reference(
+    hf_model: Any,
+    prompt: tuple[int, ...],
+    width: int,
+    max_new: int,
+    *,
+    length_penalty: float = 0.0,
+    early_stopping: bool | str = True,
+    eos: int | None = None,
+) -> list[list[int]]:
+    """transformers' beams of ``generate(num_beams=width)``, best first, cut at the end token.
+    ``renormalize_logits`` makes its scores the log-softmax of the processed logits (suppressed
+    tokens removed), which is what TensorRT-LLM's beam search scores."""
+    end = hf_model.generation_config.eos_token_id if eos is None else eos
+    with torch.no_grad():
+        out = hf_model.generate(
+            torch.tensor([prompt]),
+            attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+            do_sample=False,
+            num_beams=width,
+            num_return_sequences=width,
+            max_new_tokens=max_new,
+            length_penalty=length_penalty,
+            early_stopping=early_stopping,
+            renormalize_logits=True,
+            eos_token_id=end,
+            pad_token_id=end,
+        )
+    beams = []
+    for sequence in out:
+        tokens = sequence[len(prompt) :].tolist()
+        beams.append(tokens[: tokens.index(end)] if end in tokens else tokens)
+    return beams

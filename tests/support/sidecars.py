@@ -9,6 +9,7 @@ from deploy.sidecar.spec import Spec, parse_spec
 CHUNK_TOKENS = 64
 """``tiny2``'s ``max_num_tokens``: prompt tokens prefilled per iteration, in chunks."""
 CHUNKED = {"enable_chunked_context": True, "max_num_tokens": CHUNK_TOKENS, "tokens_per_block": 16}
+MAX_BEAM_WIDTH = 4
 SMALL_KV_CACHE = 8192
 """Tokens of ``tiny3``'s KV cache: two sequences of the tiny model's 4096."""
 
@@ -21,9 +22,14 @@ def tiny_spec(model_dir: Path, **sidecar: object) -> Spec:
     ``tiny2``: the v0.19 layout (no token counts, ``min_length``/``random_seed``); BLS streams
     cumulative text; chunked context of at most 64 prompt tokens an iteration, blocks of 16.
     ``tiny3``: the v0.8 layout, not decoupled; a KV cache of two full-length sequences.
-    Every engine reuses cached prefixes (the engine's default).
+    Every engine reuses cached prefixes (the engine's default) and searches up to 4 beams.
     """
-    engine = {"kind": "torch", "model_dir": str(model_dir), "max_batch_size": 16}
+    engine = {
+        "kind": "torch",
+        "model_dir": str(model_dir),
+        "max_batch_size": 16,
+        "max_beam_width": MAX_BEAM_WIDTH,
+    }
     return parse_spec(
         {
             "models": [

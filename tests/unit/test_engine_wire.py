@@ -11,6 +11,7 @@ import pytest
 
 from deploy.triton.engine.config import settings_from_model_config
 from deploy.triton.engine.types import (
+    BeamSearch,
     EngineConfig,
     EngineError,
     SamplingConfig,
@@ -96,7 +97,7 @@ def test_parse_items_splits_a_batch_by_input_lengths() -> None:
             },
             "must have both lora_weights and lora_keys",
         ),
-        ({"beam_width": np.array([[2]], np.int32)}, "beam_width 2 is not supported"),
+        ({"beam_width": np.array([[0]], np.int32)}, "beam_width must be at least 1"),
         ({"draft_input_ids": np.array([[1, 2]], np.int32)}, "speculative decoding"),
         ({"decoder_input_ids": np.array([[4, 5]], np.int32)}, "decoder_input_ids holds 2"),
         ({"encoder_input_features": np.ones((1, 2, 3), np.float16)}, "encoder-decoder"),
@@ -265,10 +266,45 @@ def test_prompt_table_extra_ids_salt_the_prompt() -> None:
 
 
 @pytest.mark.parametrize(
+    ("extra", "beam"),
+    [
+        ({}, None),
+        ({"beam_width": np.array([[1]], np.int32)}, None),
+        ({"beam_width": np.array([[3]], np.int32)}, BeamSearch(3)),
+        (
+            {
+                "beam_width": np.array([[2]], np.int32),
+                "len_penalty": np.array([[0.5]], np.float32),
+                "early_stopping": np.array([[False]]),
+                "beam_search_diversity_rate": np.array([[-0.25]], np.float32),
+            },
+            BeamSearch(2, length_penalty=0.5, early_stopping=0, diversity_rate=-0.25),
+        ),
+        (
+            {"beam_width": np.array([[2]], np.int32), "early_stopping": np.array([[3]], np.int32)},
+            BeamSearch(2, early_stopping=3),
+        ),
+    ],
+)
+def test_parse_items_reads_beam_search(extra: dict[str, Any], beam: BeamSearch | None) -> None:
+    inputs = _inputs(**extra)
+    ((request, context),) = parse_items(inputs, id_prefix="k", exclude_input_default=False)
+    assert request.beam == beam
+    assert context.beam_width == (beam.width if beam else 1)
+    assert request.rows == context.beam_width
+
+
+def test_settings_read_max_beam_width() -> None:
+    settings = settings_from_model_config(_config(gpt_model_path="m", max_beam_width="4"))
+    assert isinstance(settings.engine, EngineConfig)
+    assert settings.engine.max_beam_width == 4
+
+
+@pytest.mark.parametrize(
     ("parameters", "message"),
     [
         ({}, "gpt_model_path"),
-        ({"gpt_model_path": "m", "max_beam_width": "2"}, "max_beam_width"),
+        ({"gpt_model_path": "m", "max_beam_width": "0"}, "max_beam_width"),
         ({"gpt_model_path": "m", "torch_max_batch_size": "many"}, "integer"),
         ({"gpt_model_path": "m", "exclude_input_in_output": "maybe"}, "true or false"),
         ({"gpt_model_path": "m", "enable_kv_cache_reuse": "perhaps"}, "true or false"),

@@ -196,7 +196,14 @@ def test_names_are_prefixed_and_wired(engine: dict[str, object], release: str) -
 @pytest.mark.parametrize("release", RELEASES)
 def test_torch_engine_config(release: str) -> None:
     spec = _spec(
-        {**TORCH, "device": "cuda:1", "dtype": "bfloat16", "max_batch_size": 8}, release=release
+        {
+            **TORCH,
+            "device": "cuda:1",
+            "dtype": "bfloat16",
+            "max_batch_size": 8,
+            "max_beam_width": 4,
+        },
+        release=release,
     )
     config = parse(render_config(parse_spec(spec).models[0], "tensorrt_llm"))
     params = {k: v.string_value for k, v in config.parameters.items()}
@@ -206,6 +213,7 @@ def test_torch_engine_config(release: str) -> None:
     assert params["torch_device"] == "cuda:1"
     assert params["torch_dtype"] == "bfloat16"
     assert params["torch_max_batch_size"] == "8"
+    assert params["max_beam_width"] == "4"
     assert not any("${" in v for v in params.values())
 
 
@@ -337,6 +345,14 @@ def test_spec_file_relative_paths_and_two_sidecars(tmp_path: Path) -> None:
         (
             {"models": [{"name": "a", "engine": {**TORCH, "kv_cache_free_gpu_mem_fraction": 2.0}}]},
             r"must be in \(0, 1\]",
+        ),
+        (
+            {"models": [{"name": "a", "engine": {**TORCH, "max_beam_width": 0}}]},
+            "max_beam_width must be >= 1",
+        ),
+        (
+            {"models": [{"name": "a", "engine": {**TORCH, "max_beam_width": 32}}]},
+            "max_beam_width must not exceed max_batch_size",
         ),
         ({"models": [{"name": "a", "engine": TRTLLM}]}, None),
         (

@@ -11,6 +11,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from deploy.triton.engine.beams import BeamGroup
 from deploy.triton.engine.blocks import BlockTable
 from deploy.triton.engine.guided import GrammarState, grammar_masks
 from deploy.triton.engine.lora import LoadedLora
@@ -60,6 +61,8 @@ class SequenceState:
     """The sequence's KV-cache blocks: ``table.length`` tokens of ``history`` are cached."""
     blocks: RequestBlocks | None = None
     """Its request's prompt blocks, as the perf metrics report them."""
+    beam: BeamGroup | None = None
+    """The beam search this row is a beam of (``index`` is its beam), or None."""
 
     def __post_init__(self) -> None:
         if not self.history:
@@ -114,6 +117,8 @@ class SequenceState:
 
     def take_output(self) -> SequenceOutput | None:
         """The output due now: new tokens when streaming, everything once finished otherwise."""
+        if self.beam is not None:
+            return self.beam.take_output(self)
         streaming = self.request.streaming
         if self.finish is None and (not streaming or self.emitted == len(self.generated)):
             return None
@@ -143,6 +148,11 @@ class SequenceState:
             cached_tokens=len(self.history),
             blocks=self.blocks,
         )
+
+    @property
+    def reports(self) -> bool:
+        """Whether this row answers for its sequence (a beam search answers through beam 0)."""
+        return self.beam is None or self.index == 0
 
     def error_output(self, message: str) -> SequenceOutput:
         """A final output reporting a failure."""
@@ -207,7 +217,10 @@ class DecodeBatch:
         allowed = grammar_masks(
             [seq.grammar for seq in self.sequences], logits.shape[-1], logits.device
         )
-        tokens = self.sampling.choose(logits, bans, allowed)
+        processed = self.sampling.process(logits, bans, allowed)
+        tokens = self.sampling.pick(processed)
+        if any(seq.beam is not None for seq in self.sequences):
+            tokens = self._search_beams(processed, tokens)
         self.sampling.record(tokens)
         if any(seq.request.return_log_probs for seq in self.sequences):
             log_probs = token_log_probs(logits, tokens).tolist()
@@ -216,6 +229,13 @@ class DecodeBatch:
         outputs: list[tuple[SequenceState, SequenceOutput]] = []
         running: list[int] = []
         for row, (seq, token) in enumerate(zip(self.sequences, tokens.tolist(), strict=True)):
+            if seq.beam is not None:
+                if not seq.beam.done:
+                    running.append(row)
+                beam_output = seq.take_output()
+                if beam_output is not None:
+                    outputs.append((seq, beam_output))
+                continue
             raw = None
             if seq.request.return_generation_logits:
                 raw = logits[row].float().cpu().numpy()
@@ -225,3 +245,28 @@ class DecodeBatch:
             if output is not None:
                 outputs.append((seq, output))
         return outputs, self.keep(running)
+
+    def _search_beams(self, processed: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        """Step every beam search in the batch: its rows take their chosen beams' tokens and
+        the sampling state of the rows they continue."""
+        groups: dict[int, list[int]] = {}
+        for row, seq in enumerate(self.sequences):
+            if seq.beam is not None:
+                groups.setdefault(id(seq.beam), []).append(row)
+        chosen = tokens.tolist()
+        targets: list[int] = []
+        sources: list[int] = []
+        for rows in groups.values():
+            rows.sort(key=lambda row: self.sequences[row].index)
+            group = self.sequences[rows[0]].beam
+            assert group is not None
+            index = torch.tensor(rows, dtype=torch.long, device=processed.device)
+            parents = group.step(processed[index])
+            if parents is None:
+                continue
+            for row, parent in zip(rows, parents, strict=True):
+                targets.append(row)
+                sources.append(rows[parent])
+                chosen[row] = self.sequences[row].generated[-1]
+        self.sampling.copy_rows(targets, sources)
+        return torch.tensor(chosen, dtype=torch.long, device=tokens.device)

@@ -213,6 +213,52 @@ class BlockManager:
         self.move_reserve(table, fork, reserve)
         return fork, copy
 
+    def regroup(
+        self, tables: Sequence[BlockTable], parents: Sequence[int]
+    ) -> tuple[list[BlockTable], list[tuple[int, int]]]:
+        """Beam search's reordering: beam ``i`` continues ``tables[parents[i]]``. A parent's
+        first child keeps its table, later children get forks (full blocks shared, the partial
+        last block copied) and tables nobody continues are released. The beams' reservations
+        are pooled: what a released table frees goes back into it, every new block comes out of
+        it, and it is spread over the new tables. Returns the tables in beam order and the
+        ``(source, target)`` block copies the caller must make in the pool."""
+        pot = sum(table.reserve for table in tables)
+        for table in tables:
+            table.reserve = 0
+        children: dict[int, list[int]] = {}
+        for beam, parent in enumerate(parents):
+            children.setdefault(parent, []).append(beam)
+        for index, table in enumerate(tables):
+            if index not in children:
+                free_before = self.free
+                self.release(table)
+                freed = self.free - free_before
+                pot += freed
+                self._reserved += freed
+        result: list[BlockTable | None] = [None] * len(parents)
+        copies: list[tuple[int, int]] = []
+        size = self.tokens_per_block
+        for parent, beams in children.items():
+            table = tables[parent]
+            result[beams[0]] = table
+            full = table.length // size
+            for beam in beams[1:]:
+                for block in table.blocks[:full]:
+                    self._hold(block)
+                fork = BlockTable(table.root, table.blocks[:full], table.length, list(table.hashes))
+                if table.length > full * size:
+                    block, _ = self._allocate()
+                    pot -= 1
+                    self._reserved -= 1
+                    fork.blocks.append(block)
+                    copies.append((table.blocks[full], block))
+                result[beam] = fork
+        regrouped = [table for table in result if table is not None]
+        share, extra = divmod(pot, len(regrouped))
+        for index, table in enumerate(regrouped):
+            table.reserve = share + (1 if index < extra else 0)
+        return regrouped, copies
+
     def move_reserve(self, source: BlockTable, target: BlockTable, blocks: int) -> None:
         """Hand ``blocks`` of ``source``'s reservation to ``target``."""
         moved = min(blocks, source.reserve)

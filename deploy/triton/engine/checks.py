@@ -25,8 +25,37 @@ def _check_sampling(request: EngineRequest) -> None:
         raise EngineError("min_tokens must not be negative")
 
 
+def _check_beams(request: EngineRequest, max_beam_width: int, max_batch_size: int) -> None:
+    """Beam search as far as the engine takes it: within ``max_beam_width`` and the batch, one
+    response of every beam, no grammar and no per-token logits."""
+    beam = request.beam
+    if beam is None:
+        return
+    if not 1 <= beam.width <= max_beam_width:
+        raise EngineError(
+            f"beam_width {beam.width} is outside [1, max_beam_width {max_beam_width}] of the model"
+        )
+    if beam.width > max_batch_size:
+        raise EngineError(
+            f"beam_width {beam.width} exceeds torch_max_batch_size ({max_batch_size}): every "
+            "beam takes a row of the batch"
+        )
+    unsupported = {
+        "num_return_sequences > 1": request.num_return_sequences > 1,
+        "guided decoding": request.guide is not None,
+        "return_generation_logits": request.return_generation_logits,
+    }
+    for feature, asked in unsupported.items():
+        if asked:
+            raise EngineError(f"{feature} with beam_width > 1 is not supported by the torch engine")
+
+
 def validate_request(
-    request: EngineRequest, vocab_size: int, max_seq_len: int | None, max_batch_size: int
+    request: EngineRequest,
+    vocab_size: int,
+    max_seq_len: int | None,
+    max_batch_size: int,
+    max_beam_width: int = 1,
 ) -> int:
     """Check a request against the model and limits; returns its effective max new tokens."""
     prompt = len(request.input_ids)
@@ -52,6 +81,7 @@ def validate_request(
     if bias is not None and bias.size not in (0, vocab_size):
         raise EngineError(f"embedding_bias has {bias.size} values; the vocabulary has {vocab_size}")
     _check_sampling(request)
+    _check_beams(request, max_beam_width, max_batch_size)
     if max_seq_len is None:
         return request.max_new_tokens
     return min(request.max_new_tokens, max_seq_len - prompt)

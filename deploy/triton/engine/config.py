@@ -77,8 +77,8 @@ def _torch(model_config: Mapping[str, Any]) -> EngineConfig:
     if model_path is None:
         raise EngineError("parameter gpt_model_path (a Hugging Face model folder or id) is unset")
     beam_width = _int(model_config, "max_beam_width", 1)
-    if beam_width != 1:
-        raise EngineError(f"max_beam_width {beam_width} is not supported: the torch engine has 1")
+    if beam_width is None or beam_width < 1:
+        raise EngineError(f"parameter max_beam_width must be at least 1, got {beam_width}")
     max_batch_size = _int(model_config, "torch_max_batch_size", 16)
     if max_batch_size is None or max_batch_size < 1:
         raise EngineError("parameter torch_max_batch_size must be at least 1")
@@ -97,6 +97,7 @@ def _torch(model_config: Mapping[str, Any]) -> EngineConfig:
         iter_stats_max_iterations=_positive(
             model_config, "iter_stats_max_iterations", EngineConfig.iter_stats_max_iterations
         ),
+        max_beam_width=beam_width,
     )
 
 

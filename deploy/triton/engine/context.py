@@ -10,6 +10,7 @@ import numpy.typing as npt
 import torch
 
 from deploy.triton.engine.batch import DecodeBatch, SequenceState
+from deploy.triton.engine.beams import BeamGroup
 from deploy.triton.engine.blocks import BlockTable
 from deploy.triton.engine.guided import GrammarState, GuidedDecoding
 from deploy.triton.engine.kvstore import Admission, KVStore
@@ -104,7 +105,7 @@ class ContextPhase:
         they start in, the outputs due and the sequences that already finished."""
         entry, runner = job.entry, self.runner
         request = entry.request
-        n = request.num_return_sequences
+        n = request.rows
         end_ids = runner.default_end_ids if request.end_ids is None else request.end_ids
         tables = self._tables(job, n)
         blocks = RequestBlocks(job.alloc_total, job.alloc_new, job.admission.reused)
@@ -125,6 +126,10 @@ class ContextPhase:
             )
             for index, table in enumerate(tables)
         ]
+        if request.beam is not None:
+            beams = BeamGroup(request.beam, sequences, self.store, end_ids, entry.max_new_tokens)
+            for seq in sequences:
+                seq.beam = beams
         bias = static_bias(
             runner.vocab_size, runner.suppress_tokens, request.bad_words, request.embedding_bias
         )

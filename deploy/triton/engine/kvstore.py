@@ -75,7 +75,7 @@ class KVStore:
         prompt = len(request.input_ids)
         per_sequence = blocks_for(prompt + max_new_tokens, size)
         shared = prompt // size
-        return shared + request.num_return_sequences * (per_sequence - shared), per_sequence
+        return shared + request.rows * (per_sequence - shared), per_sequence
 
     def admit(self, request: EngineRequest, max_new_tokens: int) -> Admission | None:
         """Take the cached prefix of ``request``'s prompt and reserve the rest, or None when
@@ -112,6 +112,13 @@ class KVStore:
         if copy is not None:
             self.pool.copy_block(*copy)
         return fork
+
+    def regroup(self, tables: Sequence[BlockTable], parents: Sequence[int]) -> list[BlockTable]:
+        """Beam ``i``'s table continues ``tables[parents[i]]`` (see ``BlockManager.regroup``)."""
+        regrouped, copies = self.manager.regroup(tables, parents)
+        for source, target in copies:
+            self.pool.copy_block(source, target)
+        return regrouped
 
     def release(self, table: BlockTable) -> None:
         """Return ``table``'s blocks (cached ones stay findable until evicted)."""

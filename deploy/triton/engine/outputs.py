@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from deploy.triton.engine.types import RequestBlocks, SequenceOutput
+from deploy.triton.engine.types import Beams, RequestBlocks, SequenceOutput
 
 Array = npt.NDArray[Any]
 Builder = Callable[[], Array]
@@ -65,6 +65,7 @@ class ItemContext:
     max_new_tokens: int = 0
     """Effective output budget: TensorRT-LLM sizes generation logits by it."""
     vocab_size: int = 0
+    beam_width: int = 1
 
 
 def _cell(value: float, dtype: type[np.generic]) -> Array:
@@ -148,6 +149,35 @@ def _perf_metrics(output: SequenceOutput) -> dict[str, Builder]:
     return {name: functools.partial(_cell, value, dtype) for name, (value, dtype) in values.items()}
 
 
+def _padded(rows: list[Array], dtype: type[np.generic], fill: float) -> Array:
+    """Rows of different lengths as ``[1, rows, longest]``, padded with ``fill``."""
+    width = max((row.size for row in rows), default=0)
+    table = np.full((1, len(rows), width), fill, dtype)
+    for index, row in enumerate(rows):
+        table[0, index, : row.size] = row
+    return table
+
+
+def _beam_tensors(beams: Beams, context: ItemContext) -> dict[str, Builder]:
+    """Every beam in one response, as the C++ backend answers a beam search: ``output_ids``
+    ``[1, beams, tokens]`` padded with -1, ``sequence_length`` and ``cum_log_probs``
+    ``[1, beams]``, ``output_log_probs`` ``[1, beams, tokens]``. Streamed responses carry each
+    beam's tokens so far (beams change from step to step), never the prompt."""
+    ids = [beam.astype(np.int32) for beam in beams.token_ids]
+    if not context.streaming and not context.exclude_input:
+        ids = [np.concatenate([context.prompt, beam]).astype(np.int32) for beam in ids]
+    builders: dict[str, Builder] = {
+        "output_ids": lambda: _padded(ids, np.int32, -1),
+        "sequence_length": lambda: np.array([[row.size for row in ids]], np.int32),
+    }
+    if context.return_log_probs:
+        builders["cum_log_probs"] = lambda: np.array([beams.cum_log_probs], np.float32)
+        builders["output_log_probs"] = lambda: _padded(list(beams.log_probs), np.float32, 0.0)
+    if context.return_num_output_tokens:
+        builders["num_output_tokens"] = lambda: _cell(sum(row.size for row in ids), np.int32)
+    return builders
+
+
 def response_tensors(
     output: SequenceOutput,
     context: ItemContext,
@@ -180,4 +210,6 @@ def response_tensors(
         builders["num_input_tokens"] = lambda: _cell(context.prompt.size, np.int32)
     if context.return_num_output_tokens:
         builders["num_output_tokens"] = lambda: _cell(ids.size, np.int32)
+    if output.beams is not None:
+        builders.update(_beam_tensors(output.beams, context))
     return {name: build() for name, build in builders.items() if name in requested}

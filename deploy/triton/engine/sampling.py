@@ -277,13 +277,27 @@ class SamplingRows:
                 self.current_top_p[row] = max(decayed, _TOP_P_FLOOR)
         self.top_p = torch.tensor(self.current_top_p, dtype=torch.float32, device=self.bias.device)
 
-    def choose(
+    def copy_rows(self, targets: Sequence[int], sources: Sequence[int]) -> None:
+        """Row ``targets[i]`` takes the penalty and top-p state of row ``sources[i]`` (a beam
+        continuing another beam's tokens)."""
+        if not targets:
+            return
+        index = torch.arange(len(self), device=self.bias.device)
+        index[torch.tensor(list(targets), dtype=torch.long, device=index.device)] = torch.tensor(
+            list(sources), dtype=torch.long, device=index.device
+        )
+        self.seen, self.counts = self.seen[index], self.counts[index]
+        rows = index.tolist()
+        self.current_top_p = [self.current_top_p[r] for r in rows]
+        self.top_p = torch.tensor(self.current_top_p, dtype=torch.float32, device=self.bias.device)
+
+    def process(
         self,
         logits: torch.Tensor,
         bans: Sequence[tuple[int, int]],
         allowed: tuple[list[int], torch.Tensor] | None = None,
     ) -> torch.Tensor:
-        """Process the raw logits [rows, vocab] and pick one token per row.
+        """The raw logits [rows, vocab] with each row's bias, bans, grammar and penalties.
 
         ``allowed`` holds the guided rows and the tokens their grammars allow. Where the bans
         leave a guided row nothing its grammar allows, the grammar alone decides: a grammar
@@ -304,6 +318,10 @@ class SamplingRows:
                 self.presence,
                 self.frequency,
             )
+        return processed
+
+    def pick(self, processed: torch.Tensor) -> torch.Tensor:
+        """One token per row of the processed logits: arg-max or sampled, row by row."""
         if self.all_greedy:
             return processed.argmax(dim=-1)
         uniforms = torch.tensor(
@@ -316,3 +334,12 @@ class SamplingRows:
         return choose_tokens(
             processed, self.temperature, self.top_k, self.top_p, self.greedy, uniforms
         )
+
+    def choose(
+        self,
+        logits: torch.Tensor,
+        bans: Sequence[tuple[int, int]],
+        allowed: tuple[list[int], torch.Tensor] | None = None,
+    ) -> torch.Tensor:
+        """Process the raw logits [rows, vocab] and pick one token per row."""
+        return self.pick(self.process(logits, bans, allowed))

@@ -19,6 +19,7 @@ from deploy.triton.engine.kvstore import KVStore
 from deploy.triton.engine.lora import LoraCache
 from deploy.triton.engine.runner import ModelRunner
 from deploy.triton.engine.types import (
+    Beams,
     EngineConfig,
     EngineError,
     EngineRequest,
@@ -64,6 +65,7 @@ class Engine:
         self.config = config
         self.loras = LoraCache(config.lora_cache_size)
         self.max_batch_size = config.max_batch_size
+        self.max_beam_width = config.max_beam_width
         seq_len = config.max_seq_len or runner.max_positions
         self.store = KVStore.build(runner, config, seq_len or _FALLBACK_SEQ_LEN)
         self.max_seq_len: int | None = min(seq_len or self.store.capacity, self.store.capacity)
@@ -116,13 +118,17 @@ class Engine:
     def submit(self, request: EngineRequest, callback: OutputCallback) -> None:
         """Queue a request; raises `EngineError` when it cannot be served."""
         max_new = validate_request(
-            request, self.runner.vocab_size, self.max_seq_len, self.max_batch_size
+            request,
+            self.runner.vocab_size,
+            self.max_seq_len,
+            self.max_batch_size,
+            self.max_beam_width,
         )
         blocks, _ = self.store.worst_case(request, max_new)
         if not self.store.manager.fits(blocks):
             raise EngineError(
                 f"the request may need {blocks} KV-cache blocks (its prompt and "
-                f"{max_new} new tokens for each of its {request.num_return_sequences} sequences), "
+                f"{max_new} new tokens for each of its {request.rows} sequences or beams), "
                 f"which must not exceed the {self.store.manager.num_blocks} blocks of the cache"
             )
         adapter = None
@@ -223,6 +229,7 @@ class Engine:
             logger.exception("output callback of request %s failed", output.request_id)
 
     def _emit_unstarted(self, entry: Submission, reason: FinishReason, error: str | None) -> None:
+        beam = entry.request.beam
         for index in range(entry.request.num_return_sequences):
             output = SequenceOutput(
                 request_id=entry.request.request_id,
@@ -232,6 +239,7 @@ class Engine:
                 cum_log_prob=0.0,
                 finish_reason=reason,
                 error=error,
+                beams=Beams.empty(beam.width) if beam is not None else None,
             )
             self._emit(entry.callback, output)
 
@@ -265,8 +273,8 @@ class Engine:
         """Waiting requests in order, while batch slots and KV blocks last."""
         while self._waiting:
             entry = self._waiting[0]
-            running = len(self._batch) + sum(j.request.num_return_sequences for j in self._jobs)
-            if running + entry.request.num_return_sequences > self.max_batch_size:
+            running = len(self._batch) + sum(j.request.rows for j in self._jobs)
+            if running + entry.request.rows > self.max_batch_size:
                 return
             admission = self.store.admit(entry.request, entry.max_new_tokens)
             if admission is None:
@@ -348,8 +356,7 @@ class Engine:
         )
         sequences = self._batch.sequences
         self._snapshot = EngineStats(
-            running_sequences=len(sequences)
-            + sum(j.request.num_return_sequences for j in self._jobs),
+            running_sequences=len(sequences) + sum(j.request.rows for j in self._jobs),
             waiting_requests=len(self._waiting),
             steps=self._steps,
             max_running=self._max_running,
@@ -361,7 +368,8 @@ class Engine:
 
     def _fail_batch(self, message: str) -> None:
         for seq in self._batch.sequences:
-            self._emit(seq.callback, seq.error_output(message))
+            if seq.reports:
+                self._emit(seq.callback, seq.error_output(message))
         self._release(self._batch.sequences)
         self._batch = DecodeBatch.empty(self.runner.vocab_size, self.runner.device)
 
@@ -380,7 +388,8 @@ class Engine:
             self._drop_job(job, reason, failure)
         for seq in self._batch.sequences:
             if failure is not None:
-                self._emit(seq.callback, seq.error_output(failure))
+                if seq.reports:
+                    self._emit(seq.callback, seq.error_output(failure))
                 continue
             seq.finish = FinishReason.CANCELLED
             output = seq.take_output()

@@ -201,7 +201,11 @@ class TritonPythonModel:
                 if request.num_return_sequences > 1:
                     raise EngineError(_SEQUENCES_NEED_DECOUPLED)
             budget = validate_request(
-                request, engine.vocab_size, engine.max_seq_len, engine.max_batch_size
+                request,
+                engine.vocab_size,
+                engine.max_seq_len,
+                engine.max_batch_size,
+                engine.max_beam_width,
             )
             checked.append((request, dataclasses.replace(context, max_new_tokens=budget)))
         return checked

@@ -105,6 +105,20 @@ class SamplingConfig:
 
 
 @dataclass(frozen=True)
+class BeamSearch:
+    """Beam search with TensorRT-LLM's parameters and defaults: ``width`` beams, scores
+    ``cum_log_prob / generated ** length_penalty``, ``early_stopping`` 1 (stop once ``width``
+    beams ended), 0 (stop when no running beam can beat the finished ones, judged at the
+    current length) or above 1 (the same, judged at the longest length when ``length_penalty``
+    is positive), and ``diversity_rate`` times the beam's index added to its candidates' rank."""
+
+    width: int
+    length_penalty: float = 0.0
+    early_stopping: int = 1
+    diversity_rate: float = 0.0
+
+
+@dataclass(frozen=True)
 class EngineRequest:
     """One prompt to complete; `end_ids` None means the model's own end-of-sequence ids."""
 
@@ -130,6 +144,14 @@ class EngineRequest:
     extra_ids: TokenIds | None = None
     """Per prompt token, an id that tells apart equal token ids of different content
     (``prompt_table_extra_ids``); it salts the block of its token."""
+    beam: BeamSearch | None = None
+    """Beam search (``beam_width`` above 1): one output holding every beam."""
+
+    @property
+    def rows(self) -> int:
+        """Rows of the decode batch the request takes: one per sequence or beam."""
+        width = self.beam.width if self.beam is not None else 1
+        return self.num_return_sequences * width
 
 
 class FinishReason(enum.Enum):
@@ -164,6 +186,26 @@ class RequestBlocks:
 
 
 @dataclass(frozen=True)
+class Beams:
+    """The beams of a beam-search request: while streaming the running beams in beam order,
+    at the end the best ``width`` finished ones, best first (each beam's tokens, its per-token
+    log probs and their sum)."""
+
+    token_ids: tuple[npt.NDArray[np.int32], ...]
+    log_probs: tuple[npt.NDArray[np.float32], ...]
+    cum_log_probs: tuple[float, ...]
+
+    @classmethod
+    def empty(cls, width: int) -> Beams:
+        """``width`` beams without tokens."""
+        return cls(
+            tuple(np.zeros(0, np.int32) for _ in range(width)),
+            tuple(np.zeros(0, np.float32) for _ in range(width)),
+            (0.0,) * width,
+        )
+
+
+@dataclass(frozen=True)
 class SequenceOutput:
     """A result delivered to the caller.
 
@@ -191,6 +233,8 @@ class SequenceOutput:
     """Prompt plus generated tokens held in the KV cache for this sequence."""
     blocks: RequestBlocks | None = None
     """The request's KV-cache blocks (None from an engine without a block store)."""
+    beams: Beams | None = None
+    """Every beam of a beam-search request (``token_ids`` then holds the first one's)."""
 
     @property
     def finished(self) -> bool:
@@ -239,6 +283,8 @@ class EngineConfig:
     one prompt per iteration)."""
     iter_stats_max_iterations: int = 1000
     """Iteration statistics kept until read."""
+    max_beam_width: int = 1
+    """Widest beam search a request may ask for (``max_beam_width``)."""
 
 
 @dataclass(frozen=True)
@@ -306,6 +352,7 @@ class ServingEngine(Protocol):
 
     max_batch_size: int
     max_seq_len: int | None
+    max_beam_width: int
 
     @property
     def vocab_size(self) -> int:

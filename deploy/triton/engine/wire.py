@@ -12,6 +12,7 @@ import numpy.typing as npt
 
 from deploy.triton.engine.outputs import ItemContext
 from deploy.triton.engine.types import (
+    BeamSearch,
     EngineError,
     EngineRequest,
     GuideRequest,
@@ -119,9 +120,6 @@ def check_supported(inputs: Inputs) -> None:
     if any(_present(inputs.get(name)) for name in _LOOKAHEAD_INPUTS):
         raise EngineError(LOOKAHEAD_ERROR)
     for item in range(batch_size(inputs)):
-        beam_width = _scalar(inputs, ("beam_width",), item, int)
-        if beam_width not in (None, 1):
-            raise EngineError(f"beam_width {beam_width} is not supported: the torch engine has 1")
         _check_decoder_input(inputs, item)
 
 
@@ -171,6 +169,23 @@ def _sampling(inputs: Inputs, item: int) -> SamplingConfig:
         seed=get(("seed", "random_seed"), int, 0),
         top_p_decay=get(("runtime_top_p_decay",), float, 1.0),
         top_p_reset_id=reset_id if reset_id is not None and reset_id >= 0 else None,
+    )
+
+
+def _beam(inputs: Inputs, item: int) -> BeamSearch | None:
+    """Beam search for ``beam_width`` above 1 (TensorRT-LLM's defaults: no length penalty,
+    early stopping, no diversity); ``early_stopping`` may be a bool or TensorRT-LLM's int."""
+    width = _scalar(inputs, ("beam_width",), item, int)
+    if width is None or width == 1:
+        return None
+    if width < 1:
+        raise EngineError(f"beam_width must be at least 1, got {width}")
+    early = _scalar(inputs, ("early_stopping",), item, int)
+    return BeamSearch(
+        width=width,
+        length_penalty=_scalar(inputs, ("len_penalty", "length_penalty"), item, float) or 0.0,
+        early_stopping=1 if early is None else early,
+        diversity_rate=_scalar(inputs, ("beam_search_diversity_rate",), item, float) or 0.0,
     )
 
 
@@ -268,6 +283,7 @@ def parse_items(
             lora=_lora(inputs, item),
             guide=_guide(inputs, item),
             extra_ids=_extra_ids(inputs, item, prompt.size),
+            beam=_beam(inputs, item),
         )
         perf = _flag(inputs, "return_perf_metrics", item) or _flag(
             inputs, "return_kv_cache_reuse_stats", item
@@ -287,6 +303,7 @@ def parse_items(
             return_perf_metrics=perf,
             max_new_tokens=output_len,
             vocab_size=vocab_size,
+            beam_width=request.beam.width if request.beam is not None else 1,
         )
         items.append((request, context))
     return items

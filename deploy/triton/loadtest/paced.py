@@ -125,6 +125,7 @@ class PacedEngine:
         self.config = config
         self.max_batch_size = config.max_batch_size
         self.max_seq_len: int | None = None
+        self.max_beam_width = 1
         self._lock = threading.Condition()
         self._due: list[_Due] = []
         self._waiting: deque[_Sequence] = deque()

@@ -252,9 +252,12 @@ class TritonPythonModel:
         sequence = texts.setdefault(index, bl.SequenceText(self.accumulate, plan.stop_words))
         if sequence.stopped:
             return
-        if plan.streaming:
+        ids = outputs["output_ids"]
+        if plan.streaming and (ids.ndim < 3 or ids.shape[1] == 1):
             chunk = [self._stream_text(sequence, outputs)]
         else:
+            # A beam search streams every beam's tokens so far (beams change from step to
+            # step): each response's texts are whole, as the stock BLS decodes them.
             chunk = self._whole_texts(plan, outputs, input_ids)
         yield _response(chunk, outputs, requested)
         if plan.streaming and sequence.stopped and _all_stopped(texts, plan.num_sequences):
@@ -269,10 +272,8 @@ class TritonPythonModel:
                 yield outputs
 
     def _stream_text(self, sequence: bl.SequenceText, outputs: Outputs) -> str:
-        (beams,) = tk.sequence_ids(outputs["output_ids"], outputs["sequence_length"])
-        if len(beams) != 1:
-            raise StepError(self.engine, "streaming supports beam_width 1 only")
-        prefix, full = sequence.detokenizer.extend(beams[0])
+        ((ids,),) = tk.sequence_ids(outputs["output_ids"], outputs["sequence_length"])
+        prefix, full = sequence.detokenizer.extend(ids)
         prefix_text, full_text = self._decode_windows(prefix, full)
         return sequence.emit(sequence.detokenizer.advance(prefix_text, full_text))
 

@@ -11,6 +11,7 @@ import msgspec
 from gateway.catalog.registry import ServedModel
 from gateway.core.plan import Plan
 from gateway.http.errors import InvalidRequestError
+from gateway.openai.beams import beam_choices, beam_search
 from gateway.openai.protocol import (
     ChatCompletionRequest,
     ChatMessage,
@@ -58,9 +59,16 @@ async def plan_chat(
         logprobs=logprobs,
         guide=output.guide,
     )
+    n = given(request.n) or 1
+    beam = beam_search(request, logprobs=logprobs)
+    choices = (
+        fan_out([prompt], n, [params], _rng)
+        if beam is None
+        else beam_choices([prompt], n, [params], beam)
+    )
     return Plan(
         model=model.name,
-        choices=fan_out([prompt], given(request.n) or 1, [params], _rng),
+        choices=choices,
         stream=bool(given(request.stream)),
         include_usage=include_usage(request),
         logprobs=logprobs,

@@ -10,6 +10,7 @@ from typing import Any
 from gateway.catalog.registry import ServedModel
 from gateway.core.plan import Plan, Prompt
 from gateway.http.errors import InvalidRequestError
+from gateway.openai.beams import beam_choices, beam_search
 from gateway.openai.protocol import (
     CompletionRequest,
     given,
@@ -38,8 +39,14 @@ def check_completion(request: CompletionRequest, max_n: int) -> None:
     if given(request.suffix):
         raise InvalidRequestError("suffix is not supported.", param="suffix")
     best_of = given(request.best_of)
-    if best_of is not None and best_of != (given(request.n) or 1):
-        raise InvalidRequestError("best_of is not supported.", param="best_of")
+    n = given(request.n) or 1
+    if best_of is not None and best_of != n and not given(request.use_beam_search):
+        raise InvalidRequestError(
+            "best_of is the beam width of a beam search: set use_beam_search to true.",
+            param="best_of",
+        )
+    if best_of is not None and best_of < n:
+        raise InvalidRequestError(f"best_of must be at least n ({n}).", param="best_of")
 
 
 def _prompts(model: ServedModel, prompt: str | list[Any]) -> list[Awaitable[Prompt]]:
@@ -91,9 +98,16 @@ async def plan_completion(
         )
         for prompt in prompts
     ]
+    n = given(request.n) or 1
+    beam = beam_search(request, best_of=given(request.best_of), logprobs=logprobs)
+    choices = (
+        fan_out(prompts, n, params, _rng)
+        if beam is None
+        else beam_choices(prompts, n, params, beam)
+    )
     return Plan(
         model=model.name,
-        choices=fan_out(prompts, given(request.n) or 1, params, _rng),
+        choices=choices,
         stream=bool(given(request.stream)),
         include_usage=include_usage(request),
         logprobs=logprobs,

@@ -1,0 +1,68 @@
+"""The beam-search inputs of a request: ``beam_width`` and what shapes the search, each sent only
+where the entry model declares it, or refused naming the request field."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from adapters.contract import BeamSearch, InvalidRequest
+from adapters.triton.config import ModelInputs
+from adapters.triton.tensors import WireTensor
+
+_NEVER = 2
+"""TensorRT-LLM's ``early_stopping`` above 1 (transformers' ``"never"``): an int input only."""
+_ENGINE_DEFAULT_EARLY_STOPPING = 1
+
+
+def beam_inputs(beam: BeamSearch, model: ModelInputs) -> list[WireTensor]:
+    """``beam_width``, the length penalty and early stopping for ``model``."""
+    if model.is_engine:
+        raise InvalidRequest(
+            f"use_beam_search is served through the ensemble or BLS entries, not {model.name}, "
+            "whose token ids the gateway decodes one sequence at a time.",
+            param="use_beam_search",
+        )
+    if not model.has("beam_width"):
+        raise InvalidRequest(
+            f"use_beam_search cannot be served: Triton model {model.name} has no beam_width input.",
+            param="use_beam_search",
+        )
+    if model.max_beam_width is not None and beam.width > model.max_beam_width:
+        raise InvalidRequest(
+            f"{beam.param} asks for {beam.width} beams, but this deployment's max_beam_width is "
+            f"{model.max_beam_width}.",
+            param=beam.param,
+        )
+    tensors = [WireTensor("beam_width", "INT32", np.array([[beam.width]], np.int32))]
+    if beam.length_penalty is not None:
+        spec = model.first_input("length_penalty", "len_penalty")
+        if spec is None:
+            raise InvalidRequest(
+                f"length_penalty cannot be served: Triton model {model.name} has no length "
+                "penalty input.",
+                param="length_penalty",
+            )
+        tensors.append(WireTensor(spec.name, "FP32", np.array([[beam.length_penalty]], np.float32)))
+    early = beam.early_stopping
+    if early is not None and early != _ENGINE_DEFAULT_EARLY_STOPPING:
+        tensors.append(_early_stopping(early, model))
+    return tensors
+
+
+def _early_stopping(value: int, model: ModelInputs) -> WireTensor:
+    spec = model.inputs.get("early_stopping") if model.has("early_stopping") else None
+    if spec is None:
+        raise InvalidRequest(
+            f"early_stopping cannot be served: Triton model {model.name} has no early_stopping "
+            "input, and its engine stops early (TensorRT-LLM's default, early_stopping true).",
+            param="early_stopping",
+        )
+    if spec.datatype == "BOOL":
+        if value == _NEVER:
+            raise InvalidRequest(
+                f"early_stopping 'never' cannot be served: Triton model {model.name} takes "
+                "early_stopping as a bool.",
+                param="early_stopping",
+            )
+        return WireTensor(spec.name, "BOOL", np.array([[bool(value)]], np.bool_))
+    return WireTensor(spec.name, "INT32", np.array([[value]], np.int32))

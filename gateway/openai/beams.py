@@ -1,0 +1,73 @@
+"""vLLM's beam-search fields (``use_beam_search`` with ``n`` and ``best_of``, ``length_penalty``,
+``early_stopping``) as one TensorRT-LLM beam search per prompt, whose best ``n`` beams are the
+choices; what a beam search cannot honour is refused naming the field."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from adapters.contract import BeamSearch, SamplingParams
+from gateway.core.plan import ChoiceSpec, Prompt
+from gateway.http.errors import InvalidRequestError
+from gateway.openai.protocol import SamplingFields, given
+
+_EARLY_STOPPING = {True: 1, False: 0, "never": 2}
+# Sampling controls a deterministic beam search has no use for.
+_SAMPLING_ONLY = ("top_p", "top_k", "seed")
+
+
+def beam_search(
+    request: SamplingFields, *, best_of: int | None = None, logprobs: bool = False
+) -> BeamSearch | None:
+    """The request's beam search, or None when it samples."""
+    if not given(request.use_beam_search):
+        for name in ("length_penalty", "early_stopping"):
+            if given(getattr(request, name)) is not None:
+                raise InvalidRequestError(
+                    f"{name} applies to beam search only: set use_beam_search to true.",
+                    param=name,
+                )
+        return None
+    refused = {
+        **{name: "a beam search does not sample" for name in _SAMPLING_ONLY},
+        "stream": "beams change until the search ends, so they are answered whole",
+        "response_format": "the engine does not guide a beam search",
+        "tools": "the engine does not guide a beam search",
+        "logprobs": "the text entries do not return each beam's token count",
+    }
+    for name, reason in refused.items():
+        if name == "logprobs":
+            asked = logprobs
+        else:
+            value = given(getattr(request, name, None))
+            asked = value is not None and value is not False and value != []
+        if asked:
+            raise InvalidRequestError(
+                f"{name} cannot be combined with use_beam_search: {reason}.", param=name
+            )
+    n = given(request.n) or 1
+    width = max(n, best_of or n)
+    early = given(request.early_stopping)
+    return BeamSearch(
+        width=width,
+        length_penalty=given(request.length_penalty),
+        early_stopping=None if early is None else _EARLY_STOPPING[early],
+        param="best_of" if width > n else "n",
+    )
+
+
+def beam_choices(
+    prompts: list[Prompt], n: int, params_of: list[SamplingParams], beam: BeamSearch
+) -> tuple[ChoiceSpec, ...]:
+    """``n`` choices per prompt, numbered prompt-major, that one beam search per prompt answers
+    with its best ``n`` beams."""
+    return tuple(
+        ChoiceSpec(
+            index=prompt_index * n + offset,
+            prompt_index=prompt_index,
+            prompt=prompt,
+            params=replace(params, beam=beam, seed=None, top_p=None, top_k=None),
+        )
+        for prompt_index, (prompt, params) in enumerate(zip(prompts, params_of, strict=True))
+        for offset in range(n)
+    )

@@ -262,6 +262,7 @@ class GenerationService:
                         priority=priority,
                         lora=model.adapter,
                         trace_headers=trace_headers,
+                        images=spec.prompt.images,
                     ),
                 )
                 for spec in plan.choices

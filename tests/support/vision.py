@@ -84,7 +84,7 @@ def vision_sidecar(model_dir: Path, workdir: Path) -> Sidecar:
     )
 
 
-def test_image(seed: int, size: tuple[int, int] = (40, 48)) -> Any:
+def sample_image(seed: int, size: tuple[int, int] = (40, 48)) -> Any:
     """A deterministic RGB image of noise and stripes (PIL)."""
     from PIL import Image
 

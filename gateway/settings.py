@@ -57,9 +57,9 @@ class ImageSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     """Fetch ``http(s)`` image URLs; off, only ``data:`` URLs are taken."""
     allow_private_networks: bool = False
     """Let fetched URLs reach loopback, private and link-local addresses."""
-    max_bytes: Annotated[int, msgspec.Meta(ge=1)] = 8 * 1024 * 1024
+    max_bytes: Annotated[int, msgspec.Meta(ge=1)] = 20 * 1024 * 1024
     """Largest image, encoded, in bytes."""
-    max_pixels: Annotated[int, msgspec.Meta(ge=1)] = 16_000_000
+    max_pixels: Annotated[int, msgspec.Meta(ge=1)] = 40_000_000
     """Largest image in pixels (width times height)."""
     timeout_s: Annotated[float, msgspec.Meta(gt=0)] = 10.0
     """Time limit of one fetch."""

@@ -135,6 +135,15 @@ class TokenText(Protocol):
 
 
 @dataclass(frozen=True, slots=True)
+class PromptImage:
+    """An image of a prompt, as the client sent it (PNG, JPEG or WebP bytes), already checked;
+    the prompt's text marks where each goes, in order."""
+
+    data: bytes
+    media_type: str
+
+
+@dataclass(frozen=True, slots=True)
 class GenerationRequest:
     """One prompt to complete. The prompt is already templated text."""
 
@@ -152,6 +161,8 @@ class GenerationRequest:
     """Triton request priority; 0 leaves the model's default."""
     trace_headers: Mapping[str, str] = field(default_factory=dict)
     """W3C trace context (``traceparent``, ``tracestate``) for the gRPC metadata."""
+    images: Sequence[PromptImage] = ()
+    """The prompt's images, in the order their places appear in its text."""
 
 
 @dataclass(frozen=True, slots=True)

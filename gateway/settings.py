@@ -50,6 +50,25 @@ class AdapterSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     Hugging Face PEFT folder (``adapter_config.json``, ``adapter_model.safetensors``)."""
 
 
+class ImageSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """How a model that takes images gets them from ``image_url`` content parts."""
+
+    fetch_http: bool = False
+    """Fetch ``http(s)`` image URLs; off, only ``data:`` URLs are taken."""
+    allow_private_networks: bool = False
+    """Let fetched URLs reach loopback, private and link-local addresses."""
+    max_bytes: Annotated[int, msgspec.Meta(ge=1)] = 20 * 1024 * 1024
+    """Largest image, encoded, in bytes."""
+    max_pixels: Annotated[int, msgspec.Meta(ge=1)] = 40_000_000
+    """Largest image in pixels (width times height)."""
+    timeout_s: Annotated[float, msgspec.Meta(gt=0)] = 10.0
+    """Time limit of one fetch."""
+    max_redirects: Annotated[int, msgspec.Meta(ge=0)] = 3
+    """Redirects one fetch may follow."""
+    max_images: Annotated[int, msgspec.Meta(ge=1)] = 8
+    """Most images in one request."""
+
+
 class ModelSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """One served model: its public name, where it runs in Triton and how to template for it."""
 
@@ -104,6 +123,8 @@ class ModelSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     sidecars has its sidecars as replicas without this."""
     routing: RoutingSettings = RoutingSettings()
     """How requests are spread over the replicas and when a replica is taken out."""
+    images: ImageSettings = ImageSettings()
+    """How image inputs are taken, for a model whose checkpoint has a vision tower."""
 
 
 class LimitSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

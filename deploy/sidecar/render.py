@@ -9,6 +9,7 @@ import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
+from deploy.sidecar import render_vision as vision
 from deploy.sidecar.models import resolve_model
 from deploy.sidecar.spec import (
     PIPELINE_MODELS,
@@ -72,6 +73,7 @@ def template_values(model: ModelSpec, name: str) -> dict[str, str]:
                     "add_special_tokens": _flag(model.add_special_tokens),
                     "preprocessing_instance_count": str(model.preprocessing_instances),
                 }
+                | _optional({"multimodal_model_path": model.vision_model})
             )
         return (
             common
@@ -83,11 +85,18 @@ def template_values(model: ModelSpec, name: str) -> dict[str, str]:
             }
         )
     if name == "tensorrt_llm_bls":
-        return common | {
-            "decoupled_mode": _flag(model.decoupled),
-            "bls_instance_count": str(model.bls_instances),
-            "accumulate_tokens": _flag(model.accumulate_tokens),
-        }
+        encoder = vision.ENCODER if model.vision_model is not None else None
+        return (
+            common
+            | {
+                "decoupled_mode": _flag(model.decoupled),
+                "bls_instance_count": str(model.bls_instances),
+                "accumulate_tokens": _flag(model.accumulate_tokens),
+            }
+            | _optional({"multimodal_encoders_name": encoder and model.triton_name(encoder)})
+        )
+    if name == vision.ENCODER:
+        return vision.encoder_values(model)
     if name == "tensorrt_llm":
         return common | _engine_values(model)
     return common
@@ -199,6 +208,8 @@ def _model_parameters(model: ModelSpec, name: str) -> dict[str, str]:
                 }
             )
         )
+    if name == vision.ENCODER:
+        return vision.encoder_parameters(model)
     if name == "tensorrt_llm" and isinstance(model.engine, TensorRTLLMEngine):
         # The gateway reads the block size to turn reused blocks into cached prompt tokens.
         return _optional({"tokens_per_block": engine_tokens_per_block(model.engine.engine_dir)})
@@ -255,6 +266,8 @@ def fill(text: str, values: Mapping[str, str], *, where: str) -> str:
 
 def template(release: str, name: str) -> Path:
     """The stock ``config.pbtxt`` template of one pipeline model in one release."""
+    if name == vision.ENCODER:
+        release = vision.ENCODER_RELEASE
     return TEMPLATES / release / name / "config.pbtxt"
 
 
@@ -272,6 +285,11 @@ def render_config(model: ModelSpec, name: str) -> str:
     if name == "ensemble":
         for step in ("preprocessing", "tensorrt_llm", "postprocessing"):
             text = text.replace(f'model_name: "{step}"', f'model_name: "{model.triton_name(step)}"')
+        if model.vision_model is not None:
+            text = vision.vision_ensemble(text, model)
+    if model.vision_model is not None and name in ("preprocessing", "tensorrt_llm_bls"):
+        url_input = "IMAGE_URL" if name == "preprocessing" else "image_url_input"
+        text = vision.image_url_dims(text, url_input)
     for key, value in _extra_parameters(model, name).items():
         text = _set_parameter(text, key, value)
     return text
@@ -301,11 +319,14 @@ def _set_parameter(text: str, key: str, value: str) -> str:
 def render_model(model: ModelSpec) -> dict[str, str]:
     """Every file of one pipeline's five models, by path relative to the repository."""
     files: dict[str, str] = {}
-    for name in PIPELINE_MODELS:
+    names = (*PIPELINE_MODELS, vision.ENCODER) if model.vision_model else PIPELINE_MODELS
+    for name in names:
         triton_name = model.triton_name(name)
         files[f"{triton_name}/config.pbtxt"] = render_config(model, name)
-        if name in PYTHON_MODELS or (
-            name == "tensorrt_llm" and isinstance(model.engine, TorchEngine | LoadTestEngine)
+        if (
+            name in PYTHON_MODELS
+            or name == vision.ENCODER
+            or (name == "tensorrt_llm" and isinstance(model.engine, TorchEngine | LoadTestEngine))
         ):
             files[f"{triton_name}/1/model.py"] = (BACKENDS / name / "model.py").read_text()
         elif name == "tensorrt_llm" or name == "ensemble":
@@ -325,6 +346,8 @@ def check_paths(model: ModelSpec) -> None:
     elif isinstance(model.engine, LoadTestEngine):
         locations["engine.tokenizer_dir"] = model.engine.tokenizer_dir
     locations["tokenizer_dir"] = model.tokenizer
+    if model.vision_model is not None:
+        locations["vision_model"] = model.vision_model
     if model.text_python_env is not None:
         locations["text_python_env"] = model.text_python_env
     for field, location in locations.items():

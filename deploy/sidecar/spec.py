@@ -176,6 +176,10 @@ class ModelSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     tensors under numpy 2, so where the engine's environment has numpy 2 (CUDA machines) these
     run in one with numpy < 2 (``python -m deploy.devtools.offline install`` makes one). The
     load-test engine's ``tensorrt_llm`` model, all numpy, runs there too."""
+    vision_model: str | None = None
+    """A Llava-style checkpoint (folder or built-in name, usually the engine's ``model_dir``)
+    whose vision tower and projector a ``multimodal_encoders`` model runs: the pipeline then
+    takes images (releases v0.19 and latest)."""
 
     @property
     def prefix(self) -> str:
@@ -307,6 +311,7 @@ def _resolve_paths(spec: Spec, base_dir: Path) -> Spec:
                 engine=engine,
                 tokenizer_dir=_resolve(model.tokenizer_dir, base_dir),
                 text_python_env=_resolve(model.text_python_env, base_dir),
+                vision_model=_resolve(model.vision_model, base_dir),
             )
         )
     return msgspec.structs.replace(spec, models=models)
@@ -359,6 +364,11 @@ def _check(spec: Spec) -> None:
         if model.triton_max_batch_size < 1:
             raise SpecError(f"model {model.name!r}: triton_max_batch_size must be >= 1")
         _check_engine(model)
+        if model.vision_model is not None and model.release not in ("v0.19", "latest"):
+            raise SpecError(
+                f"model {model.name!r}: vision_model needs release v0.19 or latest "
+                f"(the image inputs of the configs), not {model.release}"
+            )
     names = {s.name for s in spec.sidecars}
     if len(names) != len(spec.sidecars):
         raise SpecError("sidecar names must be unique")

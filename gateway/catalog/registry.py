@@ -14,15 +14,17 @@ from adapters.contract import LoraAdapter, ModelTarget
 from deploy.sidecar.spec import ModelSpec, Spec, TorchEngine
 from gateway.catalog.lora import LoraLibrary
 from gateway.catalog.text.prompts import PromptTokenizer
+from gateway.catalog.vision import VisionInputs, read_vision
 from gateway.http.errors import unknown_model
 from gateway.replicas.settings import RoutingSettings
 from gateway.replicas.sources import Endpoint, ReplicaSource, SourceError, parse_source
-from gateway.settings import ModelSettings, SamplingDefaults, Settings, SettingsError
+from gateway.settings import ImageSettings, ModelSettings, SamplingDefaults, Settings, SettingsError
 
 logger = logging.getLogger(__name__)
 DEFAULT_TRITON_URL = "127.0.0.1:8001"
 DEFAULT_CONTEXT_LENGTH = 4096
 DEFAULT_ROUTING = RoutingSettings()
+DEFAULT_IMAGES = ImageSettings()
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +46,7 @@ class ModelRoute:
     """The Tritons serving the model when there are several (``target.url`` is then the
     first's, or the DNS name)."""
     routing: RoutingSettings = DEFAULT_ROUTING
+    images: ImageSettings = DEFAULT_IMAGES
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +61,8 @@ class ServedModel:
     """The LoRA adapter a request named (``route.name`` is then the adapter's name)."""
     base: str | None = None
     """The base model's name when this is an adapter on it."""
+    vision: VisionInputs | None = None
+    """How the model takes images; None for a text-only model."""
 
     @property
     def name(self) -> str:
@@ -146,6 +151,7 @@ def _route(
         owned_by=model.owned_by,
         tool_call_format=model.tool_call_format,
         skip_special_tokens=skip_special,
+        images=model.images,
     )
 
 
@@ -265,5 +271,9 @@ def load_model(route: ModelRoute, executor: Executor) -> ServedModel:
         context_length,
     )
     return ServedModel(
-        route=route, tokenizer=tokenizer, context_length=context_length, created=int(time.time())
+        route=route,
+        tokenizer=tokenizer,
+        context_length=context_length,
+        created=int(time.time()),
+        vision=read_vision(route.tokenizer_dir, route.images),
     )

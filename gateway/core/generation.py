@@ -300,6 +300,7 @@ class GenerationService:
                     priority=priority,
                     lora=model.adapter,
                     trace_headers=trace_headers,
+                    images=spec.prompt.images,
                 )
 
             if plan.choices[0].params.beam is not None:

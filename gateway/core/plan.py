@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from adapters.contract import SamplingParams
+from adapters.contract import PromptImage, SamplingParams
 from gateway.tools.output import TEXT_ONLY, OutputRules
 
 
@@ -21,6 +21,8 @@ class Prompt:
     shown: str | None = None
     ids: tuple[int, ...] = ()
     """The prompt's token ids as the engine takes them (special tokens included)."""
+    images: tuple[PromptImage, ...] = ()
+    """Its images, in the order the text marks their places (``token_count`` counts them)."""
 
     @property
     def echoed(self) -> str:

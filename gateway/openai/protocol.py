@@ -23,11 +23,20 @@ class StreamOptions(Struct, frozen=True):
     include_usage: bool | None = None
 
 
+class ImageURL(Struct, frozen=True):
+    """``image_url`` of an image part: a ``data:`` URL (or an http(s) URL where the model
+    fetches them), and the ``detail`` the model is asked to look at it in."""
+
+    url: str
+    detail: str | UnsetType = UNSET
+
+
 class ContentPart(Struct, frozen=True):
-    """One element of an array ``content``; only ``text`` parts can be served."""
+    """One element of an array ``content``: ``text``, or ``image_url`` for a vision model."""
 
     type: str
     text: str | UnsetType = UNSET
+    image_url: ImageURL | str | UnsetType = UNSET
 
 
 class FunctionCall(Struct, frozen=True, kw_only=True):
@@ -310,6 +319,8 @@ class ModelCard(Struct, frozen=True, kw_only=True):
     """For a LoRA adapter: the folder it was loaded from."""
     parent: str | None = None
     """For a LoRA adapter: the base model it runs on."""
+    input_modalities: list[str] | UnsetType = UNSET
+    """What the model takes: ``["text"]``, or ``["text", "image"]`` for a vision model."""
 
 
 class ModelList(Struct, frozen=True, kw_only=True):

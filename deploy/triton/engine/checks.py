@@ -11,6 +11,21 @@ def _check_ids(name: str, ids: tuple[int, ...], vocab_size: int) -> None:
         raise EngineError(f"{name} holds token ids outside the vocabulary [0, {vocab_size})")
 
 
+def _check_prompt_ids(request: EngineRequest, vocab_size: int) -> None:
+    """Prompt ids are vocabulary ids, or ids ``vocab_size + r`` of the prompt table's rows."""
+    table = request.prompt_table
+    rows = 0 if table is None else int(table.shape[0])
+    if table is not None and table.ndim != 2:
+        raise EngineError(f"prompt_embedding_table must be [rows, hidden], got {table.shape}")
+    if any(not 0 <= token < vocab_size + rows for token in request.input_ids):
+        if rows:
+            raise EngineError(
+                f"input_ids holds token ids outside [0, {vocab_size + rows}): the vocabulary "
+                f"[0, {vocab_size}) and the {rows} rows of prompt_embedding_table"
+            )
+        raise EngineError(f"input_ids holds token ids outside the vocabulary [0, {vocab_size})")
+
+
 def _check_sampling(request: EngineRequest) -> None:
     params = request.sampling
     if params.temperature < 0:
@@ -72,7 +87,7 @@ def validate_request(
             f"the prompt has {prompt} tokens but torch_max_seq_len is {max_seq_len}: "
             "no room is left for output"
         )
-    _check_ids("input_ids", request.input_ids, vocab_size)
+    _check_prompt_ids(request, vocab_size)
     for word in request.stop_words:
         _check_ids("stop_words_list", word, vocab_size)
     for word in request.bad_words:

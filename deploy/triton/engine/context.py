@@ -90,6 +90,7 @@ class ContextPhase:
             view,
             all_logits=request.return_context_logits,
             adapter=job.entry.adapter,
+            prompt_table=request.prompt_table,
         )
         table.length += tokens
         job.alloc_total = len(table.blocks) - job.admission.reused

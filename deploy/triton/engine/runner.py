@@ -8,6 +8,8 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
 import torch
 from transformers import AutoModelForCausalLM
 from transformers.utils import logging as hf_logging
@@ -80,6 +82,23 @@ def configure_threads(device: torch.device, num_threads: int | None) -> int:
     return num_threads
 
 
+def load_language_model(path: str, dtype: torch.dtype) -> Any:
+    """The causal LM of a checkpoint; of a Llava-style one (a ``vision_config`` beside its
+    ``text_config``), the whole model without its vision tower and projector: the engine feeds
+    it embeddings, and the ``multimodal_encoders`` model computes the image features."""
+    from transformers import AutoConfig, AutoModelForImageTextToText
+
+    config = AutoConfig.from_pretrained(path)
+    if getattr(config, "vision_config", None) is None:
+        return AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    model = AutoModelForImageTextToText.from_pretrained(path, dtype=dtype)
+    inner = getattr(model, "model", model)
+    for name in ("vision_tower", "multi_modal_projector"):
+        if isinstance(getattr(inner, name, None), torch.nn.Module):
+            setattr(inner, name, torch.nn.Identity())
+    return model
+
+
 def _token_ids(value: Any) -> TokenIds:
     if value is None:
         return ()
@@ -119,7 +138,7 @@ class ModelRunner:
         dtype = resolve_dtype(config.dtype, device)
         hf_logging.disable_progress_bar()
         try:
-            model = AutoModelForCausalLM.from_pretrained(config.model_path, dtype=dtype)
+            model = load_language_model(config.model_path, dtype)
         except (OSError, ValueError) as exc:
             raise OSError(f"cannot load model {config.model_path!r}: {exc}") from exc
         model = model.to(device).eval()
@@ -147,12 +166,30 @@ class ModelRunner:
         *,
         all_logits: bool = False,
         adapter: LoadedLora | None = None,
+        prompt_table: npt.NDArray[Any] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Run a prompt's ``tokens`` (all of it or a chunk) on top of what ``view`` already
         holds (through ``adapter``, if any); returns the next-token logits [vocab] (float32)
-        and, with ``all_logits``, the logits of every position [len(tokens), vocab]."""
-        logits = self._forward([list(tokens)], view, [adapter], last_only=not all_logits)[0]
+        and, with ``all_logits``, the logits of every position [len(tokens), vocab]. Ids from
+        ``vocab_size`` up stand for rows of ``prompt_table`` (TensorRT-LLM's prompt table)."""
+        embeds = None
+        if prompt_table is not None and any(token >= self.vocab_size for token in tokens):
+            embeds = self._embed(tokens, prompt_table)
+        logits = self._forward(
+            [list(tokens)], view, [adapter], last_only=not all_logits, embeds=embeds
+        )[0]
         return logits[-1], logits if all_logits else None
+
+    def _embed(self, tokens: Sequence[int], prompt_table: npt.NDArray[Any]) -> torch.Tensor:
+        """Input embeddings [1, len(tokens), hidden]: the embedding layer's rows for vocabulary
+        ids, the prompt table's row ``id - vocab_size`` for the others."""
+        ids = torch.tensor(list(tokens), dtype=torch.long, device=self.device)
+        table = torch.from_numpy(np.ascontiguousarray(prompt_table)).to(self.device)
+        placeholder = ids >= self.vocab_size
+        with torch.inference_mode():
+            embeds = self.model.get_input_embeddings()(ids.clamp(max=self.vocab_size - 1))
+            embeds[placeholder] = table[ids[placeholder] - self.vocab_size].to(embeds.dtype)
+        return embeds.unsqueeze(0)
 
     def decode(
         self,
@@ -173,15 +210,18 @@ class ModelRunner:
         adapters: Sequence[LoadedLora | None],
         *,
         last_only: bool,
+        embeds: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        ids = torch.tensor(rows, dtype=torch.long, device=self.device)
         extra: dict[str, Any] = {self._cache_arg: view}
+        if embeds is None:
+            extra["input_ids"] = torch.tensor(rows, dtype=torch.long, device=self.device)
+        else:
+            extra["inputs_embeds"] = embeds
         if last_only and self._keep_last_logits:
             extra["logits_to_keep"] = 1
         self._use_adapters(adapters)
         with torch.inference_mode():
             out = self.model(
-                input_ids=ids,
                 attention_mask=view.attention_mask,
                 position_ids=view.positions,
                 use_cache=True,

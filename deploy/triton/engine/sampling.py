@@ -203,8 +203,9 @@ class SamplingRows:
         """Rows for the sequences of one request: same parameters, one generator each."""
         n = len(seeds)
         seen = torch.zeros(bias.shape[-1], dtype=torch.bool)
-        if params.penalised and prompt:
-            seen[torch.tensor(list(prompt), dtype=torch.long)] = True
+        vocab = [token for token in prompt if token < seen.numel()]
+        if params.penalised and vocab:
+            seen[torch.tensor(vocab, dtype=torch.long)] = True
         return cls(
             [params] * n,
             [make_generator(seed) for seed in seeds],

@@ -144,6 +144,9 @@ class EngineRequest:
     extra_ids: TokenIds | None = None
     """Per prompt token, an id that tells apart equal token ids of different content
     (``prompt_table_extra_ids``); it salts the block of its token."""
+    prompt_table: npt.NDArray[Any] | None = None
+    """``[rows, hidden]`` embeddings that prompt ids ``vocab_size + r`` stand for
+    (``prompt_embedding_table``: image features of a multimodal prompt), or None."""
     beam: BeamSearch | None = None
     """Beam search (``beam_width`` above 1): one output holding every beam."""
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -29,7 +30,6 @@ T = TypeVar("T")
 
 _UNSUPPORTED_INPUTS = {
     "encoder_input_features": "encoder-decoder models",
-    "prompt_embedding_table": "prompt tuning",
     "draft_input_ids": "speculative decoding",
     "draft_logits": "speculative decoding",
     "context_phase_params": "disaggregated serving",
@@ -234,6 +234,44 @@ def _extra_ids(inputs: Inputs, item: int, prompt_length: int) -> TokenIds | None
     return tuple(int(value) for value in row[:prompt_length])
 
 
+def _prompt_table(inputs: Inputs, item: int) -> npt.NDArray[Any] | None:
+    """The item's ``prompt_embedding_table`` as ``[rows, hidden]``, cut to its
+    ``prompt_vocab_size`` rows when that is given; None when absent or empty."""
+    array = inputs.get("prompt_embedding_table")
+    if array is None or array.size == 0:
+        return None
+    table = np.asarray(array)
+    if table.ndim == 3:
+        table = table[min(item, table.shape[0] - 1)]
+    if table.ndim != 2:
+        raise EngineError(f"prompt_embedding_table must be [rows, hidden], got {array.shape}")
+    size = _scalar(inputs, ("prompt_vocab_size",), item, int)
+    if size is not None:
+        if not 0 <= size <= table.shape[0]:
+            raise EngineError(
+                f"prompt_vocab_size {size} exceeds the {table.shape[0]} rows of "
+                "prompt_embedding_table"
+            )
+        table = table[:size]
+    return table if table.size else None
+
+
+def content_extra_ids(
+    prompt: npt.NDArray[np.int32], table: npt.NDArray[Any], vocab_size: int
+) -> TokenIds:
+    """Extra ids keyed by content: each prompt-table id gets a 64-bit digest of the row it
+    stands for (never 0), every vocabulary id 0; equal images share KV blocks, others not."""
+    rows = np.ascontiguousarray(table)
+    ids = []
+    for token in prompt.tolist():
+        if token < vocab_size or token - vocab_size >= rows.shape[0]:
+            ids.append(0)
+            continue
+        digest = hashlib.blake2b(rows[token - vocab_size].tobytes(), digest_size=8).digest()
+        ids.append(int.from_bytes(digest, "little") or 1)
+    return tuple(ids)
+
+
 def _text(inputs: Inputs, name: str, item: int) -> str | None:
     row = _row(inputs, name, item)
     if row is None or not row.size:
@@ -265,6 +303,10 @@ def parse_items(
             raise EngineError("request_output_len is required")
         prompt = _prompt(inputs, item)
         bias = _row(inputs, "embedding_bias", item)
+        table = _prompt_table(inputs, item)
+        extra_ids = _extra_ids(inputs, item, prompt.size)
+        if table is not None and extra_ids is None:
+            extra_ids = content_extra_ids(prompt, table, vocab_size)
         request = EngineRequest(
             request_id=f"{id_prefix}/{item}",
             input_ids=tuple(int(t) for t in prompt),
@@ -282,7 +324,8 @@ def parse_items(
             arrival_ns=arrival,
             lora=_lora(inputs, item),
             guide=_guide(inputs, item),
-            extra_ids=_extra_ids(inputs, item, prompt.size),
+            extra_ids=extra_ids,
+            prompt_table=table,
             beam=_beam(inputs, item),
         )
         perf = _flag(inputs, "return_perf_metrics", item) or _flag(

@@ -45,11 +45,15 @@ ENGINE_RENAMES = {
     "length_penalty": "len_penalty",
     "stream": "streaming",
 }
-UNSUPPORTED_INPUTS = {
-    "image_input": "multimodal inputs are not supported by this BLS",
-    "image_bytes_input": "multimodal inputs are not supported by this BLS",
-    "image_url_input": "multimodal inputs are not supported by this BLS",
-    "video_bytes_input": "multimodal inputs are not supported by this BLS",
+IMAGE_INPUTS = ("image_input", "image_bytes_input", "image_url_input", "video_bytes_input")
+IMAGE_PREPROCESSING_INPUTS = {"image_bytes_input": "IMAGE_BYTES", "image_url_input": "IMAGE_URL"}
+NO_ENCODER = (
+    "multimodal inputs are not supported: this model takes no images (its BLS has no "
+    "multimodal_encoders_name: the pipeline has no vision model)"
+)
+ENCODER_TO_ENGINE = {
+    "OUT_PROMPT_EMBEDDING_TABLE": "prompt_embedding_table",
+    "OUT_PROMPT_VOCAB_SIZE": "prompt_vocab_size",
 }
 SPECULATIVE_INPUTS = ("num_draft_tokens", "use_draft_logits")
 ENGINE_ALWAYS = ("output_ids", "sequence_length")
@@ -78,17 +82,25 @@ class Dispatch:
     preprocessing_inputs: dict[str, npt.NDArray[Any]]
     preprocessing_outputs: tuple[str, ...]
     engine_inputs: dict[str, npt.NDArray[Any]]
+    image_input: npt.NDArray[Any] | None = None
+    """Processed images (``image_input``) for the encoder, when the client sent them."""
+    vision: bool = False
+    """Whether the request carries images for the ``multimodal_encoders`` model."""
 
 
-def plan_request(inputs: Arrays, *, decoupled: bool) -> Dispatch:
-    """Validate a BLS request (stock messages) and route its tensors to the three steps."""
-    _validate(inputs, decoupled=decoupled)
-    preprocessing = {
-        PREPROCESSING_INPUTS[name]: value
-        for name, value in inputs.items()
-        if name in PREPROCESSING_INPUTS
-    }
+def plan_request(inputs: Arrays, *, decoupled: bool, vision: bool = False) -> Dispatch:
+    """Validate a BLS request (stock messages) and route its tensors to the three steps (four
+    with images and a ``multimodal_encoders`` model: ``vision``)."""
+    _validate(inputs, decoupled=decoupled, vision=vision)
+    routes = PREPROCESSING_INPUTS | (IMAGE_PREPROCESSING_INPUTS if vision else {})
+    preprocessing = {routes[name]: value for name, value in inputs.items() if name in routes}
     wanted = [k for k in PREPROCESSING_TO_ENGINE if k not in _ABSENT_UNLESS_ASKED]
+    images = vision and any(
+        name in inputs and inputs[name].size
+        for name in (*IMAGE_PREPROCESSING_INPUTS, "image_input")
+    )
+    if images:
+        wanted.append("PIXEL_VALUES")
     if "decoder_text_input" in inputs:
         wanted += ["DECODER_INPUT_ID", "REQUEST_DECODER_INPUT_LEN"]
     if "prompt_table_extra_id" in inputs:
@@ -97,7 +109,7 @@ def plan_request(inputs: Arrays, *, decoupled: bool) -> Dispatch:
         ENGINE_RENAMES.get(name, name): _batched(value)
         for name, value in inputs.items()
         if name not in PREPROCESSING_INPUTS
-        and name not in UNSUPPORTED_INPUTS
+        and name not in IMAGE_INPUTS
         and name not in SPECULATIVE_INPUTS
     }
     stop_words = inputs.get("stop_words")
@@ -109,6 +121,8 @@ def plan_request(inputs: Arrays, *, decoupled: bool) -> Dispatch:
         preprocessing_inputs=preprocessing,
         preprocessing_outputs=tuple(wanted),
         engine_inputs=engine,
+        image_input=inputs.get("image_input") if images else None,
+        vision=images,
     )
 
 
@@ -119,7 +133,7 @@ _ABSENT_UNLESS_ASKED = (
 )
 
 
-def _validate(inputs: Arrays, *, decoupled: bool) -> None:
+def _validate(inputs: Arrays, *, decoupled: bool, vision: bool) -> None:
     text = inputs.get("text_input")
     if text is None or text.size == 0:
         raise RequestError("text_input is required")
@@ -128,9 +142,12 @@ def _validate(inputs: Arrays, *, decoupled: bool) -> None:
     max_tokens = inputs.get("max_tokens")
     if max_tokens is None or max_tokens.size != 1 or int(first(max_tokens)) <= 0:
         raise RequestError("max_tokens must be a single value > 0")
-    for name, message in UNSUPPORTED_INPUTS.items():
+    for name in IMAGE_INPUTS:
         if name in inputs and inputs[name].size:
-            raise RequestError(message)
+            if not vision:
+                raise RequestError(NO_ENCODER)
+            if name == "video_bytes_input":
+                raise RequestError("video inputs are not supported by this BLS")
     if int(first(inputs.get("num_draft_tokens"), 0)) > 0:
         raise RequestError("speculative decoding is not supported by this BLS")
     if bool(first(inputs.get("stream"), False)) and not decoupled:
@@ -152,6 +169,29 @@ def engine_inputs(plan: Dispatch, preprocessed: Arrays) -> dict[str, npt.NDArray
         if name in PREPROCESSING_TO_ENGINE and value.size > 0
     }
     return routed | plan.engine_inputs
+
+
+def encoder_inputs(plan: Dispatch, preprocessed: Arrays) -> dict[str, npt.NDArray[Any]] | None:
+    """The ``multimodal_encoders`` request (stock names), or None when there are no images."""
+    if not plan.vision:
+        return None
+    inputs = {}
+    pixels = preprocessed.get("PIXEL_VALUES")
+    if pixels is not None and pixels.size:
+        inputs["pixel_values"] = pixels
+    if plan.image_input is not None and plan.image_input.size:
+        inputs["IMAGE"] = plan.image_input
+    return inputs or None
+
+
+def with_prompt_table(engine: Arrays, encoded: Arrays) -> dict[str, npt.NDArray[Any]]:
+    """The engine request with the encoder's prompt table and its size."""
+    table = {
+        ENCODER_TO_ENGINE[name]: value
+        for name, value in encoded.items()
+        if name in ENCODER_TO_ENGINE
+    }
+    return dict(engine) | table
 
 
 def engine_outputs(requested: Sequence[str]) -> list[str]:

@@ -116,6 +116,7 @@ class TritonPythonModel:
         self.preprocessing = param("preprocessing_model_name", "preprocessing")
         self.engine = param("tensorrt_llm_model_name", "tensorrt_llm")
         self.postprocessing = param("postprocessing_model_name", "postprocessing")
+        self.encoder = params.parameter(config, "multimodal_encoders_name")
         # Releases up to v0.8 make postprocessing require log-prob inputs it only passes along.
         self.postprocessing_extra = {
             name: _PLACEHOLDERS[name]
@@ -210,18 +211,20 @@ class TritonPythonModel:
             logger.exception("stop request for %s failed", job.inner_id)
 
     def _run(self, job: _Job) -> Iterator[Any]:
-        plan = bl.plan_request(job.inputs, decoupled=self.decoupled)
+        plan = bl.plan_request(job.inputs, decoupled=self.decoupled, vision=bool(self.encoder))
         requested = job.requested
         preprocessed = self._call(
             self.preprocessing, plan.preprocessing_inputs, list(plan.preprocessing_outputs)
         )
         input_length = int(bl.first(preprocessed["REQUEST_INPUT_LEN"]))
         input_ids = preprocessed["INPUT_ID"][0, :input_length].tolist()
+        engine_inputs = bl.engine_inputs(plan, preprocessed)
+        encoder_inputs = bl.encoder_inputs(plan, preprocessed)
+        if encoder_inputs is not None and self.encoder:
+            encoded = self._call(self.encoder, encoder_inputs, list(bl.ENCODER_TO_ENGINE))
+            engine_inputs = bl.with_prompt_table(engine_inputs, encoded)
         engine_request = self._request(
-            self.engine,
-            bl.engine_inputs(plan, preprocessed),
-            bl.engine_outputs(requested),
-            job.inner_id,
+            self.engine, engine_inputs, bl.engine_outputs(requested), job.inner_id
         )
         if not job.start_engine():
             return

@@ -15,6 +15,8 @@ from deploy.triton.pipeline import tokenization as tk
 
 logger = logging.getLogger(__name__)
 
+IMAGE_INPUTS = ("IMAGE_URL", "IMAGE_BYTES", "VIDEO_BYTES")
+
 
 class TritonPythonModel:
     """Tokenizes `QUERY` with the Hugging Face tokenizer of `tokenizer_dir`."""
@@ -31,6 +33,12 @@ class TritonPythonModel:
         )
         self.tokenizer = tk.load_tokenizer(tokenizer_dir)
         self.end_id, self.pad_id = tk.special_ids(self.tokenizer)
+        self.vision = None
+        vision_dir = params.parameter(config, "multimodal_model_path")
+        if vision_dir is not None:
+            from deploy.triton.vision.preprocess import VisionPreprocessor
+
+            self.vision = VisionPreprocessor(vision_dir)
         logger.info("preprocessing ready: tokenizer %s", tokenizer_dir)
 
     def execute(self, requests: list[Any]) -> list[Any]:
@@ -55,8 +63,24 @@ class TritonPythonModel:
         if query is None:
             raise ValueError("QUERY is required")
         batch = query.shape[0]
-        input_ids, input_lengths = self._encode(query)
-        outputs: dict[str, npt.NDArray[Any]] = {
+        outputs: dict[str, npt.NDArray[Any]] = {}
+        if self.vision is None:
+            if any(_input(request, name) is not None for name in IMAGE_INPUTS):
+                raise ValueError("this model takes no images (no multimodal_model_path)")
+            input_ids, input_lengths = self._encode(query)
+        else:
+            images = self.vision.images(
+                _input(request, "IMAGE_URL"), _input(request, "IMAGE_BYTES"), batch
+            )
+            input_ids, input_lengths = self.vision.encode(
+                self.tokenizer,
+                query,
+                images,
+                add_special_tokens=self.add_special_tokens,
+                pad_id=self.pad_id,
+            )
+            outputs["PIXEL_VALUES"] = self.vision.pixel_values(images)
+        outputs |= {
             "INPUT_ID": input_ids,
             "REQUEST_INPUT_LEN": input_lengths,
             "BAD_WORDS_IDS": tk.word_lists(

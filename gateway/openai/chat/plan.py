@@ -3,18 +3,22 @@ tokens, fan out ``n`` choices."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from typing import Any
 
 import msgspec
 
+from adapters.contract import PromptImage
 from gateway.catalog.registry import ServedModel
-from gateway.core.plan import Plan
+from gateway.core.plan import Plan, Prompt
 from gateway.http.errors import InvalidRequestError
 from gateway.openai.beams import beam_choices, beam_search
+from gateway.openai.chat.images import chat_images
 from gateway.openai.protocol import (
     ChatCompletionRequest,
     ChatMessage,
+    ContentPart,
     first_given,
     given,
 )
@@ -40,8 +44,12 @@ async def plan_chat(
     output = output_rules(
         request, model.route.tool_call_format, tokenizer.template_text, tokenizer.takes_tools
     )
-    messages, tools = conversation(template_messages(request.messages), output)
+    images = await chat_images(model, request.messages)
+    parts = model.vision is not None
+    messages, tools = conversation(template_messages(request.messages, parts=parts), output)
     prompt = await tokenizer.chat_prompt(messages, tools)
+    if images and model.vision is not None:
+        prompt = with_images(prompt, images, model.vision.tokens_per_image)
     requested = first_given(request.max_completion_tokens, request.max_tokens)
     max_tokens = resolve_max_tokens(
         requested,
@@ -76,13 +84,25 @@ async def plan_chat(
     )
 
 
-def template_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
-    """Messages as the chat template expects them: text content, ``developer`` as ``system``."""
+def with_images(prompt: Prompt, images: tuple[PromptImage, ...], tokens_per_image: int) -> Prompt:
+    """The prompt with its images, each counted as the tokens it becomes (its one image token
+    in the templated text stands for ``tokens_per_image``)."""
+    extra = len(images) * (tokens_per_image - 1)
+    return dataclasses.replace(prompt, token_count=prompt.token_count + extra, images=images)
+
+
+def template_messages(messages: list[ChatMessage], *, parts: bool = False) -> list[dict[str, Any]]:
+    """Messages as the chat template expects them: text content, ``developer`` as ``system``;
+    with ``parts`` (a model that takes images) content lists stay lists of ``text`` and
+    ``image`` parts, as Hugging Face templates take them."""
     converted = []
     for index, message in enumerate(messages):
+        content: Any = _text_content(message, index)
+        if parts and isinstance(message.content, list):
+            content = _parts(message.content)
         entry: dict[str, Any] = {
             "role": "system" if message.role == "developer" else message.role,
-            "content": _text_content(message, index),
+            "content": content,
         }
         for key in ("name", "tool_calls", "tool_call_id"):
             value = given(getattr(message, key))
@@ -90,6 +110,14 @@ def template_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
                 entry[key] = msgspec.to_builtins(value)
         converted.append(entry)
     return converted
+
+
+def _parts(content: list[ContentPart]) -> list[dict[str, Any]]:
+    """Text and image parts as a template reads them (``{"type": "image"}`` marks an image)."""
+    return [
+        {"type": "image"} if part.type == "image_url" else {"type": "text", "text": part.text}
+        for part in content
+    ]
 
 
 def _text_content(message: ChatMessage, index: int) -> str:
@@ -101,6 +129,8 @@ def _text_content(message: ChatMessage, index: int) -> str:
     texts = []
     for part_index, part in enumerate(content):
         text = given(part.text)
+        if part.type == "image_url":
+            continue
         if part.type != "text" or text is None:
             raise InvalidRequestError(
                 f"Only text content parts are supported, got a part of type {part.type!r}.",

@@ -46,6 +46,7 @@ def _card(model: ServedModel) -> ModelCard:
         owned_by=model.route.owned_by,
         max_model_len=model.context_length,
         parent=model.base,
+        input_modalities=["text", "image"] if model.vision is not None else ["text"],
     )
 
 

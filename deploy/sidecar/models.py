@@ -18,13 +18,14 @@ from typing import Any
 import msgspec
 
 from deploy.sidecar.spec import LoadTestEngine, ModelSpec, Spec, TorchEngine
-from deploy.sidecar.tiny_tokenizer import (
+from deploy.sidecar.tiny import (
     CHATML_TEMPLATE,
     ENDOFTEXT,
     IM_END,
-    _portable_tokenizer_config,
-    _train_tokenizer,
-    _unprintable_token_ids,
+    portable_tokenizer_config,
+    tiny_llama_config,
+    train_tokenizer,
+    unprintable_token_ids,
 )
 from deploy.sidecar.vision_model import (
     TINY_VISION_FORMAT_VERSION,
@@ -53,22 +54,9 @@ def cache_root() -> Path:
 
 def _random_llama(vocab_size: int, eos_id: int, pad_id: int, seed: int) -> Any:
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaForCausalLM
 
-    config = LlamaConfig(
-        vocab_size=vocab_size,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=4,
-        max_position_embeddings=4096,
-        rms_norm_eps=1e-6,
-        eos_token_id=eos_id,
-        pad_token_id=pad_id,
-        bos_token_id=None,
-        tie_word_embeddings=False,
-    )
+    config = tiny_llama_config(vocab_size, eos_id, pad_id)
     model = LlamaForCausalLM(config)
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
@@ -87,7 +75,7 @@ def build_tiny_model(path: Path, *, seed: int = 0) -> Path:
 
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    tokenizer = _train_tokenizer()
+    tokenizer = train_tokenizer()
     eos_id = tokenizer.convert_tokens_to_ids(IM_END)
     pad_id = tokenizer.convert_tokens_to_ids(ENDOFTEXT)
     model = _random_llama(len(tokenizer), eos_id, pad_id, seed)
@@ -95,11 +83,11 @@ def build_tiny_model(path: Path, *, seed: int = 0) -> Path:
         eos_token_id=eos_id,
         pad_token_id=pad_id,
         do_sample=False,
-        suppress_tokens=_unprintable_token_ids(tokenizer),
+        suppress_tokens=unprintable_token_ids(tokenizer),
     )
     model.save_pretrained(path, safe_serialization=True)
     tokenizer.save_pretrained(path)
-    _portable_tokenizer_config(path, model_max_length=4096)
+    portable_tokenizer_config(path, model_max_length=4096)
     return path
 
 
@@ -199,7 +187,7 @@ def _convert_smollm2(out_dir: Path) -> None:
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.save_pretrained(out_dir, safe_serialization=True)
     tokenizer.save_pretrained(out_dir)
-    _portable_tokenizer_config(out_dir, model_max_length=model.config.max_position_embeddings)
+    portable_tokenizer_config(out_dir, model_max_length=model.config.max_position_embeddings)
 
 
 def ensure_smollm2(cache_dir: Path | None = None) -> Path:

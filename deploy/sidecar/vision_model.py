@@ -7,12 +7,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from deploy.sidecar.tiny_tokenizer import (
+from deploy.sidecar.tiny import (
     ENDOFTEXT,
     IM_END,
-    _portable_tokenizer_config,
-    _train_tokenizer,
-    _unprintable_token_ids,
+    portable_tokenizer_config,
+    tiny_llama_config,
+    train_tokenizer,
+    unprintable_token_ids,
 )
 
 IMAGE_TOKEN = "<image>"
@@ -56,25 +57,11 @@ def _seeded(model: Any, seed: int) -> None:
 def _llava(vocab_size: int, image_id: int, eos_id: int, pad_id: int, seed: int) -> Any:
     from transformers import (
         CLIPVisionConfig,
-        LlamaConfig,
         LlavaConfig,
         LlavaForConditionalGeneration,
     )
 
-    text = LlamaConfig(
-        vocab_size=vocab_size,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=4,
-        max_position_embeddings=4096,
-        rms_norm_eps=1e-6,
-        eos_token_id=eos_id,
-        pad_token_id=pad_id,
-        bos_token_id=None,
-        tie_word_embeddings=False,
-    )
+    text = tiny_llama_config(vocab_size, eos_id, pad_id)
     vision = CLIPVisionConfig(
         hidden_size=32,
         intermediate_size=64,
@@ -106,14 +93,14 @@ def build_tiny_vision_model(path: Path, *, seed: int = 0) -> Path:
 
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    tokenizer = _train_tokenizer()
+    tokenizer = train_tokenizer()
     tokenizer.add_special_tokens({"additional_special_tokens": [IMAGE_TOKEN]})
     tokenizer.chat_template = VISION_CHAT_TEMPLATE
     image_id = tokenizer.convert_tokens_to_ids(IMAGE_TOKEN)
     eos_id = tokenizer.convert_tokens_to_ids(IM_END)
     pad_id = tokenizer.convert_tokens_to_ids(ENDOFTEXT)
     model = _llava(len(tokenizer), image_id, eos_id, pad_id, seed)
-    suppressed = sorted({*_unprintable_token_ids(tokenizer), image_id})
+    suppressed = sorted({*unprintable_token_ids(tokenizer), image_id})
     model.generation_config = GenerationConfig(
         eos_token_id=eos_id, pad_token_id=pad_id, do_sample=False, suppress_tokens=suppressed
     )
@@ -132,5 +119,5 @@ def build_tiny_vision_model(path: Path, *, seed: int = 0) -> Path:
     )
     processor.save_pretrained(path)
     tokenizer.save_pretrained(path)
-    _portable_tokenizer_config(path, model_max_length=4096)
+    portable_tokenizer_config(path, model_max_length=4096)
     return path

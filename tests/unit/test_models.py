@@ -13,7 +13,8 @@ from typing import Any
 
 import pytest
 
-from deploy.sidecar import models, tiny_tokenizer
+from deploy.sidecar import models
+from deploy.sidecar.tiny import SPECIAL_TOKENS
 
 PROMPT = [{"role": "user", "content": "What is the capital of France?"}]
 
@@ -58,7 +59,7 @@ def test_tiny_tokenizer_is_chatml(tiny: Path) -> None:
     tokenizer = AutoTokenizer.from_pretrained(tiny)
     assert tokenizer.eos_token == "<|im_end|>"
     assert 800 <= len(tokenizer) <= 1100
-    for token in tiny_tokenizer.SPECIAL_TOKENS:
+    for token in SPECIAL_TOKENS:
         assert tokenizer.convert_tokens_to_ids(token) is not None
         assert tokenizer.tokenize(token) == [token]
     text = " héllo 世界 🎉 naïve"
@@ -135,7 +136,7 @@ def test_tiny_suppresses_special_tokens(tiny: Path) -> None:
 
     tokenizer = AutoTokenizer.from_pretrained(tiny)
     suppressed = set(GenerationConfig.from_pretrained(tiny).suppress_tokens)
-    assert {tokenizer.convert_tokens_to_ids(t) for t in tiny_tokenizer.SPECIAL_TOKENS} <= suppressed
+    assert {tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS} <= suppressed
     assert tokenizer.convert_tokens_to_ids("Ċ") in suppressed
     assert tokenizer.convert_tokens_to_ids("Ġ") not in suppressed
 

@@ -1,5 +1,6 @@
-"""The tiny test models' tokenizer: a byte-level BPE trained on a fixed corpus, with ChatML
-special tokens and template, and the helpers that keep its folder loadable everywhere."""
+"""What the tiny test models share: their tokenizer (a byte-level BPE trained on a fixed corpus,
+with ChatML special tokens and template, and the helpers that keep its folder loadable
+everywhere) and the shape of their Llama language model."""
 
 from __future__ import annotations
 
@@ -80,7 +81,7 @@ def tiny_corpus() -> list[str]:
     return lines
 
 
-def _train_tokenizer() -> Any:
+def train_tokenizer() -> Any:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -105,7 +106,7 @@ def _train_tokenizer() -> Any:
     return fast
 
 
-def _unprintable_token_ids(tokenizer: Any) -> list[int]:
+def unprintable_token_ids(tokenizer: Any) -> list[int]:
     """Ids of special tokens and of tokens whose bytes are not all printable ASCII."""
     byte_of = {ch: b for b, ch in enumerate(_byte_level_chars())}
     vocab: dict[str, int] = tokenizer.get_vocab()
@@ -130,7 +131,7 @@ def _byte_level_chars() -> list[str]:
     return chars
 
 
-def _portable_tokenizer_config(path: Path, *, model_max_length: int) -> None:
+def portable_tokenizer_config(path: Path, *, model_max_length: int) -> None:
     """Name the tokenizer class and inline the template so transformers 4.x loads the folder too."""
     config_file = path / "tokenizer_config.json"
     config = json.loads(config_file.read_text())
@@ -142,3 +143,23 @@ def _portable_tokenizer_config(path: Path, *, model_max_length: int) -> None:
     if template_file.is_file():
         config["chat_template"] = template_file.read_text()
     config_file.write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n")
+
+
+def tiny_llama_config(vocab_size: int, eos_id: int, pad_id: int) -> Any:
+    """The tiny Llama language model's config: two layers of width 64."""
+    from transformers import LlamaConfig
+
+    return LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        max_position_embeddings=4096,
+        rms_norm_eps=1e-6,
+        eos_token_id=eos_id,
+        pad_token_id=pad_id,
+        bos_token_id=None,
+        tie_word_embeddings=False,
+    )

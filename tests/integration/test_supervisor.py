@@ -21,7 +21,6 @@ from deploy.sidecar.tritonbin import (
     orchestrator_env,
     parse_gpu_ids,
 )
-from tests.support.sidecars import tiny_spec
 
 ARGS = ServerArgs(Path("/repo"), "127.0.0.1", 1, 2, 3, "p_")
 
@@ -148,9 +147,14 @@ def test_model_that_fails_to_load_reports_log_tail(tiny_model_dir: Path, tmp_pat
     assert sidecar.pid is None
 
 
+def _load_test_pipeline(name: str, tokenizer: Path) -> dict[str, object]:
+    """A pipeline whose engine is the load-test model: what supervision sees, started quickly."""
+    return {"name": name, "engine": {"kind": "loadtest", "tokenizer_dir": str(tokenizer)}}
+
+
 @pytest.mark.slow
 def test_restart_after_kill_and_clean_stop(tiny_model_dir: Path, tmp_path: Path) -> None:
-    spec = tiny_spec(tiny_model_dir)
+    spec = parse_spec({"models": [_load_test_pipeline("tiny", tiny_model_dir)]})
     [sidecar] = start_all(spec, tmp_path)
     try:
         first = psutil.Process(sidecar.pid)
@@ -179,8 +183,8 @@ def test_two_sidecars_at_once(tiny_model_dir: Path, tmp_path: Path) -> None:
     spec = parse_spec(
         {
             "models": [
-                {"name": "left", "engine": {"kind": "torch", "model_dir": str(tiny_model_dir)}},
-                {"name": "right", "engine": {"kind": "torch", "model_dir": str(tiny_model_dir)}},
+                _load_test_pipeline("left", tiny_model_dir),
+                _load_test_pipeline("right", tiny_model_dir),
             ],
             "sidecars": [{"name": "one", "models": ["left"]}, {"name": "two", "models": ["right"]}],
         }

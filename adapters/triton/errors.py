@@ -47,6 +47,7 @@ _MESSAGE_RULES: tuple[tuple[str, type[BackendError]], ...] = (
     ("must be at least", InvalidRequest),
     ("must be between", InvalidRequest),
     ("no room is left for output", InvalidRequest),
+    ("image token(s) but", InvalidRequest),  # the prompt's image tokens and its images differ
 )
 
 _STATUS_RULES: dict[str, type[BackendError]] = {

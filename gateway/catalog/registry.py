@@ -275,5 +275,5 @@ def load_model(route: ModelRoute, executor: Executor) -> ServedModel:
         tokenizer=tokenizer,
         context_length=context_length,
         created=int(time.time()),
-        vision=read_vision(route.tokenizer_dir, route.images),
+        vision=read_vision(route.tokenizer_dir, route.images, tokenizer.token_text),
     )

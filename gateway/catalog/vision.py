@@ -1,37 +1,43 @@
-"""Whether a served model takes images, read from its checkpoint's ``config.json``: a
-Llava-style ``vision_config`` and how many prompt tokens each image becomes."""
+"""Whether a served model takes images, read from its checkpoint's ``config.json`` as the
+pipeline reads it: a Llava-style ``vision_config``, how many prompt tokens each image becomes
+and the token that marks where an image goes."""
 
 from __future__ import annotations
 
-import json
+import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from deploy.triton.vision.settings import VisionConfigError, read_settings
 from gateway.settings import ImageSettings
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
 class VisionInputs:
-    """A model's image inputs: the tokens each image takes in the prompt, and the rules."""
+    """A model's image inputs: the tokens each image takes in the prompt, its image token,
+    and the rules."""
 
     tokens_per_image: int
+    image_token_id: int
+    image_token: str
+    """The image token as text (``<image>``): typed in a message, it is refused."""
     settings: ImageSettings
 
 
-def read_vision(model_dir: str, settings: ImageSettings) -> VisionInputs | None:
-    """The image inputs of the checkpoint in ``model_dir``; None for a text-only model or a
-    folder that is not here to read."""
+def read_vision(
+    model_dir: str, settings: ImageSettings, token_text: Callable[[int], str]
+) -> VisionInputs | None:
+    """The image inputs of the checkpoint in ``model_dir`` (``token_text`` spells a token id);
+    None for a text-only model or a folder that is not here to read."""
     try:
-        config = json.loads((Path(model_dir).expanduser() / "config.json").read_text())
-    except (OSError, ValueError):
+        found = read_settings(Path(model_dir).expanduser())
+    except (VisionConfigError, AttributeError) as error:
+        logger.warning("%s: the vision settings cannot be used (%s); text only", model_dir, error)
         return None
-    vision = config.get("vision_config") if isinstance(config, dict) else None
-    if not isinstance(vision, dict):
+    if found is None:
         return None
-    image_size, patch_size = vision.get("image_size"), vision.get("patch_size")
-    if not isinstance(image_size, int) or not isinstance(patch_size, int) or patch_size < 1:
-        return None
-    tokens = (image_size // patch_size) ** 2
-    if config.get("vision_feature_select_strategy", "default") == "full":
-        tokens += 1
-    return VisionInputs(tokens, settings)
+    token = found.image_token_id
+    return VisionInputs(found.tokens_per_image, token, token_text(token), settings)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from adapters.contract import PromptImage, SamplingParams
@@ -52,3 +54,17 @@ class Plan:
     echo: bool = False
     output: OutputRules = TEXT_ONLY
     """How the answer's text becomes content and tool calls (chat)."""
+    images: Callable[[], Awaitable[tuple[PromptImage, ...]]] | None = None
+    """Loads the images of the prompt (a chat has one), once the request is admitted: the
+    plan counts them in its tokens without fetching or decoding them."""
+
+    async def with_images(self) -> Plan:
+        """The plan with its images loaded into every choice's prompt."""
+        if self.images is None:
+            return self
+        images = await self.images()
+        choices = tuple(
+            dataclasses.replace(choice, prompt=dataclasses.replace(choice.prompt, images=images))
+            for choice in self.choices
+        )
+        return dataclasses.replace(self, choices=choices, images=None)

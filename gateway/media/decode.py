@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import hashlib
 import io
 import struct
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Final, Literal
+from typing import Final, Literal, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -24,6 +26,7 @@ from PIL import Image, UnidentifiedImageError
 
 from gateway.media.policy import ImageError, ImagePolicy
 
+T = TypeVar("T")
 MediaType = Literal["image/png", "image/jpeg", "image/webp"]
 
 FORMATS: Final = ("PNG", "JPEG", "WEBP")
@@ -67,6 +70,12 @@ class LoadedImage:
 
 def decode_data_url(url: str, policy: ImagePolicy) -> LoadedImage:
     """The image in ``data:image/<png|jpeg|webp>;base64,<data>``, checked against the policy."""
+    declared, data = data_url_bytes(url, policy)
+    return decode_image(data, max_pixels=policy.max_pixels, declared=declared)
+
+
+def data_url_bytes(url: str, policy: ImagePolicy) -> tuple[MediaType, bytes]:
+    """The declared type and the bytes of a ``data:`` URL, within the policy's size limit."""
     declared, payload = _split_data_url(url)
     if len(payload) > _base64_length(policy.max_bytes):
         raise ImageError(f"the image is larger than the limit of {policy.max_bytes} bytes")
@@ -78,7 +87,7 @@ def decode_data_url(url: str, policy: ImagePolicy) -> LoadedImage:
         raise ImageError("the data: URL holds no image data")
     if len(data) > policy.max_bytes:
         raise ImageError(f"the image is larger than the limit of {policy.max_bytes} bytes")
-    return decode_image(data, max_pixels=policy.max_pixels, declared=declared)
+    return declared, data
 
 
 def _split_data_url(url: str) -> tuple[MediaType, str]:
@@ -105,6 +114,30 @@ def _base64_length(size: int) -> int:
     return 4 * -(-size // 3)
 
 
+@dataclass(frozen=True)
+class CheckedImage:
+    """An image whose bytes decode within the limits, kept encoded (no pixels, no digest)."""
+
+    data: bytes = field(repr=False)
+    """The encoded image, as the client sent it or the server answered it."""
+    media_type: MediaType
+    """The format the decoder found (a declared or served type is not trusted)."""
+    width: int
+    height: int
+
+
+def check_image(
+    data: bytes,
+    *,
+    max_pixels: int = ImagePolicy.max_pixels,
+    declared: MediaType | None = None,
+) -> CheckedImage:
+    """PNG, JPEG or WebP bytes checked as ``decode_image`` checks them (format and size from
+    the header, then the whole image decoded), without converting or hashing the pixels."""
+    with _decoded(data, max_pixels, declared) as (media_type, width, height, _image):
+        return CheckedImage(data=data, media_type=media_type, width=width, height=height)
+
+
 def decode_image(
     data: bytes,
     *,
@@ -112,21 +145,8 @@ def decode_image(
     declared: MediaType | None = None,
 ) -> LoadedImage:
     """Decode PNG, JPEG or WebP bytes after checking their format and size from the header."""
-    if not data:
-        raise ImageError("the image is empty")
-    try:
-        media_type, width, height = _inspect(data, max_pixels, declared)
-        with Image.open(io.BytesIO(data), formats=FORMATS) as image:
-            image.load()
-            pixels = _rgb(image).tobytes()
-    except ImageError:
-        raise
-    except (Image.DecompressionBombError, Image.DecompressionBombWarning):
-        raise ImageError(f"the image has more than the limit of {max_pixels} pixels") from None
-    except UnidentifiedImageError:
-        raise ImageError("the image is not a PNG, JPEG or WebP image") from None
-    except _UNREADABLE as error:
-        raise ImageError(f"the image could not be decoded ({error})") from None
+    with _decoded(data, max_pixels, declared) as (media_type, width, height, image):
+        pixels = _unreadable_as_errors(lambda: _rgb(image).tobytes(), max_pixels)
     if len(pixels) != width * height * 3:
         raise ImageError("the image could not be decoded (its pixels do not match its size)")
     return LoadedImage(
@@ -137,6 +157,43 @@ def decode_image(
         digest=pixel_digest(width, height, pixels),
         pixels=pixels,
     )
+
+
+@contextlib.contextmanager
+def _decoded(
+    data: bytes, max_pixels: int, declared: MediaType | None
+) -> Iterator[tuple[MediaType, int, int, Image.Image]]:
+    """The image's format and size, and the image itself decoded (open while in use)."""
+    if not data:
+        raise ImageError("the image is empty")
+
+    def open_loaded() -> tuple[MediaType, int, int, Image.Image]:
+        media_type, width, height = _inspect(data, max_pixels, declared)
+        image = Image.open(io.BytesIO(data), formats=FORMATS)
+        try:
+            image.load()
+        except BaseException:
+            image.close()
+            raise
+        return media_type, width, height, image
+
+    media_type, width, height, image = _unreadable_as_errors(open_loaded, max_pixels)
+    with image:
+        yield media_type, width, height, image
+
+
+def _unreadable_as_errors(work: Callable[[], T], max_pixels: int) -> T:
+    """``work()``, with what Pillow raises on a bad image turned into ``ImageError``."""
+    try:
+        return work()
+    except ImageError:
+        raise
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning):
+        raise ImageError(f"the image has more than the limit of {max_pixels} pixels") from None
+    except UnidentifiedImageError:
+        raise ImageError("the image is not a PNG, JPEG or WebP image") from None
+    except _UNREADABLE as error:
+        raise ImageError(f"the image could not be decoded ({error})") from None
 
 
 def _inspect(

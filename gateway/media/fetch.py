@@ -5,8 +5,10 @@ credentials in the URL, the host resolved once and every address it resolves to 
 the policy allows private networks). The connection then goes to a vetted address itself, with
 the URL's host in the ``Host`` header and as the TLS server name, so a second DNS answer cannot
 swap the address (DNS rebinding). Redirects are followed here, never by the HTTP client. One
-deadline covers the whole fetch; the body is cut off at the size limit, checked first against
-``Content-Length``. The served content type is not trusted: the decoder decides.
+deadline covers the whole fetch; the body is asked for unencoded (``Accept-Encoding:
+identity``; a compressed answer is refused) and cut off at the size limit, checked first against
+``Content-Length``, so the limit holds for the bytes on the wire. An https URL never redirects to
+plain http. The served content type is not trusted: the decoder decides.
 """
 
 from __future__ import annotations
@@ -97,7 +99,10 @@ def _redirect_target(current: httpx.URL, location: str) -> httpx.URL:
         joined = current.join(location)
     except (httpx.InvalidURL, ValueError) as error:
         raise ImageError(f"the image URL redirected to a malformed URL ({error})") from None
-    return checked_url(str(joined))
+    target = checked_url(str(joined))
+    if current.scheme == "https" and target.scheme != "https":
+        raise ImageError("the https image URL redirected to a plain http URL")
+    return target
 
 
 async def _vetted_addresses(
@@ -136,7 +141,11 @@ async def _get(
 ) -> bytes | str:
     """The body of a 2xx answer, or the ``Location`` of a redirect."""
     host = target.raw_host.decode("ascii")
-    headers = {"Host": target.netloc.decode("ascii"), "Accept": _ACCEPT}
+    headers = {
+        "Host": target.netloc.decode("ascii"),
+        "Accept": _ACCEPT,
+        "Accept-Encoding": "identity",
+    }
     extensions = {"sni_hostname": host} if target.scheme == "https" else {}
     failure: httpx.TransportError | None = None
     for address in addresses:
@@ -172,12 +181,18 @@ async def _answer(response: httpx.Response, policy: ImagePolicy) -> bytes | str:
         return str(location)
     if not 200 <= status < 300:
         raise ImageError(f"the image URL answered HTTP {status}")
+    encoding = response.headers.get("content-encoding", "identity").strip().lower()
+    if encoding not in ("", "identity"):
+        raise ImageError(
+            f"the image URL answered with Content-Encoding {encoding!r}; images are fetched "
+            "unencoded"
+        )
     declared = response.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > policy.max_bytes:
         raise ImageError(f"the image is larger than the limit of {policy.max_bytes} bytes")
     body = bytearray()
     try:
-        async for chunk in response.aiter_bytes():
+        async for chunk in response.aiter_bytes():  # identity: the bytes on the wire
             body += chunk
             if len(body) > policy.max_bytes:
                 raise ImageError(f"the image is larger than the limit of {policy.max_bytes} bytes")

@@ -1,5 +1,5 @@
-"""The one completion pipeline both endpoints run: authenticate, decode, plan, admit, generate,
-shape, settle.
+"""The one completion pipeline both endpoints run: authenticate, decode, plan, admit, load the
+images, generate, shape, settle.
 
 An endpoint is the data that differs (its body schema, planner and shapers); everything else is
 one code path. Every error the pipeline raises carries the caller's rate-limit headers, as
@@ -104,13 +104,17 @@ class CompletionPipeline:
             ticket = await self.tenancy.admit(tenant, plan)
         headers.update(ticket.headers())
         meter = UsageMeter()
-        events = self.generation.events(model, plan, meter, priority=tenant.priority)
         header = Header.new(endpoint.id_prefix, model.name)
 
         async def settle() -> None:
             await ticket.settle_shielded(meter.total())
 
         try:
+            # Images are fetched and decoded only for an admitted request; the plan counted them.
+            if plan.images is not None:
+                with self.observability.step("gateway.images"):
+                    plan = await until_disconnect(request.receive, plan.with_images())
+            events = self.generation.events(model, plan, meter, priority=tenant.priority)
             if plan.stream:
                 # Once the stream is answered, it settles the ticket when it ends, however.
                 return await stream_response(

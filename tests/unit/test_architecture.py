@@ -24,8 +24,9 @@ FORBIDDEN = {
 }
 GATEWAY_MAY_USE = ("deploy.sidecar",)
 """The side of deploy the gateway calls: specs, rendering, supervising sidecars."""
-SHARED_TEXT_UTILITY = "deploy.triton.pipeline.detokenizer"
-"""The one module of the in-Triton side the gateway shares: incremental detokenizing."""
+SHARED_MODULES = ("deploy.triton.pipeline.detokenizer", "deploy.triton.vision.settings")
+"""The torch-free modules of the in-Triton side the gateway shares: incremental detokenizing,
+and a checkpoint's vision settings (tokens per image, the image token)."""
 DEVTOOLS = "deploy.devtools"
 
 
@@ -87,9 +88,9 @@ def violations(source: str, rel: PurePosixPath) -> list[str]:
 
 
 def _gateway_may_use(name: str) -> bool:
-    if name in ("deploy", "deploy.triton", "deploy.triton.pipeline"):
-        return True  # the packages on the way to the shared module
-    return any(_within(name, allowed) for allowed in (*GATEWAY_MAY_USE, SHARED_TEXT_UTILITY))
+    if name in ("deploy", "deploy.triton", "deploy.triton.pipeline", "deploy.triton.vision"):
+        return True  # the packages on the way to the shared modules
+    return any(_within(name, allowed) for allowed in (*GATEWAY_MAY_USE, *SHARED_MODULES))
 
 
 @pytest.mark.parametrize("rel", modules(), ids=str)
@@ -112,6 +113,8 @@ def test_imports_follow_the_layers(rel: PurePosixPath) -> None:
         ("from deploy.triton.pipeline.detokenizer import X", "gateway/text.py", False),
         ("from deploy.triton.pipeline import detokenizer", "gateway/text.py", False),
         ("from deploy.triton.pipeline import bls_logic", "gateway/text.py", True),
+        ("from deploy.triton.vision.settings import read_settings", "gateway/x.py", False),
+        ("from deploy.triton.vision import encoder", "gateway/x.py", True),
         ("from deploy.devtools import bench", "deploy/sidecar/cli.py", True),
         ("from deploy.devtools.offline import pack", "deploy/devtools/bench.py", False),
         ("from gateway import errors", "adapters/triton/client.py", True),

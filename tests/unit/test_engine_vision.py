@@ -149,3 +149,32 @@ def test_a_vision_pipeline_renders_its_encoder_and_the_ensemble_step(vision_dir:
     bls = files["vis_tensorrt_llm_bls/config.pbtxt"]
     assert '"vis_multimodal_encoders"' in bls
     assert str(vision_dir) in files["vis_preprocessing/config.pbtxt"]
+
+
+def test_client_extra_ids_are_combined_with_the_rows_they_key() -> None:
+    """A client's own ``prompt_table_extra_ids`` salt the image rows' digests, never replace
+    them: two different images sent with the same ids do not share KV blocks."""
+    table = np.arange(2 * 4, dtype=np.float16).reshape(1, 2, 4)
+    inputs = {
+        "input_ids": np.array([[5, 10, 11, 6]], np.int32),
+        "request_output_len": np.array([[2]], np.int32),
+        "prompt_embedding_table": table,
+        "prompt_table_extra_ids": np.array([[3, 42, 42, 0]], np.uint64),
+    }
+
+    def extra_ids(**changes: Any) -> tuple[int, ...]:
+        parsed = parse_items(
+            dict(inputs, **changes), id_prefix="r", exclude_input_default=False, vocab_size=10
+        )
+        ids = parsed[0][0].extra_ids
+        assert ids is not None
+        return ids
+
+    same = extra_ids()
+    assert same[0] == 3 and same[3] == 0
+    assert 0 not in same[1:3] and same[1] != same[2]
+    assert extra_ids() == same
+    other = extra_ids(prompt_embedding_table=table + 1)
+    assert other[1:3] != same[1:3] and other[0] == 3
+    salted = extra_ids(prompt_table_extra_ids=np.array([[3, 43, 43, 0]], np.uint64))
+    assert salted[1:3] != same[1:3]

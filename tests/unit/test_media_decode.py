@@ -9,7 +9,14 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from gateway.media import ImageError, ImagePolicy, LoadedImage, load_image
+from gateway.media import (
+    CheckedImage,
+    ImageError,
+    ImagePolicy,
+    LoadedImage,
+    check_image_url,
+    load_image,
+)
 from gateway.media.decode import decode_image
 from tests.support.images import data_url, encode, picture, png_claiming
 
@@ -245,3 +252,41 @@ async def test_http_urls_need_the_models_consent(url: str) -> None:
 def test_a_policy_refuses_impossible_limits(fields: dict[str, int]) -> None:
     with pytest.raises(ValueError, match="ImagePolicy"):
         ImagePolicy(**fields)  # type: ignore[arg-type]
+
+
+def _truncated_png() -> bytes:
+    data = encode(picture(30, 30), "PNG")
+    return data[: len(data) // 2]
+
+
+def _corrupt_png() -> bytes:
+    data = bytearray(encode(picture(30, 30), "PNG"))
+    data[len(data) // 2] ^= 0xFF
+    return bytes(data)
+
+
+@pytest.mark.parametrize(
+    ("url", "words"),
+    [
+        (data_url(_truncated_png()), "decoded"),
+        (data_url(_corrupt_png()), "decoded"),
+        (data_url(encode(picture(4, 4), "PNG"), "image/jpeg"), "declared"),
+        (data_url(encode(picture(40, 40), "PNG")), "pixels"),
+        (data_url(b"not an image"), "PNG, JPEG or WebP"),
+        ("ftp://example.com/a.png", "scheme"),
+    ],
+    ids=["truncated", "corrupt", "declared", "too-many-pixels", "not-an-image", "scheme"],
+)
+async def test_checking_refuses_what_loading_refuses(url: str, words: str) -> None:
+    policy = ImagePolicy(max_pixels=1000)
+    with pytest.raises(ImageError, match=words):
+        await load_image(url, policy)
+    with pytest.raises(ImageError, match=words):
+        await check_image_url(url, policy)
+
+
+async def test_checking_keeps_the_image_encoded() -> None:
+    data = encode(picture(7, 3), "WEBP", lossless=True)
+    checked = await check_image_url(data_url(data, "image/webp"), POLICY)
+    assert checked == CheckedImage(data=data, media_type="image/webp", width=7, height=3)
+    assert not hasattr(checked, "pixels") and not hasattr(checked, "digest")

@@ -6,6 +6,7 @@ request's URL names the address connected to, its Host header the name asked for
 
 from __future__ import annotations
 
+import gzip
 import ipaddress
 from collections.abc import Callable
 
@@ -243,3 +244,29 @@ async def test_a_body_over_the_limit_is_refused() -> None:
     policy = ImagePolicy(fetch_http=True, max_bytes=len(PNG) - 1)
     with pytest.raises(ImageError, match="larger than the limit"):
         await fetch("http://images.test/a.png", Network(image), policy)
+
+
+async def test_the_image_is_asked_for_unencoded_and_a_compressed_answer_refused() -> None:
+    network = Network(image)
+    assert await fetch("http://images.test/a.png", network) == PNG
+    assert network.requests[0].headers["accept-encoding"] == "identity"
+    packed = gzip.compress(PNG)
+    compressed = Network(
+        lambda request: httpx.Response(200, content=packed, headers={"Content-Encoding": "gzip"})
+    )
+    with pytest.raises(ImageError, match="Content-Encoding 'gzip'"):
+        await fetch("http://images.test/a.png", compressed)
+
+
+async def test_https_never_redirects_to_plain_http() -> None:
+    def respond(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/a.png":
+            return httpx.Response(302, headers={"Location": request.url.params["to"]})
+        return image(request)
+
+    network = Network(respond)
+    with pytest.raises(ImageError, match="redirected to a plain http URL"):
+        await fetch("https://images.test/a.png?to=http://cdn.test/b.png", network)
+    assert len(network.requests) == 1
+    assert await fetch("https://images.test/a.png?to=https://cdn.test/b.png", network) == PNG
+    assert await fetch("http://images.test/a.png?to=https://cdn.test/b.png", network) == PNG

@@ -29,6 +29,10 @@ BLS_TRACEBACK = (
         ("LoRA task 10 not found in cache. Please send LoRA weights with request", None,
          LoraNotCached),
         (BLS_TRACEBACK, None, LoraNotCached),
+        ("the prompt holds 1 image token(s) but 0 image(s) were sent", None, InvalidRequest),
+        ("Failed to process the request(s) for model 'vis_preprocessing', message: "
+         "ValueError: the prompt holds 2 image token(s) but 1 image(s) were sent",
+         "StatusCode.INTERNAL", InvalidRequest),
         ("[TensorRT-LLM][ERROR] Assertion failed: LoRA task 0 not found in cache. Please send "
          "LoRA weights with request (loraCache.cpp:12)", "StatusCode.INTERNAL", LoraNotCached),
         ("Request for unknown model: 'nope' is not found", None, ModelNotFound),

@@ -257,18 +257,26 @@ def _prompt_table(inputs: Inputs, item: int) -> npt.NDArray[Any] | None:
 
 
 def content_extra_ids(
-    prompt: npt.NDArray[np.int32], table: npt.NDArray[Any], vocab_size: int
+    prompt: npt.NDArray[np.int32],
+    table: npt.NDArray[Any],
+    vocab_size: int,
+    sent: TokenIds | None = None,
 ) -> TokenIds:
     """Extra ids keyed by content: each prompt-table id gets a 64-bit digest of the row it
-    stands for (never 0), every vocabulary id 0; equal images share KV blocks, others not."""
+    stands for and of the id the client ``sent`` for it (never 0), so equal images share KV
+    blocks and different ones never do, whatever the client sent; every vocabulary id keeps the
+    client's id (0 when none)."""
     rows = np.ascontiguousarray(table)
     ids = []
-    for token in prompt.tolist():
+    for index, token in enumerate(prompt.tolist()):
+        client = sent[index] if sent is not None else 0
         if token < vocab_size or token - vocab_size >= rows.shape[0]:
-            ids.append(0)
+            ids.append(client)
             continue
-        digest = hashlib.blake2b(rows[token - vocab_size].tobytes(), digest_size=8).digest()
-        ids.append(int.from_bytes(digest, "little") or 1)
+        digest = hashlib.blake2b(rows[token - vocab_size].tobytes(), digest_size=8)
+        if client:
+            digest.update(int(client % 2**64).to_bytes(8, "little"))
+        ids.append(int.from_bytes(digest.digest(), "little") or 1)
     return tuple(ids)
 
 
@@ -305,8 +313,8 @@ def parse_items(
         bias = _row(inputs, "embedding_bias", item)
         table = _prompt_table(inputs, item)
         extra_ids = _extra_ids(inputs, item, prompt.size)
-        if table is not None and extra_ids is None:
-            extra_ids = content_extra_ids(prompt, table, vocab_size)
+        if table is not None:
+            extra_ids = content_extra_ids(prompt, table, vocab_size, extra_ids)
         request = EngineRequest(
             request_id=f"{id_prefix}/{item}",
             input_ids=tuple(int(t) for t in prompt),

@@ -147,6 +147,10 @@ class PromptTokenizer:
         """Tokens the tokenizer knows, added ones included."""
         return len(self._tokenizer)
 
+    def token_text(self, token: int) -> str:
+        """One token id as the text that tokenizes to it (special tokens spelled out)."""
+        return self._tokenizer.decode([token], skip_special_tokens=False)
+
     async def chat_prompt(
         self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
     ) -> Prompt:

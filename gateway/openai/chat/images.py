@@ -1,20 +1,26 @@
-"""The images of a chat: ``image_url`` content parts checked against the model and loaded
-under its image rules, each refusal a 400 naming ``messages[i].content[j]``."""
+"""The images of a chat: ``image_url`` content parts checked against the model when the chat is
+planned (each refusal a 400 naming ``messages[i].content[j]``), counted in the templated
+prompt, and loaded under the model's image rules only once the request is admitted."""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from adapters.contract import PromptImage
 from gateway.catalog.registry import ServedModel
 from gateway.catalog.vision import VisionInputs
+from gateway.core.plan import Prompt
 from gateway.http.errors import InvalidRequestError
-from gateway.media import ImageError, ImagePolicy, load_image
+from gateway.media import ImageError, ImagePolicy, check_image_url
 from gateway.openai.protocol import ChatMessage, ContentPart, ImageURL, given
 
 DETAILS = ("auto", "low", "high")
 IMAGE_PART = "image_url"
+IMAGE_ROLES = ("user",)
+"""The roles whose messages may hold images, as OpenAI's chat completions take them."""
 
 
 def image_parts(messages: Sequence[ChatMessage]) -> list[tuple[str, ContentPart]]:
@@ -56,13 +62,38 @@ def _url(param: str, part: ContentPart) -> str:
     return image.url
 
 
-async def chat_images(
-    model: ServedModel, messages: Sequence[ChatMessage]
-) -> tuple[PromptImage, ...]:
-    """The chat's images, loaded; none for a chat without image parts."""
+@dataclass(frozen=True, slots=True)
+class ChatImages:
+    """A chat's image URLs, checked but not loaded, each with its part's name."""
+
+    urls: tuple[tuple[str, str], ...]
+    policy: ImagePolicy
+
+    async def load(self) -> tuple[PromptImage, ...]:
+        """The images, fetched where they are URLs and validated; a bad one is a 400 naming
+        its part."""
+        loaded = await asyncio.gather(
+            *(check_image_url(url, self.policy) for _, url in self.urls),
+            return_exceptions=True,
+        )
+        images = []
+        for (param, _), result in zip(self.urls, loaded, strict=True):
+            if isinstance(result, ImageError):
+                raise InvalidRequestError(f"Invalid image: {result.message}", param=param)
+            if isinstance(result, BaseException):
+                raise result
+            images.append(PromptImage(data=result.data, media_type=result.media_type))
+        return tuple(images)
+
+
+def chat_images(model: ServedModel, messages: Sequence[ChatMessage]) -> ChatImages | None:
+    """The chat's image parts, checked against the model without loading them; None for a
+    chat without image parts."""
+    if model.vision is not None:
+        refuse_typed_image_tokens(messages, model.vision)
     parts = image_parts(messages)
     if not parts:
-        return ()
+        return None
     vision = model.vision
     if vision is None:
         raise InvalidRequestError(
@@ -75,22 +106,56 @@ async def chat_images(
             "images: serve it through its ensemble or BLS.",
             param=parts[0][0],
         )
+    for index, message in enumerate(messages):
+        if message.role in IMAGE_ROLES or not isinstance(message.content, list):
+            continue
+        for part_index, part in enumerate(message.content):
+            if part.type == IMAGE_PART:
+                raise InvalidRequestError(
+                    f"Image parts are taken in user messages only, not in a {message.role} "
+                    "message.",
+                    param=f"messages[{index}].content[{part_index}]",
+                )
     if len(parts) > vision.settings.max_images:
         raise InvalidRequestError(
             f"The request holds {len(parts)} images; the model {model.name!r} takes at most "
             f"{vision.settings.max_images}.",
             param="messages",
         )
-    urls = [(param, _url(param, part)) for param, part in parts]
-    policy = policy_of(vision)
-    loaded = await asyncio.gather(
-        *(load_image(url, policy) for _, url in urls), return_exceptions=True
+    return ChatImages(tuple((param, _url(param, part)) for param, part in parts), policy_of(vision))
+
+
+def refuse_typed_image_tokens(messages: Sequence[ChatMessage], vision: VisionInputs) -> None:
+    """A 400 naming the text that holds the model's image token: only image parts place
+    images."""
+    token = vision.image_token
+    for index, message in enumerate(messages):
+        content = message.content
+        if isinstance(content, str) and token in content:
+            raise _typed_token(token, f"messages[{index}].content")
+        if isinstance(content, list):
+            for part_index, part in enumerate(content):
+                text = given(part.text)
+                if isinstance(text, str) and token in text:
+                    raise _typed_token(token, f"messages[{index}].content[{part_index}]")
+
+
+def _typed_token(token: str, param: str) -> InvalidRequestError:
+    return InvalidRequestError(
+        f"The text holds the model's image token {token!r}; send images as image_url parts.",
+        param=param,
     )
-    images = []
-    for (param, _), result in zip(urls, loaded, strict=True):
-        if isinstance(result, ImageError):
-            raise InvalidRequestError(f"Invalid image: {result.message}", param=param)
-        if isinstance(result, BaseException):
-            raise result
-        images.append(PromptImage(data=result.data, media_type=result.media_type))
-    return tuple(images)
+
+
+def counted_images(prompt: Prompt, images: int, vision: VisionInputs) -> Prompt:
+    """The templated prompt with each image token counted as the tokens its image becomes;
+    a 400 unless the template placed one image token per image."""
+    placed = sum(1 for token in prompt.ids if token == vision.image_token_id)
+    if placed != images:
+        raise InvalidRequestError(
+            f"The model's chat template placed {placed} image token(s) for the {images} "
+            "image(s) of the conversation, so the images cannot be placed in the prompt.",
+            param="messages",
+        )
+    extra = placed * (vision.tokens_per_image - 1)
+    return dataclasses.replace(prompt, token_count=prompt.token_count + extra)

@@ -3,18 +3,16 @@ tokens, fan out ``n`` choices."""
 
 from __future__ import annotations
 
-import dataclasses
 import random
 from typing import Any
 
 import msgspec
 
-from adapters.contract import PromptImage
 from gateway.catalog.registry import ServedModel
-from gateway.core.plan import Plan, Prompt
+from gateway.core.plan import Plan
 from gateway.http.errors import InvalidRequestError
 from gateway.openai.beams import beam_choices, beam_search
-from gateway.openai.chat.images import chat_images
+from gateway.openai.chat.images import IMAGE_PART, chat_images, counted_images
 from gateway.openai.protocol import (
     ChatCompletionRequest,
     ChatMessage,
@@ -44,12 +42,12 @@ async def plan_chat(
     output = output_rules(
         request, model.route.tool_call_format, tokenizer.template_text, tokenizer.takes_tools
     )
-    images = await chat_images(model, request.messages)
+    images = chat_images(model, request.messages)
     parts = model.vision is not None
     messages, tools = conversation(template_messages(request.messages, parts=parts), output)
     prompt = await tokenizer.chat_prompt(messages, tools)
-    if images and model.vision is not None:
-        prompt = with_images(prompt, images, model.vision.tokens_per_image)
+    if model.vision is not None:
+        prompt = counted_images(prompt, len(images.urls) if images else 0, model.vision)
     requested = first_given(request.max_completion_tokens, request.max_tokens)
     max_tokens = resolve_max_tokens(
         requested,
@@ -81,14 +79,8 @@ async def plan_chat(
         include_usage=include_usage(request),
         logprobs=logprobs,
         output=output,
+        images=images.load if images else None,
     )
-
-
-def with_images(prompt: Prompt, images: tuple[PromptImage, ...], tokens_per_image: int) -> Prompt:
-    """The prompt with its images, each counted as the tokens it becomes (its one image token
-    in the templated text stands for ``tokens_per_image``)."""
-    extra = len(images) * (tokens_per_image - 1)
-    return dataclasses.replace(prompt, token_count=prompt.token_count + extra, images=images)
 
 
 def template_messages(messages: list[ChatMessage], *, parts: bool = False) -> list[dict[str, Any]]:
@@ -115,7 +107,7 @@ def template_messages(messages: list[ChatMessage], *, parts: bool = False) -> li
 def _parts(content: list[ContentPart]) -> list[dict[str, Any]]:
     """Text and image parts as a template reads them (``{"type": "image"}`` marks an image)."""
     return [
-        {"type": "image"} if part.type == "image_url" else {"type": "text", "text": part.text}
+        {"type": "image"} if part.type == IMAGE_PART else {"type": "text", "text": part.text}
         for part in content
     ]
 
@@ -129,7 +121,7 @@ def _text_content(message: ChatMessage, index: int) -> str:
     texts = []
     for part_index, part in enumerate(content):
         text = given(part.text)
-        if part.type == "image_url":
+        if part.type == IMAGE_PART:
             continue
         if part.type != "text" or text is None:
             raise InvalidRequestError(

@@ -8,6 +8,7 @@ from collections.abc import Awaitable
 from typing import Any
 
 from gateway.catalog.registry import ServedModel
+from gateway.catalog.vision import VisionInputs
 from gateway.core.plan import Plan, Prompt
 from gateway.http.errors import InvalidRequestError
 from gateway.openai.beams import beam_choices, beam_search
@@ -67,6 +68,17 @@ def _prompts(model: ServedModel, prompt: str | list[Any]) -> list[Awaitable[Prom
     )
 
 
+def _refuse_image_tokens(prompts: list[Prompt], vision: VisionInputs, single: bool) -> None:
+    """A 400 for a prompt holding the model's image token: completions take no images."""
+    for index, prompt in enumerate(prompts):
+        if vision.image_token_id in prompt.ids:
+            raise InvalidRequestError(
+                f"The prompt holds the model's image token {vision.image_token!r}; images are "
+                "taken by /v1/chat/completions as image_url parts.",
+                param="prompt" if single or len(prompts) == 1 else f"prompt[{index}]",
+            )
+
+
 def _is_token(item: object) -> bool:
     return isinstance(item, int) and not isinstance(item, bool)
 
@@ -78,6 +90,8 @@ async def plan_completion(
     ``max_tokens_cap`` as in ``plan_chat``."""
     check_completion(request, model.route.max_n)
     prompts: list[Prompt] = list(await asyncio.gather(*_prompts(model, request.prompt)))
+    if model.vision is not None:
+        _refuse_image_tokens(prompts, model.vision, isinstance(request.prompt, str))
     requested = given(request.max_tokens)
     logprobs = given(request.logprobs) is not None
     guide = response_guide(given(request.response_format))

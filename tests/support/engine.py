@@ -118,3 +118,13 @@ def beam_reference(
         tokens = sequence[len(prompt) :].tolist()
         beams.append(tokens[: tokens.index(end)] if end in tokens else tokens)
     return beams
+
+
+def beam_texts(model_dir: Any, text: str, width: int, max_new: int) -> list[str]:
+    """transformers' beams of ``text``, best first, decoded as the pipelines decode them."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    beams = beam_reference(model, tuple(tokenizer.encode(text)), width, max_new)
+    return [tokenizer.decode(ids, skip_special_tokens=True) for ids in beams]

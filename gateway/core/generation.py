@@ -182,8 +182,9 @@ class ChoiceRunner:
         self, specs: Sequence[ChoiceSpec], request: GenerationRequest
     ) -> AsyncGenerator[Event, None]:
         """The choices one beam search answers, its best beams first: each beam's text (stop
-        sequences cut) and ending. Every beam's tokens are used, so the first choice's count
-        also holds those of the beams beyond the ``n`` returned (TensorRT-LLM's count)."""
+        sequences cut), its log probs where the entry returns them, and ending. Every beam's
+        tokens are used, so the first choice's count also holds those of the beams beyond the
+        ``n`` returned (TensorRT-LLM's count)."""
         chunks = self._open(request)
         final: TokenChunk | None = None
         try:

@@ -166,6 +166,16 @@ class GenerationRequest:
 
 
 @dataclass(frozen=True, slots=True)
+class Beam:
+    """One beam of a beam search: its text, and where the entry returns the beam's token ids
+    (``tensorrt_llm``), its exact token count and per-token log probs."""
+
+    text: str
+    token_count: int | None = None
+    logprobs: tuple[float, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class TokenChunk:
     """A piece of generated output: new text and how many tokens produced it.
 
@@ -182,8 +192,8 @@ class TokenChunk:
     logprobs: tuple[float, ...] = field(default=())
     final: bool = False
     cached_tokens: int | None = None
-    beams: tuple[str, ...] = ()
-    """A beam search's texts, best first (``text`` is the first), in one final chunk."""
+    beams: tuple[Beam, ...] = ()
+    """A beam search's beams, best first (``text`` is the first's), in one final chunk."""
 
 
 @runtime_checkable

@@ -1,26 +1,37 @@
 """The beam-search inputs of a request: ``beam_width`` and what shapes the search, each sent only
-where the entry model declares it, or refused naming the request field."""
+where the entry model declares it, or refused naming the request field; and the beams of the
+engine's answer."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 import numpy as np
+import numpy.typing as npt
 
 from adapters.contract import BeamSearch, InvalidRequest
 from adapters.triton.config import ModelInputs
 from adapters.triton.tensors import WireTensor
+
+Outputs = Mapping[str, npt.NDArray[Any]]
 
 _NEVER = 2
 """TensorRT-LLM's ``early_stopping`` above 1 (transformers' ``"never"``): an int input only."""
 _ENGINE_DEFAULT_EARLY_STOPPING = 1
 
 
-def beam_inputs(beam: BeamSearch, model: ModelInputs) -> list[WireTensor]:
-    """``beam_width``, the length penalty and early stopping for ``model``."""
-    if model.is_engine:
+def beam_inputs(beam: BeamSearch, model: ModelInputs, *, logprobs: bool) -> list[WireTensor]:
+    """``beam_width``, the length penalty and early stopping for ``model``. Log probs per beam
+    need each beam's token count, which only the engine's ids give: the text entries return
+    each beam's text and ``output_log_probs`` row padded to the longest beam, and their
+    ``num_output_tokens`` (where they have it) sums every beam's."""
+    if logprobs and not model.is_engine:
         raise InvalidRequest(
-            f"use_beam_search is served through the ensemble or BLS entries, not {model.name}, "
-            "whose token ids the gateway decodes one sequence at a time.",
-            param="use_beam_search",
+            f"logprobs cannot be combined with use_beam_search through {model.name}: it returns "
+            "each beam's text, not its token count, so log probs cannot be matched to tokens; "
+            "the tensorrt_llm entry returns them per beam.",
+            param="logprobs",
         )
     if not model.has("beam_width"):
         raise InvalidRequest(
@@ -66,3 +77,21 @@ def _early_stopping(value: int, model: ModelInputs) -> WireTensor:
             )
         return WireTensor(spec.name, "BOOL", np.array([[bool(value)]], np.bool_))
     return WireTensor(spec.name, "INT32", np.array([[value]], np.int32))
+
+
+def beam_rows(outputs: Outputs) -> list[tuple[list[int], npt.NDArray[np.float64]]]:
+    """Each beam's ids (``[1, beams, tokens]`` cut to ``sequence_length`` ``[1, beams]``) and its
+    row of ``output_log_probs`` (empty where not returned)."""
+    tokens = outputs.get("output_ids")
+    if tokens is None or tokens.size == 0:
+        return []
+    rows = tokens.reshape(-1, tokens.shape[-1])
+    lengths = outputs.get("sequence_length")
+    ends = [row.size for row in rows] if lengths is None else lengths.reshape(-1).tolist()
+    log_probs = outputs.get("output_log_probs")
+    probs = (
+        np.asarray(log_probs, np.float64).reshape(len(rows), -1)
+        if log_probs is not None and log_probs.size
+        else np.zeros((len(rows), 0))
+    )
+    return [(rows[k, : ends[k]].tolist(), probs[k]) for k in range(len(rows))]

@@ -281,7 +281,9 @@ class TritonBackend:
         exchange = Exchange.of(request, model)
         tensors = build_inputs(request, model, lora_weights=send_weights)
         if request.params.beam is not None:
-            tensors.extend(beam_inputs(request.params.beam, model))
+            tensors.extend(
+                beam_inputs(request.params.beam, model, logprobs=request.params.logprobs)
+            )
         operation = f"request {request_id} to {target.triton_model}"
         call = self._call(target, request, request_id, tensors, exchange, deadline)
         logger.debug("%s: streaming=%s via %s", operation, exchange.streaming, type(call).__name__)

@@ -5,14 +5,15 @@ from __future__ import annotations
 import codecs
 import dataclasses
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
 
-from adapters.contract import BackendError, GenerationRequest, TextStream, TokenChunk
+from adapters.contract import BackendError, Beam, GenerationRequest, TextStream, TokenChunk
+from adapters.triton.beams import beam_rows
 from adapters.triton.config import REUSED_BLOCKS, ModelInputs
 from adapters.triton.errors import classify
 from adapters.triton.tensors import requested_outputs, streams
@@ -100,7 +101,7 @@ class ResponseDecoder:
             prompt_tokens=_first_int(outputs.get("num_input_tokens")),
             final=final,
             cached_tokens=cached_tokens(outputs, self._tokens_per_block),
-            beams=texts,
+            beams=tuple(Beam(text) for text in texts),
         )
 
     def _text(self, outputs: Outputs, *, final: bool) -> str:
@@ -155,7 +156,7 @@ class EngineDecoder:
     Streamed responses carry only their new ids; a whole answer carries every id, the prompt's
     first unless the engine excluded them (``echoed`` is the prompt to drop from its start). Token
     counts are exact: one per id. ``text`` turns ids into text as the pipeline's
-    postprocessing would.
+    postprocessing would; ``beam_text`` gives a fresh one for each beam of a beam search.
     """
 
     def __init__(
@@ -166,8 +167,10 @@ class EngineDecoder:
         echoed: Sequence[int] = (),
         keep_logprobs: bool = True,
         tokens_per_block: int | None = None,
+        beam_text: Callable[[], TextStream] | None = None,
     ) -> None:
         self._text = text
+        self._beam_text = beam_text
         self._tokens_per_block = tokens_per_block
         self._prompt_tokens = prompt_tokens
         self._echoed = list(echoed)
@@ -176,6 +179,8 @@ class EngineDecoder:
 
     def decode(self, outputs: Outputs, *, final: bool = False) -> TokenChunk:
         """The chunk for one response; ``final`` for the request's last one."""
+        if self._beam_text is not None:
+            return self._beam_chunk(outputs, final=final)
         ids = _ids(outputs)
         if self._echoed and ids:
             if ids[: len(self._echoed)] == self._echoed:
@@ -197,6 +202,28 @@ class EngineDecoder:
     def finish(self) -> TokenChunk:
         """A closing chunk for a stream that ended without a response flagged final."""
         return self.decode({}, final=True)
+
+    def _beam_chunk(self, outputs: Outputs, *, final: bool) -> TokenChunk:
+        """Every beam of a search answered whole: each beam's ids cut to its
+        ``sequence_length`` (the prompt dropped where the engine echoed it) and decoded on their
+        own, with the first as many entries of its ``output_log_probs`` row as it has ids."""
+        assert self._beam_text is not None
+        beams = []
+        for ids, logprobs in beam_rows(outputs):
+            if self._echoed and ids[: len(self._echoed)] == self._echoed:
+                ids = ids[len(self._echoed) :]
+            stream = self._beam_text()
+            text = stream.step(ids) + stream.flush() if ids else ""
+            kept = tuple(logprobs[: len(ids)].tolist()) if self._keep_logprobs else ()
+            beams.append(Beam(text, len(ids), kept))
+        return TokenChunk(
+            text=beams[0].text if beams else "",
+            token_count=sum(beam.token_count or 0 for beam in beams),
+            prompt_tokens=self._prompt_tokens,
+            final=final,
+            cached_tokens=cached_tokens(outputs, self._tokens_per_block),
+            beams=tuple(beams),
+        )
 
 
 def cached_tokens(outputs: Outputs, tokens_per_block: int | None) -> int | None:
@@ -351,6 +378,7 @@ def _decoder(
             echoed=request.prompt_ids if echoes else (),
             keep_logprobs=request.params.logprobs,
             tokens_per_block=block,
+            beam_text=request.tokens.text_stream if request.params.beam is not None else None,
         )
     return ResponseDecoder(
         cumulative=streaming and model.accumulate_tokens,

@@ -11,7 +11,7 @@ from typing import Literal
 
 import anyio
 
-from adapters.contract import Backend, GenerationRequest, TokenChunk
+from adapters.contract import Backend, Beam, GenerationRequest, TokenChunk
 from gateway.catalog.registry import ServedModel
 from gateway.core.plan import ChoiceSpec, Plan
 from gateway.core.stops import StopMatcher
@@ -182,8 +182,9 @@ class ChoiceRunner:
         self, specs: Sequence[ChoiceSpec], request: GenerationRequest
     ) -> AsyncGenerator[Event, None]:
         """The choices one beam search answers, its best beams first: each beam's text (stop
-        sequences cut) and ending. Every beam's tokens are used, so the first choice's count
-        also holds those of the beams beyond the ``n`` returned (TensorRT-LLM's count)."""
+        sequences cut), its log probs where the entry returns them, and ending. Every beam's
+        tokens are used, so the first choice's count also holds those of the beams beyond the
+        ``n`` returned (TensorRT-LLM's count)."""
         chunks = self._open(request)
         final: TokenChunk | None = None
         try:
@@ -192,18 +193,20 @@ class ChoiceRunner:
         finally:
             await close_quietly(chunks)
         first = specs[0]
-        beams = (final.beams or (final.text,)) if final is not None else ()
-        counts = [
-            min(await self._model.tokenizer.count(text), first.params.max_tokens) for text in beams
-        ]
+        beams = (final.beams or (Beam(final.text),)) if final is not None else ()
+        counts = [await self._beam_tokens(beam, first.params.max_tokens) for beam in beams]
         hidden = sum(counts[len(specs) :])
         prompt_tokens = (final.prompt_tokens if final else None) or first.prompt.token_count
         cached = final.cached_tokens if final is not None else None
         for position, spec in enumerate(specs):
             matcher = StopMatcher(spec.params.stop)
-            text = beams[position] if position < len(beams) else ""
-            shown = matcher.feed(text) + matcher.flush()
-            if shown:
+            beam = beams[position] if position < len(beams) else Beam("")
+            shown = matcher.feed(beam.text) + matcher.flush()
+            if self._logprobs and beam.logprobs:
+                yield await self._delta(
+                    spec.index, shown, TokenChunk(beam.text, None, logprobs=beam.logprobs)
+                )
+            elif shown:
                 yield TextDelta(spec.index, shown)
             tokens = counts[position] if position < len(counts) else 0
             end = ChoiceEnd(
@@ -216,6 +219,12 @@ class ChoiceRunner:
             )
             self._meter.ended(end)
             yield end
+
+    async def _beam_tokens(self, beam: Beam, max_tokens: int) -> int:
+        """A beam's tokens: the engine's count, else its text re-tokenized (within the budget)."""
+        if beam.token_count is not None:
+            return beam.token_count
+        return min(await self._model.tokenizer.count(beam.text), max_tokens)
 
     async def _delta(self, index: int, text: str, chunk: TokenChunk) -> TextDelta:
         if not self._logprobs or not chunk.logprobs:

@@ -16,9 +16,7 @@ _EARLY_STOPPING = {True: 1, False: 0, "never": 2}
 _SAMPLING_ONLY = ("top_p", "top_k", "seed")
 
 
-def beam_search(
-    request: SamplingFields, *, best_of: int | None = None, logprobs: bool = False
-) -> BeamSearch | None:
+def beam_search(request: SamplingFields, *, best_of: int | None = None) -> BeamSearch | None:
     """The request's beam search, or None when it samples."""
     if not given(request.use_beam_search):
         for name in ("length_penalty", "early_stopping"):
@@ -33,15 +31,10 @@ def beam_search(
         "stream": "beams change until the search ends, so they are answered whole",
         "response_format": "the engine does not guide a beam search",
         "tools": "the engine does not guide a beam search",
-        "logprobs": "the text entries do not return each beam's token count",
     }
     for name, reason in refused.items():
-        if name == "logprobs":
-            asked = logprobs
-        else:
-            value = given(getattr(request, name, None))
-            asked = value is not None and value is not False and value != []
-        if asked:
+        value = given(getattr(request, name, None))
+        if value is not None and value is not False and value != []:
             raise InvalidRequestError(
                 f"{name} cannot be combined with use_beam_search: {reason}.", param=name
             )

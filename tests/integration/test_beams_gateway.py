@@ -11,7 +11,7 @@ from typing import Any
 import openai
 import pytest
 
-from tests.support.engine import beam_reference
+from tests.support.engine import beam_log_probs, beam_reference
 from tests.support.gateway import (  # noqa: F401
     BLS_MODEL,
     ENGINE_MODEL,
@@ -56,7 +56,9 @@ def _beams(client: openai.OpenAI, model: str, **extra: Any) -> Any:
     )
 
 
-@pytest.mark.parametrize("model", [ENSEMBLE_MODEL, BLS_MODEL, SYNC_ENSEMBLE_MODEL, SYNC_BLS_MODEL])
+@pytest.mark.parametrize(
+    "model", [ENSEMBLE_MODEL, BLS_MODEL, SYNC_ENSEMBLE_MODEL, SYNC_BLS_MODEL, ENGINE_MODEL]
+)
 def test_completion_choices_are_the_beams_best_first(
     client: openai.OpenAI, model: str, beams_of: Any
 ) -> None:
@@ -64,6 +66,38 @@ def test_completion_choices_are_the_beams_best_first(
     assert [choice.text for choice in reply.choices] == beams_of(3)
     assert [choice.index for choice in reply.choices] == [0, 1, 2]
     assert reply.usage is not None and reply.usage.completion_tokens == 3 * MAX_TOKENS
+
+
+def test_the_engine_entry_answers_each_beams_log_probs(
+    client: openai.OpenAI, tiny_model_dir: Path, beams_of: Any
+) -> None:
+    """Through ``tensorrt_llm`` the gateway has every beam's ids: each choice carries its own
+    beam's log probs, as many as its tokens, equal to transformers' for that beam."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
+    prompt = tuple(AutoTokenizer.from_pretrained(tiny_model_dir).encode(PROMPT))
+    expected = beam_log_probs(model, prompt, 3, MAX_TOKENS)
+    reply = _beams(client, ENGINE_MODEL, n=3, logprobs=0)
+    assert [choice.text for choice in reply.choices] == beams_of(3)
+    for choice, probs in zip(reply.choices, expected, strict=True):
+        assert choice.logprobs is not None and choice.logprobs.token_logprobs is not None
+        assert choice.logprobs.token_logprobs == pytest.approx(probs, abs=1e-4)
+        assert len(choice.logprobs.tokens or []) == len(probs)
+    chat = client.chat.completions.create(
+        model=ENGINE_MODEL,
+        messages=[{"role": "user", "content": "Tell me a story."}],
+        max_tokens=MAX_TOKENS,
+        n=2,
+        logprobs=True,
+        extra_body={"use_beam_search": True},
+    )
+    sums = []
+    for choice in chat.choices:
+        assert choice.logprobs is not None and choice.logprobs.content is not None
+        assert len(choice.logprobs.content) == MAX_TOKENS
+        sums.append(sum(entry.logprob for entry in choice.logprobs.content))
+    assert sums == sorted(sums, reverse=True) and sums[0] > sums[1]
 
 
 def test_best_of_widens_the_search_and_usage_counts_every_beam(
@@ -96,7 +130,8 @@ def test_chat_beams_are_n_distinct_choices(client: openai.OpenAI) -> None:
         (ENSEMBLE_MODEL, {"seed": 3}, "seed"),
         (ENSEMBLE_MODEL, {"extra_body": {"early_stopping": "never"}}, "early_stopping"),
         (ENSEMBLE_MODEL, {"extra_body": {"early_stopping": False}}, "early_stopping"),
-        (ENGINE_MODEL, {}, "use_beam_search"),
+        (ENSEMBLE_MODEL, {"logprobs": 0}, "logprobs"),
+        (BLS_MODEL, {"logprobs": 0}, "logprobs"),
     ],
 )
 def test_what_a_beam_search_cannot_honour_is_refused_naming_the_field(

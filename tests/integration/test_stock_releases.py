@@ -12,100 +12,36 @@ import logging
 import socket
 import threading
 import time
-import urllib.request
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import openai
 import pytest
 
-from gateway.settings import AdapterSettings, LimitSettings, ModelSettings, Settings
-from gateway.tenancy import TenancySettings
+from tests.support.engine import beam_texts
 from tests.support.gateway import LiveGateway
 from tests.support.lora import peft_greedy
-from tests.support.stock import (
-    BLS_LOADS,
-    NO_BLS_REASON,
-    NOSEED_ENSEMBLE,
-    STOCK_MODELS,
-    start_stock_sidecar,
+from tests.support.pipeline_calls import Stream, generate
+from tests.support.stock import BLS_LOADS, STOCK_MODELS, start_stock_sidecar
+from tests.support.stock_stack import (
+    LORA_RELEASES,
+    TOKENS_PER_BLOCK,
+    Records,
+    Stack,
+    stock_settings,
 )
 
 pytestmark = pytest.mark.slow
 
 RELEASES = ("v0.8", "v0.11", "v0.19")
-LORA_RELEASES = ("v0.19",)
 GUIDED_RELEASES = ("v0.19",)
-"""Releases whose stock ensemble and BLS carry the LoRA inputs (v0.8 and v0.11's do not)."""
 REUSE_STATS_RELEASES = ("v0.19",)
 """Releases whose stock models return per-request KV reuse stats (``return_perf_metrics``)."""
-TOKENS_PER_BLOCK = 32
-"""The torch engine's default block size: a stock config does not state it."""
 STACKS = [(release, decoupled) for release in RELEASES for decoupled in (True, False)]
 ENTRIES = ("ensemble", "bls")
 MESSAGES = [{"role": "user", "content": "Write a short note about rivers."}]
-
-
-class _Records(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.WARNING)
-        self.messages: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.messages.append(record.getMessage())
-
-
-@dataclass
-class Stack:
-    """One release's stock models in tritonserver with a gateway in front."""
-
-    release: str
-    decoupled: bool
-    metrics_url: str
-    gateway: LiveGateway
-    client: openai.OpenAI
-    warnings: _Records
-
-    def model(self, entry: str) -> str:
-        if entry == "bls" and not BLS_LOADS[self.release]:
-            pytest.skip(NO_BLS_REASON)
-        return entry
-
-    def engine_metric(self, family: str, **labels: str) -> float:
-        with urllib.request.urlopen(self.metrics_url, timeout=10) as response:
-            text = response.read().decode()
-        labels = {"model": "tensorrt_llm", **labels}
-        for line in text.splitlines():
-            if line.startswith(family + "{") and all(
-                f'{k}="{v}"' in line for k, v in labels.items()
-            ):
-                return float(line.rsplit(" ", 1)[1])
-        raise AssertionError(f"{family} {labels} is not published")
-
-
-def _settings(url: str, model_dir: Path, release: str, adapter: Path) -> Settings:
-    def model(name: str, triton_model: str, entry: str) -> ModelSettings:
-        lora = (AdapterSettings(name=f"{name}-lora", path=str(adapter)),)
-        return ModelSettings(
-            name=name,
-            triton_url=url,
-            triton_model=triton_model,
-            entry=entry,  # type: ignore[arg-type]
-            tokenizer_dir=str(model_dir),
-            adapters=lora if release in LORA_RELEASES and name != "noseed" else (),
-            tokens_per_block=TOKENS_PER_BLOCK,
-        )
-
-    models = [
-        model("ensemble", "ensemble", "ensemble"),
-        model("noseed", NOSEED_ENSEMBLE, "ensemble"),
-    ]
-    if BLS_LOADS[release]:
-        models.append(model("bls", "tensorrt_llm_bls", "tensorrt_llm_bls"))
-    limits = LimitSettings(request_timeout_s=120.0, shutdown_grace_s=5.0)
-    return Settings(models=tuple(models), limits=limits, tenancy=TenancySettings(auth=False))
 
 
 @pytest.fixture(
@@ -122,13 +58,13 @@ def stack(
     release, decoupled = request.param
     workdir = tmp_path_factory.mktemp(f"stock-{release}-{decoupled}")
     sidecar = start_stock_sidecar(release, decoupled, tiny_model_dir, workdir)
-    records = _Records()
+    records = Records()
     logging.getLogger("adapters.triton.client").addHandler(records)
-    settings = _settings(sidecar.grpc_url, tiny_model_dir, release, adapters["lora-a"])
+    settings = stock_settings(sidecar.grpc_url, tiny_model_dir, release, adapters["lora-a"])
     gateway = LiveGateway(settings).start()
     client = openai.OpenAI(base_url=f"{gateway.url}/v1", api_key="unused", max_retries=0)
     try:
-        yield Stack(release, decoupled, sidecar.metrics_url, gateway, client, records)
+        yield Stack(release, decoupled, sidecar, gateway, client, records)
     finally:
         logging.getLogger("adapters.triton.client").removeHandler(records)
         client.close()
@@ -421,3 +357,54 @@ def _slot_freed_after_hangup(stack: Stack) -> float:
         assert time.monotonic() - hung_up < 10, "the abandoned generation kept running"
         time.sleep(0.02)
     return time.monotonic() - hung_up
+
+
+BEAM_PROMPT = "Once upon a time"
+BEAM_WIDTH = 3
+BEAM_TOKENS = 10
+
+
+@pytest.fixture(scope="module")
+def stock_beams(tiny_model_dir: Path) -> list[str]:
+    return beam_texts(tiny_model_dir, BEAM_PROMPT, BEAM_WIDTH, BEAM_TOKENS)
+
+
+@pytest.mark.parametrize("entry", ENTRIES)
+def test_beams_through_the_stock_models(stack: Stack, entry: str, stock_beams: list[str]) -> None:
+    """v0.19's stock ensemble and BLS carry ``beam_width`` (and ``length_penalty``) to the
+    engine: its beams are transformers', whole and, decoupled, streamed (each response every
+    beam so far), straight to Triton and through the gateway. The older examples fill
+    ``max_beam_width`` 1: the gateway refuses beams naming ``n``."""
+    model = stack.model(entry)
+    body = {"use_beam_search": True, "length_penalty": 1.0}
+    if stack.release != "v0.19":
+        with pytest.raises(openai.BadRequestError, match="max_beam_width is 1") as caught:
+            stack.client.completions.create(
+                model=model, prompt=BEAM_PROMPT, max_tokens=4, n=2, extra_body=body
+            )
+        assert caught.value.body is not None and caught.value.body.get("param") == "n"  # type: ignore[union-attr]
+        return
+    reply = stack.client.completions.create(
+        model=model, prompt=BEAM_PROMPT, max_tokens=BEAM_TOKENS, n=BEAM_WIDTH, extra_body=body
+    )
+    assert [choice.text for choice in reply.choices] == stock_beams
+    assert reply.usage is not None and reply.usage.completion_tokens == BEAM_WIDTH * BEAM_TOKENS
+    values = {"text_input": BEAM_PROMPT, "max_tokens": BEAM_TOKENS, "beam_width": BEAM_WIDTH}
+    whole = generate(stack.sidecar, stack.triton_model(entry), {**values, "return_log_probs": True})
+    assert whole["status"] == 200, whole
+    assert [text.removeprefix(BEAM_PROMPT) for text in whole["text_output"]] == stock_beams
+    assert len(whole["cum_log_probs"]) == BEAM_WIDTH
+    if not stack.decoupled:
+        return
+    arrays = {name: np.array([[value]]) for name, value in values.items()}
+    arrays["max_tokens"] = arrays["max_tokens"].astype(np.int32)
+    arrays["beam_width"] = arrays["beam_width"].astype(np.int32)
+    arrays["stream"] = np.array([[True]])
+    chunks = Stream(stack.sidecar, stack.triton_model(entry), arrays, f"beams-{entry}").collect()
+    steps = [
+        [bytes(text).decode() for text in chunk["text_output"].reshape(-1)]
+        for chunk in chunks
+        if "text_output" in chunk
+    ]
+    assert len(steps) == BEAM_TOKENS and all(len(step) == BEAM_WIDTH for step in steps)
+    assert steps[-1] == stock_beams

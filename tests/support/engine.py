@@ -118,3 +118,43 @@ def beam_reference(
         tokens = sequence[len(prompt) :].tolist()
         beams.append(tokens[: tokens.index(end)] if end in tokens else tokens)
     return beams
+
+
+def beam_texts(model_dir: Any, text: str, width: int, max_new: int) -> list[str]:
+    """transformers' beams of ``text``, best first, decoded as the pipelines decode them."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    beams = beam_reference(model, tuple(tokenizer.encode(text)), width, max_new)
+    return [tokenizer.decode(ids, skip_special_tokens=True) for ids in beams]
+
+
+def beam_log_probs(
+    hf_model: Any, prompt: tuple[int, ...], width: int, max_new: int
+) -> list[list[float]]:
+    """Each of transformers' beams' per-token log probs (log-softmax of the processed logits
+    along the beam's own history), best beam first, to the end token."""
+    end = hf_model.generation_config.eos_token_id
+    with torch.no_grad():
+        out = hf_model.generate(
+            torch.tensor([prompt]),
+            attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+            do_sample=False,
+            num_beams=width,
+            num_return_sequences=width,
+            max_new_tokens=max_new,
+            length_penalty=0.0,
+            renormalize_logits=True,
+            eos_token_id=end,
+            pad_token_id=end,
+            return_dict_in_generate=True,
+            output_scores=True,
+        )
+        scores = hf_model.compute_transition_scores(out.sequences, out.scores, out.beam_indices)
+    found = []
+    for sequence, row in zip(out.sequences, scores, strict=True):
+        tokens = sequence[len(prompt) :].tolist()
+        length = tokens.index(end) if end in tokens else len(tokens)
+        found.append(row[:length].tolist())
+    return found

@@ -2,8 +2,8 @@
 
 Filled the way a user fills them: `fill_template.py` with only the values the backend's own
 examples set for that release (README at v0.19.0, plus the two guided-decoding values of its
-`docs/guided_decoding.md`; `docs/llama.md` before, whose README has tables only), everything
-else left as shipped. The one change to drop the torch engine in is
+`docs/guided_decoding.md` and a `max_beam_width`; `docs/llama.md` before, whose README has
+tables only), everything else left as shipped. The one change to drop the torch engine in is
 `tensorrt_llm`'s backend (`python`, with our engine's `model.py` in `tensorrt_llm/1/`).
 """
 
@@ -29,6 +29,9 @@ NO_BLS_REASON = (
     "field defaults (ValueError: mutable default)"
 )
 NOSEED_ENSEMBLE = "ensemble_noseed"
+MAX_BEAM_WIDTH = 4
+"""v0.19's engine searches up to this many beams: its README leaves ``max_beam_width`` unset
+(width 1), which a deployment that searches beams sets. The older examples set it to 1."""
 
 
 def _examples(release: str, decoupled: bool, tokenizer: str, engine: str) -> dict[str, str]:
@@ -40,7 +43,7 @@ def _examples(release: str, decoupled: bool, tokenizer: str, engine: str) -> dic
             "preprocessing": f"tokenizer_dir:{tokenizer},triton_max_batch_size:4,"
             "preprocessing_instance_count:1",
             "tensorrt_llm": f"triton_backend:python,triton_max_batch_size:4,decoupled_mode:{mode},"
-            f"engine_dir:{engine},max_queue_delay_microseconds:0,"
+            f"engine_dir:{engine},max_queue_delay_microseconds:0,max_beam_width:{MAX_BEAM_WIDTH},"
             "batching_strategy:inflight_fused_batching,max_queue_size:0,"
             "encoder_input_features_data_type:TYPE_FP16,logits_datatype:TYPE_FP32,"
             f"tokenizer_dir:{tokenizer},guided_decoding_backend:xgrammar",

@@ -214,3 +214,27 @@ def test_the_engine_entry_reports_cached_tokens_too() -> None:
 def test_merged_chunks_keep_the_first_reported_cached_tokens() -> None:
     chunks = [TokenChunk("a", 1), TokenChunk("b", 1, cached_tokens=64), TokenChunk("", 0)]
     assert merge_chunks(chunks).cached_tokens == 64
+
+
+def test_engine_beams_are_cut_to_their_lengths_with_their_log_probs() -> None:
+    """A beam that ended early keeps its own ids and as many log probs, not the padding."""
+    decoder = EngineDecoder(_Ids(), prompt_tokens=3, beam_text=_Ids, echoed=[9, 9])
+    outputs = {
+        "output_ids": np.array([[[9, 9, 1, 2, 3], [9, 9, 4, 5, -1]]], np.int32),
+        "sequence_length": np.array([[5, 4]], np.int32),
+        "output_log_probs": np.array([[[-0.1, -0.2, -0.3], [-0.4, -0.5, 0.0]]], np.float32),
+    }
+    chunk = decoder.decode(outputs, final=True)
+    assert [(beam.text, beam.token_count) for beam in chunk.beams] == [("abc", 3), ("de", 2)]
+    assert np.allclose(chunk.beams[0].logprobs, [-0.1, -0.2, -0.3])
+    assert np.allclose(chunk.beams[1].logprobs, [-0.4, -0.5])
+    assert chunk.text == "abc" and chunk.token_count == 5
+
+
+def test_engine_beams_without_log_probs_asked_keep_none() -> None:
+    decoder = EngineDecoder(_Ids(), prompt_tokens=1, beam_text=_Ids, keep_logprobs=False)
+    outputs = {
+        "output_ids": np.array([[[1], [2]]], np.int32),
+        "output_log_probs": np.array([[[-0.1], [-0.2]]], np.float32),
+    }
+    assert [beam.logprobs for beam in decoder.decode(outputs).beams] == [(), ()]

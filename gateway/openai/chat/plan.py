@@ -66,7 +66,7 @@ async def plan_chat(
         guide=output.guide,
     )
     n = given(request.n) or 1
-    beam = beam_search(request, logprobs=logprobs)
+    beam = beam_search(request)
     choices = (
         fan_out([prompt], n, [params], _rng)
         if beam is None

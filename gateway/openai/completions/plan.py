@@ -113,7 +113,7 @@ async def plan_completion(
         for prompt in prompts
     ]
     n = given(request.n) or 1
-    beam = beam_search(request, best_of=given(request.best_of), logprobs=logprobs)
+    beam = beam_search(request, best_of=given(request.best_of))
     choices = (
         fan_out(prompts, n, params, _rng)
         if beam is None

@@ -12,13 +12,25 @@ from gateway.http.errors import InvalidRequestError
 from gateway.openai.protocol import SamplingFields, given
 
 _EARLY_STOPPING = {True: 1, False: 0, "never": 2}
-# Sampling controls a deterministic beam search has no use for.
-_SAMPLING_ONLY = ("top_p", "top_k", "seed")
+# Sampling controls a beam search has no use for, with the values that leave every token a
+# candidate: these change nothing (TensorRT-LLM's beam search takes every token's log prob, and
+# a seed has nothing to draw), other values would ask for a narrowing the search does not do.
+_NEUTRAL: dict[str, tuple[float, ...]] = {"top_p": (1.0,), "top_k": (0, -1)}
 
 
-def beam_search(request: SamplingFields, *, best_of: int | None = None) -> BeamSearch | None:
-    """The request's beam search, or None when it samples."""
+def beam_search(request: SamplingFields) -> BeamSearch | None:
+    """The request's beam search, or None when it samples. ``best_of`` without
+    ``use_beam_search`` is refused unless it equals ``n`` (it is a beam width here)."""
+    n = given(request.n) or 1
+    best_of = given(request.best_of)
+    if best_of is not None and best_of < n:
+        raise InvalidRequestError(f"best_of must be at least n ({n}).", param="best_of")
     if not given(request.use_beam_search):
+        if best_of is not None and best_of != n:
+            raise InvalidRequestError(
+                "best_of is the beam width of a beam search: set use_beam_search to true.",
+                param="best_of",
+            )
         for name in ("length_penalty", "early_stopping"):
             if given(getattr(request, name)) is not None:
                 raise InvalidRequestError(
@@ -26,8 +38,15 @@ def beam_search(request: SamplingFields, *, best_of: int | None = None) -> BeamS
                     param=name,
                 )
         return None
+    for name, neutral in _NEUTRAL.items():
+        value = given(getattr(request, name))
+        if value is not None and value not in neutral:
+            raise InvalidRequestError(
+                f"{name} {value} cannot be combined with use_beam_search: a beam search does "
+                f"not sample (only {' or '.join(map(str, neutral))} is accepted).",
+                param=name,
+            )
     refused = {
-        **{name: "a beam search does not sample" for name in _SAMPLING_ONLY},
         "stream": "beams change until the search ends, so they are answered whole",
         "response_format": "the engine does not guide a beam search",
         "tools": "the engine does not guide a beam search",
@@ -38,7 +57,6 @@ def beam_search(request: SamplingFields, *, best_of: int | None = None) -> BeamS
             raise InvalidRequestError(
                 f"{name} cannot be combined with use_beam_search: {reason}.", param=name
             )
-    n = given(request.n) or 1
     width = max(n, best_of or n)
     early = given(request.early_stopping)
     return BeamSearch(

@@ -137,6 +137,8 @@ class SamplingFields(Struct, frozen=True, kw_only=True):
     """vLLM's: beams are scored ``cum_log_prob / generated ** length_penalty``."""
     early_stopping: bool | Literal["never"] | UnsetType | None = UNSET
     """vLLM's: stop once ``n`` beams ended (true), heuristically (false), or never early."""
+    best_of: PositiveInt | UnsetType | None = UNSET
+    """vLLM's and trtllm-serve's: with ``use_beam_search`` the beam width (at least ``n``)."""
 
 
 class ChatCompletionRequest(SamplingFields, frozen=True, kw_only=True):
@@ -161,7 +163,6 @@ class CompletionRequest(SamplingFields, frozen=True, kw_only=True):
     echo: bool | UnsetType | None = UNSET
     logprobs: Annotated[int, Meta(ge=0, le=5)] | UnsetType | None = UNSET
     suffix: str | UnsetType | None = UNSET
-    best_of: PositiveInt | UnsetType | None = UNSET
 
 
 # Responses: field order follows OpenAI's; UNSET fields are left out of the JSON.

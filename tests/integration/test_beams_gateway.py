@@ -120,6 +120,28 @@ def test_chat_beams_are_n_distinct_choices(client: openai.OpenAI) -> None:
     assert len(texts) == 2 and texts[0] != texts[1] and all(texts)
 
 
+def test_chat_best_of_widens_the_search_and_neutral_sampling_values_pass(
+    client: openai.OpenAI,
+) -> None:
+    def usage(**extra: Any) -> int:
+        reply = client.chat.completions.create(
+            model=BLS_MODEL,
+            messages=[{"role": "user", "content": "Tell me a story."}],
+            max_tokens=MAX_TOKENS,
+            n=1,
+            **extra,
+        )
+        assert len(reply.choices) == 1 and reply.choices[0].message.content
+        assert reply.usage is not None
+        return reply.usage.completion_tokens
+
+    alone = usage(extra_body={"use_beam_search": True})
+    widened = usage(
+        top_p=1.0, seed=5, extra_body={"use_beam_search": True, "best_of": 4, "top_k": -1}
+    )
+    assert widened > alone
+
+
 @pytest.mark.parametrize(
     ("model", "extra", "param"),
     [
@@ -127,7 +149,7 @@ def test_chat_beams_are_n_distinct_choices(client: openai.OpenAI) -> None:
         (ENSEMBLE_MODEL, {"n": 2, "extra_body": {"best_of": 5}}, "best_of"),
         (ENSEMBLE_MODEL, {"stream": True}, "stream"),
         (ENSEMBLE_MODEL, {"top_p": 0.5}, "top_p"),
-        (ENSEMBLE_MODEL, {"seed": 3}, "seed"),
+        (ENSEMBLE_MODEL, {"extra_body": {"top_k": 5}}, "top_k"),
         (ENSEMBLE_MODEL, {"extra_body": {"early_stopping": "never"}}, "early_stopping"),
         (ENSEMBLE_MODEL, {"extra_body": {"early_stopping": False}}, "early_stopping"),
         (ENSEMBLE_MODEL, {"logprobs": 0}, "logprobs"),

@@ -11,6 +11,7 @@ import pytest
 from adapters.contract import SamplingParams
 from gateway.core.plan import Prompt
 from gateway.http.errors import ContextLengthExceeded, InvalidRequestError
+from gateway.openai.beams import beam_search
 from gateway.openai.chat.plan import check_chat, template_messages
 from gateway.openai.completions.plan import check_completion
 from gateway.openai.protocol import ChatCompletionRequest, CompletionRequest
@@ -257,7 +258,7 @@ def test_check_chat_accepts(fields: dict[str, Any]) -> None:
 
 @pytest.mark.parametrize(
     ("fields", "param"),
-    [({"logprobs": 1}, "logprobs"), ({"suffix": "x"}, "suffix"), ({"best_of": 3}, "best_of")],
+    [({"logprobs": 1}, "logprobs"), ({"suffix": "x"}, "suffix")],
 )
 def test_check_completion_rejects(fields: dict[str, Any], param: str) -> None:
     with pytest.raises(InvalidRequestError) as caught:
@@ -268,3 +269,47 @@ def test_check_completion_rejects(fields: dict[str, Any], param: str) -> None:
 @pytest.mark.parametrize("fields", [{"logprobs": 0}, {"best_of": 2, "n": 2}, {"suffix": ""}])
 def test_check_completion_accepts(fields: dict[str, Any]) -> None:
     check_completion(completion(**fields), max_n=8)
+
+
+@pytest.mark.parametrize("body", [chat, completion])
+@pytest.mark.parametrize(
+    ("fields", "width", "param"),
+    [
+        ({"n": 1, "best_of": 4}, 4, "best_of"),
+        ({"n": 2, "best_of": 2}, 2, "n"),
+        ({"n": 3}, 3, "n"),
+        ({"best_of": 2, "top_p": 1.0, "top_k": -1, "seed": 7}, 2, "best_of"),
+        ({"n": 2, "top_k": 0, "temperature": 1.0}, 2, "n"),
+    ],
+)
+def test_beam_width_is_the_larger_of_n_and_best_of_on_chat_and_completions(
+    body: Any, fields: dict[str, Any], width: int, param: str
+) -> None:
+    beam = beam_search(body(use_beam_search=True, **fields))
+    assert beam is not None and (beam.width, beam.param) == (width, param)
+
+
+@pytest.mark.parametrize("body", [chat, completion])
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"best_of": 3}, "best_of"),  # a beam width without a beam search
+        ({"use_beam_search": True, "n": 3, "best_of": 2}, "best_of"),
+        ({"best_of": 1, "n": 2}, "best_of"),
+        ({"use_beam_search": True, "top_p": 0.9}, "top_p"),
+        ({"use_beam_search": True, "top_k": 5}, "top_k"),
+        ({"use_beam_search": True, "stream": True}, "stream"),
+        ({"length_penalty": 1.0}, "length_penalty"),
+    ],
+)
+def test_beam_search_refuses_naming_the_field(
+    body: Any, fields: dict[str, Any], param: str
+) -> None:
+    with pytest.raises(InvalidRequestError) as caught:
+        beam_search(body(**fields))
+    assert caught.value.param == param
+
+
+@pytest.mark.parametrize("body", [chat, completion])
+def test_best_of_equal_to_n_samples(body: Any) -> None:
+    assert beam_search(body(n=2, best_of=2)) is None

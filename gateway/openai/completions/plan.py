@@ -39,15 +39,6 @@ def check_completion(request: CompletionRequest, max_n: int) -> None:
         )
     if given(request.suffix):
         raise InvalidRequestError("suffix is not supported.", param="suffix")
-    best_of = given(request.best_of)
-    n = given(request.n) or 1
-    if best_of is not None and best_of != n and not given(request.use_beam_search):
-        raise InvalidRequestError(
-            "best_of is the beam width of a beam search: set use_beam_search to true.",
-            param="best_of",
-        )
-    if best_of is not None and best_of < n:
-        raise InvalidRequestError(f"best_of must be at least n ({n}).", param="best_of")
 
 
 def _prompts(model: ServedModel, prompt: str | list[Any]) -> list[Awaitable[Prompt]]:
@@ -113,7 +104,7 @@ async def plan_completion(
         for prompt in prompts
     ]
     n = given(request.n) or 1
-    beam = beam_search(request, best_of=given(request.best_of))
+    beam = beam_search(request)
     choices = (
         fan_out(prompts, n, params, _rng)
         if beam is None

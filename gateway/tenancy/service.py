@@ -43,9 +43,17 @@ _MISSING_KEY = (
 
 
 def reservation(plan: Plan) -> int:
-    """The most tokens a plan can use: each prompt once, plus every choice's ``max_tokens``."""
+    """The most tokens a plan can use: each prompt once, plus every choice's ``max_tokens``; a
+    beam search generates (and is charged) ``width`` beams of a prompt, however few it returns."""
     prompts = {spec.prompt_index: spec.prompt.token_count for spec in plan.choices}
-    return sum(prompts.values()) + sum(spec.params.max_tokens for spec in plan.choices)
+    outputs: dict[int, int] = {}
+    for spec in plan.choices:
+        beam = spec.params.beam
+        if beam is None:
+            outputs[spec.index] = spec.params.max_tokens
+        else:
+            outputs[-1 - spec.prompt_index] = beam.width * spec.params.max_tokens
+    return sum(prompts.values()) + sum(outputs.values())
 
 
 def duration(seconds: float) -> str:

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from adapters.contract import SamplingParams
+from adapters.contract import BeamSearch, SamplingParams
 from gateway.core.plan import ChoiceSpec, Plan, Prompt
 from gateway.tenancy import gcra
 from gateway.tenancy.config import (
@@ -212,3 +212,19 @@ def test_reservation_counts_each_prompt_once_and_every_choice() -> None:
         include_usage=False,
     )
     assert reservation(plan) == 10 + 7 + 5 + 5 + 20
+
+
+def test_a_beam_search_reserves_every_beam_of_each_prompt() -> None:
+    beam = BeamSearch(width=4, param="best_of")
+
+    def choice(index: int, prompt_index: int, tokens: int) -> ChoiceSpec:
+        params = SamplingParams(max_tokens=6, beam=beam)
+        return ChoiceSpec(index, prompt_index, Prompt("p", tokens), params)
+
+    plan = Plan(
+        model="m",
+        choices=(choice(0, 0, 10), choice(1, 0, 10), choice(2, 1, 7), choice(3, 1, 7)),
+        stream=False,
+        include_usage=False,
+    )
+    assert reservation(plan) == 10 + 7 + 2 * 4 * 6

@@ -4,7 +4,8 @@ engine's answer."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -12,6 +13,7 @@ import numpy.typing as npt
 
 from adapters.contract import BeamSearch, InvalidRequest
 from adapters.triton.config import ModelInputs
+from adapters.triton.errors import BEAM_WIDTH
 from adapters.triton.tensors import WireTensor
 
 Outputs = Mapping[str, npt.NDArray[Any]]
@@ -58,6 +60,21 @@ def beam_inputs(beam: BeamSearch, model: ModelInputs, *, logprobs: bool) -> list
     if early is not None and early != _ENGINE_DEFAULT_EARLY_STOPPING:
         tensors.append(_early_stopping(early, model))
     return tensors
+
+
+@contextmanager
+def beam_width_named(beam: BeamSearch | None) -> Iterator[None]:
+    """An engine's refusal of the beam width, named by the request field that set it (``n`` or
+    ``best_of``), as the gateway names it where it knows the deployment's ``max_beam_width``."""
+    try:
+        yield
+    except InvalidRequest as exc:
+        if beam is None or exc.param != BEAM_WIDTH:
+            raise
+        raise InvalidRequest(
+            f"{beam.param} asks for {beam.width} beams, which the model refused: {exc}",
+            param=beam.param,
+        ) from exc
 
 
 def _early_stopping(value: int, model: ModelInputs) -> WireTensor:

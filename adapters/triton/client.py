@@ -24,7 +24,7 @@ from adapters.contract import (
     ModelTarget,
     TokenChunk,
 )
-from adapters.triton.beams import beam_inputs
+from adapters.triton.beams import beam_inputs, beam_width_named
 from adapters.triton.config import ModelInputs, parse_model_config
 from adapters.triton.errors import classify
 from adapters.triton.http import HttpError, HttpPool, carries, generate_body
@@ -288,7 +288,7 @@ class TritonBackend:
         call = self._call(target, request, request_id, tensors, exchange, deadline)
         logger.debug("%s: streaming=%s via %s", operation, exchange.streaming, type(call).__name__)
         try:
-            with map_triton_errors(operation):
+            with beam_width_named(request.params.beam), map_triton_errors(operation):
                 while not exchange.finished:
                     chunk = exchange.on_replies(await call.read())
                     if chunk is not None:

@@ -12,6 +12,9 @@ from adapters.contract import (
     ModelNotFound,
 )
 
+BEAM_WIDTH = "beam_width"
+"""The ``param`` of a refused beam width, which the request's own field then replaces."""
+
 # In-band stream errors carry no status code, so the message decides; the first match wins.
 _MESSAGE_RULES: tuple[tuple[str, type[BackendError]], ...] = (
     ("not found in cache. please send lora weights", LoraNotCached),
@@ -50,6 +53,12 @@ _MESSAGE_RULES: tuple[tuple[str, type[BackendError]], ...] = (
     ("image token(s) but", InvalidRequest),  # the prompt's image tokens and its images differ
 )
 
+# Refusals of a request's beam width, whichever engine words them (the torch engine's
+# ``beam_width 4 is outside [1, max_beam_width 1]`` and ``beam_width 4 exceeds
+# torch_max_batch_size``, TensorRT-LLM's ``Requested beam width 4 is larger than configured max
+# beam width 1``): the request field is ``beam_width``.
+_BEAM_WIDTH_RULES = ("max_beam_width", "max beam width", "exceeds torch_max_batch_size")
+
 _STATUS_RULES: dict[str, type[BackendError]] = {
     "UNAVAILABLE": BackendUnavailable,
     "RESOURCE_EXHAUSTED": BackendUnavailable,
@@ -71,6 +80,8 @@ def classify(message: str, status: str | None = None) -> BackendError:
     if code in {"UNAVAILABLE", "DEADLINE_EXCEEDED"}:
         return _STATUS_RULES[code](message)
     lowered = message.lower()
+    if any(needle in lowered for needle in _BEAM_WIDTH_RULES):
+        return InvalidRequest(message, param=BEAM_WIDTH)
     for needle, error in _MESSAGE_RULES:
         if needle in lowered:
             return error(message)

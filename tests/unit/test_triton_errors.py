@@ -8,12 +8,15 @@ from adapters.contract import (
     BackendError,
     BackendTimeout,
     BackendUnavailable,
+    BeamSearch,
     InferenceFailed,
     InvalidRequest,
     LoraNotCached,
     ModelNotFound,
 )
+from adapters.triton.beams import beam_width_named
 from adapters.triton.errors import classify
+from gateway.http.errors import from_backend_error
 
 BLS_TRACEBACK = (
     'Traceback (most recent call last):\n  File "/models/tensorrt_llm_bls/1/model.py", line 9'
@@ -76,3 +79,37 @@ def test_classify(message: str, status: str | None, expected: type[BackendError]
 
     assert type(error) is expected
     assert str(error) == message
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        "beam_width 4 is outside [1, max_beam_width 1] of the model",
+        "Failed to process the request(s) for model 'ensemble_0_0', message: EngineError: "
+        "beam_width 8 is outside [1, max_beam_width 4] of the model",
+        "beam_width 4 exceeds torch_max_batch_size (2): every beam takes a row of the batch",
+        "[TensorRT-LLM][ERROR] Assertion failed: Requested beam width 4 is larger than configured "
+        "max beam width 1 (trtGptModelInflightBatching.cpp:1203)",
+    ],
+)
+@pytest.mark.parametrize(
+    ("beam", "param"),
+    [(BeamSearch(width=4), "n"), (BeamSearch(width=4, param="best_of"), "best_of")],
+)
+def test_an_engine_refused_beam_width_is_a_400_naming_the_request_field(
+    message: str, beam: BeamSearch, param: str
+) -> None:
+    error = classify(message, "StatusCode.INTERNAL")
+    assert isinstance(error, InvalidRequest)
+
+    with pytest.raises(InvalidRequest) as caught, beam_width_named(beam):
+        raise error
+    assert caught.value.param == param and message in str(caught.value)
+    answer = from_backend_error(caught.value, retry_after_s=1)
+    assert answer.status_code == 400 and answer.param == param
+
+
+def test_other_refusals_keep_their_param_under_a_beam_search() -> None:
+    with pytest.raises(InvalidRequest) as caught, beam_width_named(BeamSearch(width=2)):
+        raise classify("temperature must not be negative")
+    assert caught.value.param is None

@@ -184,30 +184,28 @@ class ChoiceRunner:
         """The choices one beam search answers, its best beams first: each beam's text (stop
         sequences cut), its log probs where the entry returns them, and ending. Every beam's
         tokens are used, so the first choice's count also holds those of the beams beyond the
-        ``n`` returned (TensorRT-LLM's count)."""
+        ``n`` returned (TensorRT-LLM's count). The meter holds every beam's tokens as soon as
+        the engine's answer arrives, so a request cancelled while its choices are being sent is
+        charged them all."""
         chunks = self._open(request)
         final: TokenChunk | None = None
+        first = specs[0]
         try:
             async for chunk in chunks:
+                self._meter.generated(first, None)
                 final = chunk
         finally:
             await close_quietly(chunks)
-        first = specs[0]
         beams = (final.beams or (Beam(final.text),)) if final is not None else ()
         counts = [await self._beam_tokens(beam, first.params.max_tokens) for beam in beams]
         hidden = sum(counts[len(specs) :])
         prompt_tokens = (final.prompt_tokens if final else None) or first.prompt.token_count
         cached = final.cached_tokens if final is not None else None
+        answers: list[tuple[Beam, str, ChoiceEnd]] = []
         for position, spec in enumerate(specs):
             matcher = StopMatcher(spec.params.stop)
             beam = beams[position] if position < len(beams) else Beam("")
             shown = matcher.feed(beam.text) + matcher.flush()
-            if self._logprobs and beam.logprobs:
-                yield await self._delta(
-                    spec.index, shown, TokenChunk(beam.text, None, logprobs=beam.logprobs)
-                )
-            elif shown:
-                yield TextDelta(spec.index, shown)
             tokens = counts[position] if position < len(counts) else 0
             end = ChoiceEnd(
                 index=spec.index,
@@ -218,6 +216,14 @@ class ChoiceRunner:
                 cached_tokens=None if cached is None else min(cached, prompt_tokens),
             )
             self._meter.ended(end)
+            answers.append((beam, shown, end))
+        for beam, shown, end in answers:
+            if self._logprobs and beam.logprobs:
+                yield await self._delta(
+                    end.index, shown, TokenChunk(beam.text, None, logprobs=beam.logprobs)
+                )
+            elif shown:
+                yield TextDelta(end.index, shown)
             yield end
 
     async def _beam_tokens(self, beam: Beam, max_tokens: int) -> int:

@@ -11,6 +11,8 @@ import pytest
 
 from adapters.contract import (
     BackendUnavailable,
+    Beam,
+    BeamSearch,
     GenerationRequest,
     ModelTarget,
     SamplingParams,
@@ -22,6 +24,7 @@ from gateway.core.generation import (
     ChoiceEnd,
     GenerationService,
     TextDelta,
+    UsageMeter,
     finish_reason,
     token_texts,
 )
@@ -189,3 +192,31 @@ async def test_a_cancellation_from_elsewhere_is_not_taken_for_the_deadline(
     with pytest.raises(asyncio.CancelledError):
         await task
     assert backend.closed_early == [backend.requests[0].request_id]
+
+
+async def test_a_beam_search_closed_after_its_answer_is_charged_every_beam(
+    served: ServedModel,
+) -> None:
+    beam = BeamSearch(width=3, param="best_of")
+    params = SamplingParams(max_tokens=10, beam=beam)
+    prompt = Prompt("hello", 3)
+    beam_plan = Plan(
+        model="tiny",
+        choices=tuple(ChoiceSpec(i, 0, prompt, params) for i in range(2)),
+        stream=False,
+        include_usage=True,
+    )
+    answer = TokenChunk(
+        text="aa",
+        token_count=None,
+        prompt_tokens=3,
+        beams=(Beam("aa", 4), Beam("bb", 5), Beam("cc", 6)),
+    )
+    meter = UsageMeter()
+    events = GenerationService(ScriptedBackend([answer]), timeout_s=5).events(
+        served, beam_plan, meter
+    )
+    first = await anext(events)
+    assert isinstance(first, TextDelta) and first.text == "aa"
+    await events.aclose()
+    assert meter.total() == 3 + 4 + 5 + 6

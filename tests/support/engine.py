@@ -85,6 +85,33 @@ def fresh_index(tokens: list[int], start: int = 1) -> int:
     return next(i for i in range(start, len(tokens)) if tokens[i] not in tokens[:i])
 
 
+def _beam_generate(
+    hf_model: Any, prompt: tuple[int, ...], width: int, max_new: int, end: int, **options: Any
+) -> Any:
+    """transformers' ``generate(num_beams=width)`` returning every beam, best first.
+    ``renormalize_logits`` makes its scores the log-softmax of the processed logits (suppressed
+    tokens removed), which is what TensorRT-LLM's beam search scores."""
+    with torch.no_grad():
+        return hf_model.generate(
+            torch.tensor([prompt]),
+            attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+            do_sample=False,
+            num_beams=width,
+            num_return_sequences=width,
+            max_new_tokens=max_new,
+            renormalize_logits=True,
+            eos_token_id=end,
+            pad_token_id=end,
+            **options,
+        )
+
+
+def _generated(sequence: Any, prompt: tuple[int, ...], end: int) -> list[int]:
+    """A beam's generated tokens, cut before the end token."""
+    tokens = sequence[len(prompt) :].tolist()
+    return tokens[: tokens.index(end)] if end in tokens else tokens
+
+
 def beam_reference(
     hf_model: Any,
     prompt: tuple[int, ...],
@@ -95,29 +122,13 @@ def beam_reference(
     early_stopping: bool | str = True,
     eos: int | None = None,
 ) -> list[list[int]]:
-    """transformers' beams of ``generate(num_beams=width)``, best first, cut at the end token.
-    ``renormalize_logits`` makes its scores the log-softmax of the processed logits (suppressed
-    tokens removed), which is what TensorRT-LLM's beam search scores."""
+    """transformers' beams of ``generate(num_beams=width)``, best first, cut at the end token."""
     end = hf_model.generation_config.eos_token_id if eos is None else eos
-    with torch.no_grad():
-        out = hf_model.generate(
-            torch.tensor([prompt]),
-            attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-            do_sample=False,
-            num_beams=width,
-            num_return_sequences=width,
-            max_new_tokens=max_new,
-            length_penalty=length_penalty,
-            early_stopping=early_stopping,
-            renormalize_logits=True,
-            eos_token_id=end,
-            pad_token_id=end,
-        )
-    beams = []
-    for sequence in out:
-        tokens = sequence[len(prompt) :].tolist()
-        beams.append(tokens[: tokens.index(end)] if end in tokens else tokens)
-    return beams
+    out = _beam_generate(
+        hf_model, prompt, width, max_new, end,
+        length_penalty=length_penalty, early_stopping=early_stopping,
+    )  # fmt: skip
+    return [_generated(sequence, prompt, end) for sequence in out]
 
 
 def beam_texts(model_dir: Any, text: str, width: int, max_new: int) -> list[str]:
@@ -136,25 +147,13 @@ def beam_log_probs(
     """Each of transformers' beams' per-token log probs (log-softmax of the processed logits
     along the beam's own history), best beam first, to the end token."""
     end = hf_model.generation_config.eos_token_id
+    out = _beam_generate(
+        hf_model, prompt, width, max_new, end,
+        length_penalty=0.0, return_dict_in_generate=True, output_scores=True,
+    )  # fmt: skip
     with torch.no_grad():
-        out = hf_model.generate(
-            torch.tensor([prompt]),
-            attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-            do_sample=False,
-            num_beams=width,
-            num_return_sequences=width,
-            max_new_tokens=max_new,
-            length_penalty=0.0,
-            renormalize_logits=True,
-            eos_token_id=end,
-            pad_token_id=end,
-            return_dict_in_generate=True,
-            output_scores=True,
-        )
         scores = hf_model.compute_transition_scores(out.sequences, out.scores, out.beam_indices)
-    found = []
-    for sequence, row in zip(out.sequences, scores, strict=True):
-        tokens = sequence[len(prompt) :].tolist()
-        length = tokens.index(end) if end in tokens else len(tokens)
-        found.append(row[:length].tolist())
-    return found
+    return [
+        row[: len(_generated(sequence, prompt, end))].tolist()
+        for sequence, row in zip(out.sequences, scores, strict=True)
+    ]

@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
-import itertools
 import json
 import os
 import re
@@ -36,13 +35,19 @@ from typing import Any
 
 import httpx
 
+from tests.benchmarks.gpu_clients import (
+    DIRECT_EXTRAS,
+    PROMPT,
+    direct_request,
+    direct_stream,
+    direct_targets,
+    gateway_model,
+    gateway_stream,
+    gateway_targets,
+)
 from tests.benchmarks.gpu_report import Level, render_markdown, render_plot, summarise
 from tests.support.gateway import serve_process, stop_process
 
-PROMPT = (
-    "Write a detailed report on the history of the printing press, its inventors, the spread "
-    "of printed books across Europe and the effects on science, religion and politics. "
-) * 3
 BIG = dict(
     hidden_size=2048,
     intermediate_size=8192,
@@ -64,9 +69,6 @@ TOY = dict(
     num_attention_heads=4,
     num_key_value_heads=4,
 )
-
-
-_IDS = itertools.count()
 
 
 def ephemeral_port() -> int:
@@ -139,103 +141,6 @@ def gateway_config(
         "tenancy": {"auth": False},
         "limits": {"request_timeout_s": 300},
     }
-
-
-def gateway_model(name: str, transport: str, transports: list[str]) -> str:
-    """The gateway's name for a pipeline reached over ``transport``: the pipeline's own name
-    for the first transport, suffixed for the others."""
-    return name if transport == transports[0] else f"{name}-{transport}"
-
-
-async def gateway_stream(client: httpx.AsyncClient, model: str, tokens: int) -> dict[str, Any]:
-    """One streamed completion through the gateway: arrival times of its chunks."""
-    body = {
-        "model": model,
-        "prompt": PROMPT,
-        "max_tokens": tokens,
-        "min_tokens": tokens,
-        "temperature": 0,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-    }
-    start = time.perf_counter()
-    arrivals: list[float] = []
-    completion = 0
-    async with client.stream("POST", "/v1/completions", json=body) as response:
-        response.raise_for_status()
-        async for line in response.aiter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            chunk = json.loads(line[6:])
-            if chunk.get("usage"):
-                completion = chunk["usage"]["completion_tokens"]
-            if chunk["choices"] and chunk["choices"][0]["text"]:
-                arrivals.append(time.perf_counter() - start)
-    return {"arrivals": arrivals, "end": time.perf_counter() - start, "tokens": completion}
-
-
-# What the direct requests may add, each the way the gateway sends it: greedy spelled out as
-# temperature 0 and top_k 1 (the gateway's form for every release), TensorRT-LLM's perf
-# metrics (which the gateway asks for to report cached_tokens), and the log probs by which it
-# counts output tokens where the model reports no count.
-DIRECT_EXTRAS = ("greedy", "perf", "counts")
-
-
-def direct_request(
-    model: str, tokens: int, extras: tuple[str, ...] = (), release: str = "latest"
-) -> Any:
-    """The ensemble request a minimal gRPC client sends: text, lengths, streaming on; plus
-    ``extras`` (of ``DIRECT_EXTRAS``)."""
-    import numpy as np
-
-    from adapters.triton.client import infer_request
-    from adapters.triton.tensors import WireTensor
-
-    def tensor(name: str, value: Any, datatype: str, dtype: Any) -> WireTensor:
-        return WireTensor(name, datatype, np.array([[value]], dtype=dtype))
-
-    inputs = [
-        tensor("text_input", PROMPT.encode(), "BYTES", np.object_),
-        tensor("max_tokens", tokens, "INT32", np.int32),
-        # TensorRT-LLM 1.x's ensemble calls it min_tokens.
-        tensor("min_tokens" if release == "latest" else "min_length", tokens, "INT32", np.int32),
-        tensor("stream", True, "BOOL", np.bool_),
-    ]
-    if "greedy" in extras:
-        inputs.append(tensor("temperature", 0.0, "FP32", np.float32))
-        inputs.append(tensor("top_k", 1, "INT32", np.int32))
-    if "perf" in extras:
-        inputs.append(tensor("return_perf_metrics", True, "BOOL", np.bool_))
-    outputs = ["text_output"]
-    if "counts" in extras:
-        # Our ensemble reports no token counts: the gateway counts output tokens by their log
-        # probs, one per token.
-        inputs.append(tensor("exclude_input_in_output", True, "BOOL", np.bool_))
-        inputs.append(tensor("return_log_probs", True, "BOOL", np.bool_))
-        outputs.append("output_log_probs")
-    return infer_request(f"{model}_ensemble", "bench", inputs, outputs)
-
-
-async def direct_stream(stub: Any, request: Any) -> dict[str, Any]:
-    """The same completion straight to the sidecar's ``ensemble`` over gRPC streaming."""
-    import grpc
-
-    start = time.perf_counter()
-    arrivals: list[float] = []
-    message = type(request)()
-    message.CopyFrom(request)
-    message.id = f"bench-{next(_IDS)}"
-    call = stub.ModelStreamInfer(iter([message]))
-    while True:
-        response = await call.read()
-        if response is grpc.aio.EOF:
-            break
-        if response.error_message:
-            raise RuntimeError(response.error_message)
-        # One response per generated token; a token that ends inside a character has empty text.
-        if response.infer_response.raw_output_contents:
-            arrivals.append(time.perf_counter() - start)
-    return {"arrivals": arrivals, "end": time.perf_counter() - start, "tokens": len(arrivals)}
 
 
 async def run_level(
@@ -332,16 +237,6 @@ def gpu_memory() -> str:
         return subprocess.run(query, capture_output=True, text=True).stdout.strip()
     except OSError:
         return "n/a"
-
-
-def direct_targets(variants: list[str]) -> list[str]:
-    """``direct``, then ``direct-greedy``, ``direct-perf``, ``direct-greedy-perf`` as asked."""
-    return ["direct", *(f"direct-{v}" for v in variants if v)]
-
-
-def gateway_targets(transports: list[str]) -> list[str]:
-    """``gateway`` for one transport; ``gateway-http``, ``gateway-grpc`` for several."""
-    return ["gateway"] if len(transports) == 1 else [f"gateway-{t}" for t in transports]
 
 
 async def measure(

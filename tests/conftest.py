@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -20,6 +21,14 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from deploy.sidecar.models import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("models") / "tiny")
+
+
+@pytest.fixture(scope="session")
+def hf_model(tiny_model_dir: Path) -> Any:
+    """The tiny model in transformers, the reference the engine's outputs are checked against."""
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
 
 
 @pytest.fixture(scope="session")

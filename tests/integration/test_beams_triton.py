@@ -23,13 +23,6 @@ TEXT = "Once upon a time"
 
 
 @pytest.fixture(scope="module")
-def hf_model(tiny_model_dir: Path) -> Any:
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
-
-
-@pytest.fixture(scope="module")
 def beam_texts(tiny_model_dir: Path, hf_model: Any) -> list[str]:
     """transformers' beams of ``TEXT`` as the pipeline's tokenizer encodes and decodes them."""
     from transformers import AutoTokenizer

@@ -50,13 +50,6 @@ def engine(tiny_model_dir: Path) -> Iterator[Engine]:
 
 
 @pytest.fixture(scope="module")
-def hf_model(tiny_model_dir: Path) -> Any:
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
-
-
-@pytest.fixture(scope="module")
 def prompts(tiny_model_dir: Path) -> list[tuple[int, ...]]:
     from transformers import AutoTokenizer
 

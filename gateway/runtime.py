@@ -263,9 +263,8 @@ class Runtime:
         self._hurried = True
 
     def _stop_sidecars(self) -> None:
-        grace_s = 2.0 if self._hurried else 15.0
         for sidecar in reversed(self._sidecars):
-            sidecar.stop(grace_s)
+            sidecar.stop(min(2.0, sidecar.stop_grace_s) if self._hurried else None)
         if self._temporary_workdir and self._workdir is not None:
             shutil.rmtree(self._workdir, ignore_errors=True)
 

@@ -225,6 +225,9 @@ class SidecarSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """How long to wait for readiness."""
     max_restarts: int = 5
     """Restarts after crashes before giving up."""
+    stop_grace_s: float = 15.0
+    """On stop, how long tritonserver gets to unload its models after SIGTERM before its process
+    group is killed; 0 kills at once. Shared-memory leftovers are removed either way."""
     log_verbose: int = 0
     """tritonserver ``--log-verbose`` level."""
     extra_args: list[str] = []
@@ -372,6 +375,9 @@ def _check(spec: Spec) -> None:
     names = {s.name for s in spec.sidecars}
     if len(names) != len(spec.sidecars):
         raise SpecError("sidecar names must be unique")
+    for sidecar in spec.sidecars:
+        if sidecar.stop_grace_s < 0:
+            raise SpecError(f"sidecar {sidecar.name!r}: stop_grace_s must be >= 0")
     # A pipeline hosted by several sidecars has them as replicas (one per GPU, say).
     hosted = {model.name for sidecar in spec.sidecars for model in spec.models_of(sidecar)}
     missing = seen - hosted

@@ -5,9 +5,11 @@ from __future__ import annotations
 import atexit
 import contextlib
 import ctypes
+import functools
 import logging
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -18,6 +20,7 @@ import urllib.request
 import uuid
 import weakref
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
@@ -66,6 +69,33 @@ def _die_with_parent() -> None:
         _LIBC.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
+@functools.cache
+def _setpriv() -> str | None:
+    """util-linux ``setpriv`` if it can set the parent-death signal, else None.
+
+    Exec'd through it, the child sets PDEATHSIG without running Python after fork: in a process
+    with gRPC and torch threads, fork handlers and a Python ``preexec_fn`` can abort the child.
+    """
+    path = shutil.which("setpriv")
+    if path is None:
+        return None
+    try:
+        probe = subprocess.run(
+            [path, "--pdeathsig", "TERM", "true"], capture_output=True, timeout=10, check=False
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return path if probe.returncode == 0 else None
+
+
+def dying_with_parent(command: list[str]) -> tuple[list[str], Callable[[], None] | None]:
+    """``command`` and the ``preexec_fn`` that make it get SIGTERM when its parent thread dies."""
+    setpriv = _setpriv()
+    if setpriv is not None:
+        return [setpriv, "--pdeathsig", "TERM", "--", *command], None
+    return command, _die_with_parent
+
+
 class Sidecar:
     """One tritonserver process hosting a rendered repository, restarted with backoff on crashes."""
 
@@ -87,6 +117,7 @@ class Sidecar:
         log_path: Path | None = None,
         log_verbose: int = 0,
         extra_args: tuple[str, ...] = (),
+        stop_grace_s: float = 15.0,
     ) -> None:
         self.name = name
         self.repository = Path(repository)
@@ -97,6 +128,7 @@ class Sidecar:
         self.metrics_port = metrics_port or free_port(host)
         self.startup_timeout_s = startup_timeout_s
         self.max_restarts = max_restarts
+        self.stop_grace_s = stop_grace_s
         self.backoff_s = backoff_s
         self.log_path = log_path or self.repository.parent / f"{name}.log"
         self.restarts = 0
@@ -199,13 +231,16 @@ class Sidecar:
             f"sidecar {self.name!r} not ready after {timeout:.0f} s; {self._diagnosis()}"
         )
 
-    def stop(self, grace_s: float = 15.0) -> None:
-        """SIGTERM, wait ``grace_s``, then SIGKILL the whole process group; remove shm leftovers."""
+    def stop(self, grace_s: float | None = None) -> None:
+        """SIGTERM, wait ``grace_s`` (``stop_grace_s`` unless given) for tritonserver to unload
+        its models, then SIGKILL the whole process group; remove shm leftovers. A grace of 0
+        kills at once."""
+        grace_s = self.stop_grace_s if grace_s is None else grace_s
         with self._spawn_lock:
             # Under the lock no new process can be spawned after this one is read.
             self._stopping.set()
             process = self._process
-        if process is not None and process.poll() is None:
+        if process is not None and process.poll() is None and grace_s > 0:
             with contextlib.suppress(ProcessLookupError):
                 process.send_signal(signal.SIGTERM)
             try:
@@ -246,14 +281,15 @@ class Sidecar:
 
     def _spawn(self, log: IO[bytes]) -> subprocess.Popen[bytes]:
         env = {**os.environ, **self._env}
+        command, preexec = dying_with_parent(self.command)
         return subprocess.Popen(
-            self.command,
+            command,
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             env=env,
             start_new_session=True,
-            preexec_fn=_die_with_parent,
+            preexec_fn=preexec,
         )
 
     def _run(self) -> None:
@@ -267,7 +303,9 @@ class Sidecar:
                         return
                     self._process = self._spawn(log)
                 self._spawned.set()
-                self._ever_ready |= self._watch(self._process)
+                # Read after the watch: a caller may have seen it ready while it ran.
+                was_ready = self._watch(self._process)
+                self._ever_ready = self._ever_ready or was_ready
                 if self._stopping.is_set():
                     return
                 code = self._process.returncode
@@ -348,6 +386,7 @@ def sidecar_from_spec(spec: Spec, sidecar: SidecarSpec, workdir: Path) -> Sideca
         log_path=Path(workdir) / f"{sidecar.name}.log",
         log_verbose=sidecar.log_verbose,
         extra_args=tuple(sidecar.extra_args),
+        stop_grace_s=sidecar.stop_grace_s,
     )
 
 

@@ -163,6 +163,7 @@ def gateway(
     """``triton-gateway serve`` supervising its own sidecar; the last test stops it."""
     config = _config(tiny_model_dir, collector, drain_delay_s=3.0, shutdown_grace_s=60)
     workdir = tmp_path_factory.mktemp("ops")
+    config["sidecars"]["workdir"] = str(workdir / "sidecars")
     url, process = serve_process(config, workdir, "ops", timeout_s=120)
     yield url, process, workdir / "ops.log"
     if process.poll() is None:
@@ -283,7 +284,7 @@ async def test_a_killed_sidecar_ends_its_streams_and_comes_back(
 
 
 async def test_sigterm_drains_sixteen_streams(gateway: tuple[str, Any, Path]) -> None:
-    url, process, _ = gateway
+    url, process, log = gateway
     children = _descendants(process.pid)
     assert children, "the gateway runs its sidecar"
     started = asyncio.Event()
@@ -323,3 +324,8 @@ async def test_sigterm_drains_sixteen_streams(gateway: tuple[str, Any, Path]) ->
     assert await asyncio.to_thread(process.wait, 60) == 0
     time.sleep(0.5)
     assert not [pid for pid in children if _alive(pid)], "a sidecar process outlived the gateway"
+    # The sidecar unloaded its models in time and no Python stub crashed on its way out.
+    sidecar_log = (log.parent / "sidecars" / "ops.log").read_text(errors="replace")
+    assert "successfully unloaded 'ops_tensorrt_llm'" in sidecar_log
+    assert "Segfault" not in sidecar_log
+    assert "ignored SIGTERM" not in log.read_text()

@@ -16,6 +16,7 @@ from deploy.sidecar.render import RenderError, check_paths, render_config, rende
 from deploy.sidecar.spec import LoadTestEngine, SpecError, parse_spec
 from deploy.sidecar.supervisor import Sidecar, sidecar_from_spec
 from tests.support.pipeline_calls import Stream, generate, texts
+from tests.support.sidecars import QUICK_STOP
 
 RELEASES = ("v0.8", "v0.11", "v0.19", "latest")
 PROMPT = np.array([5, 7, 2, 9], np.int32)
@@ -89,7 +90,8 @@ def lt_sidecar(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sidecar]:
             "models": [
                 _lt_spec()["models"][0],
                 {**_lt_spec(token_s=0.02, instances=2)["models"][0], "name": "paced"},
-            ]
+            ],
+            "sidecars": [{"name": "main", **QUICK_STOP}],
         }
     )
     server = sidecar_from_spec(spec, spec.sidecars[0], tmp_path_factory.mktemp("loadtest"))

@@ -21,6 +21,7 @@ from deploy.devtools.offline import (
 )
 from deploy.sidecar.spec import parse_spec
 from deploy.sidecar.supervisor import Sidecar, sidecar_from_spec
+from tests.support.sidecars import QUICK_STOP
 
 VERSION = f"{sys.version_info.major}.{sys.version_info.minor}"
 
@@ -91,7 +92,7 @@ def text_env_sidecar(
                     "text_python_env": str(text_env),
                 }
             ],
-            "sidecars": [{"name": "textenv"}],
+            "sidecars": [{"name": "textenv", **QUICK_STOP}],
         }
     )
     sidecar = sidecar_from_spec(spec, spec.sidecars[0], tmp_path_factory.mktemp("textenv"))

@@ -20,6 +20,7 @@ import tritonclient.grpc as grpcclient
 
 from deploy.sidecar.supervisor import Sidecar
 from tests.support.pipeline_calls import Stream, generate, generate_stream, inputs_of, texts
+from tests.support.sidecars import QUICK_STOP
 
 pytestmark = pytest.mark.slow
 
@@ -266,7 +267,10 @@ def smollm_sidecar(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sidecar
         pytest.skip(str(exc))
     engine = {"kind": "torch", "model_dir": model_dir, "max_batch_size": 4}
     spec = parse_spec(
-        {"models": [{"name": "smol", "engine": engine}], "sidecars": [{"name": "smol"}]}
+        {
+            "models": [{"name": "smol", "engine": engine}],
+            "sidecars": [{"name": "smol", **QUICK_STOP}],
+        }
     )
     server = sidecar_from_spec(spec, spec.sidecars[0], tmp_path_factory.mktemp("smol"))
     server.start()

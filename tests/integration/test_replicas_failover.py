@@ -118,7 +118,13 @@ async def test_a_replica_killed_under_load(replicas: Replicas) -> None:
                 seconds=3,
             )
         )
-        await asyncio.sleep(0.5)
+        await asyncio.sleep(0.3)
+        # Killed while r4 holds two or more: one running with output (its batch is one request),
+        # the rest queued without a token. Checked and killed with nothing awaited between.
+        deadline = time.monotonic() + 20
+        while pool.replicas["r4"].in_flight < 2:
+            assert time.monotonic() < deadline, "r4 never held two requests again"
+            await asyncio.sleep(0.01)
         assert r4.pid is not None
         os.killpg(r4.pid, signal.SIGKILL)
         deadline = time.monotonic() + 30

@@ -176,6 +176,10 @@ def test_restart_after_kill_and_clean_stop(tiny_model_dir: Path, tmp_path: Path)
     _, alive = psutil.wait_procs([second, *children], timeout=5)
     assert not alive
     assert not list(Path("/dev/shm").glob(f"{sidecar._args.shm_prefix}*"))
+    # Stopped gracefully: every model unloaded, no stub crashed on its way out.
+    log = sidecar.log_path.read_text(errors="replace")
+    assert "successfully unloaded 'tiny_tensorrt_llm'" in log
+    assert "Segfault" not in log and "ignored SIGTERM" not in log
 
 
 @pytest.mark.slow

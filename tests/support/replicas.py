@@ -13,6 +13,7 @@ import httpx
 
 from deploy.sidecar.spec import parse_spec
 from deploy.sidecar.supervisor import Sidecar, sidecar_from_spec
+from tests.support.sidecars import QUICK_STOP
 
 PIPELINE = "tiny"
 ENGINE_MODEL = f"{PIPELINE}_tensorrt_llm"
@@ -81,6 +82,7 @@ def start_replicas(
                             f"--load-model={ENGINE_MODEL}",
                         ],
                         **ports,
+                        **QUICK_STOP,
                     }
                 ],
             }
@@ -100,7 +102,7 @@ def start_replicas(
 def stop_replicas(sidecars: Sequence[Sidecar]) -> None:
     """Stop them all at once."""
     with ThreadPoolExecutor(len(sidecars)) as pool:
-        list(pool.map(lambda sidecar: sidecar.stop(grace_s=3), sidecars))
+        list(pool.map(lambda sidecar: sidecar.stop(), sidecars))
 
 
 def served(sidecar: Sidecar, model: str = ENGINE_MODEL) -> int:

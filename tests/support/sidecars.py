@@ -10,6 +10,9 @@ CHUNK_TOKENS = 64
 """``tiny2``'s ``max_num_tokens``: prompt tokens prefilled per iteration, in chunks."""
 CHUNKED = {"enable_chunked_context": True, "max_num_tokens": CHUNK_TOKENS, "tokens_per_block": 16}
 MAX_BEAM_WIDTH = 4
+QUICK_STOP = {"stop_grace_s": 0}
+"""For a test's sidecar: killed on stop (its shared memory removed) rather than given seconds to
+unload its models; the supervisor's tests keep the graceful stop."""
 SMALL_KV_CACHE = 8192
 """Tokens of ``tiny3``'s KV cache: two sequences of the tiny model's 4096."""
 
@@ -52,6 +55,6 @@ def tiny_spec(model_dir: Path, **sidecar: object) -> Spec:
                     "decoupled": False,
                 },
             ],
-            "sidecars": [{"name": "tiny", **sidecar}],
+            "sidecars": [{"name": "tiny", **QUICK_STOP, **sidecar}],
         }
     )

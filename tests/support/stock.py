@@ -151,6 +151,7 @@ def start_stock_sidecar(
         find_tritonserver(),
         log_path=workdir / "tritonserver.log",
         max_restarts=0,
+        stop_grace_s=0,
     )
     sidecar.start()
     return sidecar

@@ -16,6 +16,7 @@ from deploy.sidecar.render import render_files, write_repository
 from deploy.sidecar.spec import Spec, parse_spec
 from deploy.sidecar.supervisor import Sidecar
 from deploy.sidecar.tritonbin import find_tritonserver
+from tests.support.sidecars import QUICK_STOP
 from tests.support.stock import STOCK_MODELS, fill_template
 
 PIPELINE = "vis"
@@ -42,7 +43,7 @@ def vision_spec(model_dir: Path) -> Spec:
                     "vision_model": str(model_dir),
                 }
             ],
-            "sidecars": [{"name": "vision"}],
+            "sidecars": [{"name": "vision", **QUICK_STOP}],
         }
     )
 

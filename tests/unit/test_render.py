@@ -373,6 +373,13 @@ def test_spec_file_relative_paths_and_two_sidecars(tmp_path: Path) -> None:
             },
             "sidecar names must be unique",
         ),
+        (
+            {
+                "models": [{"name": "a", "engine": TORCH}],
+                "sidecars": [{"name": "x", "stop_grace_s": -1}],
+            },
+            "sidecar 'x': stop_grace_s must be >= 0",
+        ),
     ],
 )
 def test_spec_validation(data: dict[str, object], message: str | None) -> None:

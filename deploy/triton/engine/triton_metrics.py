@@ -110,10 +110,15 @@ class EngineMetrics:
         self._completed.append((input_tokens, output_tokens))
 
     def stop(self) -> None:
-        """Stop publishing."""
+        """Stop publishing, and let go of the metric families while the stub can still free
+        them: left to the interpreter's exit, they crash the stub after its shared memory is
+        gone."""
         self._stopping.set()
         if self._thread.is_alive():
             self._thread.join(timeout=5)
+        self._gauges.clear()
+        self._histograms.clear()
+        self._families.clear()
 
     def _register(self) -> None:
         for name, (description, label) in _FAMILIES.items():

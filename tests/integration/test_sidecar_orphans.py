@@ -1,0 +1,79 @@
+"""A sidecar dies with the process that supervises it, however that process ends."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from deploy.sidecar import supervisor
+
+PARENT = textwrap.dedent(
+    """
+    import subprocess, sys, threading, time
+    from deploy.sidecar import supervisor
+
+    if sys.argv[1] == "preexec":
+        supervisor._setpriv = lambda: None
+
+    def spawn():
+        command, preexec = supervisor.dying_with_parent(["sleep", "120"])
+        child = subprocess.Popen(command, preexec_fn=preexec, start_new_session=True)
+        print(child.pid, flush=True)
+        time.sleep(600)
+
+    threading.Thread(target=spawn, daemon=True).start()
+    time.sleep(600)
+    """
+)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as stat:
+        return stat.read().split(")")[-1].split()[0] != "Z"
+
+
+@pytest.mark.parametrize("way", ["setpriv", "preexec"])
+def test_the_child_gets_sigterm_when_its_supervisor_is_killed(way: str) -> None:
+    if way == "setpriv" and supervisor._setpriv() is None:
+        pytest.skip("no setpriv with --pdeathsig on this machine")
+    parent = subprocess.Popen(
+        [sys.executable, "-c", PARENT, way], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert parent.stdout is not None
+        child = int(parent.stdout.readline())
+        # The child is sleep itself (setpriv execs it), not a wrapper that outlives the signal.
+        deadline = time.monotonic() + 10
+        while Path(f"/proc/{child}/comm").read_text().strip() != "sleep":
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        assert _alive(child)
+        parent.send_signal(signal.SIGKILL)
+        parent.wait(10)
+        deadline = time.monotonic() + 10
+        while _alive(child):
+            assert time.monotonic() < deadline, "the child outlived its supervisor"
+            time.sleep(0.05)
+    finally:
+        parent.kill()
+        parent.wait()
+
+
+def test_without_setpriv_the_command_is_unchanged_and_prctl_runs_in_the_child(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(supervisor, "_setpriv", lambda: None)
+    command, preexec = supervisor.dying_with_parent(["tritonserver", "--model-repository=/m"])
+    assert command == ["tritonserver", "--model-repository=/m"]
+    assert preexec is supervisor._die_with_parent

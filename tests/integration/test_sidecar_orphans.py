@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
 import textwrap
 import time
-from pathlib import Path
 
+import psutil
 import pytest
 
 from deploy.sidecar import supervisor
@@ -34,13 +33,11 @@ PARENT = textwrap.dedent(
 )
 
 
-def _alive(pid: int) -> bool:
+def _alive(process: psutil.Process) -> bool:
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        return bool(process.status() != psutil.STATUS_ZOMBIE)
+    except psutil.NoSuchProcess:
         return False
-    with open(f"/proc/{pid}/stat") as stat:
-        return stat.read().split(")")[-1].split()[0] != "Z"
 
 
 @pytest.mark.parametrize("way", ["setpriv", "preexec"])
@@ -52,10 +49,10 @@ def test_the_child_gets_sigterm_when_its_supervisor_is_killed(way: str) -> None:
     )
     try:
         assert parent.stdout is not None
-        child = int(parent.stdout.readline())
+        child = psutil.Process(int(parent.stdout.readline()))
         # The child is sleep itself (setpriv execs it), not a wrapper that outlives the signal.
         deadline = time.monotonic() + 10
-        while Path(f"/proc/{child}/comm").read_text().strip() != "sleep":
+        while child.name() != "sleep":
             assert time.monotonic() < deadline
             time.sleep(0.02)
         assert _alive(child)

@@ -18,6 +18,7 @@ import socket
 import time
 from collections.abc import Callable, Iterator
 from types import FrameType
+from typing import Any
 
 import uvicorn
 from litestar import Litestar
@@ -112,6 +113,20 @@ class DrainingServer(uvicorn.Server):
         self.should_exit = True
 
 
+def uvicorn_config(app: Litestar, settings: Settings, **overrides: Any) -> uvicorn.Config:
+    """How uvicorn serves ``app`` under ``settings`` (``overrides`` replace any of it)."""
+    server = settings.server
+    options: dict[str, Any] = {
+        "host": server.host,
+        "port": server.port,
+        "log_level": settings.log_level.lower(),
+        "log_config": None,
+        "timeout_graceful_shutdown": int(settings.limits.shutdown_grace_s),
+        "timeout_keep_alive": server.keep_alive_s,
+    }
+    return uvicorn.Config(app, **{**options, **overrides})
+
+
 def run(
     app: Litestar,
     settings: Settings,
@@ -121,15 +136,7 @@ def run(
     """Serve ``app`` (made by ``create_app(settings)``) until a signal drains and stops it, or
     until it can never become ready (returns why then); ``on_started`` runs once the app has
     started and the port listens; ``sockets`` are listened on instead of binding the port."""
-    server = settings.server
-    config = uvicorn.Config(
-        app,
-        host=server.host,
-        port=server.port,
-        log_level=settings.log_level.lower(),
-        log_config=None,
-        timeout_graceful_shutdown=int(settings.limits.shutdown_grace_s),
-    )
+    config = uvicorn_config(app, settings)
     runtime: Runtime = app.state["runtime"]
     DrainingServer(config, runtime, settings, on_started).run(sockets)
     return runtime.lifecycle.failure

@@ -170,6 +170,10 @@ class ServerSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
     give it several (up to about half the host's cores: Triton needs the rest). The default is
     one: nothing more to run, and the limits live in memory unless a Redis store is set; with
     more, and no Redis configured, the gateway runs one itself to keep them exact."""
+    keep_alive_s: Annotated[int, msgspec.Meta(ge=1)] = 75
+    """How long an idle client connection stays open. Longer than the clients' own idle expiry
+    (httpx's 5 s, so the openai SDK's and LangChain's), so that a client never sends on a
+    connection the gateway is closing; a load balancer in front should idle out first."""
 
 
 class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import socket
+import time
 from collections.abc import Iterator
 
 import openai
@@ -245,3 +247,17 @@ async def test_async_chat_stream_and_completion(async_client: openai.AsyncOpenAI
         assert completion.choices[0].finish_reason == "length"
         with pytest.raises(openai.NotFoundError):
             await async_client.completions.create(model="nope", prompt="x")
+
+
+def test_a_connection_idle_past_the_clients_expiry_is_still_open(
+    gateway_url: str,  # noqa: F811
+) -> None:
+    """httpx (under the SDK) keeps an idle connection for 5 s: the gateway keeps it longer, so a
+    request never goes out on a connection the server is closing at that moment."""
+    host, port = gateway_url.removeprefix("http://").split(":")
+    request = f"GET /health/live HTTP/1.1\r\nHost: {host}\r\n\r\n".encode()
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        for wait_s in (0.0, 5.5):
+            time.sleep(wait_s)
+            sock.sendall(request)
+            assert sock.recv(4096).startswith(b"HTTP/1.1 200"), f"closed after {wait_s} s idle"

@@ -21,6 +21,7 @@ from opentelemetry.sdk.trace.export import SpanExporter
 from deploy.sidecar.supervisor import Sidecar
 from gateway.app import create_app
 from gateway.replicas.sources import Resolver, resolve_addresses
+from gateway.server import uvicorn_config
 from gateway.settings import LimitSettings, ModelSettings, Settings
 from gateway.tenancy import TenancySettings
 
@@ -126,11 +127,13 @@ class LiveGateway:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.app = create_app(settings, span_exporter=span_exporter, resolver=resolver)
-        config = uvicorn.Config(
+        config = uvicorn_config(
             self.app,
+            settings,
             host="127.0.0.1",
             port=self.port,
             log_level="warning",
+            log_config=uvicorn.config.LOGGING_CONFIG,
             timeout_graceful_shutdown=5,
         )
         self._server = uvicorn.Server(config)

@@ -6,9 +6,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from litestar import Litestar
 
 from deploy.sidecar.spec import parse_spec
 from gateway.catalog.registry import resolve_routes
+from gateway.server import uvicorn_config
 from gateway.settings import (
     ModelSettings,
     Settings,
@@ -178,3 +180,12 @@ def test_unresolvable_models(models: tuple[ModelSettings, ...], match: str) -> N
 def test_pipeline_without_sidecars() -> None:
     with pytest.raises(SettingsError, match="no sidecars"):
         resolve_routes(Settings(models=(ModelSettings(pipeline="tiny"),)), None, {})
+
+
+def test_uvicorn_keeps_idle_connections_longer_than_the_clients_do() -> None:
+    app = Litestar([])
+    assert uvicorn_config(app, Settings()).timeout_keep_alive == 75
+    configured = parse_settings({"server": {"keep_alive_s": 9}})
+    assert uvicorn_config(app, configured).timeout_keep_alive == 9
+    with pytest.raises(SettingsError, match="keep_alive_s"):
+        parse_settings({"server": {"keep_alive_s": 0}})

@@ -4,12 +4,9 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import ctypes
-import functools
 import logging
 import os
 import re
-import shutil
 import signal
 import socket
 import subprocess
@@ -20,10 +17,10 @@ import urllib.request
 import uuid
 import weakref
 from collections import deque
-from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
+from deploy.sidecar.parentdeath import dying_with_parent
 from deploy.sidecar.render import render_files, write_repository
 from deploy.sidecar.spec import SidecarSpec, Spec, TensorRTLLMEngine
 from deploy.sidecar.tritonbin import (
@@ -50,50 +47,6 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
-
-
-def _load_libc() -> ctypes.CDLL | None:
-    try:
-        return ctypes.CDLL("libc.so.6", use_errno=True)
-    except OSError:
-        return None
-
-
-# Loaded here, not in the forked child, where dlopen could deadlock on the loader lock.
-_LIBC = _load_libc()
-
-
-def _die_with_parent() -> None:
-    """In the child: get SIGTERM when the supervising thread's process dies."""
-    if _LIBC is not None:
-        _LIBC.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-
-
-@functools.cache
-def _setpriv() -> str | None:
-    """util-linux ``setpriv`` if it can set the parent-death signal, else None.
-
-    Exec'd through it, the child sets PDEATHSIG without running Python after fork: in a process
-    with gRPC and torch threads, fork handlers and a Python ``preexec_fn`` can abort the child.
-    """
-    path = shutil.which("setpriv")
-    if path is None:
-        return None
-    try:
-        probe = subprocess.run(
-            [path, "--pdeathsig", "TERM", "true"], capture_output=True, timeout=10, check=False
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return path if probe.returncode == 0 else None
-
-
-def dying_with_parent(command: list[str]) -> tuple[list[str], Callable[[], None] | None]:
-    """``command`` and the ``preexec_fn`` that make it get SIGTERM when its parent thread dies."""
-    setpriv = _setpriv()
-    if setpriv is not None:
-        return [setpriv, "--pdeathsig", "TERM", "--", *command], None
-    return command, _die_with_parent
 
 
 class Sidecar:

@@ -11,18 +11,18 @@ import time
 import psutil
 import pytest
 
-from deploy.sidecar import supervisor
+from deploy.sidecar import parentdeath
 
 PARENT = textwrap.dedent(
     """
     import subprocess, sys, threading, time
-    from deploy.sidecar import supervisor
+    from deploy.sidecar import parentdeath
 
     if sys.argv[1] == "preexec":
-        supervisor._setpriv = lambda: None
+        parentdeath._setpriv = lambda: None
 
     def spawn():
-        command, preexec = supervisor.dying_with_parent(["sleep", "120"])
+        command, preexec = parentdeath.dying_with_parent(["sleep", "120"])
         child = subprocess.Popen(command, preexec_fn=preexec, start_new_session=True)
         print(child.pid, flush=True)
         time.sleep(600)
@@ -42,7 +42,7 @@ def _alive(process: psutil.Process) -> bool:
 
 @pytest.mark.parametrize("way", ["setpriv", "preexec"])
 def test_the_child_gets_sigterm_when_its_supervisor_is_killed(way: str) -> None:
-    if way == "setpriv" and supervisor._setpriv() is None:
+    if way == "setpriv" and parentdeath._setpriv() is None:
         pytest.skip("no setpriv with --pdeathsig on this machine")
     parent = subprocess.Popen(
         [sys.executable, "-c", PARENT, way], stdout=subprocess.PIPE, text=True
@@ -70,7 +70,7 @@ def test_the_child_gets_sigterm_when_its_supervisor_is_killed(way: str) -> None:
 def test_without_setpriv_the_command_is_unchanged_and_prctl_runs_in_the_child(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(supervisor, "_setpriv", lambda: None)
-    command, preexec = supervisor.dying_with_parent(["tritonserver", "--model-repository=/m"])
+    monkeypatch.setattr(parentdeath, "_setpriv", lambda: None)
+    command, preexec = parentdeath.dying_with_parent(["tritonserver", "--model-repository=/m"])
     assert command == ["tritonserver", "--model-repository=/m"]
-    assert preexec is supervisor._die_with_parent
+    assert preexec is parentdeath._die_with_parent

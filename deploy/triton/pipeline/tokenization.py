@@ -46,6 +46,11 @@ def encode_queries(
         tokenizer.encode(as_text(row.reshape(-1)[0]), add_special_tokens=add_special_tokens)
         for row in queries
     ]
+    return right_padded(encoded, pad_id)
+
+
+def right_padded(encoded: Sequence[Sequence[int]], pad_id: int) -> tuple[IntArray, IntArray]:
+    """Id lists as right-padded ids `[B, L]` and their lengths `[B, 1]`."""
     longest = max((len(ids) for ids in encoded), default=0)
     ids = np.full((len(encoded), longest), pad_id, dtype=np.int32)
     for row, tokens in enumerate(encoded):

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from deploy.triton.pipeline.tokenization import as_text
+from deploy.triton.pipeline.tokenization import as_text, right_padded
 from deploy.triton.vision.images import (
     ImageInputError,
     ImageProcessor,
@@ -71,9 +71,4 @@ class VisionPreprocessor:
                 encoded.append(expand(ids, len(item), self.settings))
             except ValueError as exc:
                 raise ImageInputError(str(exc)) from exc
-        longest = max((len(ids) for ids in encoded), default=0)
-        out = np.full((len(encoded), longest), pad_id, dtype=np.int32)
-        for index, ids in enumerate(encoded):
-            out[index, : len(ids)] = ids
-        lengths = np.array([[len(ids)] for ids in encoded], dtype=np.int32).reshape(-1, 1)
-        return out, lengths
+        return right_padded(encoded, pad_id)

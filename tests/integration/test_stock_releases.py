@@ -216,8 +216,9 @@ def test_structured_output_and_tool_calls_through_the_stock_models(
     reply = stack.client.chat.completions.create(
         model=model,
         messages=MESSAGES,
-        response_format=fmt,
-        max_tokens=80,  # type: ignore[arg-type]
+        response_format=fmt,  # type: ignore[arg-type]
+        max_tokens=200,
+        seed=4,
     )
     assert 0 <= json.loads(reply.choices[0].message.content or "")["answer"] <= 99
     called = stack.client.chat.completions.create(
@@ -226,7 +227,8 @@ def test_structured_output_and_tool_calls_through_the_stock_models(
         tools=tools,  # type: ignore[arg-type]
         tool_choice="required",
         parallel_tool_calls=False,
-        max_tokens=80,
+        max_tokens=200,
+        seed=4,
         stream=stack.decoupled,
     )
     if stack.decoupled:

@@ -21,6 +21,7 @@ from deploy.sidecar.tritonbin import (
     orchestrator_env,
     parse_gpu_ids,
 )
+from tests.support.sidecars import QUICK_STOP
 
 ARGS = ServerArgs(Path("/repo"), "127.0.0.1", 1, 2, 3, "p_")
 
@@ -190,7 +191,10 @@ def test_two_sidecars_at_once(tiny_model_dir: Path, tmp_path: Path) -> None:
                 _load_test_pipeline("left", tiny_model_dir),
                 _load_test_pipeline("right", tiny_model_dir),
             ],
-            "sidecars": [{"name": "one", "models": ["left"]}, {"name": "two", "models": ["right"]}],
+            "sidecars": [
+                {"name": "one", "models": ["left"], **QUICK_STOP},
+                {"name": "two", "models": ["right"], **QUICK_STOP},
+            ],
         }
     )
     sidecars: list[Sidecar] = start_all(spec, tmp_path)

@@ -77,7 +77,7 @@ def check_calls(calls: Any, *, at_most: int | None = None) -> None:
 @pytest.mark.parametrize("model", GUIDED)
 def test_parse_with_a_pydantic_response_format(client: openai.OpenAI, model: str) -> None:
     reply = client.chat.completions.parse(
-        model=model, messages=ASK, response_format=Weather, max_tokens=ROOM
+        model=model, messages=ASK, response_format=Weather, max_tokens=ROOM, seed=2
     )
     (choice,) = reply.choices
     assert choice.finish_reason == "stop"
@@ -87,7 +87,12 @@ def test_parse_with_a_pydantic_response_format(client: openai.OpenAI, model: str
 @pytest.mark.parametrize("model", [ENSEMBLE_MODEL, BLS_MODEL, ACCUMULATING_BLS_MODEL])
 def test_streamed_structured_output_parses(client: openai.OpenAI, model: str) -> None:
     with client.chat.completions.stream(
-        model=model, messages=ASK, response_format=Weather, max_tokens=ROOM, temperature=1.0
+        model=model,
+        messages=ASK,
+        response_format=Weather,
+        max_tokens=ROOM,
+        temperature=1.0,
+        seed=6,
     ) as stream:
         final = stream.get_final_completion()
     assert isinstance(final.choices[0].message.parsed, Weather)
@@ -126,6 +131,7 @@ def test_a_named_tool_is_called(client: openai.OpenAI, model: str) -> None:
         tools=TOOLS,  # type: ignore[arg-type]
         tool_choice={"type": "function", "function": {"name": "get_time"}},
         max_tokens=ROOM,
+        seed=9,
     )
     (choice,) = reply.choices
     assert choice.finish_reason == "tool_calls"
@@ -243,6 +249,7 @@ def test_completions_take_a_response_format(client: openai.OpenAI, stream: bool)
         model=ENSEMBLE_MODEL,
         prompt="Weather:",
         max_tokens=ROOM,
+        seed=12,
         stream=stream,
         extra_body={"response_format": fmt},
     )
@@ -256,17 +263,18 @@ def test_guided_and_free_requests_run_together(client: openai.OpenAI) -> None:
     free = {"model": ENSEMBLE_MODEL, "messages": ASK, "max_tokens": 30, "seed": 5}
     alone = client.chat.completions.create(**free).choices[0].message.content
 
-    def guided(_: int) -> Any:
+    def guided(seed: int) -> Any:
         return client.chat.completions.parse(
             model=ENSEMBLE_MODEL,
             messages=ASK,
             response_format=Weather,
             max_tokens=ROOM,
             temperature=1.0,
+            seed=seed,
         )
 
     with ThreadPoolExecutor(8) as pool:
-        structured = [pool.submit(guided, i) for i in range(4)]
+        structured = [pool.submit(guided, 20 + i) for i in range(4)]
         plain = [pool.submit(client.chat.completions.create, **free) for _ in range(4)]
         for future in structured:
             assert isinstance(future.result().choices[0].message.parsed, Weather)

@@ -10,8 +10,12 @@ closed-loop load then rises from one stream to thousands against:
   engine entry (the gateway tokenizes and detokenizes), auth and the rate limiter on;
 - ``gateway-N``: the same with ``--workers`` worker processes (limits in the embedded Redis).
 
-The load comes from ``--clients`` processes, each an event loop of raw HTTP/1.1 clients. Per
-level: tokens/s, time to first token and inter-token latency p50/p99, errors, and the CPU of
+The load comes from ``--clients`` processes, each an event loop of raw HTTP/1.1 clients. The
+streams' first requests are spread over one request's paced length (``--arrivals staggered``),
+as requests of varied lengths arrive; ``--arrivals burst`` starts them all at once, and with
+equal lengths they then arrive together after every request. Per level: tokens/s (the tokens
+that arrived in the ``--seconds`` while every stream was sending), time to first token and
+inter-token latency p50/p99 (without the staggered first requests), errors, and the CPU of
 each process tree (Triton, the gateway, the load generator itself, whose ceiling shows in its
 own row). Chat completions run at a few levels too. Markdown, JSON and a plot go to ``--out``.
 
@@ -22,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import multiprocessing
 import os
@@ -45,6 +50,10 @@ KEY = "tgw-capacity-0123456789abcdef0123456789abcdef"
 PROMPT = "Write a short story about a lighthouse keeper who finds a message in a bottle."
 LEVELS = (1, 8, 32, 64, 128, 192, 256, 320, 384, 512, 768, 1024, 1536)
 CHAT_LEVELS = (64, 320, 1024)
+_ARRIVALS = {
+    "staggered": "the streams' first requests spread over one request's length (not measured)",
+    "burst": "every stream starting at once and staying in step (all requests arrive together)",
+}
 
 
 @dataclass(frozen=True)
@@ -73,7 +82,16 @@ def _quantile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-Result = tuple[float, float, float, int, list[float], str | None]
+Result = tuple[float, float, float, int, list[float], str | None, bool]
+"""A request: start, first token, end, tokens, gaps between tokens, error, whether a ramp."""
+
+
+def _arrivals(result: Result, since: float, until: float) -> int:
+    """How many of a request's tokens arrived between ``since`` and ``until``."""
+    if not result[3]:
+        return 0
+    times = itertools.accumulate(result[4], initial=result[1])
+    return sum(1 for t in times if since <= t <= until)
 
 
 def _client_main(job: dict[str, Any]) -> tuple[list[Result], float]:
@@ -90,13 +108,15 @@ def _client_main(job: dict[str, Any]) -> tuple[list[Result], float]:
             return client.send
 
         # A stream that never ends is an error of its own, not a hung level.
-        samples, _ = await run_level(connect, job["streams"], job["seconds"], 120.0)
+        samples, _ = await run_level(
+            connect, job["streams"], job["seconds"], 120.0, job["stagger_s"], job["phase"]
+        )
         return samples
 
     cpu = time.process_time()
     samples = asyncio.run(run())
     cpu = time.process_time() - cpu
-    return [(s.start, s.first, s.end, s.tokens, s.gaps, s.error) for s in samples], cpu
+    return [(s.start, s.first, s.end, s.tokens, s.gaps, s.error, s.ramp) for s in samples], cpu
 
 
 def _direct_token(data: bytes) -> bool:
@@ -124,22 +144,29 @@ def measure(
     trees: dict[str, int],
 ) -> Row:
     host, port = url.removeprefix("http://").split(":")
+    shares = _spread(streams, args.clients)
+    stagger_s = args.tokens / args.rate if args.arrivals == "staggered" else 0.0
     jobs = [
-        {**job, "host": host, "port": int(port), "streams": share, "seconds": args.seconds}
-        for share in _spread(streams, args.clients)
-    ]
+        {**job, "host": host, "port": int(port), "streams": share, "seconds": args.seconds,
+         "stagger_s": stagger_s, "phase": index / len(shares)}
+        for index, share in enumerate(shares)
+    ]  # fmt: skip
     context = multiprocessing.get_context("spawn")
     with context.Pool(len(jobs)) as pool:
-        warm = [{**j, "seconds": args.warmup} for j in jobs]
+        warm = [{**j, "seconds": args.warmup, "stagger_s": 0.0} for j in jobs]
         pool.map(_client_main, warm)
         before = _cpu(trees)
         started = time.perf_counter()
         results = pool.map(_client_main, jobs)
         wall = time.perf_counter() - started
         after = _cpu(trees)
-    samples = [s for part, _ in results for s in part]
-    good = [s for s in samples if s[5] is None]
-    errors = [s[5] for s in samples if s[5] is not None]
+    # Tokens/s counts the tokens that arrived while every stream was sending; latencies leave
+    # out each staggered stream's first request, sent while the others were still starting.
+    window = (started + stagger_s, started + stagger_s + args.seconds)
+    arrived = sum(_arrivals(s, *window) for part, _ in results for s in part if s[5] is None)
+    every = [s for part, _ in results for s in part]
+    good = [s for s in every if s[5] is None and not s[6]]
+    errors = [s[5] for s in every if s[5] is not None]
     cpu = {name: (after[name] - before[name]) / wall for name in trees}
     cpu["load generator"] = sum(spent for _, spent in results) / wall
     gaps = [gap for s in good for gap in s[4]]
@@ -147,7 +174,7 @@ def measure(
         target=target,
         endpoint=endpoint,
         streams=streams,
-        tokens_per_s=sum(s[3] for s in good) / wall,
+        tokens_per_s=arrived / args.seconds,
         ttft_p50_ms=1e3 * _quantile([s[1] - s[0] for s in good], 0.5),
         ttft_p99_ms=1e3 * _quantile([s[1] - s[0] for s in good], 0.99),
         itl_p50_ms=1e3 * _quantile(gaps, 0.5),
@@ -167,9 +194,15 @@ def measure(
     return row
 
 
-def start_triton(args: argparse.Namespace, tokenizer: Path, workdir: Path) -> Sidecar:
+def start_triton(
+    args: argparse.Namespace, tokenizer: Path, workdir: Path, token_id: int
+) -> Sidecar:
+    """The paced engine answering ``token_id`` throughout: a word, so that every token is text
+    for every endpoint (the prompt's own ids would echo a chat template's special tokens, which
+    a chat stream rightly shows as nothing, a gap the direct path does not count)."""
     engine = {
         "kind": "loadtest",
+        "token_id": token_id,
         "tokenizer_dir": str(tokenizer),
         "token_s": 1.0 / args.rate,
         "prompt_token_s": args.prompt_token_s,
@@ -200,9 +233,11 @@ def gateway_config(sidecar: Sidecar, tokenizer: Path, workers: int) -> dict[str,
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     tokenizer = Path(args.tokenizer) if args.tokenizer else ensure_tiny_model()
-    ids = load_tokenizer(str(tokenizer)).encode(PROMPT, add_special_tokens=True)
+    vocabulary = load_tokenizer(str(tokenizer))
+    ids = vocabulary.encode(PROMPT, add_special_tokens=True)
+    word = vocabulary.encode(" the", add_special_tokens=False)[-1]
     workdir = Path(tempfile.mkdtemp(prefix="capacity-"))
-    sidecar = start_triton(args, tokenizer, workdir)
+    sidecar = start_triton(args, tokenizer, workdir, word)
     rows: list[Row] = []
     direct = {"path": "/v2/models/lt_tensorrt_llm/generate_stream", "direct": True,
               "body": {"input_ids": list(ids), "input_lengths": [len(ids)],
@@ -247,6 +282,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "engine_instances": args.instances,
             "seconds_per_level": args.seconds,
             "client_processes": args.clients,
+            "arrivals": args.arrivals,
         },
         "rows": [asdict(row) for row in rows],
     }
@@ -275,8 +311,8 @@ def render_markdown(report: dict[str, Any]) -> str:
         f"load-test engine: {c['rate_tokens_per_s_per_stream']:g} tokens/s per stream, "
         f"{c['tokens']} tokens per request, a {c['prompt_tokens']}-token prompt, "
         f"{c['engine_instances']} engine instances; {c['seconds_per_level']:g} s per level after "
-        f"a warm-up; {c['client_processes']} load-generator processes. `python -m "
-        "tests.benchmarks.capacity`.",
+        f"a warm-up; {c['client_processes']} load-generator processes; "
+        f"{_ARRIVALS[c.get('arrivals', 'burst')]}. `python -m tests.benchmarks.capacity`.",
         "",
         "| target | endpoint | streams | tokens/s | of direct | TTFT p50 / p99 ms | added TTFT "
         "p50 ms | ITL p50 / p99 ms | added ITL p50 ms | errors | cores: triton / gateway / "
@@ -339,6 +375,14 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--warmup", type=float, default=2.0)
     parser.add_argument("--clients", type=int, default=max(1, (os.cpu_count() or 2) // 4))
+    parser.add_argument(
+        "--arrivals",
+        choices=("staggered", "burst"),
+        default="staggered",
+        help="staggered: the streams' first requests spread over one request's paced length, as "
+        "requests of varied lengths arrive; burst: every stream starts at once, and with equal "
+        "lengths they stay in step, all arriving together again after every request",
+    )
     parser.add_argument("--tokenizer", help="tokenizer folder (default: the tiny model's)")
     parser.add_argument("--text-env", help="text_python_env of the sidecar (numpy < 2)")
     args = parser.parse_args()

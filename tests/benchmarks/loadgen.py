@@ -31,6 +31,8 @@ class Sample:
     tokens: int = 0
     gaps: list[float] = field(default_factory=list)
     error: str | None = None
+    ramp: bool = False
+    """The first request of a staggered worker, sent while the others were still starting."""
 
     def token(self) -> None:
         """A token arrived now."""
@@ -95,19 +97,29 @@ async def run_level(
     concurrency: int,
     seconds: float,
     request_timeout_s: float | None = None,
+    stagger_s: float = 0.0,
+    phase: float = 0.0,
 ) -> tuple[list[Sample], float]:
     """``concurrency`` workers, each on its own connection, sending until ``seconds`` pass.
+
+    With ``stagger_s``, worker ``k`` sends its first request ``stagger_s * (k + phase) /
+    concurrency`` seconds in and every worker sends for ``seconds`` after that, so requests of
+    equal length arrive spread over ``stagger_s`` instead of all at once (``phase`` in [0, 1)
+    interleaves the workers of several load-generator processes).
 
     Returns every finished request and the time from the start to the last one's end.
     """
     senders = [await connect() for _ in range(concurrency)]
     samples: list[Sample] = []
     started = time.perf_counter()
-    deadline = started + seconds
+    deadline = started + stagger_s + seconds
 
-    async def worker(send: Send) -> None:
+    async def worker(index: int, send: Send) -> None:
+        await asyncio.sleep(stagger_s * (index + phase) / concurrency)
+        ramp = stagger_s > 0
         while time.perf_counter() < deadline:
-            sample = Sample(start=time.perf_counter())
+            sample = Sample(start=time.perf_counter(), ramp=ramp)
+            ramp = False
             try:
                 async with asyncio.timeout(request_timeout_s):
                     await send(sample)
@@ -116,7 +128,7 @@ async def run_level(
             sample.end = time.perf_counter()
             samples.append(sample)
 
-    await asyncio.gather(*(worker(send) for send in senders))
+    await asyncio.gather(*(worker(index, send) for index, send in enumerate(senders)))
     return samples, time.perf_counter() - started
 
 

@@ -294,12 +294,12 @@ async def test_abandoning_the_stream_stops_the_engine(
             where, addressed(where, greedy(LONG, stream=True, min_tokens=LONG))
         )
         abandon = await abandon_after_three_chunks(chunks, how)
-        generating = await engine.busy_seconds(1.0)
+        generating = await engine.busy_seconds(0.5)
         await abandon
-        await asyncio.sleep(1.0)
+        await asyncio.sleep(0.5)
         after = await engine.busy_seconds(1.5)
         follow_up = await collect(backend, where, greedy(4, stream=False))
 
-    assert generating > 0.2, f"the engine was generating ({generating:.2f} CPU s)"
+    assert generating > 0.15, f"the engine was generating ({generating:.2f} CPU s)"
     assert after < 0.15, f"the engine kept generating after the stream closed ({after:.2f} CPU s)"
     assert follow_up[-1].final

@@ -9,11 +9,11 @@ from collections import Counter
 from collections.abc import AsyncGenerator, Iterator, Mapping, Sequence
 from contextlib import aclosing, contextmanager
 from dataclasses import replace
-from typing import Any, Protocol
+from typing import Any
 
 import grpc  # type: ignore[import-untyped]
 import tritonclient.grpc.aio as triton_aio
-from tritonclient.grpc import MAX_GRPC_MESSAGE_SIZE, InferResult, KeepAliveOptions, service_pb2
+from tritonclient.grpc import MAX_GRPC_MESSAGE_SIZE, KeepAliveOptions, service_pb2
 from tritonclient.utils import InferenceServerException
 
 from adapters.contract import (
@@ -27,14 +27,13 @@ from adapters.contract import (
 from adapters.triton.beams import beam_inputs, beam_width_named
 from adapters.triton.config import ModelInputs, parse_model_config
 from adapters.triton.errors import classify
+from adapters.triton.grpc_stream import Call, GrpcCall, infer_request, open_stream
 from adapters.triton.http import HttpError, HttpPool, carries, generate_body
-from adapters.triton.responses import Exchange, Reply
-from adapters.triton.tensors import WireTensor, build_inputs, stop_request_inputs, wire_array
+from adapters.triton.responses import Exchange
+from adapters.triton.tensors import WireTensor, build_inputs, stop_request_inputs
 
 logger = logging.getLogger(__name__)
 
-_FINAL = "triton_final_response"
-_DRAIN_S = 1.0
 STOCK_BLS_WARNING = (
     "%s at %s is a stock TensorRT-LLM BLS: it gives its engine request an id of its own and "
     "never checks for cancellation, so a client that disconnects leaves its generation running "
@@ -250,17 +249,8 @@ class TritonBackend:
         timeout: float,
         metadata: Mapping[str, str] | None = None,
     ) -> Any:
-        """Start a ``ModelStreamInfer`` call carrying one request.
-
-        tritonclient's asyncio ``stream_infer`` refuses the reserved
-        ``triton_enable_empty_final_response`` parameter, so the request is built here and sent
-        on the client's own stub. The client side is half-closed at once; Triton ends the
-        stream after the request's final response.
-        """
-        stub = self._client(url)._client_stub
-        return stub.ModelStreamInfer(
-            iter([request]), timeout=timeout, metadata=tuple((metadata or {}).items()) or None
-        )
+        """Start a ``ModelStreamInfer`` call carrying one request on the client of ``url``."""
+        return open_stream(self._client(url)._client_stub, request, timeout, metadata)
 
     async def _stream(
         self,
@@ -362,105 +352,6 @@ class TritonBackend:
             logger.warning("stopping request %s failed: %s", request_id, exc)
         finally:
             call.cancel()
-
-
-def infer_request(
-    model_name: str,
-    request_id: str,
-    tensors: Sequence[WireTensor],
-    outputs: Sequence[str] | None,
-    *,
-    priority: int = 0,
-) -> service_pb2.ModelInferRequest:
-    """A ``ModelInferRequest`` with raw tensor contents that asks for an empty final response.
-
-    ``priority`` sets Triton's request priority (1 is the highest level) where it is above 0.
-    """
-    message = service_pb2.ModelInferRequest(model_name=model_name, id=request_id)
-    for tensor in tensors:
-        entry = message.inputs.add()
-        entry.name = tensor.name
-        entry.datatype = tensor.datatype
-        entry.shape.extend(tensor.array.shape)
-        message.raw_input_contents.append(tensor.raw_bytes())
-    for name in outputs or ():
-        message.outputs.add().name = name
-    message.parameters["triton_enable_empty_final_response"].bool_param = True
-    if priority > 0:
-        message.parameters["priority"].uint64_param = priority
-    return message
-
-
-def _reply(response: Any, names: Sequence[str]) -> Reply | None:
-    """A stream response as the exchange reads it; ``None`` at the stream's end."""
-    if response is grpc.aio.EOF:
-        return None
-    if response.error_message:
-        return Reply({}, error=response.error_message)
-    infer = response.infer_response
-    final = infer.parameters[_FINAL].bool_param if _FINAL in infer.parameters else None
-    return Reply(_outputs(infer, names), final=final)
-
-
-def _outputs(response: service_pb2.ModelInferResponse, names: Sequence[str]) -> dict[str, Any]:
-    """The wanted outputs as arrays, read straight from the raw contents Triton sends."""
-    raw = response.raw_output_contents
-    if len(raw) != len(response.outputs):
-        result = InferResult(response)
-        arrays = {name: result.as_numpy(name) for name in names}
-        return {name: array for name, array in arrays.items() if array is not None}
-    return {
-        tensor.name: wire_array(tensor.datatype, raw[index], tuple(tensor.shape))
-        for index, tensor in enumerate(response.outputs)
-        if tensor.name in names
-    }
-
-
-class Call(Protocol):
-    """A request on its way to Triton, whichever the transport."""
-
-    async def read(self) -> list[Reply] | None:
-        """The responses that arrived (at least one); ``None`` once the stream ended."""
-        ...
-
-    async def drain(self) -> None:
-        """Read the stream's end after the final response, so the transport closes cleanly."""
-        ...
-
-    def cancel(self) -> None:
-        """End the call; Triton cancels the request if it still runs."""
-        ...
-
-
-class GrpcCall:
-    """A ``ModelStreamInfer`` call, its responses read as replies."""
-
-    def __init__(self, call: Any, outputs: Sequence[str]) -> None:
-        self._call = call
-        self._outputs = outputs
-
-    async def read(self) -> list[Reply] | None:
-        """The next reply (grpcio reads one message at a time); ``None`` at the stream's end."""
-        reply = _reply(await self._call.read(), self._outputs)
-        return None if reply is None else [reply]
-
-    async def drain(self) -> None:
-        """Read to the stream's end."""
-        await _drain(self._call)
-
-    def cancel(self) -> None:
-        """Cancel the gRPC call."""
-        self._call.cancel()
-
-
-async def _drain(call: Any) -> None:
-    """Read the stream's end after the final response so the call closes cleanly."""
-    try:
-        async with asyncio.timeout(_DRAIN_S):
-            while await call.read() is not grpc.aio.EOF:
-                pass
-    except (TimeoutError, grpc.RpcError):
-        call.cancel()
 
 
 def _remaining(deadline: float) -> float:

@@ -65,7 +65,7 @@ def direct_request(
     ``extras`` (of ``DIRECT_EXTRAS``)."""
     import numpy as np
 
-    from adapters.triton.client import infer_request
+    from adapters.triton.grpc_stream import infer_request
     from adapters.triton.tensors import WireTensor
 
     def tensor(name: str, value: Any, datatype: str, dtype: Any) -> WireTensor:

@@ -37,7 +37,7 @@ import grpc  # type: ignore[import-untyped]
 import numpy as np
 import psutil
 
-from adapters.triton.client import infer_request
+from adapters.triton.grpc_stream import infer_request
 from adapters.triton.tensors import WireTensor
 from deploy.sidecar.models import ensure_tiny_model
 from deploy.sidecar.spec import parse_spec

@@ -30,7 +30,7 @@ import msgspec
 import numpy as np
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
-from adapters.triton.client import infer_request
+from adapters.triton.grpc_stream import infer_request
 from adapters.triton.tensors import WireTensor
 from deploy.sidecar.models import ensure_tiny_model
 from deploy.sidecar.spec import parse_spec

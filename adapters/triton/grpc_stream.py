@@ -1,0 +1,133 @@
+"""Triton's gRPC ``ModelStreamInfer``: one request per call, its responses read as replies."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
+
+import grpc  # type: ignore[import-untyped]
+from tritonclient.grpc import InferResult, service_pb2
+
+from adapters.triton.responses import Reply
+from adapters.triton.tensors import WireTensor, wire_array
+
+_FINAL = "triton_final_response"
+_DRAIN_S = 1.0
+
+
+def infer_request(
+    model_name: str,
+    request_id: str,
+    tensors: Sequence[WireTensor],
+    outputs: Sequence[str] | None,
+    *,
+    priority: int = 0,
+) -> service_pb2.ModelInferRequest:
+    """A ``ModelInferRequest`` with raw tensor contents that asks for an empty final response.
+
+    ``priority`` sets Triton's request priority (1 is the highest level) where it is above 0.
+    """
+    message = service_pb2.ModelInferRequest(model_name=model_name, id=request_id)
+    for tensor in tensors:
+        entry = message.inputs.add()
+        entry.name = tensor.name
+        entry.datatype = tensor.datatype
+        entry.shape.extend(tensor.array.shape)
+        message.raw_input_contents.append(tensor.raw_bytes())
+    for name in outputs or ():
+        message.outputs.add().name = name
+    message.parameters["triton_enable_empty_final_response"].bool_param = True
+    if priority > 0:
+        message.parameters["priority"].uint64_param = priority
+    return message
+
+
+def open_stream(
+    stub: Any,
+    request: service_pb2.ModelInferRequest,
+    timeout: float,
+    metadata: Mapping[str, str] | None = None,
+) -> Any:
+    """Start a ``ModelStreamInfer`` call carrying one request on a client's ``stub``.
+
+    tritonclient's asyncio ``stream_infer`` refuses the reserved
+    ``triton_enable_empty_final_response`` parameter, so the request is built here and sent on
+    the client's own stub. The client side is half-closed at once; Triton ends the stream after
+    the request's final response.
+    """
+    return stub.ModelStreamInfer(
+        iter([request]), timeout=timeout, metadata=tuple((metadata or {}).items()) or None
+    )
+
+
+def _reply(response: Any, names: Sequence[str]) -> Reply | None:
+    """A stream response as the exchange reads it; ``None`` at the stream's end."""
+    if response is grpc.aio.EOF:
+        return None
+    if response.error_message:
+        return Reply({}, error=response.error_message)
+    infer = response.infer_response
+    final = infer.parameters[_FINAL].bool_param if _FINAL in infer.parameters else None
+    return Reply(_outputs(infer, names), final=final)
+
+
+def _outputs(response: service_pb2.ModelInferResponse, names: Sequence[str]) -> dict[str, Any]:
+    """The wanted outputs as arrays, read straight from the raw contents Triton sends."""
+    raw = response.raw_output_contents
+    if len(raw) != len(response.outputs):
+        result = InferResult(response)
+        arrays = {name: result.as_numpy(name) for name in names}
+        return {name: array for name, array in arrays.items() if array is not None}
+    return {
+        tensor.name: wire_array(tensor.datatype, raw[index], tuple(tensor.shape))
+        for index, tensor in enumerate(response.outputs)
+        if tensor.name in names
+    }
+
+
+class Call(Protocol):
+    """A request on its way to Triton, whichever the transport."""
+
+    async def read(self) -> list[Reply] | None:
+        """The responses that arrived (at least one); ``None`` once the stream ended."""
+        ...
+
+    async def drain(self) -> None:
+        """Read the stream's end after the final response, so the transport closes cleanly."""
+        ...
+
+    def cancel(self) -> None:
+        """End the call; Triton cancels the request if it still runs."""
+        ...
+
+
+class GrpcCall:
+    """A ``ModelStreamInfer`` call, its responses read as replies."""
+
+    def __init__(self, call: Any, outputs: Sequence[str]) -> None:
+        self._call = call
+        self._outputs = outputs
+
+    async def read(self) -> list[Reply] | None:
+        """The next reply (grpcio reads one message at a time); ``None`` at the stream's end."""
+        reply = _reply(await self._call.read(), self._outputs)
+        return None if reply is None else [reply]
+
+    async def drain(self) -> None:
+        """Read to the stream's end."""
+        await _drain(self._call)
+
+    def cancel(self) -> None:
+        """Cancel the gRPC call."""
+        self._call.cancel()
+
+
+async def _drain(call: Any) -> None:
+    """Read the stream's end after the final response so the call closes cleanly."""
+    try:
+        async with asyncio.timeout(_DRAIN_S):
+            while await call.read() is not grpc.aio.EOF:
+                pass
+    except (TimeoutError, grpc.RpcError):
+        call.cancel()

@@ -1,8 +1,9 @@
 """Images for vision models: ``data:`` URLs and, where a model allows it, fetched http(s) URLs.
 
-``load_image(url, policy)`` returns a ``LoadedImage`` (bytes, format, size, digest, RGB pixels)
-or raises ``ImageError`` with a message for the client; ``check_image_url(url, policy)`` checks
-the image the same way and returns it still encoded (``CheckedImage``).
+``check_image_url(url, policy)`` fetches or unpacks the image, decodes it within the policy's
+limits (in a worker thread) and returns it still encoded (``CheckedImage``: bytes, format,
+size), or raises ``ImageError`` with a message for the client. The model's own preprocessing
+reads the pixels.
 """
 
 from __future__ import annotations
@@ -20,11 +21,9 @@ from gateway.media.addresses import (
 )
 from gateway.media.decode import (
     CheckedImage,
-    LoadedImage,
     MediaType,
     check_image,
     data_url_bytes,
-    decode_image,
 )
 from gateway.media.fetch import fetch_image
 from gateway.media.policy import ImageError, ImagePolicy
@@ -34,32 +33,12 @@ __all__ = [
     "IPAddress",
     "ImageError",
     "ImagePolicy",
-    "LoadedImage",
     "MediaType",
     "Resolver",
     "StaticResolver",
     "check_image_url",
     "is_public",
-    "load_image",
 ]
-
-
-async def load_image(
-    url: str,
-    policy: ImagePolicy,
-    *,
-    resolver: Resolver = system_resolver,
-    transport: httpx.AsyncBaseTransport | None = None,
-) -> LoadedImage:
-    """The image an ``image_url`` names, decoded; ``ImageError`` for anything a client got wrong.
-
-    Decoding runs in a worker thread, so a large image does not stall the event loop.
-    ``resolver`` and ``transport`` replace name resolution and the network in tests.
-    """
-    declared, data = await _image_bytes(url, policy, resolver, transport)
-    return await asyncio.to_thread(
-        decode_image, data, max_pixels=policy.max_pixels, declared=declared
-    )
 
 
 async def check_image_url(
@@ -69,8 +48,9 @@ async def check_image_url(
     resolver: Resolver = system_resolver,
     transport: httpx.AsyncBaseTransport | None = None,
 ) -> CheckedImage:
-    """The image an ``image_url`` names, checked as ``load_image`` checks it (fetched, decoded
-    in a worker thread, within the limits) but kept encoded: no RGB pixels, no digest."""
+    """The image an ``image_url`` names: fetched or unpacked, decoded in a worker thread within
+    the policy's limits, and kept encoded. ``resolver`` and ``transport`` replace name
+    resolution and the network in tests."""
     declared, data = await _image_bytes(url, policy, resolver, transport)
     return await asyncio.to_thread(
         check_image, data, max_pixels=policy.max_pixels, declared=declared

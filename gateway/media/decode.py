@@ -1,11 +1,9 @@
-"""Images from bytes: ``data:`` URLs, format sniffing, limits, and the RGB pixels a model reads.
+"""Images from bytes: ``data:`` URLs, format sniffing, and limits, checked by decoding.
 
 Only PNG, JPEG and WebP are opened (Pillow is told so, so no other decoder ever sees client
 bytes). The pixel count is read from the header and checked before anything is decoded; Pillow's
 own decompression-bomb guard (``Image.MAX_IMAGE_PIXELS``, a process-wide setting) is left as it
-is and its refusal reported like ours. An animated PNG or WebP is read as its first frame. Pixels
-are taken as stored (no EXIF rotation); alpha is composited over white, and palette, grayscale,
-16-bit and CMYK images are converted to 8-bit RGB.
+is and its refusal reported like ours. An animated PNG or WebP is checked by its first frame.
 """
 
 from __future__ import annotations
@@ -13,15 +11,12 @@ from __future__ import annotations
 import base64
 import binascii
 import contextlib
-import hashlib
 import io
 import struct
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Final, Literal, TypeVar
 
-import numpy as np
-import numpy.typing as npt
 from PIL import Image, UnidentifiedImageError
 
 from gateway.media.policy import ImageError, ImagePolicy
@@ -45,33 +40,6 @@ _DECLARED: Final[dict[str, MediaType]] = {
 }
 _UNREADABLE: Final = (OSError, SyntaxError, ValueError, EOFError, IndexError, struct.error)
 """What Pillow raises on corrupt or truncated data."""
-
-
-@dataclass(frozen=True)
-class LoadedImage:
-    """A decoded image: its bytes as received and its pixels as 8-bit RGB."""
-
-    data: bytes = field(repr=False)
-    """The encoded image, as the client sent it or the server answered it."""
-    media_type: MediaType
-    """The format the decoder found (a declared or served type is not trusted)."""
-    width: int
-    height: int
-    digest: str
-    """SHA-256 (hex) of width, height and RGB pixels: one picture, one digest, any encoding."""
-    pixels: bytes = field(default=b"", repr=False, compare=False)
-    """The RGB pixels, row by row; empty when built by hand (``rgb()`` decodes ``data`` then)."""
-
-    def rgb(self) -> npt.NDArray[np.uint8]:
-        """The pixels as a read-only ``uint8`` array of shape ``[height, width, 3]``."""
-        pixels = self.pixels or decode_image(self.data, max_pixels=self.width * self.height).pixels
-        return np.frombuffer(pixels, dtype=np.uint8).reshape(self.height, self.width, 3)
-
-
-def decode_data_url(url: str, policy: ImagePolicy) -> LoadedImage:
-    """The image in ``data:image/<png|jpeg|webp>;base64,<data>``, checked against the policy."""
-    declared, data = data_url_bytes(url, policy)
-    return decode_image(data, max_pixels=policy.max_pixels, declared=declared)
 
 
 def data_url_bytes(url: str, policy: ImagePolicy) -> tuple[MediaType, bytes]:
@@ -132,31 +100,10 @@ def check_image(
     max_pixels: int = ImagePolicy.max_pixels,
     declared: MediaType | None = None,
 ) -> CheckedImage:
-    """PNG, JPEG or WebP bytes checked as ``decode_image`` checks them (format and size from
-    the header, then the whole image decoded), without converting or hashing the pixels."""
+    """PNG, JPEG or WebP bytes checked: format and size from the header, then the whole image
+    decoded, so that what reaches the model decodes there too."""
     with _decoded(data, max_pixels, declared) as (media_type, width, height, _image):
         return CheckedImage(data=data, media_type=media_type, width=width, height=height)
-
-
-def decode_image(
-    data: bytes,
-    *,
-    max_pixels: int = ImagePolicy.max_pixels,
-    declared: MediaType | None = None,
-) -> LoadedImage:
-    """Decode PNG, JPEG or WebP bytes after checking their format and size from the header."""
-    with _decoded(data, max_pixels, declared) as (media_type, width, height, image):
-        pixels = _unreadable_as_errors(lambda: _rgb(image).tobytes(), max_pixels)
-    if len(pixels) != width * height * 3:
-        raise ImageError("the image could not be decoded (its pixels do not match its size)")
-    return LoadedImage(
-        data=data,
-        media_type=media_type,
-        width=width,
-        height=height,
-        digest=pixel_digest(width, height, pixels),
-        pixels=pixels,
-    )
 
 
 @contextlib.contextmanager
@@ -215,24 +162,3 @@ def _inspect(
             )
         probe.verify()
     return media_type, width, height
-
-
-def _rgb(image: Image.Image) -> Image.Image:
-    if image.mode == "RGB":
-        return image
-    if image.mode in ("I", "I;16", "I;16B", "I;16L", "I;16N"):
-        # 16-bit grayscale: keep its high byte rather than clipping everything above 255.
-        wide = np.asarray(image, dtype=np.uint32)
-        return Image.fromarray((wide >> 8).astype(np.uint8)).convert("RGB")
-    if image.mode in ("RGBA", "LA", "PA", "La", "RGBa") or "transparency" in image.info:
-        rgba = image.convert("RGBA")
-        white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
-        return Image.alpha_composite(white, rgba).convert("RGB")
-    return image.convert("RGB")
-
-
-def pixel_digest(width: int, height: int, pixels: bytes) -> str:
-    """SHA-256 (hex) over the size (two big-endian 32-bit integers) and the RGB pixels."""
-    digest = hashlib.sha256(struct.pack(">II", width, height))
-    digest.update(pixels)
-    return digest.hexdigest()

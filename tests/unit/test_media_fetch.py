@@ -13,7 +13,7 @@ from collections.abc import Callable
 import httpx
 import pytest
 
-from gateway.media import ImageError, ImagePolicy, IPAddress, StaticResolver, load_image
+from gateway.media import ImageError, ImagePolicy, IPAddress, StaticResolver, check_image_url
 from tests.support.images import encode, picture
 
 PNG = encode(picture(), "PNG")
@@ -47,7 +47,7 @@ def image(request: httpx.Request) -> httpx.Response:
 
 
 async def fetch(url: str, network: Network, policy: ImagePolicy = FETCH) -> bytes:
-    return (await load_image(url, policy, resolver=HOSTS, transport=network.transport)).data
+    return (await check_image_url(url, policy, resolver=HOSTS, transport=network.transport)).data
 
 
 async def test_the_request_goes_to_the_vetted_address_with_the_hosts_name() -> None:
@@ -167,7 +167,7 @@ async def test_each_hop_resolves_its_host_once() -> None:
         return [ipaddress.ip_address(a) for a in next(answers)]
 
     network = Network(image)
-    loaded = await load_image(
+    loaded = await check_image_url(
         "http://images.test/a.png", FETCH, resolver=rebinding, transport=network.transport
     )
     assert loaded.data == PNG
@@ -218,7 +218,7 @@ async def test_the_served_content_type_is_not_trusted() -> None:
     def respond(request: httpx.Request) -> httpx.Response:
         return httpx.Response(200, content=PNG, headers={"Content-Type": "text/html"})
 
-    loaded = await load_image(
+    loaded = await check_image_url(
         "http://images.test/a", FETCH, resolver=HOSTS, transport=Network(respond).transport
     )
     assert loaded.media_type == "image/png"

@@ -179,6 +179,7 @@ def create_app(
             settings.observability.metrics.port,
             "observability.metrics.port",
             shared=worker is not None,
+            keep_alive_s=settings.server.keep_alive_s,
         )
 
     @asynccontextmanager

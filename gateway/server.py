@@ -167,11 +167,20 @@ class SideListener:
     """An ASGI app on a port of its own, served in the running event loop beside the API."""
 
     def __init__(
-        self, app: ASGIApp, host: str, port: int, what: str, *, shared: bool = False
+        self,
+        app: ASGIApp,
+        host: str,
+        port: int,
+        what: str,
+        *,
+        shared: bool = False,
+        keep_alive_s: int = 75,
     ) -> None:
         self._app, self._host, self._port, self._what = app, host, port, what
         self._shared = shared
         """Several worker processes listen on the port together."""
+        self._keep_alive_s = keep_alive_s
+        """How long an idle connection stays open, as on the API's port."""
         self._server: _BesideServer | None = None
         self._task: asyncio.Task[None] | None = None
 
@@ -187,7 +196,13 @@ class SideListener:
             raise SettingsError(
                 f"{self._what}: cannot listen on {self._host}:{self._port}: {exc.strerror}"
             ) from exc
-        config = uvicorn.Config(self._app, lifespan="off", log_config=None, access_log=False)
+        config = uvicorn.Config(
+            self._app,
+            lifespan="off",
+            log_config=None,
+            access_log=False,
+            timeout_keep_alive=self._keep_alive_s,
+        )
         self._server = server = _BesideServer(config)
         self._task = asyncio.create_task(server.serve(sockets=[sock]))
         while not server.started and not self._task.done():

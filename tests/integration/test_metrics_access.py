@@ -96,7 +96,9 @@ def on_their_own_port(sidecar: Sidecar, tiny_model_dir: Path) -> Iterator[tuple[
     port = free_port()
     with socket.socket() as held:  # so that the API does not pick the same free port
         held.bind(("127.0.0.1", port))
-        live = LiveGateway(_settings(sidecar, tiny_model_dir, MetricsSettings(port=port)))
+        settings = _settings(sidecar, tiny_model_dir, MetricsSettings(port=port))
+        server = msgspec.structs.replace(settings.server, keep_alive_s=1)
+        live = LiveGateway(msgspec.structs.replace(settings, server=server))
     yield live.start().url, f"http://127.0.0.1:{port}"
     live.stop()
 
@@ -119,6 +121,19 @@ def test_metrics_on_their_own_port_and_not_on_the_api_port(
     assert unknown.status_code == 404 and unknown.json()["error"]["param"] == "name"
     for path in ("/v1/models", "/admin/tenants", "/health/ready"):
         assert httpx.get(f"{metrics}{path}").status_code == 404
+
+
+def test_the_metrics_port_keeps_idle_connections_as_long_as_the_api_port(
+    on_their_own_port: tuple[str, str],
+) -> None:
+    """``server.keep_alive_s`` (1 s here) holds on the metrics port too, not uvicorn's 5 s."""
+    port = int(on_their_own_port[1].rsplit(":", 1)[1])
+    with socket.create_connection(("127.0.0.1", port), timeout=3.0) as conn:
+        conn.sendall(b"GET /metrics HTTP/1.1\r\nHost: metrics\r\n\r\n")
+        received = b""
+        while chunk := conn.recv(65536):  # the server closes it once idle: EOF, not a timeout
+            received += chunk
+    assert received.startswith(b"HTTP/1.1 200")
 
 
 def test_a_metrics_port_already_taken_stops_the_start(

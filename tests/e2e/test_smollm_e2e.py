@@ -13,7 +13,6 @@ import pytest
 
 from gateway.cli import DEMO_MODEL, demo_settings
 from tests.support.gateway import LiveGateway
-from tests.support.sidecars import QUICK_STOP
 
 pytestmark = [pytest.mark.slow, pytest.mark.smollm]
 
@@ -161,12 +160,7 @@ def test_smollm2_with_a_lora_adapter_through_triton_gateway_serve(
     assert expected["smollm2"] != expected["smol-lora"]
     engine = {"kind": "torch", "model_dir": str(model_dir), "max_seq_len": 512}
     config = {
-        "sidecars": {
-            "inline": {
-                "models": [{"name": "smol", "engine": engine}],
-                "sidecars": [{"name": "smol", **QUICK_STOP}],
-            }
-        },
+        "sidecars": {"inline": {"models": [{"name": "smol", "engine": engine}]}},
         "models": [
             {
                 "name": "smollm2",

@@ -15,7 +15,6 @@ from gateway.settings import LimitSettings, ModelSettings, Settings, SidecarSett
 from gateway.tenancy import TenancySettings
 from tests.support.gateway import LiveGateway
 from tests.support.replicas import served
-from tests.support.sidecars import QUICK_STOP
 
 pytestmark = pytest.mark.slow
 ENGINE = "lt_tensorrt_llm"
@@ -35,8 +34,8 @@ def gateway(
             }
         ],
         "sidecars": [
-            {"name": "gpu0", "extra_args": only_engine, **QUICK_STOP},
-            {"name": "gpu1", "extra_args": only_engine, **QUICK_STOP},
+            {"name": "gpu0", "extra_args": only_engine},
+            {"name": "gpu1", "extra_args": only_engine},
         ],
     }
     settings = Settings(

@@ -173,8 +173,8 @@ class SideListener:
         port: int,
         what: str,
         *,
+        keep_alive_s: int,
         shared: bool = False,
-        keep_alive_s: int = 75,
     ) -> None:
         self._app, self._host, self._port, self._what = app, host, port, what
         self._shared = shared

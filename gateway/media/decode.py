@@ -10,18 +10,15 @@ from __future__ import annotations
 
 import base64
 import binascii
-import contextlib
 import io
 import struct
-from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Final, Literal, TypeVar
+from typing import Final, Literal
 
 from PIL import Image, UnidentifiedImageError
 
 from gateway.media.policy import ImageError, ImagePolicy
 
-T = TypeVar("T")
 MediaType = Literal["image/png", "image/jpeg", "image/webp"]
 
 FORMATS: Final = ("PNG", "JPEG", "WEBP")
@@ -102,37 +99,12 @@ def check_image(
 ) -> CheckedImage:
     """PNG, JPEG or WebP bytes checked: format and size from the header, then the whole image
     decoded, so that what reaches the model decodes there too."""
-    with _decoded(data, max_pixels, declared) as (media_type, width, height, _image):
-        return CheckedImage(data=data, media_type=media_type, width=width, height=height)
-
-
-@contextlib.contextmanager
-def _decoded(
-    data: bytes, max_pixels: int, declared: MediaType | None
-) -> Iterator[tuple[MediaType, int, int, Image.Image]]:
-    """The image's format and size, and the image itself decoded (open while in use)."""
     if not data:
         raise ImageError("the image is empty")
-
-    def open_loaded() -> tuple[MediaType, int, int, Image.Image]:
-        media_type, width, height = _inspect(data, max_pixels, declared)
-        image = Image.open(io.BytesIO(data), formats=FORMATS)
-        try:
-            image.load()
-        except BaseException:
-            image.close()
-            raise
-        return media_type, width, height, image
-
-    media_type, width, height, image = _unreadable_as_errors(open_loaded, max_pixels)
-    with image:
-        yield media_type, width, height, image
-
-
-def _unreadable_as_errors(work: Callable[[], T], max_pixels: int) -> T:
-    """``work()``, with what Pillow raises on a bad image turned into ``ImageError``."""
     try:
-        return work()
+        media_type, width, height = _inspect(data, max_pixels, declared)
+        with Image.open(io.BytesIO(data), formats=FORMATS) as image:
+            image.load()
     except ImageError:
         raise
     except (Image.DecompressionBombError, Image.DecompressionBombWarning):
@@ -141,6 +113,7 @@ def _unreadable_as_errors(work: Callable[[], T], max_pixels: int) -> T:
         raise ImageError("the image is not a PNG, JPEG or WebP image") from None
     except _UNREADABLE as error:
         raise ImageError(f"the image could not be decoded ({error})") from None
+    return CheckedImage(data=data, media_type=media_type, width=width, height=height)
 
 
 def _inspect(

@@ -83,6 +83,11 @@ def collector() -> Iterator[str]:
 
 
 DRAINED_TOKENS = 1200
+SPAN_QUEUE = (
+    "bsp_max_queue_size=262144",
+    "bsp_max_export_batch_size=4096",
+    "bsp_schedule_delay=500",
+)
 
 
 def _config(model_dir: Path, collector: str, **limits: float) -> dict[str, Any]:
@@ -91,6 +96,8 @@ def _config(model_dir: Path, collector: str, **limits: float) -> dict[str, Any]:
         "--trace-config=rate=1",
         "--trace-config=level=TIMESTAMPS",
         f"--trace-config=opentelemetry,url={collector}",
+        # Every streamed chunk through the ensemble adds spans: a queue that holds them all.
+        *(f"--trace-config=opentelemetry,{setting}" for setting in SPAN_QUEUE),
     ]
     engine = {"kind": "torch", "model_dir": str(model_dir), "max_batch_size": 32}
     spec = {
@@ -326,6 +333,7 @@ async def test_sigterm_drains_sixteen_streams(gateway: tuple[str, Any, Path]) ->
     assert not [pid for pid in children if _alive(pid)], "a sidecar process outlived the gateway"
     # The sidecar unloaded its models in time and no Python stub crashed on its way out.
     sidecar_log = (log.parent / "sidecars" / "ops.log").read_text(errors="replace")
+    assert "dropping span" not in sidecar_log
     assert "successfully unloaded 'ops_tensorrt_llm'" in sidecar_log
     assert "Segfault" not in sidecar_log
     assert "ignored SIGTERM" not in log.read_text()

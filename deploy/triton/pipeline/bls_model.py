@@ -17,6 +17,7 @@ import triton_python_backend_utils as pb_utils
 from deploy.triton import params
 from deploy.triton.pipeline import bls_logic as bl
 from deploy.triton.pipeline import tokenization as tk
+from deploy.triton.pipeline.bls_calls import FinishedCalls, stream
 
 logger = logging.getLogger(__name__)
 
@@ -58,10 +59,11 @@ class _Job:
         self._final_guard = threading.Lock()
         self._final_sent = False
 
-    def poll_cancelled(self) -> bool:
-        """Whether the client cancelled; never asks Triton once the final flag is out."""
+    def poll_cancelled(self) -> bool | None:
+        """Whether the client cancelled; None where Triton was not asked (the final flag is
+        out) or could not answer."""
         with self._final_guard:
-            return not self._final_sent and _is_cancelled(self.request)
+            return None if self._final_sent else _is_cancelled(self.request)
 
     def send_final(self, sender: Any, response: Any = None) -> None:
         """Send the final flag (with the last response, if given); no polling after it."""
@@ -130,6 +132,7 @@ class TritonPythonModel:
         self.stoppers = ThreadPoolExecutor(max_workers=2, thread_name_prefix="bls-stop")
         self.jobs: dict[str, _Job] = {}
         self.jobs_lock = threading.Lock()
+        self.finished = FinishedCalls()
         self.closing = threading.Event()
         self.watcher = threading.Thread(target=self._watch, name="bls-cancel", daemon=True)
         self.watcher.start()
@@ -185,12 +188,23 @@ class TritonPythonModel:
             logger.exception("could not send the response of %s", job.inner_id)
 
     def _watch(self) -> None:
+        """Poll every job for cancellation; a question answered "no" went through the stub's
+        queue, so the engine calls finished before it are let go (see ``bls_calls``)."""
         while not self.closing.wait(self.poll_s):
             with self.jobs_lock:
                 jobs = list(self.jobs.values())
+            checkpoint = self.finished.checkpoint()
+            asked = False
             for job in jobs:
-                if not job.cancelled and job.poll_cancelled() and job.cancel():
+                if job.cancelled:
+                    continue
+                # A "yes" may be the stub's cached answer; a "no" was asked this time.
+                cancelled = job.poll_cancelled()
+                asked = asked or cancelled is False
+                if cancelled and job.cancel():
                     self.stoppers.submit(self._stop_engine, job)
+            if asked:
+                self.finished.release(checkpoint)
 
     def _stop_engine(self, job: _Job) -> None:
         """Send the engine a stop request under the inner request id; it answers with a final."""
@@ -204,7 +218,7 @@ class TritonPythonModel:
         }
         try:
             request = self._request(self.engine, inputs, list(bl.ENGINE_ALWAYS), job.inner_id)
-            for response in _responses(request, decoupled=self.decoupled):
+            for response in self._responses(request):
                 if response.has_error():
                     logger.warning("stop request failed: %s", response.error().message())
         except Exception:
@@ -267,7 +281,7 @@ class TritonPythonModel:
             self._stop_engine(job)
 
     def _engine_outputs(self, request: Any) -> Iterator[Outputs]:
-        for response in _responses(request, decoupled=self.decoupled):
+        for response in self._responses(request):
             if response.has_error():
                 raise EngineStepError(self.engine, response.error().message())
             outputs = _as_arrays(response)
@@ -322,6 +336,12 @@ class TritonPythonModel:
         outputs = self._call(self.postprocessing, inputs, ["OUTPUT"])
         return [tk.as_text(text) for text in outputs["OUTPUT"].reshape(-1)]
 
+    def _responses(self, request: Any) -> Iterator[Any]:
+        if self.decoupled:
+            yield from stream(request, self.finished)
+        else:
+            yield request.exec()
+
     def _call(self, model: str, inputs: dict[str, Any], outputs: list[str]) -> Outputs:
         response = self._request(model, inputs, outputs, "").exec()
         if response.has_error():
@@ -339,19 +359,12 @@ class TritonPythonModel:
         )
 
 
-def _responses(request: Any, *, decoupled: bool) -> Iterator[Any]:
-    if decoupled:
-        yield from request.exec(decoupled=True)
-    else:
-        yield request.exec()
-
-
-def _is_cancelled(request: Any) -> bool:
+def _is_cancelled(request: Any) -> bool | None:
     try:
         return bool(request.is_cancelled())
     except Exception:
         logger.debug("cancellation check failed", exc_info=True)
-        return False
+        return None
 
 
 def _as_arrays(response: Any) -> Outputs:

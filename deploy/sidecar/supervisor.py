@@ -31,6 +31,7 @@ from deploy.sidecar.tritonbin import (
     orchestrator_env,
     parse_gpu_ids,
 )
+from deploy.triton.params import GRPC_URL_ENV, local_grpc_url
 
 logger = logging.getLogger(__name__)
 SHM_DIR = Path("/dev/shm")
@@ -86,6 +87,7 @@ class Sidecar:
         self.log_path = log_path or self.repository.parent / f"{name}.log"
         self.restarts = 0
         self._env = {**binary.env, **(orchestrator_env() if orchestrator_gpus is not None else {})}
+        self._env[GRPC_URL_ENV] = local_grpc_url(host, self.grpc_port)
         self._env.update(env or {})
         self._args = ServerArgs(
             repository=self.repository,

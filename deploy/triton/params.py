@@ -30,3 +30,15 @@ def flag(value: str | None, *, default: bool, name: str = "parameter") -> bool:
     if lowered in FALSE_WORDS:
         return False
     raise ValueError(f"parameter {name} must be true or false, got {value!r}")
+
+
+# The server's own gRPC address, which our sidecars give the models they start (the BLS streams
+# its engine calls through it).
+GRPC_URL_ENV = "TRITON_GATEWAY_GRPC_URL"
+
+
+def local_grpc_url(host: str, port: int) -> str:
+    """The address a model inside a server listening on ``host``:``port`` reaches it by."""
+    if host in ("", "0.0.0.0", "::", "[::]"):
+        host = "127.0.0.1"
+    return f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"

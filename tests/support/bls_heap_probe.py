@@ -4,9 +4,9 @@ place of ``tensorrt_llm_bls/1/model.py``.
 Every array the BLS takes out of an inner model's response gets a weak-reference callback. An
 array released on one of the stub's own C++ threads, which hold no GIL and have no Python
 thread state, runs that callback there and the stub dies at once, instead of at some later
-allocation. A thread floods the stub's log queue, the queue its stub-to-parent thread works
-through, so that the stub erases ended calls late, after the model has dropped them, as it does
-under load. Every second the probe logs how many arrays went, by thread.
+allocation. A thread floods the stub's log queue, which its stub-to-parent thread works
+through, and competes for the GIL, as load does. Every second the probe logs how many arrays
+went, by thread.
 """
 
 from __future__ import annotations

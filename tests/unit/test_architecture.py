@@ -1,5 +1,6 @@
-"""Import arrows: gateway -> adapters -> tritonclient (one module); deploy stands alone, and the
-gateway reaches into it only through its sidecar side. No import cycles anywhere.
+"""Import arrows: gateway -> adapters -> tritonclient (the adapter's gRPC side); deploy stands
+alone, its BLS streaming engine calls through one tritonclient module of its own, and the gateway
+reaches into it only through its sidecar side. No import cycles anywhere.
 
 Every import counts, at any depth: inside functions and under ``TYPE_CHECKING`` too.
 """
@@ -16,8 +17,13 @@ from tests.support import REPO
 
 ROOT = REPO
 PACKAGES = ("gateway", "adapters", "deploy")
-TRITONCLIENT_HOMES = ("adapters/triton/client.py", "adapters/triton/grpc_stream.py")
-"""The Triton adapter's gRPC side, the only modules that use tritonclient."""
+TRITONCLIENT_HOMES = (
+    "adapters/triton/client.py",
+    "adapters/triton/grpc_stream.py",
+    "deploy/triton/pipeline/engine_client.py",
+)
+"""The only modules that use tritonclient: the Triton adapter's gRPC side, and the BLS's calls
+back into its own server."""
 FORBIDDEN = {
     "deploy": ("gateway", "adapters"),
     "adapters": ("gateway", "deploy"),

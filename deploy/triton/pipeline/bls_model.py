@@ -17,7 +17,7 @@ import triton_python_backend_utils as pb_utils
 from deploy.triton import params
 from deploy.triton.pipeline import bls_logic as bl
 from deploy.triton.pipeline import tokenization as tk
-from deploy.triton.pipeline.bls_calls import FinishedCalls, stream
+from deploy.triton.pipeline.engine_client import EngineCallError, EngineClient, engine_url
 
 logger = logging.getLogger(__name__)
 
@@ -101,8 +101,9 @@ class TritonPythonModel:
 
     Each request runs on a worker thread, so one instance serves many requests at once (the
     stock BLS blocks an instance per request); a non-decoupled request gets its one response
-    through its response sender (Triton 24.06+). A watcher thread polls `is_cancelled()` and
-    forwards cancellation to the engine as a stop request.
+    through its response sender (Triton 24.06+). Decoupled, the engine is streamed over the
+    server's own gRPC endpoint (``engine_client`` says why). A watcher thread polls
+    `is_cancelled()` and forwards cancellation to the engine as a stop request.
     """
 
     def initialize(self, args: dict[str, str]) -> None:
@@ -132,7 +133,11 @@ class TritonPythonModel:
         self.stoppers = ThreadPoolExecutor(max_workers=2, thread_name_prefix="bls-stop")
         self.jobs: dict[str, _Job] = {}
         self.jobs_lock = threading.Lock()
-        self.finished = FinishedCalls()
+        self.engine_client = (
+            EngineClient(engine_url(params.parameter(config, "engine_grpc_url")), self.engine)
+            if self.decoupled
+            else None
+        )
         self.closing = threading.Event()
         self.watcher = threading.Thread(target=self._watch, name="bls-cancel", daemon=True)
         self.watcher.start()
@@ -155,6 +160,8 @@ class TritonPythonModel:
         self.workers.shutdown(wait=False, cancel_futures=True)
         self.stoppers.shutdown(wait=False, cancel_futures=True)
         self.watcher.join(timeout=5)
+        if self.engine_client is not None:
+            self.engine_client.close()
 
     def _serve_stream(self, job: _Job, sender: Any) -> None:
         try:
@@ -188,23 +195,13 @@ class TritonPythonModel:
             logger.exception("could not send the response of %s", job.inner_id)
 
     def _watch(self) -> None:
-        """Poll every job for cancellation; a question answered "no" went through the stub's
-        queue, so the engine calls finished before it are let go (see ``bls_calls``)."""
+        """Poll every job for cancellation; a cancelled one has its engine request stopped."""
         while not self.closing.wait(self.poll_s):
             with self.jobs_lock:
                 jobs = list(self.jobs.values())
-            checkpoint = self.finished.checkpoint()
-            asked = False
             for job in jobs:
-                if job.cancelled:
-                    continue
-                # A "yes" may be the stub's cached answer; a "no" was asked this time.
-                cancelled = job.poll_cancelled()
-                asked = asked or cancelled is False
-                if cancelled and job.cancel():
+                if not job.cancelled and job.poll_cancelled() and job.cancel():
                     self.stoppers.submit(self._stop_engine, job)
-            if asked:
-                self.finished.release(checkpoint)
 
     def _stop_engine(self, job: _Job) -> None:
         """Send the engine a stop request under the inner request id; it answers with a final."""
@@ -217,10 +214,10 @@ class TritonPythonModel:
             "stop": np.ones((1, 1), np.bool_),
         }
         try:
-            request = self._request(self.engine, inputs, list(bl.ENGINE_ALWAYS), job.inner_id)
-            for response in self._responses(request):
-                if response.has_error():
-                    logger.warning("stop request failed: %s", response.error().message())
+            for _ in self._engine_outputs(inputs, list(bl.ENGINE_ALWAYS), job.inner_id):
+                pass
+        except StepError as exc:
+            logger.warning("stop request failed: %s", exc)
         except Exception:
             logger.exception("stop request for %s failed", job.inner_id)
 
@@ -237,14 +234,12 @@ class TritonPythonModel:
         if encoder_inputs is not None and self.encoder:
             encoded = self._call(self.encoder, encoder_inputs, list(bl.ENCODER_TO_ENGINE))
             engine_inputs = bl.with_prompt_table(engine_inputs, encoded)
-        engine_request = self._request(
-            self.engine, engine_inputs, bl.engine_outputs(requested), job.inner_id
-        )
         if not job.start_engine():
             return
         texts: dict[int, bl.SequenceText] = {}
         try:
-            for outputs in self._engine_outputs(engine_request):
+            wanted = bl.engine_outputs(requested)
+            for outputs in self._engine_outputs(engine_inputs, wanted, job.inner_id):
                 if not job.cancelled:
                     yield from self._chunk(job, plan, texts, outputs, requested, input_ids)
         except EngineStepError:
@@ -280,13 +275,24 @@ class TritonPythonModel:
         if plan.streaming and sequence.stopped and _all_stopped(texts, plan.num_sequences):
             self._stop_engine(job)
 
-    def _engine_outputs(self, request: Any) -> Iterator[Outputs]:
-        for response in self._responses(request):
+    def _engine_outputs(
+        self, inputs: dict[str, Any], outputs: list[str], request_id: str
+    ) -> Iterator[Outputs]:
+        """The engine's responses that carry tokens: streamed over gRPC where this model is
+        decoupled, else the one response of an in-process call."""
+        if self.engine_client is None:
+            response = self._request(self.engine, inputs, outputs, request_id).exec()
             if response.has_error():
                 raise EngineStepError(self.engine, response.error().message())
-            outputs = _as_arrays(response)
-            if "output_ids" in outputs:
-                yield outputs
+            streamed = iter([_as_arrays(response)])
+        else:
+            streamed = self.engine_client.stream(inputs, outputs, request_id)
+        try:
+            for arrays in streamed:
+                if "output_ids" in arrays:
+                    yield arrays
+        except EngineCallError as exc:
+            raise EngineStepError(self.engine, str(exc)) from None
 
     def _stream_text(self, sequence: bl.SequenceText, outputs: Outputs) -> str:
         ((ids,),) = tk.sequence_ids(outputs["output_ids"], outputs["sequence_length"])
@@ -335,12 +341,6 @@ class TritonPythonModel:
         inputs = {"TOKENS_BATCH": tokens, "SEQUENCE_LENGTH": lengths, **self.postprocessing_extra}
         outputs = self._call(self.postprocessing, inputs, ["OUTPUT"])
         return [tk.as_text(text) for text in outputs["OUTPUT"].reshape(-1)]
-
-    def _responses(self, request: Any) -> Iterator[Any]:
-        if self.decoupled:
-            yield from stream(request, self.finished)
-        else:
-            yield request.exec()
 
     def _call(self, model: str, inputs: dict[str, Any], outputs: list[str]) -> Outputs:
         response = self._request(model, inputs, outputs, "").exec()

@@ -1,11 +1,12 @@
-"""Our BLS under load never lets the Python backend's stub free a response off a Python thread.
+"""Our BLS under load: every stream ends, and no response is freed off a Python thread.
 
-The stub erases each ended decoupled BLS call from its own map on a thread without the GIL;
-where that erase is the last reference, the call's arrays are freed there and the stub's heap
-is corrupted (`deploy/triton/pipeline/bls_calls.py`). The BLS here runs with a probe
-(`tests/support/bls_heap_probe.py`) that makes such a free kill the stub at once and that
-delays the stub's erases as load does: without the BLS holding ended calls until a later
-cancellation check, the stub dies within seconds of this test's load.
+Two ways the Python backend's stub used to lose our BLS, many requests per instance, each on
+its own thread. A decoupled BLS call could deadlock the stub (``engine_client`` says how), so
+the engine is streamed over gRPC. And the stub freed ended decoupled calls' arrays on a thread
+without the GIL, which corrupted its heap. The BLS here runs with a probe
+(`tests/support/bls_heap_probe.py`) that makes a free off a Python thread kill the stub at once
+and that keeps the stub's threads and the GIL busy, as load does; with decoupled engine calls
+the stub hangs or dies within seconds of this test's load.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ pytestmark = pytest.mark.slow
 MODEL = "probe_tensorrt_llm_bls"
 CLIENTS = 24
 LOAD_S = 6.0
+STALL_S = 20
 _REPORT = re.compile(r"probe: arrays freed (\d+)")
 # Read as a file, not imported: it imports the Python backend's utilities.
 PROBE = importlib.util.find_spec("tests.support.bls_heap_probe").origin  # type: ignore[union-attr]
@@ -66,8 +68,11 @@ def _stream(server: Sidecar, index: int) -> list[dict[str, object]]:
         data=body.encode(),
         headers={"Content-Type": "application/json"},
     )
-    with urllib.request.urlopen(request, timeout=20) as response:
-        text = response.read().decode()
+    try:
+        with urllib.request.urlopen(request, timeout=STALL_S) as response:
+            text = response.read().decode()
+    except TimeoutError:
+        pytest.fail(f"a stream got nothing for {STALL_S} s, the BLS hangs:\n{server.log_tail()}")
     return [json.loads(line[6:]) for line in text.splitlines() if line.startswith("data: ")]
 
 
@@ -86,7 +91,7 @@ def _freed(server: Sidecar) -> int:
     return int(reports[-1]) if reports else 0
 
 
-def test_concurrent_streams_leave_the_stub_alive(probed: Sidecar) -> None:
+def test_concurrent_streams_all_end_and_leave_the_stub_alive(probed: Sidecar) -> None:
     until = time.monotonic() + LOAD_S
     with ThreadPoolExecutor(CLIENTS) as pool:
         counts = list(pool.map(lambda i: _client(probed, i * 10_000, until), range(CLIENTS)))

@@ -28,7 +28,7 @@ from adapters.triton.beams import beam_inputs, beam_width_named
 from adapters.triton.config import ModelInputs, parse_model_config
 from adapters.triton.errors import classify
 from adapters.triton.grpc_stream import Call, GrpcCall, infer_request, open_stream
-from adapters.triton.http import HttpError, HttpPool, carries, generate_body
+from adapters.triton.http import HttpError, HttpStreams, carries, generate_body
 from adapters.triton.responses import Exchange
 from adapters.triton.tensors import WireTensor, build_inputs, stop_request_inputs
 
@@ -111,7 +111,7 @@ class TritonBackend:
             channel_args = reconnecting_channel_args(max_reconnect_backoff_s)
         self._channel_args = list(channel_args) if channel_args is not None else None
         self._clients: dict[str, triton_aio.InferenceServerClient] = {}
-        self._http = HttpPool()
+        self._http = HttpStreams()
         self._models: dict[tuple[str, str], ModelInputs] = {}
         self._lora_sent: set[tuple[str, str, int]] = set()
         self._background: set[asyncio.Task[None]] = set()
@@ -213,9 +213,10 @@ class TritonBackend:
             self._lora_sent.add(lora_key)
             return
 
-    def idle_http_connections(self, target: ModelTarget) -> int:
-        """Kept-alive HTTP connections to the target's Triton (streams went over HTTP)."""
-        return self._http.idle(target.http_url) if target.http_url else 0
+    @property
+    def open_http_connections(self) -> int:
+        """HTTP connections of streams still running (each stream has its own)."""
+        return self._http.open_connections
 
     async def close(self) -> None:
         """Finish pending stop requests and close every channel."""

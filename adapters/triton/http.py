@@ -1,11 +1,16 @@
 """Triton's HTTP ``generate_stream`` as a transport: one request, its responses as server-sent
-events, on kept-alive connections.
+events, on a connection of its own.
 
 Measured against grpcio's asyncio client (``tests/benchmarks/transports.py``) it costs the
 calling process about a third of the CPU per streamed token and per request, and Triton streams
 faster over it. Closing the connection cancels the request in Triton (the engine sees
-``is_cancelled``), so an abandoned call never reuses its connection. What JSON cannot carry
-(LoRA weights in 16-bit floats) goes over gRPC instead.
+``is_cancelled``). What JSON cannot carry (LoRA weights in 16-bit floats) goes over gRPC instead.
+
+Connections are not kept alive from one request to the next. With kept-alive connections,
+Triton 2.51's HTTP frontend now and then never wrote the rest of a ``generate_stream`` request
+that arrived on a connection that had served one before: the engine had sent every response and
+its final one, and the stream waited until its deadline (one run in three of sixteen 256-token
+streams on two cores; none in thirty such runs with a connection per request).
 """
 
 from __future__ import annotations
@@ -86,16 +91,16 @@ def reply_of(event: bytes) -> Reply:
 
 
 class HttpCall:
-    """One ``generate_stream`` request on a connection of the pool.
+    """One ``generate_stream`` request on a connection of its own.
 
     ``read`` gives every reply that has arrived, at least one: when the caller fell behind (its
     client reads slowly), the replies waiting are handed over together and become one chunk,
     while a reply that could be passed on now is never held back.
     """
 
-    def __init__(self, pool: HttpPool, url: str, path: str, body: bytes,
+    def __init__(self, streams: HttpStreams, url: str, path: str, body: bytes,
                  headers: Mapping[str, str], deadline: float | None) -> None:  # fmt: skip
-        self._pool = pool
+        self._streams = streams
         self._url = url
         self._deadline = deadline
         """Loop time after which waiting for Triton raises ``TimeoutError``."""
@@ -105,20 +110,18 @@ class HttpCall:
 
     async def read(self) -> list[Reply] | None:
         """The replies that arrived (at least one); ``None`` once the stream ended, its
-        connection back in the pool."""
+        connection closed."""
         while True:
             events = self._frames.take()
             if events:
                 return [reply_of(event) for event in events]
             if self._frames.ended:
-                if self._connection is not None:
-                    self._pool.give_back(self._url, self._connection)
-                    self._connection = None
+                self.cancel()
                 return None
             await self._receive()
 
     async def drain(self) -> None:
-        """Read to the stream's end, so the connection can serve another request."""
+        """Read to the stream's end, so that closing the connection cancels nothing."""
         try:
             async with asyncio.timeout(_DRAIN_S):
                 while await self.read() is not None:
@@ -129,7 +132,7 @@ class HttpCall:
     def cancel(self) -> None:
         """Close the connection: Triton cancels the request if it is still running."""
         if self._connection is not None:
-            self._connection[1].close()
+            self._streams.release(self._connection)
             self._connection = None
 
     async def _receive(self) -> None:
@@ -138,7 +141,7 @@ class HttpCall:
 
     async def _receive_some(self) -> None:
         if self._connection is None:
-            self._connection = await self._pool.take(self._url)
+            self._connection = await self._streams.connect(self._url)
             reader, writer = self._connection
             writer.write(self._request)
             status, headers = await _head(reader)
@@ -182,12 +185,11 @@ class ChunkedEvents:
         return events
 
 
-class HttpPool:
-    """Idle kept-alive connections by server URL."""
+class HttpStreams:
+    """The ``generate_stream`` calls to Triton servers and their open connections."""
 
-    def __init__(self, *, idle_per_server: int = 256) -> None:
-        self._idle: dict[str, list[Connection]] = {}
-        self._limit = idle_per_server
+    def __init__(self) -> None:
+        self._open: set[asyncio.StreamWriter] = set()
 
     def call(
         self,
@@ -202,37 +204,30 @@ class HttpPool:
         path = f"/v2/models/{model}/generate_stream"
         return HttpCall(self, url, path, body, headers or {}, deadline)
 
-    async def take(self, url: str) -> Connection:
-        """An idle connection to ``url``, or a new one."""
-        idle = self._idle.get(url, [])
-        while idle:
-            reader, writer = idle.pop()
-            if not writer.is_closing() and not reader.at_eof():
-                return reader, writer
-            writer.close()
+    async def connect(self, url: str) -> Connection:
+        """A new connection to ``url``."""
         parts = urlsplit(url if "//" in url else f"http://{url}")
-        return await asyncio.open_connection(parts.hostname, parts.port or 80)
+        reader, writer = await asyncio.open_connection(parts.hostname, parts.port or 80)
+        self._open.add(writer)
+        return reader, writer
 
-    def give_back(self, url: str, connection: Connection) -> None:
-        """Keep a connection whose response was read to its end."""
-        idle = self._idle.setdefault(url, [])
-        if len(idle) < self._limit and not connection[1].is_closing():
-            idle.append(connection)
-        else:
-            connection[1].close()
+    def release(self, connection: Connection) -> None:
+        """Close a call's connection."""
+        connection[1].close()
+        self._open.discard(connection[1])
 
-    def idle(self, url: str) -> int:
-        """Kept-alive connections to ``url`` waiting for a request."""
-        return len(self._idle.get(url, ()))
+    @property
+    def open_connections(self) -> int:
+        """Connections of calls still running."""
+        return len(self._open)
 
     async def close(self) -> None:
-        """Close every idle connection."""
-        for idle in self._idle.values():
-            for _, writer in idle:
-                writer.close()
-                with contextlib.suppress(OSError, ConnectionError):
-                    await writer.wait_closed()
-        self._idle.clear()
+        """Close every connection still open."""
+        writers, self._open = list(self._open), set()
+        for writer in writers:
+            writer.close()
+            with contextlib.suppress(OSError, ConnectionError):
+                await writer.wait_closed()
 
 
 def _request_bytes(url: str, path: str, body: bytes, headers: Mapping[str, str]) -> bytes:

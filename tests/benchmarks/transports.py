@@ -7,8 +7,8 @@ sent at each concurrency through:
 - ``grpc-aio``: grpcio's asyncio API, ``ModelStreamInfer`` (the gateway's transport);
 - ``grpc-threads``: grpcio's synchronous streaming, one thread per request, each response
   handed to the event loop (what an asyncio gateway would have to do with it);
-- ``http-sse``: Triton's HTTP ``generate_stream`` on kept-alive connections, server-sent events
-  parsed on the event loop (raw asyncio streams, msgspec for the JSON).
+- ``http-sse``: Triton's HTTP ``generate_stream``, a connection per request as the gateway opens
+  them, server-sent events parsed on the event loop (raw asyncio streams, msgspec for the JSON).
 
 Each client decodes the output ids of every response, as the adapter does. Figures: tokens/s and
 this process's CPU per streamed token and per request (all threads). ``python -m
@@ -148,30 +148,42 @@ def http_sse(host: str, port: int, tokens: int) -> Callable[[], Awaitable[Send]]
     decoder = msgspec.json.Decoder(_Event)
 
     async def connect() -> Send:
-        reader, writer = await asyncio.open_connection(host, port)
-
         async def send() -> int:
-            writer.write(head + body)
-            await reader.readuntil(b"\r\n\r\n")
-            count = 0
-            buffer = b""
-            while True:
-                size = int((await reader.readuntil(b"\r\n"))[:-2], 16)
-                chunk = await reader.readexactly(size + 2)
-                if size == 0:
-                    return count
-                buffer += chunk[:-2]
-                *events, buffer = buffer.split(b"\n\n")
-                for event in events:
-                    parsed = decoder.decode(event[6:])
-                    if parsed.error:
-                        raise RuntimeError(parsed.error)
-                    ids = parsed.output_ids
-                    count += 1 if isinstance(ids, int) else len(ids or ())
+            reader, writer = await asyncio.open_connection(host, port)
+            try:
+                return await _read_events(reader, writer, head + body, decoder)
+            finally:
+                writer.close()
 
         return send
 
     return connect
+
+
+async def _read_events(
+    reader: asyncio.StreamReader,
+    writer: asyncio.StreamWriter,
+    request: bytes,
+    decoder: msgspec.json.Decoder[_Event],
+) -> int:
+    """Send one request and read its chunked server-sent events; how many ids they carried."""
+    writer.write(request)
+    await reader.readuntil(b"\r\n\r\n")
+    count = 0
+    buffer = b""
+    while True:
+        size = int((await reader.readuntil(b"\r\n"))[:-2], 16)
+        chunk = await reader.readexactly(size + 2)
+        if size == 0:
+            return count
+        buffer += chunk[:-2]
+        *events, buffer = buffer.split(b"\n\n")
+        for event in events:
+            parsed = decoder.decode(event[6:])
+            if parsed.error:
+                raise RuntimeError(parsed.error)
+            ids = parsed.output_ids
+            count += 1 if isinstance(ids, int) else len(ids or ())
 
 
 async def measure(

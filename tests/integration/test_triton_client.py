@@ -142,11 +142,16 @@ async def test_streamed_text_equals_non_streamed_text(
     where = target(sidecar, model, transport)
     async with TritonBackend() as backend:
         whole = await collect(backend, where, greedy(24, stream=False))
-        pieces = await collect(backend, where, greedy(24, stream=True))
+        pieces = []
+        async for chunk in backend.generate(where, addressed(where, greedy(24, stream=True))):
+            pieces.append(chunk)
+            if len(pieces) == 1:
+                open_while_streaming = backend.open_http_connections
         described = await backend.describe(where)
-        kept_alive = backend.idle_http_connections(where)
+        open_after = backend.open_http_connections
 
-    assert (kept_alive > 0) is (transport == "http"), "HTTP streams keep their connection"
+    assert open_while_streaming == (transport == "http"), "an HTTP stream has its connection"
+    assert open_after == 0, "a stream closes its connection when it ends"
     assert [chunk.final for chunk in whole] == [True]
     assert [chunk.final for chunk in pieces] == [False] * (len(pieces) - 1) + [True]
     assert len(pieces) > 2, "streaming yields several chunks"

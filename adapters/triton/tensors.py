@@ -35,6 +35,11 @@ _NUMPY_TYPES: dict[str, type[np.generic]] = {
     "FP32": np.float32,
     "FP64": np.float64,
 }
+_INT_LIMITS = {
+    name: (int(np.iinfo(kind).min), int(np.iinfo(kind).max))
+    for name, kind in _NUMPY_TYPES.items()
+    if issubclass(kind, np.integer)
+}
 
 # Sampling field -> candidate input names, newest first (older releases: min_length, random_seed).
 _SEED_INPUTS = ("seed", "random_seed")
@@ -350,12 +355,11 @@ def _scalar(spec: TensorSpec | None, param: str, value: float, default: str = "F
     numpy_type = _NUMPY_TYPES.get(datatype)
     if numpy_type is None:
         raise InvalidRequest(f"input '{name}' has unsupported datatype {datatype}", param=param)
-    if issubclass(numpy_type, np.integer):
-        limits = np.iinfo(numpy_type)
-        if int(value) != value or not limits.min <= value <= limits.max:
-            raise InvalidRequest(
-                f"'{param}' must be an integer in [{limits.min}, {limits.max}]", param=param
-            )
+    limits = _INT_LIMITS.get(datatype)
+    if limits is not None:
+        low, high = limits
+        if int(value) != value or not low <= value <= high:
+            raise InvalidRequest(f"'{param}' must be an integer in [{low}, {high}]", param=param)
         value = int(value)
     return WireTensor(name, datatype, np.array([[value]], dtype=numpy_type))
 

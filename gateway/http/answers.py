@@ -25,6 +25,7 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 S = TypeVar("S")
 _encoder = msgspec.json.Encoder()
+_LEFT = "the client disconnected before the answer was ready"
 
 
 def decode_body(body: bytes, schema: type[S]) -> S:
@@ -49,20 +50,42 @@ async def _disconnected(receive: Receive) -> None:
 
 
 async def until_disconnect(receive: Receive, work: Awaitable[T]) -> T:
-    """Await ``work``, cancelling it when the client disconnects first (vLLM's pattern)."""
-    task = asyncio.ensure_future(work)
-    watcher = asyncio.ensure_future(_disconnected(receive))
-    try:
-        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        watcher.cancel()
-        if not task.done():
+    """Await ``work``, cancelling it when the client disconnects first (vLLM's pattern).
+
+    ``work`` runs in the calling task, so work that never waits (templating a short prompt)
+    takes no extra turn of the event loop; a watcher task reading ``receive`` cancels the
+    calling task if the client leaves.
+    """
+    task = asyncio.current_task()
+    assert task is not None
+    left = False
+    settled = False
+
+    def on_disconnect(watcher: asyncio.Future[None]) -> None:
+        nonlocal left
+        if not settled and not watcher.cancelled() and watcher.exception() is None:
+            left = True
             task.cancel()
-            with anyio.CancelScope(shield=True):
-                await asyncio.gather(task, return_exceptions=True)
-    if task.cancelled():
-        raise ClientDisconnected("the client disconnected before the answer was ready")
-    return task.result()
+
+    watcher = asyncio.ensure_future(_disconnected(receive))
+    watcher.add_done_callback(on_disconnect)
+    try:
+        result = await work
+    except asyncio.CancelledError:
+        if not left:
+            raise
+        task.uncancel()
+        raise ClientDisconnected(_LEFT) from None
+    finally:
+        # Set before any other await: a disconnect noticed from here on cancels nothing.
+        settled = True
+        watcher.remove_done_callback(on_disconnect)
+        watcher.cancel()
+    if left:
+        # The work swallowed the cancellation; the client is gone all the same.
+        task.uncancel()
+        raise ClientDisconnected(_LEFT)
+    return result
 
 
 def _raw_headers(headers: Mapping[str, str], content_type: bytes) -> list[tuple[bytes, bytes]]:

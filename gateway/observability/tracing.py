@@ -66,6 +66,8 @@ class Tracing:
         self, name: str, headers: Mapping[str, str], attributes: dict[str, Any]
     ) -> Span:
         """The root span of an HTTP request, child of the client's ``traceparent`` if any."""
+        if not self.enabled:
+            return trace.INVALID_SPAN
         parent = _propagator.extract(dict(headers))
         return self.tracer.start_span(
             name, context=parent, kind=SpanKind.SERVER, attributes=attributes

@@ -80,7 +80,9 @@ async def plan_completion(
     """The backend requests answering a text completion, ``n`` per prompt, each choice within
     ``max_tokens_cap`` as in ``plan_chat``."""
     check_completion(request, model.route.max_n)
-    prompts: list[Prompt] = list(await asyncio.gather(*_prompts(model, request.prompt)))
+    pending = _prompts(model, request.prompt)
+    # One prompt is awaited in place: gathering makes it a task, a turn of the loop later.
+    prompts = [await pending[0]] if len(pending) == 1 else list(await asyncio.gather(*pending))
     if model.vision is not None:
         _refuse_image_tokens(prompts, model.vision, isinstance(request.prompt, str))
     requested = given(request.max_tokens)

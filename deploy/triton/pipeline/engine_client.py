@@ -56,7 +56,7 @@ def request_message(
         entry.datatype = np_to_triton_dtype(array.dtype)
         entry.shape.extend(array.shape)
         if entry.datatype == "BYTES":
-            message.raw_input_contents.append(serialize_byte_tensor(array).tobytes())
+            message.raw_input_contents.append(serialize_byte_tensor(array).item())
         else:
             message.raw_input_contents.append(np.ascontiguousarray(array).tobytes())
     for name in outputs:

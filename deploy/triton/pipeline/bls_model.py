@@ -59,11 +59,10 @@ class _Job:
         self._final_guard = threading.Lock()
         self._final_sent = False
 
-    def poll_cancelled(self) -> bool | None:
-        """Whether the client cancelled; None where Triton was not asked (the final flag is
-        out) or could not answer."""
+    def poll_cancelled(self) -> bool:
+        """Whether the client cancelled; never asks Triton once the final flag is out."""
         with self._final_guard:
-            return None if self._final_sent else _is_cancelled(self.request)
+            return not self._final_sent and _is_cancelled(self.request)
 
     def send_final(self, sender: Any, response: Any = None) -> None:
         """Send the final flag (with the last response, if given); no polling after it."""
@@ -359,12 +358,12 @@ class TritonPythonModel:
         )
 
 
-def _is_cancelled(request: Any) -> bool | None:
+def _is_cancelled(request: Any) -> bool:
     try:
         return bool(request.is_cancelled())
     except Exception:
         logger.debug("cancellation check failed", exc_info=True)
-        return None
+        return False
 
 
 def _as_arrays(response: Any) -> Outputs:

@@ -35,6 +35,7 @@ from typing import Any
 
 import httpx
 
+from tests.benchmarks import engine_profile
 from tests.benchmarks.gpu_clients import (
     DIRECT_EXTRAS,
     PROMPT,
@@ -48,6 +49,7 @@ from tests.benchmarks.gpu_clients import (
 from tests.benchmarks.gpu_report import Level, render_markdown, render_plot, summarise
 from tests.support.gateway import serve_process, stop_process
 
+PROFILE_DELAY_S = 4.0
 BIG = dict(
     hidden_size=2048,
     intermediate_size=8192,
@@ -251,22 +253,33 @@ async def measure(
     for target in targets:
         await run_level(target, url, grpc_url, main_model, gateway_names, args.release, 4, 16, 1)
     levels: list[Level] = []
+    profiles: dict[str, dict[str, float]] = {}
     for concurrency in args.concurrency:
         rounds = args.rounds or max(1, args.requests // concurrency)
         for repeat in range(args.repeats):
             # Interleaved, the order reversed every run: drift on the host hits every path alike.
             order = targets if repeat % 2 == 0 else targets[::-1]
             for target in order:
-                level = await run_level(
+                run = run_level(
                     target, url, grpc_url, main_model, gateway_names, args.release,
                     concurrency, args.tokens, rounds,
                 )  # fmt: skip
+                if args.py_spy is not None and repeat == 0:
+                    folded = args.out / f"engine-{target}-c{concurrency}.folded"
+                    record = engine_profile.record(
+                        args.py_spy, main_model, folded, PROFILE_DELAY_S, args.profile_seconds
+                    )
+                    level, _ = await asyncio.gather(run, record)
+                    profiles[f"{target} c={concurrency}"] = engine_profile.split(folded)
+                    print(f"engine thread, {target}: {profiles[f'{target} c={concurrency}']}")
+                else:
+                    level = await run
                 level = dataclasses.replace(level, repeat=repeat)
                 print(level.line(), flush=True)
                 levels.append(level)
     together = await both_models(url, names, args.multi_streams, args.tokens)
     print("both models at once:", together, flush=True)
-    return {"levels": levels, "multi_model": together}
+    return {"levels": levels, "multi_model": together, "engine_profiles": profiles}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -312,6 +325,14 @@ def main(argv: list[str] | None = None) -> int:
         f"sends beyond the text: {', '.join(DIRECT_EXTRAS)} or both joined by '-'",
     )
     parser.add_argument("--repeats", type=int, default=3, help="interleaved runs per level")
+    parser.add_argument(
+        "--py-spy",
+        type=Path,
+        default=None,
+        help="a py-spy binary: sample the engine's stub during every target's first run at "
+        "every level, into <out>/engine-<target>-c<concurrency>.folded",
+    )
+    parser.add_argument("--profile-seconds", type=int, default=8)
     parser.add_argument("--start-timeout", type=float, default=300.0)
     parser.add_argument("--guided", action="store_true", help="engine with xgrammar (installed)")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32, 64, 128])

@@ -53,8 +53,8 @@ async def gateway_stream(client: httpx.AsyncClient, model: str, tokens: int) -> 
 
 # What the direct requests may add, each the way the gateway sends it: greedy spelled out as
 # temperature 0 and top_k 1 (the gateway's form for every release), TensorRT-LLM's perf
-# metrics (which the gateway asks for to report cached_tokens), and the log probs by which it
-# counts output tokens where the model reports no count.
+# metrics (which the gateway asks for to report cached_tokens), and the token counts (their log
+# probs where the model reports no count).
 DIRECT_EXTRAS = ("greedy", "perf", "counts")
 
 
@@ -85,11 +85,17 @@ def direct_request(
         inputs.append(tensor("return_perf_metrics", True, "BOOL", np.bool_))
     outputs = ["text_output"]
     if "counts" in extras:
-        # Our ensemble reports no token counts: the gateway counts output tokens by their log
-        # probs, one per token.
         inputs.append(tensor("exclude_input_in_output", True, "BOOL", np.bool_))
-        inputs.append(tensor("return_log_probs", True, "BOOL", np.bool_))
-        outputs.append("output_log_probs")
+        if release == "latest":
+            # TensorRT-LLM 1.x's ensemble reports both token counts on every response.
+            for name in ("num_input_tokens", "num_output_tokens"):
+                inputs.append(tensor(f"return_{name}", True, "BOOL", np.bool_))
+                outputs.append(name)
+        else:
+            # Earlier ensembles report no counts: the gateway counts output tokens by their
+            # log probs, one per token.
+            inputs.append(tensor("return_log_probs", True, "BOOL", np.bool_))
+            outputs.append("output_log_probs")
     return infer_request(f"{model}_ensemble", "bench", inputs, outputs)
 
 

@@ -147,8 +147,8 @@ def render_markdown(report: dict[str, Any]) -> str:
         "-character prompt), greedy; `direct` is gRPC streaming to the sidecar's `ensemble`"
         + (
             "; `direct-greedy` adds temperature 0 and top_k 1, `direct-perf` asks for perf "
-            "metrics, `direct-counts` for log probs (the gateway's token count), as the "
-            "gateway does"
+            "metrics, `direct-counts` for the token counts (log probs before the `latest` "
+            "release), as the gateway does"
             if any(t.startswith("direct-") for t in targets)
             else ""
         )
@@ -193,7 +193,26 @@ def render_markdown(report: dict[str, Any]) -> str:
         f"once through the gateway: {counts} in {multi['wall_s']:.1f} s; every stream "
         f"complete: {multi['all_complete']}."
     )
+    lines.extend(_profile_table(report.get("engine_profiles") or {}))
     return "\n".join(lines) + "\n"
+
+
+def _profile_table(profiles: dict[str, dict[str, float]]) -> list[str]:
+    """The engine thread's time by phase, per target and level (py-spy samples)."""
+    if not profiles:
+        return []
+    phases = [name for name in next(iter(profiles.values())) if name != "samples"]
+    lines = [
+        "",
+        "The engine thread's time by phase (py-spy, 200 Hz, during the first run of each target):",
+        "",
+        "| target | " + " | ".join(phases) + " | samples |",
+        "|---|" + "---:|" * (len(phases) + 1),
+    ]
+    for target, shares in profiles.items():
+        cells = " | ".join(f"{shares[name]:.1%}" for name in phases)
+        lines.append(f"| {target} | {cells} | {shares['samples']:.0f} |")
+    return lines
 
 
 def render_plot(report: dict[str, Any], path: Path) -> None:

@@ -152,8 +152,9 @@ def render_markdown(report: dict[str, Any]) -> str:
             if any(t.startswith("direct-") for t in targets)
             else ""
         )
-        + "; `gateway` is `/v1/completions` with `stream: true` through `triton-gateway serve`, "
-        f"which reaches Triton over {' or '.join(_TRANSPORTS[t] for t in transports)}"
+        + "; `gateway` is `/v1/completions` with `stream: true` through `triton-gateway serve` "
+        f"({report.get('gateway_workers', 1)} worker processes), which reaches Triton over "
+        f"{' or '.join(_TRANSPORTS[t] for t in transports)}"
         + (" (`gateway-http`, `gateway-grpc`)." if len(transports) > 1 else "."),
         f"- {repeats} runs per level, the targets interleaved (their order reversed every "
         "run) after a warm-up: medians, the range in brackets. `client cores` is the CPU the "

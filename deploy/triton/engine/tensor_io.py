@@ -35,7 +35,23 @@ def as_array(tensor: Any) -> npt.NDArray[Any]:
 
 
 def output_tensor(name: str, value: npt.NDArray[Any]) -> Any:
-    """An output tensor holding ``value``."""
+    """An output tensor holding ``value``; one ``[1, 1]`` count is made once and then shared."""
+    if value.shape == (1, 1) and value.dtype == np.int32:
+        return _count_tensor(name, int(value[0, 0]))
+    return _new_tensor(name, value)
+
+
+@functools.lru_cache(maxsize=1024)
+def _count_tensor(name: str, value: int) -> Any:
+    """A streamed response's counts (``sequence_length``, ``num_output_tokens``: 1;
+    ``num_input_tokens``: the prompt's length) repeat on every token, and making a stub tensor
+    costs the engine thread several microseconds. A tensor can go out in many responses: the
+    stub writes it to shared memory once, and the server copies its data out of every response
+    before the stub's send returns."""
+    return _new_tensor(name, np.array([[value]], np.int32))
+
+
+def _new_tensor(name: str, value: npt.NDArray[Any]) -> Any:
     value = np.ascontiguousarray(value)
     if not HAS_TORCH:
         return pb_utils.Tensor(name, value)

@@ -109,6 +109,35 @@ def test_token_counts_when_the_config_declares_them(sidecar: Sidecar) -> None:
     assert whole["num_output_tokens"].tolist() == [[len(PROMPT) + 5]]
 
 
+def test_counts_of_concurrent_streams_are_each_their_own(sidecar: Sidecar) -> None:
+    """The engine shares one tensor among responses with the same count; streams of different
+    prompt lengths in flight at once must each still get their own counts."""
+    client = grpcclient.InferenceServerClient(sidecar.grpc_url)
+    config = client.get_model_config(MODEL, as_json=True)["config"]
+    client.close()
+    if "num_output_tokens" not in {o["name"] for o in config["output"]}:
+        pytest.skip("the rendered tensorrt_llm config has no num_input/num_output_tokens")
+    flags: dict[str, Any] = {"return_num_input_tokens": True, "return_num_output_tokens": True}
+    prompts = [PROMPT[:length] for length in range(2, len(PROMPT) + 1)]
+    streams = [
+        (prompt, Stream(sidecar, request(4, prompt, streaming=True, end_id=-1, **flags)))
+        for prompt in prompts
+    ]
+    wholes = [
+        (prompt, Stream(sidecar, request(3, prompt, end_id=-1, **flags))) for prompt in prompts
+    ]
+    for prompt, stream in streams:
+        responses = stream.collect()
+        assert [int(o["num_input_tokens"][0, 0]) for o, _ in responses] == [len(prompt)] * 4
+        assert [int(o["num_output_tokens"][0, 0]) for o, _ in responses] == [1] * 4
+        assert [int(o["sequence_length"][0, 0]) for o, _ in responses] == [1] * 4
+    for prompt, stream in wholes:
+        whole, _ = stream.collect()[0]
+        assert int(whole["num_input_tokens"][0, 0]) == len(prompt)
+        assert int(whole["num_output_tokens"][0, 0]) == len(prompt) + 3
+        assert int(whole["sequence_length"][0, 0]) == len(prompt) + 3
+
+
 def test_num_return_sequences_answer_once_per_sequence(sidecar: Sidecar) -> None:
     values = request(
         8,

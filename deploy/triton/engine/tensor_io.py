@@ -34,21 +34,37 @@ def as_array(tensor: Any) -> npt.NDArray[Any]:
     return array
 
 
-def output_tensor(name: str, value: npt.NDArray[Any]) -> Any:
-    """An output tensor holding ``value``; one ``[1, 1]`` count is made once and then shared."""
-    if value.shape == (1, 1) and value.dtype == np.int32:
-        return _count_tensor(name, int(value[0, 0]))
-    return _new_tensor(name, value)
+class OutputTensors:
+    """Makes the stub tensors of responses; a ``[1, 1]`` count is made once and then shared.
 
-
-@functools.lru_cache(maxsize=1024)
-def _count_tensor(name: str, value: int) -> Any:
-    """A streamed response's counts (``sequence_length``, ``num_output_tokens``: 1;
+    A streamed response's counts (``sequence_length`` and ``num_output_tokens``: 1;
     ``num_input_tokens``: the prompt's length) repeat on every token, and making a stub tensor
     costs the engine thread several microseconds. A tensor can go out in many responses: the
     stub writes it to shared memory once, and the server copies its data out of every response
-    before the stub's send returns."""
-    return _new_tensor(name, np.array([[value]], np.int32))
+    before the stub's send returns. The model instance owns the shared tensors and lets go of
+    them in its ``finalize``: one still alive when the stub tears its interpreter down outlives
+    the stub's shared memory and crashes the stub on its way out.
+    """
+
+    def __init__(self, capacity: int = 1024) -> None:
+        self._counts: dict[tuple[str, int], Any] = {}
+        self._capacity = capacity
+
+    def tensor(self, name: str, value: npt.NDArray[Any]) -> Any:
+        """An output tensor holding ``value``."""
+        if value.shape != (1, 1) or value.dtype != np.int32:
+            return _new_tensor(name, value)
+        key = (name, int(value[0, 0]))
+        found = self._counts.get(key)
+        if found is None:
+            if len(self._counts) >= self._capacity:
+                self._counts.clear()
+            found = self._counts[key] = _new_tensor(name, np.array([[key[1]]], np.int32))
+        return found
+
+    def clear(self) -> None:
+        """Let go of the shared tensors (responses still holding one keep it alive)."""
+        self._counts.clear()
 
 
 def _new_tensor(name: str, value: npt.NDArray[Any]) -> Any:

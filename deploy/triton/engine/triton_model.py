@@ -19,7 +19,7 @@ import triton_python_backend_utils as pb_utils
 from deploy.triton.engine.checks import validate_request
 from deploy.triton.engine.config import ModelParameters, settings_from_model_config
 from deploy.triton.engine.outputs import ItemContext, OutputLayout, response_tensors
-from deploy.triton.engine.tensor_io import inputs_of, output_tensor
+from deploy.triton.engine.tensor_io import OutputTensors, inputs_of
 from deploy.triton.engine.triton_metrics import EngineMetrics, stat_values
 from deploy.triton.engine.types import EngineError, SequenceOutput, ServingEngine
 from deploy.triton.engine.wire import is_stop_request, parse_items
@@ -116,6 +116,7 @@ class TritonPythonModel:
         self._keys = itertools.count()
         self._stopping = threading.Event()
         self._outbox: queue.SimpleQueue[tuple[_Pending, Any, bool] | None] = queue.SimpleQueue()
+        self._tensors = OutputTensors()
         self._sender = threading.Thread(target=self._send_loop, name="engine-sender", daemon=True)
         self._watcher = threading.Thread(
             target=self._watch_cancellation, name="engine-cancellation", daemon=True
@@ -142,6 +143,7 @@ class TritonPythonModel:
         self._outbox.put(None)
         self._sender.join(timeout=10)
         self._watcher.join(timeout=5)
+        self._tensors.clear()
 
     def _stat_values(self) -> dict[tuple[str, str], float]:
         engine = self._engine
@@ -254,7 +256,7 @@ class TritonPythonModel:
         try:
             tensors = response_tensors(output, context, state.requested, self._layout)
             response = pb_utils.InferenceResponse(
-                output_tensors=[output_tensor(name, value) for name, value in tensors.items()]
+                output_tensors=[self._tensors.tensor(name, v) for name, v in tensors.items()]
             )
         except Exception as exc:
             logger.exception("could not build a response for request %r", state.triton_id)

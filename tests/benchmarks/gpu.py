@@ -271,8 +271,8 @@ async def measure(
                         args.py_spy, main_model, folded, PROFILE_DELAY_S, args.profile_seconds
                     )
                     level, _ = await asyncio.gather(run, record)
-                    profiles[f"{target} c={concurrency}"] = engine_profile.split(folded)
-                    print(f"engine thread, {target}: {profiles[f'{target} c={concurrency}']}")
+                    shares = profiles[f"{target} c={concurrency}"] = engine_profile.split(folded)
+                    print(f"engine thread, {target}: {shares}")
                 else:
                     level = await run
                 level = dataclasses.replace(level, repeat=repeat)

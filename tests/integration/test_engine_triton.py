@@ -95,36 +95,40 @@ def test_log_probs_on_request(sidecar: Sidecar) -> None:
     assert float(outputs["cum_log_probs"][0, 0]) == pytest.approx(float(log_probs.sum()), abs=1e-3)
 
 
-def test_token_counts_when_the_config_declares_them(sidecar: Sidecar) -> None:
+@pytest.fixture
+def count_flags(sidecar: Sidecar) -> dict[str, Any]:
+    """The inputs that ask for both token counts; skips where the config declares no counts."""
     client = grpcclient.InferenceServerClient(sidecar.grpc_url)
     config = client.get_model_config(MODEL, as_json=True)["config"]
     client.close()
     if "num_output_tokens" not in {o["name"] for o in config["output"]}:
         pytest.skip("the rendered tensorrt_llm config has no num_input/num_output_tokens")
-    flags: dict[str, Any] = {"return_num_input_tokens": True, "return_num_output_tokens": True}
-    streamed = Stream(sidecar, request(5, streaming=True, end_id=-1, **flags)).collect()
+    return {"return_num_input_tokens": True, "return_num_output_tokens": True}
+
+
+def test_token_counts_when_the_config_declares_them(
+    sidecar: Sidecar, count_flags: dict[str, Any]
+) -> None:
+    streamed = Stream(sidecar, request(5, streaming=True, end_id=-1, **count_flags)).collect()
     assert [o["num_output_tokens"].tolist() for o, _ in streamed] == [[[1]]] * 5
     assert {int(o["num_input_tokens"][0, 0]) for o, _ in streamed} == {len(PROMPT)}
-    whole, _ = Stream(sidecar, request(5, end_id=-1, **flags)).collect()[0]
+    whole, _ = Stream(sidecar, request(5, end_id=-1, **count_flags)).collect()[0]
     assert whole["num_output_tokens"].tolist() == [[len(PROMPT) + 5]]
 
 
-def test_counts_of_concurrent_streams_are_each_their_own(sidecar: Sidecar) -> None:
+def test_counts_of_concurrent_streams_are_each_their_own(
+    sidecar: Sidecar, count_flags: dict[str, Any]
+) -> None:
     """The engine shares one tensor among responses with the same count; streams of different
     prompt lengths in flight at once must each still get their own counts."""
-    client = grpcclient.InferenceServerClient(sidecar.grpc_url)
-    config = client.get_model_config(MODEL, as_json=True)["config"]
-    client.close()
-    if "num_output_tokens" not in {o["name"] for o in config["output"]}:
-        pytest.skip("the rendered tensorrt_llm config has no num_input/num_output_tokens")
-    flags: dict[str, Any] = {"return_num_input_tokens": True, "return_num_output_tokens": True}
     prompts = [PROMPT[:length] for length in range(2, len(PROMPT) + 1)]
     streams = [
-        (prompt, Stream(sidecar, request(4, prompt, streaming=True, end_id=-1, **flags)))
+        (prompt, Stream(sidecar, request(4, prompt, streaming=True, end_id=-1, **count_flags)))
         for prompt in prompts
     ]
     wholes = [
-        (prompt, Stream(sidecar, request(3, prompt, end_id=-1, **flags))) for prompt in prompts
+        (prompt, Stream(sidecar, request(3, prompt, end_id=-1, **count_flags)))
+        for prompt in prompts
     ]
     for prompt, stream in streams:
         responses = stream.collect()

@@ -200,6 +200,7 @@ def _model_parameters(model: ModelSpec, name: str) -> dict[str, str]:
                 "torch_max_batch_size": str(engine.max_batch_size),
                 "torch_max_seq_len": str(engine.max_seq_len),
                 "torch_lora_cache_size": str(engine.lora_cache_size),
+                "torch_mixed_batching": "true" if engine.mixed_batching else "false",
             }
             | _optional(
                 {

@@ -63,6 +63,10 @@ class TorchEngine(
     """Tokens of one KV-cache block, the unit of reuse and of the block metrics."""
     max_num_tokens: int | None = None
     """Most prompt tokens prefilled in one iteration (engine default 8192)."""
+    mixed_batching: bool = True
+    """Prompt chunks run in the decode step's forward pass, packed with the running rows, as
+    TensorRT-LLM's in-flight batching runs context and generation together (where the model's
+    attention allows it: checked at load, else a pass per prompt)."""
     max_beam_width: int = 1
     """Widest beam search a request may ask for (``beam_width``); each beam takes a row of
     ``max_batch_size``."""

@@ -22,6 +22,7 @@ from deploy.triton.engine.sampling import (
     token_log_probs,
 )
 from deploy.triton.engine.types import (
+    Beams,
     EngineRequest,
     FinishReason,
     OutputCallback,
@@ -166,6 +167,26 @@ class SequenceState:
             finish_reason=FinishReason.ERROR,
             error=message,
         )
+
+
+def unstarted_outputs(
+    request: EngineRequest, reason: FinishReason, error: str | None
+) -> list[SequenceOutput]:
+    """The final outputs of a request that ends before its first token: one per sequence."""
+    beam = request.beam
+    return [
+        SequenceOutput(
+            request_id=request.request_id,
+            sequence_index=index,
+            token_ids=np.zeros(0, dtype=np.int32),
+            log_probs=np.zeros(0, dtype=np.float32) if request.return_log_probs else None,
+            cum_log_prob=0.0,
+            finish_reason=reason,
+            error=error,
+            beams=Beams.empty(beam.width) if beam is not None else None,
+        )
+        for index in range(request.num_return_sequences)
+    ]
 
 
 def _stack(rows: list[npt.NDArray[np.float32]]) -> npt.NDArray[np.float32]:

@@ -98,6 +98,7 @@ def _torch(model_config: Mapping[str, Any]) -> EngineConfig:
             model_config, "iter_stats_max_iterations", EngineConfig.iter_stats_max_iterations
         ),
         max_beam_width=beam_width,
+        mixed_batching=_bool(model_config, "torch_mixed_batching", True),
     )
 
 

@@ -3,6 +3,7 @@ top of the cached prefix it was admitted with; then its sequences, ready to join
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -67,6 +68,25 @@ class ContextJob:
         return aligned if aligned > 0 else budget
 
 
+def plan_chunks(
+    jobs: Sequence[ContextJob], budget: int, chunk_blocks: int
+) -> list[tuple[ContextJob, int]]:
+    """The prompt chunks of an iteration, in order, within its ``budget`` of tokens: with
+    chunked context (``chunk_blocks``, the block size, non-zero) pieces of prompts ending on
+    block boundaries where they can; without, whole prompts (at least the first)."""
+    chunks: list[tuple[ContextJob, int]] = []
+    for job in jobs:
+        if chunk_blocks:
+            take = job.chunk(budget, chunk_blocks)
+        else:
+            take = job.remaining if not chunks or job.remaining <= budget else 0
+        if take <= 0:
+            break
+        budget -= take
+        chunks.append((job, take))
+    return chunks
+
+
 class ContextPhase:
     """Prefills admitted prompts and turns finished ones into decoding sequences."""
 
@@ -78,26 +98,33 @@ class ContextPhase:
         self.guided = guided
 
     def prefill(self, job: ContextJob, tokens: int) -> torch.Tensor | None:
-        """Prefill the next ``tokens`` of the prompt; returns the next-token logits once the
-        whole prompt is in the cache (None before)."""
-        request, table, store = job.request, job.admission.table, self.store
-        fresh = store.grow(table, tokens)
-        job.alloc_new += fresh
-        start = table.length
-        view = store.view([table], tokens)
+        """Prefill the next ``tokens`` of the prompt in a pass of their own; returns the
+        next-token logits once the whole prompt is in the cache (None before)."""
+        request, table = job.request, job.admission.table
+        start = self.reserve(job, tokens)
         logits, every = self.runner.prefill(
             request.input_ids[start : start + tokens],
-            view,
+            self.store.view([table], tokens),
             all_logits=request.return_context_logits,
             adapter=job.entry.adapter,
             prompt_table=request.prompt_table,
         )
-        table.length += tokens
-        job.alloc_total = len(table.blocks) - job.admission.reused
-        store.commit(table, request.input_ids, request.extra_ids)
         if every is not None:
             job.context_logits.append(every)
-        return logits if job.remaining == 0 else None
+        return logits if self.record(job, tokens) else None
+
+    def reserve(self, job: ContextJob, tokens: int) -> int:
+        """Room for the next ``tokens`` of the prompt; returns where they start."""
+        job.alloc_new += self.store.grow(job.admission.table, tokens)
+        return job.admission.table.length
+
+    def record(self, job: ContextJob, tokens: int) -> bool:
+        """Count ``tokens`` more of the prompt as cached; True once it is whole."""
+        table = job.admission.table
+        table.length += tokens
+        job.alloc_total = len(table.blocks) - job.admission.reused
+        self.store.commit(table, job.request.input_ids, job.request.extra_ids)
+        return job.remaining == 0
 
     def start(
         self, job: ContextJob, logits: torch.Tensor

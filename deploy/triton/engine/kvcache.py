@@ -131,8 +131,8 @@ class KVPool:
             keys[dst] = keys[src]
             values[dst] = values[src]
 
-    def view(self, tables: Sequence[Sequence[int]], starts: Sequence[int], count: int) -> PagedView:
-        """A cache view for a forward pass writing ``count`` tokens per row, row ``r`` at
+    def slots(self, tables: Sequence[Sequence[int]], starts: Sequence[int], count: int) -> Slots:
+        """Where a forward pass writing ``count`` tokens per row reads and writes, row ``r`` at
         positions ``starts[r]...`` of the sequence whose blocks are ``tables[r]``."""
         device = self.device
         size = self.tokens_per_block
@@ -150,7 +150,27 @@ class KVPool:
         new = start.unsqueeze(1) + torch.arange(count, device=device).unsqueeze(0)
         write = table.gather(1, new // size) * size + new % size
         mask = (columns >= 0).long() if bool(pads.any()) else None
-        return PagedView(self, read, write.reshape(-1), new, mask, width - count)
+        return Slots(read, write.reshape(-1), new, mask, width - count)
+
+    def view(self, tables: Sequence[Sequence[int]], starts: Sequence[int], count: int) -> PagedView:
+        """A cache view for a forward pass writing ``count`` tokens per row (see ``slots``)."""
+        return PagedView(self, self.slots(tables, starts, count))
+
+
+@dataclass(frozen=True)
+class Slots:
+    """Pool slots of one forward pass over padded rows."""
+
+    read: torch.Tensor
+    """Slots every row reads, left-padded to a common length: ``[rows, past + count]``."""
+    write: torch.Tensor
+    """Slots of the new tokens, row after row: ``[rows * count]``."""
+    positions: torch.Tensor
+    """Position ids of the new tokens: ``[rows, count]``."""
+    mask: torch.Tensor | None
+    """2-D padding mask ``[rows, past + count]``; None when no row is padded."""
+    past: int
+    """The padded length before the pass."""
 
 
 class _PagedLayer(CacheLayerMixin):  # type: ignore[misc]
@@ -198,20 +218,12 @@ class PagedView(Cache):  # type: ignore[misc]
     the padded length before this pass.
     """
 
-    def __init__(
-        self,
-        pool: KVPool,
-        read: torch.Tensor,
-        write: torch.Tensor,
-        positions: torch.Tensor,
-        attention_mask: torch.Tensor | None,
-        past: int,
-    ) -> None:
-        self.read = read
-        self.write = write
-        self.positions = positions
-        self.attention_mask = attention_mask
-        self.past = past
+    def __init__(self, pool: KVPool, slots: Slots) -> None:
+        self.read = slots.read
+        self.write = slots.write
+        self.positions = slots.positions
+        self.attention_mask = slots.mask
+        self.past = slots.past
         layers: list[Any] = [
             _PagedLayer(keys, values, self)
             for keys, values in zip(pool.keys, pool.values, strict=True)

@@ -12,8 +12,10 @@ import numpy as np
 import numpy.typing as npt
 import torch
 from transformers import AutoModelForCausalLM
+from transformers.cache_utils import Cache
 from transformers.utils import logging as hf_logging
 
+from deploy.triton.engine import packed
 from deploy.triton.engine.kvcache import KVLayout, PagedView
 from deploy.triton.engine.lora import LoadedLora, LoraContext, LoraTargets, install
 from deploy.triton.engine.types import EngineConfig, EngineError, TokenIds
@@ -202,6 +204,28 @@ class ModelRunner:
         return self._forward([[token] for token in tokens], view, adapters, last_only=True)[
             :, -1, :
         ]
+
+    def forward_packed(
+        self, tokens: Sequence[int], view: Cache, positions: torch.Tensor, keep: torch.Tensor
+    ) -> torch.Tensor:
+        """Run ``tokens`` packed in one row through packed attention (``packed.PackedView`` is
+        ``view``; its plan active); returns the logits of positions ``keep`` [len(keep), vocab]
+        (float32)."""
+        ids = torch.tensor([list(tokens)], dtype=torch.long, device=self.device)
+        extra: dict[str, Any] = {self._cache_arg: view, "input_ids": ids}
+        if self._keep_last_logits:
+            extra["logits_to_keep"] = keep
+        self._use_adapters([None])
+        config = self.model.config
+        previous = config._attn_implementation
+        config._attn_implementation = packed.ATTENTION
+        try:
+            with torch.inference_mode():
+                out = self.model(position_ids=positions, use_cache=True, **extra)
+        finally:
+            config._attn_implementation = previous
+        logits = out.logits[0]
+        return (logits if self._keep_last_logits else logits.index_select(0, keep)).float()
 
     def _forward(
         self,

@@ -8,18 +8,17 @@ import threading
 from collections import deque
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
-from deploy.triton.engine.batch import DecodeBatch, SequenceState
+from deploy.triton.engine.batch import DecodeBatch, SequenceState, unstarted_outputs
 from deploy.triton.engine.checks import validate_request
-from deploy.triton.engine.context import ContextJob, ContextPhase, Submission
+from deploy.triton.engine.context import ContextJob, ContextPhase, Submission, plan_chunks
 from deploy.triton.engine.guided import NOT_ENABLED, GuidedDecoding
 from deploy.triton.engine.kvstore import KVStore
 from deploy.triton.engine.lora import LoraCache
+from deploy.triton.engine.mixed import Chunks, MixedBatching
 from deploy.triton.engine.runner import ModelRunner
 from deploy.triton.engine.types import (
-    Beams,
     EngineConfig,
     EngineError,
     EngineRequest,
@@ -70,6 +69,7 @@ class Engine:
         self.store = KVStore.build(runner, config, seq_len or _FALLBACK_SEQ_LEN)
         self.max_seq_len: int | None = min(seq_len or self.store.capacity, self.store.capacity)
         self.context = ContextPhase(runner, self.store, guided)
+        self.mixed = MixedBatching.enable(runner, self.context) if config.mixed_batching else None
         self._inbox: queue.SimpleQueue[_Command] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._active: dict[str, int] = {}
@@ -178,9 +178,13 @@ class Engine:
             with torch.inference_mode():
                 while self._pump():
                     self._admit()
-                    context = self._prefill()
-                    decoded = self._step() if self._batch else 0
-                    self._record(*context, decoded)
+                    chunks = plan_chunks(
+                        self._jobs,
+                        self.config.max_num_tokens,
+                        self.store.tokens_per_block if self.config.enable_chunked_context else 0,
+                    )
+                    decoded = self._iterate(chunks)
+                    self._record(len(chunks), sum(take for _, take in chunks), decoded)
                     self._deliver()
         except Exception as exc:
             logger.exception("engine loop failed")
@@ -229,18 +233,7 @@ class Engine:
             logger.exception("output callback of request %s failed", output.request_id)
 
     def _emit_unstarted(self, entry: Submission, reason: FinishReason, error: str | None) -> None:
-        beam = entry.request.beam
-        for index in range(entry.request.num_return_sequences):
-            output = SequenceOutput(
-                request_id=entry.request.request_id,
-                sequence_index=index,
-                token_ids=np.zeros(0, dtype=np.int32),
-                log_probs=np.zeros(0, dtype=np.float32) if entry.request.return_log_probs else None,
-                cum_log_prob=0.0,
-                finish_reason=reason,
-                error=error,
-                beams=Beams.empty(beam.width) if beam is not None else None,
-            )
+        for output in unstarted_outputs(entry.request, reason, error):
             self._emit(entry.callback, output)
 
     def _cancel(self, request_id: str) -> None:
@@ -282,43 +275,72 @@ class Engine:
             self._waiting.popleft()
             self._jobs.append(ContextJob(entry, admission))
 
-    def _prefill(self) -> tuple[int, int]:
-        """Prefill prompts within this iteration's token budget; returns the requests and
-        prompt tokens it worked on."""
-        budget = self.config.max_num_tokens
-        requests = tokens = 0
-        for job in list(self._jobs):
-            if self.config.enable_chunked_context:
-                take = job.chunk(budget, self.store.tokens_per_block)
-            else:
-                take = job.remaining if requests == 0 or job.remaining <= budget else 0
-            if take <= 0:
-                break
-            budget -= take
-            requests += 1
-            tokens += take
+    def _iterate(self, chunks: Chunks) -> int:
+        """Prefill ``chunks`` and decode a token for every running sequence: in one packed pass
+        where mixed batching takes them, else a pass per chunk and one for the batch. Returns
+        the sequences decoded."""
+        mixed = self.mixed
+        packable = [c for c in chunks if mixed is not None and mixed.takes(c[0])]
+        for job, take in chunks:
+            if all(job is not other for other, _ in packable):
+                self._prefill_chunk(job, take)
+        shared = self._batch or len(packable) > 1
+        if mixed is not None and packable and shared and mixed.carries(self._batch):
+            return self._mixed(mixed, packable)
+        for job, take in packable:
             self._prefill_chunk(job, take)
-        return requests, tokens
+        return self._step() if self._batch else 0
 
     def _prefill_chunk(self, job: ContextJob, take: int) -> None:
         try:
             logits = self.context.prefill(job, take)
-            if logits is None:
-                return
-            self._jobs.remove(job)
-            group, outputs, finished = self.context.start(job, logits)
         except Exception as exc:
             logger.exception("prefill of request %s failed", job.request.request_id)
-            if job in self._jobs:
-                self._drop_job(job, FinishReason.ERROR, f"prefill failed: {exc}")
-            else:
-                self.store.release(job.admission.table)
-                self._emit_unstarted(job.entry, FinishReason.ERROR, f"prefill failed: {exc}")
+            self._drop_job(job, FinishReason.ERROR, f"prefill failed: {exc}")
+            return
+        if logits is not None:
+            self._start(job, logits)
+
+    def _start(self, job: ContextJob, logits: torch.Tensor) -> None:
+        """``job``'s prompt is whole: its sequences join the batch with their first token."""
+        self._jobs.remove(job)
+        try:
+            group, outputs, finished = self.context.start(job, logits)
+        except Exception as exc:
+            logger.exception("start of request %s failed", job.request.request_id)
+            self.store.release(job.admission.table)
+            self._emit_unstarted(job.entry, FinishReason.ERROR, f"prefill failed: {exc}")
             return
         for seq, output in outputs:
             self._emit(seq.callback, output)
         self._release(finished)
         self._batch.extend(group)
+
+    def _mixed(self, mixed: MixedBatching, chunks: Chunks) -> int:
+        batch = self._batch
+        rows = len(batch)
+        self._max_running = max(self._max_running, rows)
+        try:
+            logits, started = mixed.run(batch, chunks)
+            outputs, finished = batch.advance(logits) if rows else ([], [])
+        except Exception as exc:
+            logger.exception(
+                "mixed step failed; failing %d sequences and %d prompts", rows, len(chunks)
+            )
+            for job, _ in chunks:
+                self._drop_job(job, FinishReason.ERROR, f"prefill failed: {exc}")
+            if rows:
+                self._fail_batch(f"decode failed: {exc}")
+            return 0
+        if rows:
+            self._steps += 1
+        for seq, output in outputs:
+            self._emit(seq.callback, output)
+        self._release(finished)
+        for job, first in started:
+            if first is not None:
+                self._start(job, first)
+        return rows
 
     def _step(self) -> int:
         batch = self._batch

@@ -284,6 +284,9 @@ class EngineConfig:
     max_num_tokens: int = 8192
     """Most prompt tokens prefilled in one iteration (whole prompts when not chunked: at least
     one prompt per iteration)."""
+    mixed_batching: bool = True
+    """Prompt chunks run in the decode step's forward pass, packed with its rows (where the
+    model's attention allows it), instead of in passes of their own."""
     iter_stats_max_iterations: int = 1000
     """Iteration statistics kept until read."""
     max_beam_width: int = 1

@@ -24,6 +24,7 @@ import asyncio
 import dataclasses
 import json
 import os
+import random
 import re
 import socket
 import subprocess
@@ -50,6 +51,7 @@ from tests.benchmarks.gpu_report import Level, render_markdown, render_plot, sum
 from tests.support.gateway import serve_process, stop_process
 
 PROFILE_DELAY_S = 4.0
+STATS_PERIOD_S = 0.5
 BIG = dict(
     hidden_size=2048,
     intermediate_size=8192,
@@ -119,9 +121,10 @@ def gateway_config(
                     "model_dir": str(folder),
                     "device": args.device,
                     "dtype": "bfloat16",
-                    "max_batch_size": 128,
+                    "max_batch_size": args.max_batch_size,
                     "max_seq_len": 2048,
                     "guided_decoding": args.guided,
+                    "mixed_batching": args.mixed_batching,
                 },
                 "text_python_env": args.text_env,
                 "preprocessing_instances": 4,
@@ -138,12 +141,59 @@ def gateway_config(
             for transport in args.transport
         ],
         "sidecars": {
-            "inline": {"models": spec_models, "sidecars": [{"name": "gpu", "grpc_port": grpc_port}]}
+            "inline": {
+                "models": spec_models,
+                "sidecars": [
+                    {"name": "gpu", "grpc_port": grpc_port, "metrics_port": args.metrics_port}
+                ],
+            }
         },
         "server": {"workers": args.workers},
         "tenancy": {"auth": False},
         "limits": {"request_timeout_s": 300},
     }
+
+
+async def engine_steps(http: httpx.AsyncClient, metrics_url: str, model: str) -> int:
+    """The decode steps ``model``'s engine has run (its ``iteration_counter`` on Triton's
+    metrics); 0 where the sidecar does not report it."""
+    try:
+        text = (await http.get(metrics_url)).text
+    except httpx.HTTPError:
+        return 0
+    label = f'model="{model}_tensorrt_llm"'
+    for line in text.splitlines():
+        name = line.startswith("nv_trt_llm_general_metrics{") and "iteration_counter" in line
+        if name and label in line:
+            return int(float(line.rsplit(" ", 1)[1]))
+    return 0
+
+
+_COUNTERS = (
+    "nv_inference_request_success",
+    "nv_inference_queue_duration_us",
+    "nv_inference_compute_input_duration_us",
+    "nv_inference_compute_infer_duration_us",
+    "nv_inference_compute_output_duration_us",
+    "nv_inference_request_duration_us",
+    "nv_inference_exec_count",
+)
+
+
+async def triton_counters(http: httpx.AsyncClient, metrics_url: str) -> dict[str, float]:
+    """Triton's per-model counters (queue and compute time, requests), by ``name{model}``."""
+    try:
+        text = (await http.get(metrics_url)).text
+    except httpx.HTTPError:
+        return {}
+    counters = {}
+    for line in text.splitlines():
+        name = line.split("{", 1)[0]
+        if name in _COUNTERS:
+            model = re.search(r'model="([^"]+)"', line)
+            key = f"{name}{{{model.group(1) if model else ''}}}"
+            counters[key] = float(line.rsplit(" ", 1)[1])
+    return counters
 
 
 async def run_level(
@@ -152,32 +202,56 @@ async def run_level(
     grpc_url: str,
     model: str,
     gateway_names: dict[str, str],
-    release: str,
+    args: argparse.Namespace,
     concurrency: int,
-    tokens: int,
     rounds: int,
+    timeline: Path | None = None,
 ) -> Level:
-    """``concurrency`` clients, each sending ``rounds`` requests back to back."""
+    """``concurrency`` clients, each sending ``rounds`` requests back to back (each after a
+    random wait of up to ``--spread-ms`` for a ``spread`` target). With ``timeline``, every
+    request's send time, first token and end (seconds from the level's start) and what Triton's
+    models counted during the level go to that file."""
     import tritonclient.grpc.aio as grpcclient
 
     results: list[dict[str, Any]] = []
     limits = httpx.Limits(max_connections=concurrency + 4)
     grpc_client = grpcclient.InferenceServerClient(grpc_url)
-    request = direct_request(model, tokens, tuple(target.split("-")[1:]), release)
+    extras = tuple(target.split("-")[1:])
+    request = direct_request(model, args.tokens, extras, args.release)
+    spread_s = args.spread_ms / 1000 if "spread" in extras else 0.0
+    metrics_url = f"http://127.0.0.1:{args.metrics_port}/metrics"
     async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as http:
 
         async def worker() -> None:
             for _ in range(rounds):
+                if spread_s:
+                    await asyncio.sleep(random.uniform(0.0, spread_s))
+                sent = time.perf_counter() - start
                 if target.startswith("gateway"):
-                    results.append(await gateway_stream(http, gateway_names[target], tokens))
+                    result = await gateway_stream(http, gateway_names[target], args.tokens)
                 else:
-                    results.append(await direct_stream(grpc_client._client_stub, request))
+                    result = await direct_stream(grpc_client._client_stub, request)
+                results.append({**result, "sent": sent})
 
+        steps = await engine_steps(http, metrics_url, model)
+        counted = await triton_counters(http, metrics_url)
         start, cpu = time.perf_counter(), time.process_time()
         await asyncio.gather(*(worker() for _ in range(concurrency)))
         wall, cpu = time.perf_counter() - start, time.process_time() - cpu
+        # The engine publishes its counter every stats period: wait a period past the last token.
+        await asyncio.sleep(STATS_PERIOD_S)
+        steps = await engine_steps(http, metrics_url, model) - steps
+        if timeline is not None:
+            after = await triton_counters(http, metrics_url)
+            requests = [
+                [r["sent"], r["arrivals"][0] if r["arrivals"] else None, r["end"]] for r in results
+            ]
+            triton = {key: after[key] - counted.get(key, 0.0) for key in after}
+            record = {"requests": requests, "triton": triton}
+            timeline.write_text(json.dumps(record))
     await grpc_client.close()
-    return summarise(target, concurrency, results, wall, tokens, client_cores=cpu / wall)
+    level = summarise(target, concurrency, results, wall, args.tokens, client_cores=cpu / wall)
+    return level.with_steps(steps)
 
 
 async def both_models(url: str, models: list[str], streams: int, tokens: int) -> dict[str, Any]:
@@ -252,7 +326,8 @@ async def measure(
         for target, transport in zip(gateway_targets(args.transport), args.transport, strict=True)
     }
     for target in targets:
-        await run_level(target, url, grpc_url, main_model, gateway_names, args.release, 4, 16, 1)
+        warm = argparse.Namespace(**{**vars(args), "tokens": 16})
+        await run_level(target, url, grpc_url, main_model, gateway_names, warm, 4, 1)
     levels: list[Level] = []
     profiles: dict[str, dict[str, float]] = {}
     for concurrency in args.concurrency:
@@ -261,9 +336,12 @@ async def measure(
             # Interleaved, the order reversed every run: drift on the host hits every path alike.
             order = targets if repeat % 2 == 0 else targets[::-1]
             for target in order:
+                timeline = None
+                if args.timelines:
+                    timeline = args.out / f"timeline-{target}-c{concurrency}-r{repeat}.json"
                 run = run_level(
-                    target, url, grpc_url, main_model, gateway_names, args.release,
-                    concurrency, args.tokens, rounds,
+                    target, url, grpc_url, main_model, gateway_names, args, concurrency, rounds,
+                    timeline,
                 )  # fmt: skip
                 if args.py_spy is not None and repeat == 0:
                     folded = args.out / f"engine-{target}-c{concurrency}.folded"
@@ -333,6 +411,7 @@ def main(argv: list[str] | None = None) -> int:
         "process to start them all (about 3 ms each)",
     )
     parser.add_argument("--repeats", type=int, default=3, help="interleaved runs per level")
+    parser.add_argument("--max-batch-size", type=int, default=128, help="the engine's batch")
     parser.add_argument(
         "--py-spy",
         type=Path,
@@ -341,14 +420,33 @@ def main(argv: list[str] | None = None) -> int:
         "every level, into <out>/engine-<target>-c<concurrency>.folded",
     )
     parser.add_argument("--profile-seconds", type=int, default=8)
+    parser.add_argument(
+        "--timelines",
+        action="store_true",
+        help="write every run's requests (sent, first token, end) and Triton's per-model "
+        "counters to <out>/timeline-<target>-c<concurrency>-r<repeat>.json",
+    )
+    parser.add_argument(
+        "--spread-ms",
+        type=float,
+        default=50.0,
+        help="a `spread` direct target waits a random 0 to this many ms before every request",
+    )
     parser.add_argument("--start-timeout", type=float, default=300.0)
     parser.add_argument("--guided", action="store_true", help="engine with xgrammar (installed)")
+    parser.add_argument(
+        "--mixed-batching",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="prompt chunks in the decode step's pass (the engine's default), or a pass each",
+    )
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32, 64, 128])
     parser.add_argument("--multi-streams", type=int, default=16)
     args = parser.parse_args(argv)
     for variant in args.direct:
         if not set(variant.split("-")) <= set(DIRECT_EXTRAS):
             parser.error(f"--direct {variant}: each part is one of {', '.join(DIRECT_EXTRAS)}")
+    args.metrics_port = ephemeral_port()
     workdir = Path(tempfile.mkdtemp(prefix="bench-gpu-"))
     args.out.mkdir(parents=True, exist_ok=True)
     shapes = {"llama-1b": TOY if args.toy else BIG, "llama-160m": TOY if args.toy else SMALL}
@@ -379,6 +477,7 @@ def main(argv: list[str] | None = None) -> int:
         "targets": direct_targets(args.direct) + gateway_targets(args.transport),
         "release": args.release,
         "gateway_workers": args.workers,
+        "mixed_batching": args.mixed_batching,
         "parameters": params,
         "ready_s": ready_s,
         "tokens": args.tokens,

@@ -54,8 +54,9 @@ async def gateway_stream(client: httpx.AsyncClient, model: str, tokens: int) -> 
 # What the direct requests may add, each the way the gateway sends it: greedy spelled out as
 # temperature 0 and top_k 1 (the gateway's form for every release), TensorRT-LLM's perf
 # metrics (which the gateway asks for to report cached_tokens), and the token counts (their log
-# probs where the model reports no count).
-DIRECT_EXTRAS = ("greedy", "perf", "counts")
+# probs where the model reports no count). ``spread`` changes no tensor: the client waits a
+# random moment before every request, so that requests arrive spread out rather than in bursts.
+DIRECT_EXTRAS = ("greedy", "perf", "counts", "spread")
 
 
 def direct_request(

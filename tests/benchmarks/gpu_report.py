@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import statistics
@@ -27,6 +28,17 @@ class Level:
     repeat: int = 0
     client_cores: float = 0.0
     """CPU the benchmark's own process spent per second of the level: near 1.0, it was the limit."""
+    wall_s: float = 0.0
+    engine_steps: int = 0
+    """Decode steps the engine ran during the level (its ``iteration_counter``); 0 if unknown."""
+    tokens_per_step: float = math.nan
+    """Tokens streamed per decode step: the engine's mean decode batch over the level."""
+
+    def with_steps(self, steps: int) -> Level:
+        """This level with the engine's decode steps during it."""
+        tokens = self.tokens_per_s * self.wall_s
+        per_step = tokens / steps if steps > 0 else math.nan
+        return dataclasses.replace(self, engine_steps=steps, tokens_per_step=per_step)
 
     def line(self) -> str:
         return (
@@ -34,7 +46,8 @@ class Level:
             f"{self.tokens_per_s:9.1f} tok/s  TTFT p50 {self.ttft_p50_ms:7.1f} ms "
             f"p99 {self.ttft_p99_ms:7.1f}  ITL p50 {self.itl_p50_ms:6.2f} ms "
             f"p99 {self.itl_p99_ms:6.2f}  e2e p50 {self.e2e_p50_ms:8.1f} ms  "
-            f"client {self.client_cores:.2f} cores"
+            f"client {self.client_cores:.2f} cores  engine steps {self.engine_steps} "
+            f"({self.tokens_per_step:.1f} tokens each)"
         )
 
 
@@ -73,6 +86,7 @@ def summarise(
         e2e_p50_ms=statistics.median(r["end"] * 1000 for r in results),
         incomplete=sum(1 for r in results if r["tokens"] < expected),
         client_cores=client_cores,
+        wall_s=wall,
     )
 
 
@@ -92,7 +106,7 @@ def _runs(levels: list[Any], target: str) -> dict[int, list[dict[str, Any]]]:
 def _by(levels: list[Any], target: str) -> dict[int, dict[str, float]]:
     """The median of every figure over the repeats, by concurrency."""
     return {
-        concurrency: {key: _median([run[key] for run in runs]) for key in _FIGURES}
+        concurrency: {key: _median([run.get(key, math.nan) for run in runs]) for key in _FIGURES}
         for concurrency, runs in _runs(levels, target).items()
     }
 
@@ -104,11 +118,11 @@ def _median(values: list[float]) -> float:
 
 
 _FIGURES = ("tokens_per_s", "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms",
-            "e2e_p50_ms", "client_cores")  # fmt: skip
+            "e2e_p50_ms", "client_cores", "tokens_per_step")  # fmt: skip
 
 
 def _spread(runs: list[dict[str, Any]], key: str, form: str) -> str:
-    values = [run[key] for run in runs if not math.isnan(run[key])]
+    values = [run[key] for run in runs if not math.isnan(run.get(key, math.nan))]
     if len(values) <= 1:
         return format(values[0] if values else math.nan, form)
     return f"{statistics.median(values):{form}} ({min(values):{form}}–{max(values):{form}})"
@@ -132,7 +146,13 @@ def render_markdown(report: dict[str, Any]) -> str:
         "",
         f"- Machine: {machine.get('nvidia_smi', 'no GPU')}; {machine['cpus']} CPU cores; "
         f"torch {machine['torch']} (CUDA {machine.get('cuda')}).",
-        f"- Models (random weights, bfloat16, PyTorch engine on {report['device']}, one "
+        f"- Models (random weights, bfloat16, PyTorch engine on {report['device']}"
+        + (
+            f" with mixed batching {'on' if report['mixed_batching'] else 'off'}"
+            if "mixed_batching" in report
+            else ""
+        )
+        + ", one "
         f"tritonserver, the {report.get('release', 'v0.19')} release's model configs): "
         + ", ".join(
             f"{name} {count / 1e9:.2f}B parameters" for name, count in report["parameters"].items()
@@ -158,11 +178,13 @@ def render_markdown(report: dict[str, Any]) -> str:
         + (" (`gateway-http`, `gateway-grpc`)." if len(transports) > 1 else "."),
         f"- {repeats} runs per level, the targets interleaved (their order reversed every "
         "run) after a warm-up: medians, the range in brackets. `client cores` is the CPU the "
-        "benchmark's own process spent per second: well under 1, it was not the limit.",
+        "benchmark's own process spent per second: well under 1, it was not the limit. "
+        "`tokens/step` is the tokens streamed per decode step of the engine: its mean decode "
+        "batch.",
         "",
         "| concurrency | target | tokens/s | of direct | TTFT p50 ms | ITL p50 ms | added ITL p50 "
-        "| ITL p99 ms | end to end p50 ms | client cores |",
-        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| ITL p99 ms | end to end p50 ms | client cores | tokens/step |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for concurrency in sorted(direct):
         for name in targets:
@@ -178,7 +200,8 @@ def render_markdown(report: dict[str, Any]) -> str:
                 f"| {concurrency} | {name} | {_spread(mine, 'tokens_per_s', ',.0f')} | {share} | "
                 f"{_spread(mine, 'ttft_p50_ms', '.1f')} | {_spread(mine, 'itl_p50_ms', '.2f')} | "
                 f"{added} | {_spread(mine, 'itl_p99_ms', '.2f')} | "
-                f"{_spread(mine, 'e2e_p50_ms', '.0f')} | {_spread(mine, 'client_cores', '.2f')} |"
+                f"{_spread(mine, 'e2e_p50_ms', '.0f')} | {_spread(mine, 'client_cores', '.2f')} | "
+                f"{_spread(mine, 'tokens_per_step', '.1f')} |"
             )
     lines.append("")
     for name, levels in by.items():

@@ -24,6 +24,7 @@ from deploy.triton.engine.triton_metrics import EngineMetrics, stat_values
 from deploy.triton.engine.types import EngineError, SequenceOutput, ServingEngine
 from deploy.triton.engine.wire import is_stop_request, parse_items
 from deploy.triton.loadtest.paced import PacedConfig, PacedEngine
+from deploy.triton.watchdog import ParentWatchdog
 
 logger = logging.getLogger(__name__)
 
@@ -129,6 +130,9 @@ class TritonPythonModel:
             self._stat_values,
             self._settings.stats_check_period_ms / 1000.0,
         ).start()
+        # The engine's threads call into tritonserver: one stuck in such a call as the server
+        # dies must not keep the stub alive.
+        self._watchdog = ParentWatchdog().start()
 
     def execute(self, requests: list[Any]) -> None:
         """Hand requests to the engine; responses follow from the engine's threads."""
@@ -144,6 +148,7 @@ class TritonPythonModel:
         self._sender.join(timeout=10)
         self._watcher.join(timeout=5)
         self._tensors.clear()
+        self._watchdog.stop()
 
     def _stat_values(self) -> dict[tuple[str, str], float]:
         engine = self._engine

@@ -1,5 +1,6 @@
-"""Mixed batching: prompt chunks ride in the decode step's forward pass (``packed``), so that a
-prompt costs the running batch no pass of its own, as in TensorRT-LLM's in-flight batching."""
+"""An iteration's forward pass: the decode step alone, or with mixed batching the decode step
+with prompt chunks riding in it (``packed``), so that a prompt costs the running batch no pass of
+its own, as in TensorRT-LLM's in-flight batching."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from deploy.triton.engine import packed
 from deploy.triton.engine.batch import DecodeBatch
 from deploy.triton.engine.context import ContextJob, ContextPhase
 from deploy.triton.engine.kvcache import KVLayout, KVPool
+from deploy.triton.engine.kvstore import KVStore
 from deploy.triton.engine.runner import ModelRunner
 from deploy.triton.engine.types import EngineError
 
@@ -110,6 +112,22 @@ class MixedBatching:
             started.append((job, logits[found] if done else None))
             found += done
         return logits[: len(tables)], started
+
+
+def decode_pass(runner: ModelRunner, store: KVStore, batch: DecodeBatch) -> torch.Tensor:
+    """A pass of its own for a token of every row of ``batch``: their logits [rows, vocab]."""
+    tables = [seq.table for seq in batch.sequences]
+    for table in tables:
+        store.grow(table, 1)
+    logits = runner.decode(
+        [seq.next_input for seq in batch.sequences],
+        store.view(tables, 1),
+        [seq.adapter for seq in batch.sequences],
+    )
+    for seq in batch.sequences:
+        seq.table.length += 1
+        store.commit(seq.table, seq.history, seq.request.extra_ids)
+    return logits
 
 
 def probe(runner: ModelRunner, layout: KVLayout) -> float:

@@ -16,7 +16,7 @@ from deploy.triton.engine.context import ContextJob, ContextPhase, Submission, p
 from deploy.triton.engine.guided import NOT_ENABLED, GuidedDecoding
 from deploy.triton.engine.kvstore import KVStore
 from deploy.triton.engine.lora import LoraCache
-from deploy.triton.engine.mixed import Chunks, MixedBatching
+from deploy.triton.engine.mixed import Chunks, MixedBatching, decode_pass
 from deploy.triton.engine.runner import ModelRunner
 from deploy.triton.engine.types import (
     EngineConfig,
@@ -53,7 +53,8 @@ class Engine:
     thread, ending with a finished one for every sequence (also on `stop`, errors and
     `shutdown`). Each iteration admits waiting requests whose blocks the KV store can reserve
     (taking their cached prefix), prefills prompts (whole, or with chunked context at most
-    `max_num_tokens` prompt tokens), then decodes one token for every running sequence.
+    `max_num_tokens` prompt tokens) and decodes one token for every running sequence: in one
+    packed forward pass with mixed batching, else a pass per prompt and one for the batch.
     """
 
     def __init__(
@@ -286,7 +287,7 @@ class Engine:
                 self._prefill_chunk(job, take)
         shared = self._batch or len(packable) > 1
         if mixed is not None and packable and shared and mixed.carries(self._batch):
-            return self._mixed(mixed, packable)
+            return self._step(packable)
         for job, take in packable:
             self._prefill_chunk(job, take)
         return self._step() if self._batch else 0
@@ -316,17 +317,22 @@ class Engine:
         self._release(finished)
         self._batch.extend(group)
 
-    def _mixed(self, mixed: MixedBatching, chunks: Chunks) -> int:
+    def _step(self, chunks: Chunks = ()) -> int:
+        """A token for every running sequence; ``chunks`` ride in the same pass (mixed batching).
+        Returns the sequences decoded."""
         batch = self._batch
         rows = len(batch)
         self._max_running = max(self._max_running, rows)
+        started: list[tuple[ContextJob, torch.Tensor | None]] = []
         try:
-            logits, started = mixed.run(batch, chunks)
+            if chunks:
+                assert self.mixed is not None
+                logits, started = self.mixed.run(batch, chunks)
+            else:
+                logits = decode_pass(self.runner, self.store, batch)
             outputs, finished = batch.advance(logits) if rows else ([], [])
         except Exception as exc:
-            logger.exception(
-                "mixed step failed; failing %d sequences and %d prompts", rows, len(chunks)
-            )
+            logger.exception("forward pass failed: %d sequences, %d prompts", rows, len(chunks))
             for job, _ in chunks:
                 self._drop_job(job, FinishReason.ERROR, f"prefill failed: {exc}")
             if rows:
@@ -340,33 +346,6 @@ class Engine:
         for job, first in started:
             if first is not None:
                 self._start(job, first)
-        return rows
-
-    def _step(self) -> int:
-        batch = self._batch
-        self._max_running = max(self._max_running, len(batch))
-        rows = len(batch)
-        try:
-            tables = [seq.table for seq in batch.sequences]
-            for table in tables:
-                self.store.grow(table, 1)
-            logits = self.runner.decode(
-                [seq.next_input for seq in batch.sequences],
-                self.store.view(tables, 1),
-                [seq.adapter for seq in batch.sequences],
-            )
-            for seq in batch.sequences:
-                seq.table.length += 1
-                self.store.commit(seq.table, seq.history, seq.request.extra_ids)
-            outputs, finished = batch.advance(logits)
-        except Exception as exc:
-            logger.exception("decode step failed; failing %d sequences", len(batch))
-            self._fail_batch(f"decode failed: {exc}")
-            return 0
-        self._steps += 1
-        for seq, output in outputs:
-            self._emit(seq.callback, output)
-        self._release(finished)
         return rows
 
     def _record(self, context_requests: int, context_tokens: int, decoded: int) -> None:

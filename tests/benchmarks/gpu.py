@@ -43,6 +43,7 @@ from tests.benchmarks.gpu_clients import (
     direct_request,
     direct_stream,
     direct_targets,
+    gateway_client,
     gateway_model,
     gateway_stream,
     gateway_targets,
@@ -214,21 +215,21 @@ async def run_level(
     import tritonclient.grpc.aio as grpcclient
 
     results: list[dict[str, Any]] = []
-    limits = httpx.Limits(max_connections=concurrency + 4)
     grpc_client = grpcclient.InferenceServerClient(grpc_url)
     extras = tuple(target.split("-")[1:])
     request = direct_request(model, args.tokens, extras, args.release)
     spread_s = args.spread_ms / 1000 if "spread" in extras else 0.0
     metrics_url = f"http://127.0.0.1:{args.metrics_port}/metrics"
-    async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as http:
+    async with httpx.AsyncClient(timeout=60) as http:
 
         async def worker() -> None:
+            client = gateway_client(url, gateway_names.get(target, ""), args.tokens)
             for _ in range(rounds):
                 if spread_s:
                     await asyncio.sleep(random.uniform(0.0, spread_s))
                 sent = time.perf_counter() - start
                 if target.startswith("gateway"):
-                    result = await gateway_stream(http, gateway_names[target], args.tokens)
+                    result = await gateway_stream(client)
                 else:
                     result = await direct_stream(grpc_client._client_stub, request)
                 results.append({**result, "sent": sent})

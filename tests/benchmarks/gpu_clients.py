@@ -5,11 +5,8 @@ gateway asks beyond the text."""
 from __future__ import annotations
 
 import itertools
-import json
 import time
 from typing import Any
-
-import httpx
 
 PROMPT = (
     "Write a detailed report on the history of the printing press, its inventors, the spread "
@@ -24,8 +21,15 @@ def gateway_model(name: str, transport: str, transports: list[str]) -> str:
     return name if transport == transports[0] else f"{name}-{transport}"
 
 
-async def gateway_stream(client: httpx.AsyncClient, model: str, tokens: int) -> dict[str, Any]:
-    """One streamed completion through the gateway: arrival times of its chunks."""
+def gateway_client(url: str, model: str, tokens: int) -> Any:
+    """A client streaming the benchmark's completion through the gateway again and again on one
+    kept-alive connection: raw HTTP/1.1 and no JSON decoding but the usage (the load
+    generator's client), so that the client's own cost stays far below the gateway's."""
+    from urllib.parse import urlsplit
+
+    from tests.benchmarks.loadgen import HttpClient
+
+    address = urlsplit(url)
     body = {
         "model": model,
         "prompt": PROMPT,
@@ -35,20 +39,26 @@ async def gateway_stream(client: httpx.AsyncClient, model: str, tokens: int) -> 
         "stream": True,
         "stream_options": {"include_usage": True},
     }
-    start = time.perf_counter()
+    return HttpClient(address.hostname or "127.0.0.1", address.port or 80, "/v1/completions",
+                      body, "none")  # fmt: skip
+
+
+async def gateway_stream(client: Any) -> dict[str, Any]:
+    """One streamed completion through the gateway: arrival times of its chunks."""
+    from tests.benchmarks.loadgen import Sample
+
+    sample = Sample(start=time.perf_counter())
+    await client.send(sample)
     arrivals: list[float] = []
-    completion = 0
-    async with client.stream("POST", "/v1/completions", json=body) as response:
-        response.raise_for_status()
-        async for line in response.aiter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            chunk = json.loads(line[6:])
-            if chunk.get("usage"):
-                completion = chunk["usage"]["completion_tokens"]
-            if chunk["choices"] and chunk["choices"][0]["text"]:
-                arrivals.append(time.perf_counter() - start)
-    return {"arrivals": arrivals, "end": time.perf_counter() - start, "tokens": completion}
+    if sample.first:
+        arrivals.append(sample.first - sample.start)
+        for gap in sample.gaps:
+            arrivals.append(arrivals[-1] + gap)
+    return {
+        "arrivals": arrivals,
+        "end": time.perf_counter() - sample.start,
+        "tokens": sample.tokens,
+    }
 
 
 # What the direct requests may add, each the way the gateway sends it: greedy spelled out as

@@ -48,7 +48,13 @@ from tests.benchmarks.gpu_clients import (
     gateway_stream,
     gateway_targets,
 )
-from tests.benchmarks.gpu_report import Level, render_markdown, render_plot, summarise
+from tests.benchmarks.gpu_report import (
+    Level,
+    bucket_quantile,
+    render_markdown,
+    render_plot,
+    summarise,
+)
 from tests.support.gateway import serve_process, stop_process
 
 PROFILE_DELAY_S = 4.0
@@ -197,6 +203,24 @@ async def triton_counters(http: httpx.AsyncClient, metrics_url: str) -> dict[str
     return counters
 
 
+async def served_ttft(http: httpx.AsyncClient, url: str, model: str) -> dict[float, float]:
+    """The gateway's time-to-first-token histogram of ``model``: cumulative counts by bucket."""
+    try:
+        text = (await http.get(f"{url}/metrics")).text
+    except httpx.HTTPError:
+        return {}
+    buckets: dict[float, float] = {}
+    for line in text.splitlines():
+        if line.startswith("gateway_time_to_first_token_seconds_bucket{") and (
+            f'model="{model}"' in line
+        ):
+            bound = re.search(r'le="([^"]+)"', line)
+            if bound is not None:
+                key = float(bound.group(1))
+                buckets[key] = buckets.get(key, 0.0) + float(line.rsplit(" ", 1)[1])
+    return buckets
+
+
 async def run_level(
     target: str,
     url: str,
@@ -236,12 +260,18 @@ async def run_level(
 
         steps = await engine_steps(http, metrics_url, model)
         counted = await triton_counters(http, metrics_url)
+        served = gateway_names.get(target, "")
+        served_before = await served_ttft(http, url, served) if served else {}
         start, cpu = time.perf_counter(), time.process_time()
         await asyncio.gather(*(worker() for _ in range(concurrency)))
         wall, cpu = time.perf_counter() - start, time.process_time() - cpu
         # The engine publishes its counter every stats period: wait a period past the last token.
         await asyncio.sleep(STATS_PERIOD_S)
         steps = await engine_steps(http, metrics_url, model) - steps
+        if served:
+            served_after = await served_ttft(http, url, served)
+            delta = {le: n - served_before.get(le, 0.0) for le, n in served_after.items()}
+            served_p99 = bucket_quantile(delta, 0.99)
         if timeline is not None:
             after = await triton_counters(http, metrics_url)
             requests = [
@@ -252,6 +282,8 @@ async def run_level(
             timeline.write_text(json.dumps(record))
     await grpc_client.close()
     level = summarise(target, concurrency, results, wall, args.tokens, client_cores=cpu / wall)
+    if served:
+        level = dataclasses.replace(level, served_ttft_p99_s=served_p99)
     return level.with_steps(steps)
 
 

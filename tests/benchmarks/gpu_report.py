@@ -33,6 +33,9 @@ class Level:
     """Decode steps the engine ran during the level (its ``iteration_counter``); 0 if unknown."""
     tokens_per_step: float = math.nan
     """Tokens streamed per decode step: the engine's mean decode batch over the level."""
+    served_ttft_p99_s: float = math.nan
+    """The gateway's own time to first token (from its arrival there), p99 as the upper bound
+    of its histogram bucket: what the client measured beyond it was spent before the gateway."""
 
     def with_steps(self, steps: int) -> Level:
         """This level with the engine's decode steps during it."""
@@ -47,8 +50,22 @@ class Level:
             f"p99 {self.ttft_p99_ms:7.1f}  ITL p50 {self.itl_p50_ms:6.2f} ms "
             f"p99 {self.itl_p99_ms:6.2f}  e2e p50 {self.e2e_p50_ms:8.1f} ms  "
             f"client {self.client_cores:.2f} cores  engine steps {self.engine_steps} "
-            f"({self.tokens_per_step:.1f} tokens each)"
+            f"({self.tokens_per_step:.1f} tokens each)  gateway's own TTFT p99 <= "
+            f"{self.served_ttft_p99_s} s"
         )
+
+
+def bucket_quantile(buckets: dict[float, float], q: float) -> float:
+    """The upper bound of the histogram bucket holding quantile ``q``, from cumulative counts by
+    upper bound (Prometheus' ``le``); NaN without observations."""
+    bounds = sorted(buckets)
+    total = buckets[bounds[-1]] if bounds else 0.0
+    if total <= 0:
+        return math.nan
+    for bound in bounds:
+        if buckets[bound] >= q * total:
+            return bound
+    return bounds[-1]
 
 
 def _quantile(values: list[float], q: float) -> float:

@@ -1,0 +1,33 @@
+"""The GPU benchmark's figures: the quantile of a Prometheus histogram and tokens per step."""
+
+from __future__ import annotations
+
+import math
+
+from tests.benchmarks.gpu_report import bucket_quantile, summarise
+
+
+def test_bucket_quantile_is_the_bound_of_the_bucket_that_holds_it() -> None:
+    # Cumulative counts: 90 requests within 0.1 s, 99 within 1 s, all 100 within 5 s.
+    buckets = {0.1: 90.0, 1.0: 99.0, 5.0: 100.0, math.inf: 100.0}
+    assert bucket_quantile(buckets, 0.5) == 0.1
+    assert bucket_quantile(buckets, 0.9) == 0.1
+    assert bucket_quantile(buckets, 0.95) == 1.0
+    assert bucket_quantile(buckets, 0.999) == 5.0
+
+
+def test_bucket_quantile_of_nothing_is_unknown() -> None:
+    assert math.isnan(bucket_quantile({}, 0.5))
+    assert math.isnan(bucket_quantile({0.1: 0.0, math.inf: 0.0}, 0.5))
+
+
+def test_tokens_per_step_are_the_level_tokens_over_the_engine_steps() -> None:
+    results = [
+        {"arrivals": [0.1 * i for i in range(1, 9)], "end": 1.0, "tokens": 8} for _ in range(4)
+    ]
+    level = summarise("direct", 4, results, wall=2.0, expected=8)
+    assert math.isnan(level.tokens_per_step)
+    stepped = level.with_steps(10)
+    assert stepped.engine_steps == 10
+    assert stepped.tokens_per_step == 32 / 10
+    assert math.isnan(level.with_steps(0).tokens_per_step)

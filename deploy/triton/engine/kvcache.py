@@ -173,19 +173,30 @@ class Slots:
     """The padded length before the pass."""
 
 
-class _PagedLayer(CacheLayerMixin):  # type: ignore[misc]
-    """One layer's window on the pool for one forward pass."""
+class PoolLayer(CacheLayerMixin):  # type: ignore[misc]
+    """A ``transformers`` cache layer over one layer's keys and values in the pool, for one
+    forward pass; subclasses write the new tokens and say what attention reads."""
 
     is_sliding = False
 
-    def __init__(self, keys: torch.Tensor, values: torch.Tensor, view: PagedView) -> None:
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor) -> None:
         super().__init__()
         self._pool = (keys, values)
-        self._view = view
         self.is_initialized = True
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         self.is_initialized = True
+
+    def get_max_length(self) -> int:
+        return -1
+
+
+class _PagedLayer(PoolLayer):
+    """One layer's window on the pool for one forward pass."""
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, view: PagedView) -> None:
+        super().__init__(keys, values)
+        self._view = view
 
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
@@ -205,9 +216,6 @@ class _PagedLayer(CacheLayerMixin):  # type: ignore[misc]
 
     def get_seq_length(self) -> int:
         return self._view.past
-
-    def get_max_length(self) -> int:
-        return -1
 
 
 class PagedView(Cache):  # type: ignore[misc]

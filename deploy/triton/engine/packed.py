@@ -23,9 +23,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from transformers.cache_utils import Cache, CacheLayerMixin
+from transformers.cache_utils import Cache
 
-from deploy.triton.engine.kvcache import KVPool
+from deploy.triton.engine.kvcache import KVPool, PoolLayer
 
 logger = logging.getLogger(__name__)
 
@@ -165,20 +165,13 @@ def register() -> bool:
     return True
 
 
-class _PackedLayer(CacheLayerMixin):  # type: ignore[misc]
+class _PackedLayer(PoolLayer):
     """One layer's pools for one packed pass: new keys and values go to their slots, and
     attention gets the whole pools."""
 
-    is_sliding = False
-
     def __init__(self, keys: torch.Tensor, values: torch.Tensor, write: torch.Tensor) -> None:
-        super().__init__()
-        self._pool = (keys, values)
+        super().__init__(keys, values)
         self._write = write
-        self.is_initialized = True
-
-    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
-        self.is_initialized = True
 
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
@@ -192,9 +185,6 @@ class _PackedLayer(CacheLayerMixin):  # type: ignore[misc]
 
     def get_seq_length(self) -> int:
         return 0
-
-    def get_max_length(self) -> int:
-        return -1
 
 
 class PackedView(Cache):  # type: ignore[misc]

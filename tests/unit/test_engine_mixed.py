@@ -127,7 +127,7 @@ def test_the_probe_turns_mixed_batching_off_where_a_packed_pass_differs(
         """A plan whose chunks forget their cached past: they attend to their own tokens only."""
         plan, write, positions = planned(*args)
         chunks = tuple(
-            packed.Chunk(chunk.read[-chunk.count :], chunk.count, None) for chunk in plan.chunks
+            packed.Chunk(chunk.read[:, -chunk.count :], chunk.count, None) for chunk in plan.chunks
         )
         return packed.PackedPlan(plan.rows, plan.row_read, plan.row_mask, chunks), write, positions
 

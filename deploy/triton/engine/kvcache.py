@@ -190,6 +190,20 @@ class PoolLayer(CacheLayerMixin):  # type: ignore[misc]
     def get_max_length(self) -> int:
         return -1
 
+    def _store(self, write: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> None:
+        """Write a pass's new keys and values ``[rows, heads, count, dim]`` to the slots
+        ``write``, row after row."""
+        for pool, states in zip(self._pool, (keys, values), strict=True):
+            pool.index_copy_(0, write, states.transpose(1, 2).reshape(-1, *pool.shape[1:]))
+
+
+def gather(pool: torch.Tensor, read: torch.Tensor) -> torch.Tensor:
+    """A layer's keys or values at the slots ``read`` ``[rows, columns]``, as attention reads
+    them: ``[rows, heads, columns, dim]``."""
+    rows, columns = read.shape
+    gathered = pool.index_select(0, read.reshape(-1))
+    return gathered.view(rows, columns, *pool.shape[1:]).transpose(1, 2)
+
 
 class _PagedLayer(PoolLayer):
     """One layer's window on the pool for one forward pass."""
@@ -201,15 +215,9 @@ class _PagedLayer(PoolLayer):
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        view = self._view
-        rows, columns = view.read.shape
-        out = []
-        for pool, states in zip(self._pool, (key_states, value_states), strict=True):
-            heads, dim = pool.shape[1], pool.shape[2]
-            pool.index_copy_(0, view.write, states.transpose(1, 2).reshape(-1, heads, dim))
-            gathered = pool.index_select(0, view.read.reshape(-1))
-            out.append(gathered.view(rows, columns, heads, dim).transpose(1, 2))
-        return out[0], out[1]
+        self._store(self._view.write, key_states, value_states)
+        keys, values = self._pool
+        return gather(keys, self._view.read), gather(values, self._view.read)
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
         return self._view.past + query_length, 0

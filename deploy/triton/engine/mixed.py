@@ -11,6 +11,7 @@ import torch
 
 from deploy.triton.engine import packed
 from deploy.triton.engine.batch import DecodeBatch
+from deploy.triton.engine.blocks import BlockTable
 from deploy.triton.engine.context import ContextJob, ContextPhase
 from deploy.triton.engine.kvcache import KVLayout, KVPool
 from deploy.triton.engine.kvstore import KVStore
@@ -82,9 +83,7 @@ class MixedBatching:
         [rows, vocab], and each chunk's job with its next-token logits once its prompt is whole
         (None before)."""
         store = self.store
-        tables = [seq.table for seq in batch.sequences]
-        for table in tables:
-            store.grow(table, 1)
+        tables = _reserve_rows(store, batch)
         tokens = [seq.next_input for seq in batch.sequences]
         parts = []
         keep = list(range(len(tables)))
@@ -102,9 +101,7 @@ class MixedBatching:
             logits = self.runner.forward_packed(
                 tokens, packed.PackedView(store.pool, write), positions, index
             )
-        for seq in batch.sequences:
-            seq.table.length += 1
-            store.commit(seq.table, seq.history, seq.request.extra_ids)
+        _record_rows(store, batch)
         started: list[tuple[ContextJob, torch.Tensor | None]] = []
         found = len(tables)
         for job, take in chunks:
@@ -116,18 +113,29 @@ class MixedBatching:
 
 def decode_pass(runner: ModelRunner, store: KVStore, batch: DecodeBatch) -> torch.Tensor:
     """A pass of its own for a token of every row of ``batch``: their logits [rows, vocab]."""
-    tables = [seq.table for seq in batch.sequences]
-    for table in tables:
-        store.grow(table, 1)
+    tables = _reserve_rows(store, batch)
     logits = runner.decode(
         [seq.next_input for seq in batch.sequences],
         store.view(tables, 1),
         [seq.adapter for seq in batch.sequences],
     )
+    _record_rows(store, batch)
+    return logits
+
+
+def _reserve_rows(store: KVStore, batch: DecodeBatch) -> list[BlockTable]:
+    """Room for one more token in every row's table; the tables."""
+    tables = [seq.table for seq in batch.sequences]
+    for table in tables:
+        store.grow(table, 1)
+    return tables
+
+
+def _record_rows(store: KVStore, batch: DecodeBatch) -> None:
+    """Count every row's new token as cached, and make newly full blocks findable."""
     for seq in batch.sequences:
         seq.table.length += 1
         store.commit(seq.table, seq.history, seq.request.extra_ids)
-    return logits
 
 
 def probe(runner: ModelRunner, layout: KVLayout) -> float:

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from transformers.cache_utils import Cache
 
-from deploy.triton.engine.kvcache import KVPool, PoolLayer
+from deploy.triton.engine.kvcache import KVPool, PoolLayer, gather
 
 logger = logging.getLogger(__name__)
 
@@ -44,7 +44,7 @@ class Chunk:
     """A prompt chunk's part of a packed pass: its sequence's slots up to the chunk's end."""
 
     read: torch.Tensor
-    """Pool slots of the sequence's tokens, past and new: ``[past + count]``."""
+    """Pool slots of the sequence's tokens, past and new: ``[1, past + count]``."""
     count: int
     mask: torch.Tensor | None
     """Causal mask ``[1, 1, count, past + count]`` over a cached past; None without one."""
@@ -91,7 +91,7 @@ def plan(
             keys = torch.arange(past + count, device=pool.device)
             queries = torch.arange(past, past + count, device=pool.device)
             mask = (keys.unsqueeze(0) <= queries.unsqueeze(1))[None, None]
-        parts.append(Chunk(slots.read.reshape(-1), count, mask))
+        parts.append(Chunk(slots.read, count, mask))
     packed = PackedPlan(len(rows), row_read, row_mask, tuple(parts))
     return packed, torch.cat(writes), torch.cat(positions).unsqueeze(0)
 
@@ -131,24 +131,20 @@ def attention(
     rows = packed.rows
     if rows:
         assert packed.row_read is not None
-        columns = packed.row_read.shape[1]
-        heads, dim = key.shape[1], key.shape[2]
-        flat = packed.row_read.reshape(-1)
-        keys = key.index_select(0, flat).view(rows, columns, heads, dim).transpose(1, 2)
-        values = value.index_select(0, flat).view(rows, columns, heads, dim).transpose(1, 2)
+        read = packed.row_read
         queries = query[0, :, :rows].transpose(0, 1).unsqueeze(2)
         out, _ = sdpa_attention_forward(
-            module, queries, keys, values, packed.row_mask, scaling=scaling, is_causal=False
-        )
+            module, queries, gather(key, read), gather(value, read), packed.row_mask,
+            scaling=scaling, is_causal=False,
+        )  # fmt: skip
         outputs.append(out.reshape(1, rows, out.shape[-2], out.shape[-1]))
     offset = rows
     for chunk in packed.chunks:
-        keys = key.index_select(0, chunk.read).transpose(0, 1).unsqueeze(0)
-        values = value.index_select(0, chunk.read).transpose(0, 1).unsqueeze(0)
         queries = query[:, :, offset : offset + chunk.count]
         out, _ = sdpa_attention_forward(
-            module, queries, keys, values, chunk.mask, scaling=scaling, is_causal=chunk.mask is None
-        )
+            module, queries, gather(key, chunk.read), gather(value, chunk.read), chunk.mask,
+            scaling=scaling, is_causal=chunk.mask is None,
+        )  # fmt: skip
         outputs.append(out)
         offset += chunk.count
     return torch.cat(outputs, dim=1), None
@@ -176,8 +172,7 @@ class _PackedLayer(PoolLayer):
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        for pool, states in zip(self._pool, (key_states, value_states), strict=True):
-            pool.index_copy_(0, self._write, states[0].transpose(0, 1))
+        self._store(self._write, key_states, value_states)
         return self._pool
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:

@@ -281,9 +281,11 @@ class Engine:
         where mixed batching takes them, else a pass per chunk and one for the batch. Returns
         the sequences decoded."""
         mixed = self.mixed
-        packable = [c for c in chunks if mixed is not None and mixed.takes(c[0])]
+        packable = []
         for job, take in chunks:
-            if all(job is not other for other, _ in packable):
+            if mixed is not None and mixed.takes(job):
+                packable.append((job, take))
+            else:
                 self._prefill_chunk(job, take)
         shared = self._batch or len(packable) > 1
         if mixed is not None and packable and shared and mixed.carries(self._batch):

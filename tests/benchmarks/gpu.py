@@ -23,11 +23,8 @@ import argparse
 import asyncio
 import dataclasses
 import json
-import os
 import random
 import re
-import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -48,6 +45,13 @@ from tests.benchmarks.gpu_clients import (
     gateway_stream,
     gateway_targets,
 )
+from tests.benchmarks.gpu_readings import (
+    engine_steps,
+    gpu_memory,
+    machine,
+    served_ttft,
+    triton_counters,
+)
 from tests.benchmarks.gpu_report import (
     Level,
     bucket_quantile,
@@ -55,170 +59,18 @@ from tests.benchmarks.gpu_report import (
     render_plot,
     summarise,
 )
+from tests.benchmarks.gpu_setup import (
+    BIG,
+    SMALL,
+    TOY,
+    build_model,
+    ephemeral_port,
+    gateway_config,
+)
 from tests.support.gateway import serve_process, stop_process
 
 PROFILE_DELAY_S = 4.0
 STATS_PERIOD_S = 0.5
-BIG = dict(
-    hidden_size=2048,
-    intermediate_size=8192,
-    num_hidden_layers=16,
-    num_attention_heads=32,
-    num_key_value_heads=8,
-)
-SMALL = dict(
-    hidden_size=768,
-    intermediate_size=2048,
-    num_hidden_layers=12,
-    num_attention_heads=12,
-    num_key_value_heads=4,
-)
-TOY = dict(
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=4,
-)
-
-
-def ephemeral_port() -> int:
-    """A port the OS hands out (not the tests' sequential range, which the gateway takes)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-def build_model(out: Path, tokenizer_dir: Path, shape: dict[str, int], device: str) -> int:
-    """A random-weight Llama with the tokenizer's vocabulary; returns its parameter count."""
-    import torch
-    from transformers import AutoTokenizer, GenerationConfig, LlamaConfig, LlamaForCausalLM
-
-    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        max_position_embeddings=4096,
-        tie_word_embeddings=True,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        torch_dtype="bfloat16",
-        **shape,
-    )
-    torch.manual_seed(0)
-    with torch.device(device):
-        model = LlamaForCausalLM(config).to(torch.bfloat16)
-    model.generation_config = GenerationConfig(eos_token_id=tokenizer.eos_token_id)
-    model.save_pretrained(out, safe_serialization=True)
-    tokenizer.save_pretrained(out)
-    return sum(p.numel() for p in model.parameters())
-
-
-def gateway_config(
-    models: dict[str, Path], args: argparse.Namespace, grpc_port: int
-) -> dict[str, Any]:
-    spec_models = []
-    for name, folder in models.items():
-        spec_models.append(
-            {
-                "name": name,
-                "release": args.release,
-                "engine": {
-                    "kind": "torch",
-                    "model_dir": str(folder),
-                    "device": args.device,
-                    "dtype": "bfloat16",
-                    "max_batch_size": args.max_batch_size,
-                    "max_seq_len": 2048,
-                    "guided_decoding": args.guided,
-                    "mixed_batching": args.mixed_batching,
-                },
-                "text_python_env": args.text_env,
-                "preprocessing_instances": 4,
-                "bls_instances": 1,
-            }
-        )
-    return {
-        # One gateway model per transport, all served by the same pipeline. A model given its
-        # Triton's gRPC address (and no HTTP one) is reached over gRPC.
-        "models": [
-            {"name": gateway_model(name, transport, args.transport), "pipeline": name}
-            | ({"triton_url": f"127.0.0.1:{grpc_port}"} if transport == "grpc" else {})
-            for name in models
-            for transport in args.transport
-        ],
-        "sidecars": {
-            "inline": {
-                "models": spec_models,
-                "sidecars": [
-                    {"name": "gpu", "grpc_port": grpc_port, "metrics_port": args.metrics_port}
-                ],
-            }
-        },
-        "server": {"workers": args.workers},
-        "tenancy": {"auth": False},
-        "limits": {"request_timeout_s": 300},
-    }
-
-
-async def engine_steps(http: httpx.AsyncClient, metrics_url: str, model: str) -> int:
-    """The decode steps ``model``'s engine has run (its ``iteration_counter`` on Triton's
-    metrics); 0 where the sidecar does not report it."""
-    try:
-        text = (await http.get(metrics_url)).text
-    except httpx.HTTPError:
-        return 0
-    label = f'model="{model}_tensorrt_llm"'
-    for line in text.splitlines():
-        name = line.startswith("nv_trt_llm_general_metrics{") and "iteration_counter" in line
-        if name and label in line:
-            return int(float(line.rsplit(" ", 1)[1]))
-    return 0
-
-
-_COUNTERS = (
-    "nv_inference_request_success",
-    "nv_inference_queue_duration_us",
-    "nv_inference_compute_input_duration_us",
-    "nv_inference_compute_infer_duration_us",
-    "nv_inference_compute_output_duration_us",
-    "nv_inference_request_duration_us",
-    "nv_inference_exec_count",
-)
-
-
-async def triton_counters(http: httpx.AsyncClient, metrics_url: str) -> dict[str, float]:
-    """Triton's per-model counters (queue and compute time, requests), by ``name{model}``."""
-    try:
-        text = (await http.get(metrics_url)).text
-    except httpx.HTTPError:
-        return {}
-    counters = {}
-    for line in text.splitlines():
-        name = line.split("{", 1)[0]
-        if name in _COUNTERS:
-            model = re.search(r'model="([^"]+)"', line)
-            key = f"{name}{{{model.group(1) if model else ''}}}"
-            counters[key] = float(line.rsplit(" ", 1)[1])
-    return counters
-
-
-async def served_ttft(http: httpx.AsyncClient, url: str, model: str) -> dict[float, float]:
-    """The gateway's time-to-first-token histogram of ``model``: cumulative counts by bucket."""
-    try:
-        text = (await http.get(f"{url}/metrics")).text
-    except httpx.HTTPError:
-        return {}
-    buckets: dict[float, float] = {}
-    for line in text.splitlines():
-        if line.startswith("gateway_time_to_first_token_seconds_bucket{") and (
-            f'model="{model}"' in line
-        ):
-            bound = re.search(r'le="([^"]+)"', line)
-            if bound is not None:
-                key = float(bound.group(1))
-                buckets[key] = buckets.get(key, 0.0) + float(line.rsplit(" ", 1)[1])
-    return buckets
 
 
 async def run_level(
@@ -322,33 +174,6 @@ async def both_models(url: str, models: list[str], streams: int, tokens: int) ->
     }
 
 
-def machine() -> dict[str, Any]:
-    import torch
-
-    info: dict[str, Any] = {"torch": torch.__version__, "cpus": os.cpu_count()}
-    if torch.cuda.is_available():
-        info["gpu"] = torch.cuda.get_device_name(0)
-        info["cuda"] = torch.version.cuda
-    try:
-        smi = [
-            "nvidia-smi",
-            "--query-gpu=name,driver_version,memory.total",
-            "--format=csv,noheader",
-        ]
-        info["nvidia_smi"] = subprocess.run(smi, capture_output=True, text=True).stdout.strip()
-    except OSError:
-        pass
-    return info
-
-
-def gpu_memory() -> str:
-    query = ["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader"]
-    try:
-        return subprocess.run(query, capture_output=True, text=True).stdout.strip()
-    except OSError:
-        return "n/a"
-
-
 async def measure(
     args: argparse.Namespace, url: str, grpc_url: str, names: list[str]
 ) -> dict[str, Any]:
@@ -358,8 +183,8 @@ async def measure(
         target: gateway_model(main_model, transport, args.transport)
         for target, transport in zip(gateway_targets(args.transport), args.transport, strict=True)
     }
+    warm = argparse.Namespace(**{**vars(args), "tokens": 16})
     for target in targets:
-        warm = argparse.Namespace(**{**vars(args), "tokens": 16})
         await run_level(target, url, grpc_url, main_model, gateway_names, warm, 4, 1)
     levels: list[Level] = []
     profiles: dict[str, dict[str, float]] = {}

@@ -238,7 +238,7 @@ def _model(args: argparse.Namespace) -> str:
     if args.model:
         return str(args.model)
     if args.build_llama:
-        from tests.benchmarks.gpu import BIG, build_model
+        from tests.benchmarks.gpu_setup import BIG, build_model
 
         folder = Path(tempfile.mkdtemp()) / "llama-1b"
         build_model(folder, Path(args.build_llama), BIG, args.device)

@@ -11,6 +11,12 @@ Triton 2.51's HTTP frontend now and then never wrote the rest of a ``generate_st
 that arrived on a connection that had served one before: the engine had sent every response and
 its final one, and the stream waited until its deadline (one run in three of sixteen 256-token
 streams on two cores; none in thirty such runs with a connection per request).
+
+Opening a connection is still kept off the request's way: every server's next connection is
+opened ahead, while the current request runs, and a request takes it if it is at most
+``SPARE_MAX_AGE_S`` old and Triton has not closed it. A spare that fails before Triton answered
+anything is replaced by a new connection and the request sent once more: a connection that
+carried nothing before cannot have started a generation that Triton then dropped.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ _JSON_TYPES = frozenset({"BOOL", "INT8", "INT16", "INT32", "INT64", "UINT8", "UI
                          "UINT64", "FP32", "FP64", "BYTES"})  # fmt: skip
 _STATUS_NAMES = {400: "INVALID_ARGUMENT", 404: "NOT_FOUND", 503: "UNAVAILABLE"}
 _DRAIN_S = 1.0
+SPARE_MAX_AGE_S = 2.0
 _READ_BYTES = 1 << 16
 Connection = tuple[asyncio.StreamReader, asyncio.StreamWriter]
 _decoder = msgspec.json.Decoder(dict[str, Any])
@@ -129,6 +136,27 @@ class HttpCall:
         except (TimeoutError, OSError, asyncio.IncompleteReadError):
             self.cancel()
 
+    async def _send(self) -> None:
+        """Send the request on a new connection, or on a spare that Triton may have let go, and
+        read the answer's head."""
+        self._connection, spare = await self._streams.connect(self._url)
+        try:
+            status, headers = await self._request_head()
+        except (ConnectionError, asyncio.IncompleteReadError):
+            if not spare:
+                raise
+            self.cancel()
+            self._connection = await self._streams.open(self._url)
+            status, headers = await self._request_head()
+        if status != 200:
+            raise HttpError(status, await _error_text(self._connection[0], headers))
+
+    async def _request_head(self) -> tuple[int, dict[bytes, bytes]]:
+        assert self._connection is not None
+        reader, writer = self._connection
+        writer.write(self._request)
+        return await _head(reader)
+
     def cancel(self) -> None:
         """Close the connection: Triton cancels the request if it is still running."""
         if self._connection is not None:
@@ -141,12 +169,8 @@ class HttpCall:
 
     async def _receive_some(self) -> None:
         if self._connection is None:
-            self._connection = await self._streams.connect(self._url)
-            reader, writer = self._connection
-            writer.write(self._request)
-            status, headers = await _head(reader)
-            if status != 200:
-                raise HttpError(status, await _error_text(reader, headers))
+            await self._send()
+        assert self._connection is not None
         data = await self._connection[0].read(_READ_BYTES)
         if not data:
             raise asyncio.IncompleteReadError(b"", None)
@@ -186,10 +210,14 @@ class ChunkedEvents:
 
 
 class HttpStreams:
-    """The ``generate_stream`` calls to Triton servers and their open connections."""
+    """The ``generate_stream`` calls to Triton servers, their open connections, and every
+    server's spare connection, opened ahead for its next call."""
 
-    def __init__(self) -> None:
+    def __init__(self, spare_max_age_s: float = SPARE_MAX_AGE_S) -> None:
         self._open: set[asyncio.StreamWriter] = set()
+        self._spare_max_age_s = spare_max_age_s
+        self._spares: dict[str, tuple[Connection, float]] = {}
+        self._opening: dict[str, asyncio.Task[None]] = {}
 
     def call(
         self,
@@ -204,12 +232,23 @@ class HttpStreams:
         path = f"/v2/models/{model}/generate_stream"
         return HttpCall(self, url, path, body, headers or {}, deadline)
 
-    async def connect(self, url: str) -> Connection:
-        """A new connection to ``url``."""
-        parts = urlsplit(url if "//" in url else f"http://{url}")
-        reader, writer = await asyncio.open_connection(parts.hostname, parts.port or 80)
-        self._open.add(writer)
-        return reader, writer
+    async def connect(self, url: str) -> tuple[Connection, bool]:
+        """A connection to ``url`` for one call, and whether it is the spare opened ahead; the
+        next spare starts opening."""
+        spare = self._take_spare(url)
+        if url not in self._opening:
+            task = asyncio.get_running_loop().create_task(self._open_spare(url))
+            self._opening[url] = task
+        if spare is not None:
+            self._open.add(spare[1])
+            return spare, True
+        return await self.open(url), False
+
+    async def open(self, url: str) -> Connection:
+        """A new connection to ``url``, counted as a call's."""
+        connection = await _dial(url)
+        self._open.add(connection[1])
+        return connection
 
     def release(self, connection: Connection) -> None:
         """Close a call's connection."""
@@ -218,16 +257,51 @@ class HttpStreams:
 
     @property
     def open_connections(self) -> int:
-        """Connections of calls still running."""
+        """Connections of calls still running (spares not counted)."""
         return len(self._open)
 
     async def close(self) -> None:
-        """Close every connection still open."""
-        writers, self._open = list(self._open), set()
+        """Close every connection still open, spares included."""
+        for task in self._opening.values():
+            task.cancel()
+        await asyncio.gather(*self._opening.values(), return_exceptions=True)
+        self._opening = {}
+        writers = [*self._open, *(spare[1] for spare, _ in self._spares.values())]
+        self._open, self._spares = set(), {}
         for writer in writers:
             writer.close()
             with contextlib.suppress(OSError, ConnectionError):
                 await writer.wait_closed()
+
+    def _take_spare(self, url: str) -> Connection | None:
+        """The spare of ``url`` if it is young and Triton has not closed it (else closed)."""
+        entry = self._spares.pop(url, None)
+        if entry is None:
+            return None
+        (reader, writer), opened = entry
+        age = asyncio.get_running_loop().time() - opened
+        if age <= self._spare_max_age_s and not reader.at_eof() and not writer.is_closing():
+            return reader, writer
+        writer.close()
+        return None
+
+    async def _open_spare(self, url: str) -> None:
+        try:
+            connection = await _dial(url)
+        except OSError:
+            # The call that needs it will open its own and report what fails.
+            return
+        finally:
+            self._opening.pop(url, None)
+        old = self._spares.pop(url, None)
+        if old is not None:
+            old[0][1].close()
+        self._spares[url] = (connection, asyncio.get_running_loop().time())
+
+
+async def _dial(url: str) -> Connection:
+    parts = urlsplit(url if "//" in url else f"http://{url}")
+    return await asyncio.open_connection(parts.hostname, parts.port or 80)
 
 
 def _request_bytes(url: str, path: str, body: bytes, headers: Mapping[str, str]) -> bytes:

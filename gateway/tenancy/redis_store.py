@@ -4,6 +4,9 @@ Each script reads Redis's own clock, so replicas with skewed clocks agree. A ten
 the hash tag ``{tenant}``, so every script touches one Cluster slot. Concurrency leases live in a
 sorted set scored by their expiry: a gateway renews its leases while their requests run, so the
 leases of a gateway that died expire on their own.
+
+The scripts go over the store's own pipelined connection (``resp``), the cheapest way a request
+can wait on Redis; what else the replicas share in Redis uses the redis-py client beside it.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from gateway.tenancy.quota import (
     StoreUnavailable,
     quota_of,
 )
+from gateway.tenancy.resp import RespError, RespLink, Script
 
 logger = logging.getLogger(__name__)
 
@@ -136,7 +140,7 @@ end
 return 1
 """
 
-_FAILURES = (RedisError, OSError, TimeoutError)
+_FAILURES = (RedisError, RespError, OSError, TimeoutError)
 
 
 def _args(limit: Limit | None) -> tuple[float, float]:
@@ -149,28 +153,31 @@ class RedisStore:
     def __init__(
         self,
         client: aioredis.Redis,
+        link: RespLink,
         *,
         prefix: str = "tgw",
         timeout_s: float = 0.25,
         lease_ttl_s: float = 30.0,
     ) -> None:
         self.client = client
+        """redis-py, for what else the replicas share (the scripts go over ``link``)."""
+        self._link = link
         self._prefix = prefix
         self._timeout_s = timeout_s
         self._lease_ttl_s = lease_ttl_s
-        self._admit = client.register_script(ADMIT)
-        self._settle = client.register_script(SETTLE)
-        self._renew = client.register_script(RENEW)
+        self._admit = Script(link, ADMIT)
+        self._settle = Script(link, SETTLE)
+        self._renew = Script(link, RENEW)
         self._held: dict[str, set[str]] = {}
         self._renewer: asyncio.Task[None] | None = None
 
     @classmethod
     def connect(cls, url: str, **options: Any) -> RedisStore:
-        """A store over a new connection pool to ``url`` (connections open on first use).
+        """A store over new connections to ``url`` (opened on first use).
 
-        A pooled connection that Redis closed (a restart, an idle timeout) fails its next
-        command; that command is sent once more on a fresh connection, at once, so only a
-        Redis that stays unreachable counts as an outage.
+        A connection that Redis closed (a restart, an idle timeout) fails its next command;
+        that command is sent once more on a fresh connection, at once, so only a Redis that
+        stays unreachable counts as an outage.
         """
         timeout = options.get("timeout_s", 0.25)
         client = aioredis.from_url(
@@ -181,7 +188,7 @@ class RedisStore:
             retry=Retry(NoBackoff(), 1),
             retry_on_error=[RedisConnectionError],
         )
-        return cls(client, **options)
+        return cls(client, RespLink(url), **options)
 
     def keys(self, tenant: str) -> list[str]:
         """The tenant's keys: its three buckets and its leases, all in slot ``{tenant}``."""
@@ -225,6 +232,7 @@ class RedisStore:
             self._renewer.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._renewer
+        await self._link.close()
         await self.client.aclose()
 
     @staticmethod

@@ -159,7 +159,8 @@ async def test_connections_closed_by_a_redis_restart_are_not_an_outage() -> None
     server = RedisServer().start()
     store = RedisStore.connect(server.url, timeout_s=0.5)
     try:
-        # Several pooled connections, all of which the restart leaves dead.
+        # Connections the restart leaves dead: the scripts' own and several pooled ones.
+        await store.admit("k", limits(max_concurrency=8), 0, lease())
         await asyncio.gather(*(store.client.ping() for _ in range(6)))
         server.kill()
         with pytest.raises(StoreUnavailable):

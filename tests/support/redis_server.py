@@ -30,12 +30,19 @@ def _free_port() -> int:
 
 
 class RedisServer:
-    """One redis-server process; ``stop``/``start`` keep its port (its data is lost)."""
+    """One redis-server process; ``stop``/``start`` keep its port (its data is lost).
 
-    def __init__(self) -> None:
+    With ``password`` it asks every client for it (``url`` carries it); it also listens on the
+    Unix socket ``socket``.
+    """
+
+    def __init__(self, password: str | None = None) -> None:
         self.port = _free_port()
-        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.password = password
+        auth = f":{password}@" if password else ""
+        self.url = f"redis://{auth}127.0.0.1:{self.port}/0"
         self._dir = tempfile.mkdtemp(prefix="tgw-redis-")
+        self.socket = Path(self._dir) / "redis.sock"
         self._process: subprocess.Popen[bytes] | None = None
 
     def start(self, timeout_s: float = 10.0) -> RedisServer:
@@ -49,6 +56,8 @@ class RedisServer:
                 "--appendonly", "no",
                 "--dir", self._dir,
                 "--protected-mode", "yes",
+                "--unixsocket", str(self.socket),
+                *(["--requirepass", self.password] if self.password else []),
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -58,7 +67,7 @@ class RedisServer:
             try:
                 with socket.create_connection(("127.0.0.1", self.port), timeout=0.2) as conn:
                     conn.sendall(b"PING\r\n")
-                    if conn.recv(16).startswith(b"+PONG"):
+                    if conn.recv(16).startswith((b"+PONG", b"-NOAUTH")):
                         return self
             except OSError:
                 pass

@@ -1,0 +1,232 @@
+"""A lean Redis connection for the tenancy store's scripts, on the path of every request.
+
+RESP2 over one connection per store: every command is written at once and the replies come back
+in order (pipelined), so concurrent admissions share the connection without a pool. redis-py
+spends about 200 µs of CPU on a script call (its pool, command machinery and parser), four times
+what this does, twice per request (admission and settlement). The directory, the admin routes
+and the workers' notifications keep redis-py; URLs mean what they mean to redis-py
+(``redis://``, ``rediss://``, ``unix://``, user, password and database), whose parser reads them.
+
+A connection that Redis closed (a restart, an idle timeout) is noticed when it closes and a new
+one opened for the next command. A command that was on a connection when it broke, a connection
+that had answered before, is sent once more on a new one at once, as redis-py's retry did.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import ssl
+from collections import deque
+from typing import Any, cast
+
+from redis.asyncio.connection import SSLConnection, UnixDomainSocketConnection, parse_url
+
+Arg = bytes | str | int | float
+
+
+class RespError(Exception):
+    """An error reply of Redis (``-ERR ...``, ``-NOSCRIPT ...``)."""
+
+
+class Incomplete(Exception):
+    """The buffer ends inside a reply."""
+
+
+def encode(args: tuple[Arg, ...]) -> bytes:
+    """One command as a RESP array of bulk strings (floats as ``repr``, as redis-py sends)."""
+    out = [b"*%d\r\n" % len(args)]
+    for arg in args:
+        if isinstance(arg, bytes):
+            data = arg
+        elif isinstance(arg, str):
+            data = arg.encode()
+        elif isinstance(arg, float):
+            data = repr(arg).encode()
+        else:
+            data = str(arg).encode()
+        out.append(b"$%d\r\n%s\r\n" % (len(data), data))
+    return b"".join(out)
+
+
+def parse(buffer: bytes | bytearray, pos: int = 0) -> tuple[Any, int]:
+    """The reply starting at ``pos`` and where the next one starts; ``Incomplete`` if the
+    buffer ends first. Bulk strings are bytes, errors ``RespError`` values, nil ``None``."""
+    end = buffer.find(b"\r\n", pos)
+    if end < 0:
+        raise Incomplete
+    kind, line, pos = buffer[pos : pos + 1], bytes(buffer[pos + 1 : end]), end + 2
+    if kind == b"+":
+        return line, pos
+    if kind == b"-":
+        return RespError(line.decode(errors="replace")), pos
+    if kind == b":":
+        return int(line), pos
+    if kind == b"$":
+        size = int(line)
+        if size < 0:
+            return None, pos
+        if len(buffer) < pos + size + 2:
+            raise Incomplete
+        return bytes(buffer[pos : pos + size]), pos + size + 2
+    if kind == b"*":
+        count = int(line)
+        if count < 0:
+            return None, pos
+        items = []
+        for _ in range(count):
+            item, pos = parse(buffer, pos)
+            items.append(item)
+        return items, pos
+    raise RespError(f"unexpected reply type {kind!r} from Redis")
+
+
+class _Protocol(asyncio.Protocol):
+    """Replies matched to the commands waiting for them, first sent first answered."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.waiting: deque[asyncio.Future[Any]] = deque()
+        self.lost: BaseException | None = None
+        self.answered = False
+        self._buffer = bytearray()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's transports are not asyncio.Transport subclasses, though they write alike.
+        self.transport = cast(asyncio.Transport, transport)
+
+    def data_received(self, data: bytes) -> None:
+        self._buffer += data
+        pos = 0
+        try:
+            while self.waiting:
+                reply, pos = parse(self._buffer, pos)
+                future = self.waiting.popleft()
+                self.answered = True
+                # A command whose caller gave up (a timeout) still has its reply read here.
+                if not future.done():
+                    future.set_result(reply)
+        except Incomplete:
+            pass
+        except (RespError, ValueError) as exc:
+            self._fail(ConnectionError(f"unreadable reply from Redis: {exc}"))
+            assert self.transport is not None
+            self.transport.close()
+        del self._buffer[:pos]
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._fail(exc or ConnectionError("Redis closed the connection"))
+
+    def _fail(self, exc: BaseException) -> None:
+        self.lost = exc
+        while self.waiting:
+            future = self.waiting.popleft()
+            if not future.done():
+                future.set_exception(ConnectionError(str(exc)))
+
+
+class RespLink:
+    """One pipelined connection to the Redis of ``url``, opened at the first command."""
+
+    def __init__(self, url: str) -> None:
+        self._options: dict[str, Any] = dict(parse_url(url))
+        self._protocol: _Protocol | None = None
+        self._lock = asyncio.Lock()
+
+    async def call(self, *args: Arg) -> Any:
+        """Send one command and return its reply; an error reply raises ``RespError``, a broken
+        connection ``ConnectionError`` (after the one retry a used connection earns)."""
+        protocol = await self._ready()
+        try:
+            reply = await self._send(protocol, args)
+        except ConnectionError:
+            if not protocol.answered:
+                raise
+            reply = await self._send(await self._ready(), args)
+        if isinstance(reply, RespError):
+            raise reply
+        return reply
+
+    async def close(self) -> None:
+        """Close the connection (a later command opens another)."""
+        protocol, self._protocol = self._protocol, None
+        if protocol is not None and protocol.transport is not None:
+            protocol.transport.close()
+
+    @staticmethod
+    def _send(protocol: _Protocol, args: tuple[Arg, ...]) -> asyncio.Future[Any]:
+        future = asyncio.get_running_loop().create_future()
+        if protocol.lost is not None or protocol.transport is None:
+            future.set_exception(ConnectionError(str(protocol.lost or "not connected")))
+            return future
+        protocol.waiting.append(future)
+        protocol.transport.write(encode(args))
+        return future
+
+    async def _ready(self) -> _Protocol:
+        protocol = self._protocol
+        if protocol is not None and protocol.lost is None:
+            return protocol
+        async with self._lock:
+            protocol = self._protocol
+            if protocol is None or protocol.lost is not None:
+                protocol = self._protocol = await self._connect()
+            return protocol
+
+    async def _connect(self) -> _Protocol:
+        loop = asyncio.get_running_loop()
+        options = self._options
+        kind = options.get("connection_class")
+        transport: asyncio.BaseTransport
+        if kind is UnixDomainSocketConnection:
+            transport, protocol = await loop.create_unix_connection(_Protocol, options["path"])
+        else:
+            context = _tls(options) if kind is SSLConnection else None
+            host, port = options.get("host", "localhost"), int(options.get("port", 6379))
+            transport, protocol = await loop.create_connection(_Protocol, host, port, ssl=context)
+        try:
+            await self._handshake(protocol)
+        except BaseException:
+            transport.close()
+            raise
+        return protocol
+
+    async def _handshake(self, protocol: _Protocol) -> None:
+        options = self._options
+        commands: list[tuple[Arg, ...]] = []
+        if options.get("password") is not None:
+            user = options.get("username")
+            password = options["password"]
+            commands.append(("AUTH", user, password) if user else ("AUTH", password))
+        if int(options.get("db", 0) or 0):
+            commands.append(("SELECT", int(options["db"])))
+        for reply in await asyncio.gather(*(self._send(protocol, c) for c in commands)):
+            if isinstance(reply, RespError):
+                raise reply
+        protocol.answered = False
+
+
+def _tls(options: dict[str, Any]) -> ssl.SSLContext:
+    context = ssl.create_default_context(cafile=options.get("ssl_ca_certs"))
+    if str(options.get("ssl_cert_reqs", "required")).lower() in ("none", "cert_none"):
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+    return context
+
+
+class Script:
+    """A Lua script run by its SHA1 (``EVALSHA``), sent whole once Redis does not know it."""
+
+    def __init__(self, link: RespLink, source: str) -> None:
+        self._link = link
+        self._source = source
+        self._sha = hashlib.sha1(source.encode()).hexdigest()
+
+    async def __call__(self, keys: list[str], args: list[Arg]) -> Any:
+        """The script's reply for ``keys`` and ``args``."""
+        try:
+            return await self._link.call("EVALSHA", self._sha, len(keys), *keys, *args)
+        except RespError as exc:
+            if not str(exc).startswith("NOSCRIPT"):
+                raise
+        return await self._link.call("EVAL", self._source, len(keys), *keys, *args)

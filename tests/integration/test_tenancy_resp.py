@@ -1,0 +1,169 @@
+"""The tenancy store's own Redis connection against a real redis-server: replies matched to
+their commands however many are in flight, a caller that gave up never handed another's reply,
+scripts sent whole when Redis forgot them, passwords, databases and Unix sockets as in redis-py's
+URLs, and a connection Redis dropped mid-command."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Iterator
+
+import pytest
+import redis.asyncio as aioredis
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gateway.tenancy.resp import Incomplete, RespError, RespLink, Script, encode, parse
+from tests.support.redis_server import RedisServer
+
+
+@pytest.fixture(scope="module")
+def redis_server() -> Iterator[RedisServer]:
+    server = RedisServer().start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def locked_server() -> Iterator[RedisServer]:
+    server = RedisServer(password="s3cret-pass").start()
+    yield server
+    server.stop()
+
+
+def _key() -> str:
+    return f"test-resp-{uuid.uuid4().hex[:8]}"
+
+
+async def test_concurrent_commands_each_get_their_own_reply(redis_server: RedisServer) -> None:
+    link = RespLink(redis_server.url)
+    keys = [_key() for _ in range(50)]
+    await asyncio.gather(*(link.call("SET", key, index) for index, key in enumerate(keys)))
+    values = await asyncio.gather(*(link.call("GET", key) for key in keys))
+    assert values == [str(index).encode() for index in range(50)]
+    assert await link.call("INCRBY", keys[3], 10) == 13
+    assert await link.call("GET", _key()) is None
+    await link.close()
+
+
+async def test_a_caller_that_gave_up_never_gets_anothers_reply(redis_server: RedisServer) -> None:
+    link = RespLink(redis_server.url)
+    with pytest.raises(TimeoutError):
+        async with asyncio.timeout(0.05):
+            await link.call("BLPOP", _key(), 0.3)
+    # The next command is answered with its own reply, not the late nil of BLPOP.
+    assert await link.call("ECHO", "mine") == b"mine"
+    await asyncio.sleep(0.4)
+    assert await link.call("ECHO", "still mine") == b"still mine"
+    await link.close()
+
+
+async def test_error_replies_raise_and_leave_the_connection_usable(
+    redis_server: RedisServer,
+) -> None:
+    link = RespLink(redis_server.url)
+    key = _key()
+    await link.call("SET", key, "text")
+    with pytest.raises(RespError, match="not an integer"):
+        await link.call("INCR", key)
+    assert await link.call("GET", key) == b"text"
+    await link.close()
+
+
+async def test_a_script_redis_forgot_is_sent_whole(redis_server: RedisServer) -> None:
+    link = RespLink(redis_server.url)
+    script = Script(link, "return {KEYS[1], tonumber(ARGV[1]) * 2, ARGV[2]}")
+    key = _key()
+    await link.call("SCRIPT", "FLUSH")
+    assert await script([key], [21, 0.5]) == [key.encode(), 42, b"0.5"]
+    # Now Redis knows it: the same reply by its SHA1 alone.
+    assert await script([key], [4, "x"]) == [key.encode(), 8, b"x"]
+    with pytest.raises(RespError, match=r"compil|syntax|Error"):
+        await Script(link, "return error_here(")([key], [])
+    await link.close()
+
+
+async def test_password_and_database_come_from_the_url(locked_server: RedisServer) -> None:
+    url = locked_server.url.removesuffix("/0") + "/3"
+    link = RespLink(url)
+    key = _key()
+    await link.call("SET", key, "in three")
+    await link.close()
+    client = aioredis.from_url(url)
+    assert await client.get(key) == b"in three"
+    await client.aclose()
+    other = aioredis.from_url(locked_server.url)
+    assert await other.get(key) is None
+    await other.aclose()
+
+
+async def test_a_wrong_or_missing_password_is_an_error_reply(
+    locked_server: RedisServer,
+) -> None:
+    wrong = locked_server.url.replace("s3cret-pass", "wrong")
+    with pytest.raises(RespError, match=r"WRONGPASS|invalid"):
+        await RespLink(wrong).call("PING")
+    with pytest.raises(RespError, match="NOAUTH"):
+        await RespLink(f"redis://127.0.0.1:{locked_server.port}/0").call("PING")
+
+
+async def test_unix_socket_urls(locked_server: RedisServer) -> None:
+    link = RespLink(f"unix://:{locked_server.password}@{locked_server.socket}?db=2")
+    assert await link.call("PING") == b"PONG"
+    assert await link.call("CLIENT", "INFO") != b""
+    assert b"db=2" in await link.call("CLIENT", "INFO")
+    await link.close()
+
+
+async def test_a_connection_redis_dropped_mid_command_is_retried_once() -> None:
+    server = RedisServer().start()
+    link = RespLink(server.url)
+    try:
+        await link.call("PING")
+        killer = RespLink(server.url)
+        # Redis closes the link's connection (as an idle timeout would) while it is in use.
+        (client_id,) = [await link.call("CLIENT", "ID")]
+        blocked = asyncio.ensure_future(link.call("BLPOP", _key(), 2))
+        await asyncio.sleep(0.1)
+        assert await killer.call("CLIENT", "KILL", "ID", client_id) == 1
+        # Sent once more on a new connection: the BLPOP runs to its own timeout there.
+        assert await blocked is None
+        await killer.close()
+    finally:
+        await link.close()
+        server.stop()
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.recursive(
+        st.one_of(st.binary(max_size=40), st.integers(-(2**62), 2**62), st.none()),
+        lambda inner: st.lists(inner, max_size=5),
+        max_leaves=20,
+    ),
+    st.integers(1, 7),
+)
+def test_replies_parse_whole_however_they_are_cut(value: object, cut: int) -> None:
+    def wire(item: object) -> bytes:
+        if item is None:
+            return b"$-1\r\n"
+        if isinstance(item, int):
+            return b":%d\r\n" % item
+        if isinstance(item, bytes):
+            return b"$%d\r\n%s\r\n" % (len(item), item)
+        assert isinstance(item, list)
+        return b"*%d\r\n" % len(item) + b"".join(wire(part) for part in item)
+
+    data = wire(value) + b"+OK\r\n"
+    assert parse(data) == (value, len(data) - 5)
+    assert parse(data, len(data) - 5) == (b"OK", len(data))
+    with pytest.raises(Incomplete):
+        parse(data[: max(0, len(data) - 5 - cut)])
+
+
+def test_commands_are_arrays_of_bulk_strings() -> None:
+    assert encode(("SET", b"k\r\n", 3, 0.25)) == (
+        b"*4\r\n$3\r\nSET\r\n$3\r\nk\r\n\r\n$1\r\n3\r\n$4\r\n0.25\r\n"
+    )
+    assert parse(b"-NOSCRIPT No matching script\r\n")[0].args == ("NOSCRIPT No matching script",)

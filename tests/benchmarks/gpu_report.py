@@ -50,8 +50,12 @@ class Level:
             f"p99 {self.ttft_p99_ms:7.1f}  ITL p50 {self.itl_p50_ms:6.2f} ms "
             f"p99 {self.itl_p99_ms:6.2f}  e2e p50 {self.e2e_p50_ms:8.1f} ms  "
             f"client {self.client_cores:.2f} cores  engine steps {self.engine_steps} "
-            f"({self.tokens_per_step:.1f} tokens each)  gateway's own TTFT p99 <= "
-            f"{self.served_ttft_p99_s} s"
+            f"({self.tokens_per_step:.1f} tokens each)"
+            + (
+                ""
+                if math.isnan(self.served_ttft_p99_s)
+                else f"  gateway's own TTFT p99 <= {self.served_ttft_p99_s} s"
+            )
         )
 
 

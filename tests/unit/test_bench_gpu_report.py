@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 from tests.benchmarks.gpu_report import bucket_quantile, summarise
@@ -31,3 +32,11 @@ def test_tokens_per_step_are_the_level_tokens_over_the_engine_steps() -> None:
     assert stepped.engine_steps == 10
     assert stepped.tokens_per_step == 32 / 10
     assert math.isnan(level.with_steps(0).tokens_per_step)
+
+
+def test_only_a_level_the_gateway_served_shows_the_gateways_own_ttft() -> None:
+    results = [{"arrivals": [0.1, 0.2], "end": 0.2, "tokens": 2}]
+    direct = summarise("direct", 1, results, wall=1.0, expected=2)
+    assert "gateway's own" not in direct.line()
+    served = dataclasses.replace(direct, target="gateway", served_ttft_p99_s=0.25)
+    assert served.line().endswith("gateway's own TTFT p99 <= 0.25 s")

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from deploy.sidecar.supervisor import Sidecar, sidecar_from_spec
+from tests.support.redis_server import RedisServer
 from tests.support.sidecars import tiny_spec
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -51,3 +52,12 @@ def adapters(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> 
         name: make_peft_adapter(tiny_model_dir, root / name, recipe)
         for name, recipe in RECIPES.items()
     }
+
+
+@pytest.fixture(scope="module")
+def redis_server() -> Iterator[RedisServer]:
+    """A real redis-server for the module's tests (each module its own, so none sees another's
+    keys or outage)."""
+    server = RedisServer().start()
+    yield server
+    server.stop()

@@ -38,13 +38,6 @@ HELLO = [{"role": "user", "content": "hello"}]
 
 
 @pytest.fixture(scope="module")
-def redis_server() -> Iterator[RedisServer]:
-    server = RedisServer().start()
-    yield server
-    server.stop()
-
-
-@pytest.fixture(scope="module")
 def url(sidecar: Sidecar, tiny_model_dir: Path, redis_server: RedisServer) -> Iterator[str]:
     tenancy = TenancySettings(
         tenants=(SEARCH, TenantPolicy(name="other")),

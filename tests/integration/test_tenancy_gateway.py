@@ -61,13 +61,6 @@ class Gateway:
         return 0.0
 
 
-@pytest.fixture(scope="module")
-def redis_server() -> Iterator[RedisServer]:
-    server = RedisServer().start()
-    yield server
-    server.stop()
-
-
 @pytest.fixture(scope="module", params=["memory", "redis"])
 def gateway(
     request: pytest.FixtureRequest,

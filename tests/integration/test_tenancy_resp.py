@@ -19,13 +19,6 @@ from tests.support.redis_server import RedisServer
 
 
 @pytest.fixture(scope="module")
-def redis_server() -> Iterator[RedisServer]:
-    server = RedisServer().start()
-    yield server
-    server.stop()
-
-
-@pytest.fixture(scope="module")
 def locked_server() -> Iterator[RedisServer]:
     server = RedisServer(password="s3cret-pass").start()
     yield server

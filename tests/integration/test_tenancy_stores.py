@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 
 import pytest
 
@@ -15,13 +15,6 @@ from gateway.tenancy.redis_store import RedisStore
 from tests.support.redis_server import RedisServer
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
-
-
-@pytest.fixture(scope="module")
-def redis_server() -> Iterator[RedisServer]:
-    server = RedisServer().start()
-    yield server
-    server.stop()
 
 
 @pytest.fixture(params=["memory", "redis"])

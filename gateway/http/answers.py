@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
 from typing import TypeVar
 
 import anyio
@@ -115,7 +115,8 @@ class JsonAnswer:
 
 
 class EventStream:
-    """An SSE answer as a bare ASGI app: each payload framed and sent as it comes, ``[DONE]`` last.
+    """An SSE answer as a bare ASGI app: each batch of payloads framed and sent in one write as
+    it comes, ``[DONE]`` last.
 
     A failure mid-stream becomes an in-band error event. A client that disconnects (seen by a
     watcher on ``receive``) cancels the writing; the payloads are closed, which cancels the
@@ -126,8 +127,8 @@ class EventStream:
 
     def __init__(
         self,
-        first: msgspec.Struct,
-        rest: AsyncGenerator[msgspec.Struct, None],
+        first: Sequence[msgspec.Struct],
+        rest: AsyncGenerator[Sequence[msgspec.Struct], None],
         error_body: Callable[[Exception], ErrorEnvelope],
         headers: Mapping[str, str],
         on_close: Callable[[], Awaitable[None]] | None = None,
@@ -173,22 +174,22 @@ class EventStream:
     async def _send_events(self, send: Send) -> None:
         frame = sse.frame
         try:
-            await send(_chunk(frame(self._first)))
-            async for payload in self._rest:
-                await send(_chunk(frame(payload)))
+            await send(_chunk(b"".join(map(frame, self._first))))
+            async for batch in self._rest:
+                await send(_chunk(b"".join(map(frame, batch))))
         except Exception as exc:
             await send(_chunk(frame(self._error_body(exc))))
 
 
 async def stream_response(
     receive: Receive,
-    chunks: AsyncGenerator[msgspec.Struct, None],
+    chunks: AsyncGenerator[Sequence[msgspec.Struct], None],
     *,
     retry_after_s: int,
     headers: Mapping[str, str] | None = None,
     on_close: Callable[[], Awaitable[None]] | None = None,
 ) -> EventStream:
-    """An SSE answer whose first chunk is already produced; ``on_close`` runs when it ends.
+    """An SSE answer whose first chunks are already produced; ``on_close`` runs when it ends.
 
     Waiting for the first chunk before answering lets failures that happen before any output
     (Triton down, a rejected request) get their proper HTTP status instead of an in-band error.

@@ -1,5 +1,6 @@
 """What shaping both endpoints' answers shares: the answer header, usage, and the streaming
-skeleton (opening chunks per choice, deltas, endings, the usage chunk)."""
+skeleton (opening chunks per choice, deltas, endings, the usage chunk), which hands on the chunks
+each event makes together, to be written at once."""
 
 from __future__ import annotations
 
@@ -74,23 +75,29 @@ async def stream_shape(
     on_start: Callable[[int], Iterable[ChoiceT]],
     on_delta: Callable[[TextDelta], Iterable[ChoiceT]],
     on_end: Callable[[ChoiceEnd], Iterable[ChoiceT]],
-) -> AsyncGenerator[ChunkT, None]:
-    """The skeleton both streams share: opening chunks per choice, deltas, endings, usage."""
+) -> AsyncGenerator[list[ChunkT], None]:
+    """The skeleton both streams share: opening chunks per choice, deltas, endings, usage.
+
+    The chunks one event makes come as one list (a chat choice's role chunk with its first
+    text, an ending with the text a parser held back), so the stream writes them at once
+    instead of one write and one turn of the event loop each.
+    """
     usage: StreamUsage = None if plan.include_usage else UNSET
     started: set[int] = set()
     ends: list[ChoiceEnd] = []
     async with aclosing(events):
         async for event in events:
+            batch: list[ChunkT] = []
             if event.index not in started:
                 started.add(event.index)
-                for choice in on_start(event.index):
-                    yield wrap([choice], usage)
+                batch.extend(wrap([choice], usage) for choice in on_start(event.index))
             if isinstance(event, ChoiceEnd):
                 ends.append(event)
                 shaped = on_end(event)
             else:
                 shaped = on_delta(event)
-            for choice in shaped:
-                yield wrap([choice], usage)
+            batch.extend(wrap([choice], usage) for choice in shaped)
+            if batch:
+                yield batch
     if plan.include_usage:
-        yield wrap([], usage_of(ends))
+        yield [wrap([], usage_of(ends))]

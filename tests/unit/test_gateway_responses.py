@@ -97,7 +97,11 @@ def test_chat_logprobs_carry_tokens_and_bytes() -> None:
 async def test_chat_stream_sequence() -> None:
     events: list[Event] = [TextDelta(0, "Hel"), TextDelta(0, "lo"), ChoiceEnd(0, 0, "stop", 4, 2)]
     chunks = as_json(
-        [c async for c in chat_chunks(plan(include_usage=True), replay(events), HEADER)]
+        [
+            c
+            async for batch in chat_chunks(plan(include_usage=True), replay(events), HEADER)
+            for c in batch
+        ]
     )
     assert [c["choices"] for c in chunks] == [
         [
@@ -120,7 +124,9 @@ async def test_chat_stream_sequence() -> None:
 
 async def test_chat_stream_without_usage_has_no_usage_key() -> None:
     events: list[Event] = [ChoiceEnd(0, 0, "stop", 4, 0)]
-    chunks = as_json([c async for c in chat_chunks(plan(), replay(events), HEADER)])
+    chunks = as_json(
+        [c async for batch in chat_chunks(plan(), replay(events), HEADER) for c in batch]
+    )
     assert len(chunks) == 2
     assert all("usage" not in c for c in chunks)
 
@@ -132,7 +138,9 @@ async def test_chat_stream_starts_each_choice_with_its_role() -> None:
         ChoiceEnd(0, 0, "stop", 4, 1),
         ChoiceEnd(1, 0, "stop", 4, 1),
     ]
-    chunks = as_json([c async for c in chat_chunks(plan(2), replay(events), HEADER)])
+    chunks = as_json(
+        [c async for batch in chat_chunks(plan(2), replay(events), HEADER) for c in batch]
+    )
     deltas = [(c["choices"][0]["index"], c["choices"][0]["delta"]) for c in chunks]  # type: ignore[index]
     assert deltas == [
         (1, {"role": "assistant", "content": ""}),
@@ -170,9 +178,10 @@ async def test_completion_stream_echoes_the_prompt_first() -> None:
     chunks = as_json(
         [
             c
-            async for c in completion_chunks(
+            async for batch in completion_chunks(
                 plan(echo=True, include_usage=True), replay(events), header
             )
+            for c in batch
         ]
     )
     assert [c["choices"] for c in chunks] == [
@@ -182,3 +191,23 @@ async def test_completion_stream_echoes_the_prompt_first() -> None:
         [],
     ]
     assert chunks[-1]["usage"] == {"prompt_tokens": 4, "completion_tokens": 1, "total_tokens": 5}
+
+
+async def test_the_chunks_of_one_event_come_together() -> None:
+    # A choice's role chunk goes out with its first text, in one write of the stream.
+    events: list[Event] = [TextDelta(0, "Hel"), TextDelta(0, "lo"), ChoiceEnd(0, 0, "stop", 4, 2)]
+    batches = [as_json(batch) async for batch in chat_chunks(plan(), replay(events), HEADER)]
+    deltas = [[chunk["choices"][0]["delta"] for chunk in batch] for batch in batches]  # type: ignore[index]
+    assert deltas == [
+        [{"role": "assistant", "content": ""}, {"content": "Hel"}],
+        [{"content": "lo"}],
+        [{}],
+    ]
+    header = Header(id="cmpl-1", created=7, model="m")
+    sizes = [
+        len(batch)
+        async for batch in completion_chunks(
+            plan(echo=True, include_usage=True), replay(events), header
+        )
+    ]
+    assert sizes == [2, 1, 1, 1]  # the echoed prompt with the first text; the usage on its own

@@ -63,7 +63,7 @@ def chat_completion(plan: Plan, results: list[ChoiceResult], header: Header) -> 
 
 def chat_chunks(
     plan: Plan, events: AsyncGenerator[Event, None], header: Header
-) -> AsyncGenerator[ChatCompletionChunk, None]:
+) -> AsyncGenerator[list[ChatCompletionChunk], None]:
     """Streamed chat: a role chunk per choice, content deltas, a finish chunk, then usage."""
 
     def wrap(choices: list[ChatChunkChoice], usage: StreamUsage) -> ChatCompletionChunk:

@@ -55,7 +55,7 @@ def text_completion(plan: Plan, results: list[ChoiceResult], header: Header) -> 
 
 def completion_chunks(
     plan: Plan, events: AsyncGenerator[Event, None], header: Header
-) -> AsyncGenerator[Completion, None]:
+) -> AsyncGenerator[list[Completion], None]:
     """Streamed text completion: the echoed prompt, text deltas, a finish chunk, then usage."""
     offsets: dict[int, int] = {}
 

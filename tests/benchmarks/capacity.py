@@ -17,7 +17,9 @@ equal lengths they then arrive together after every request. Per level: tokens/s
 that arrived in the ``--seconds`` while every stream was sending), time to first token and
 inter-token latency p50/p99 (without the staggered first requests), errors, and the CPU of
 each process tree (Triton, the gateway, the load generator itself, whose ceiling shows in its
-own row). Chat completions run at a few levels too. Markdown, JSON and a plot go to ``--out``.
+own row). Chat completions run at a few levels too, against direct Triton given the ids of the
+templated conversation the gateway sends (longer than the bare prompt, so the engine's paced
+prompt time is longer too). Markdown, JSON and a plot go to ``--out``.
 
 Run on the GPU host from the offline bundle (``make capacity``); it needs no GPU, only cores.
 """
@@ -33,6 +35,7 @@ import os
 import platform
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -41,6 +44,7 @@ from deploy.sidecar.models import ensure_tiny_model
 from deploy.sidecar.spec import parse_spec
 from deploy.sidecar.supervisor import Sidecar, sidecar_from_spec
 from gateway.catalog.text.hub import load_tokenizer
+from gateway.catalog.text.prompts import PromptTokenizer
 from gateway.tenancy.keys import digest
 from tests.benchmarks.loadgen import HttpClient, Sample, run_level
 from tests.benchmarks.serving import cpu_seconds
@@ -231,10 +235,20 @@ def gateway_config(sidecar: Sidecar, tokenizer: Path, workers: int) -> dict[str,
     }
 
 
+def chat_ids(vocabulary: Any) -> list[int]:
+    """The prompt's ids as the gateway sends a chat of it: templated and tokenized by the
+    gateway's own prompt tokenizer."""
+    with ThreadPoolExecutor(1) as executor:
+        prompts = PromptTokenizer(vocabulary, executor)
+        prompt = asyncio.run(prompts.chat_prompt([{"role": "user", "content": PROMPT}]))
+    return list(prompt.ids)
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     tokenizer = Path(args.tokenizer) if args.tokenizer else ensure_tiny_model()
     vocabulary = load_tokenizer(str(tokenizer))
     ids = vocabulary.encode(PROMPT, add_special_tokens=True)
+    templated = chat_ids(vocabulary)
     word = vocabulary.encode(" the", add_special_tokens=False)[-1]
     workdir = Path(tempfile.mkdtemp(prefix="capacity-"))
     sidecar = start_triton(args, tokenizer, workdir, word)
@@ -242,6 +256,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     direct = {"path": "/v2/models/lt_tensorrt_llm/generate_stream", "direct": True,
               "body": {"input_ids": list(ids), "input_lengths": [len(ids)],
                        "request_output_len": [args.tokens], "streaming": [True]}}  # fmt: skip
+    # A chat's prompt is the templated conversation: longer, so its engine time is longer too.
+    direct_chat = {**direct, "body": {**direct["body"], "input_ids": templated,
+                                      "input_lengths": [len(templated)]}}  # fmt: skip
     completion = {"path": "/v1/completions", "direct": False,
                   "body": {"model": "lt", "prompt": PROMPT, "max_tokens": args.tokens,
                            "stream": True, "stream_options": {"include_usage": True}}}  # fmt: skip
@@ -253,6 +270,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         trees = {"triton": sidecar.pid or 0}
         for streams in args.levels:
             rows.append(measure("direct", "text", sidecar.http_url, direct, streams, args, trees))
+        for streams in (s for s in CHAT_LEVELS if s in args.levels):
+            rows.append(
+                measure("direct", "chat", sidecar.http_url, direct_chat, streams, args, trees)
+            )
         for workers in args.workers:
             name = f"gateway-{workers}"
             url, process = serve_process(gateway_config(sidecar, tokenizer, workers), workdir,
@@ -279,6 +300,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "rate_tokens_per_s_per_stream": args.rate,
             "tokens": args.tokens,
             "prompt_tokens": len(ids),
+            "chat_prompt_tokens": len(templated),
             "engine_instances": args.instances,
             "seconds_per_level": args.seconds,
             "client_processes": args.clients,
@@ -299,9 +321,10 @@ def _cpu_model() -> str:
 
 
 def render_markdown(report: dict[str, Any]) -> str:
-    """The table of every level: each gateway against direct Triton at the same streams."""
+    """The table of every level: each gateway against direct Triton at the same streams, a chat
+    against direct Triton given the templated conversation's ids."""
     rows = report["rows"]
-    direct = {r["streams"]: r for r in rows if r["target"] == "direct"}
+    direct = {(r["streams"], r["endpoint"]): r for r in rows if r["target"] == "direct"}
     c = report["conditions"]
     m = report["machine"]
     lines = [
@@ -309,7 +332,8 @@ def render_markdown(report: dict[str, Any]) -> str:
         "",
         f"{report['date']}; {m['cpus']} CPUs ({m['cpu_model']}), Python {m['python']}. Paced "
         f"load-test engine: {c['rate_tokens_per_s_per_stream']:g} tokens/s per stream, "
-        f"{c['tokens']} tokens per request, a {c['prompt_tokens']}-token prompt, "
+        f"{c['tokens']} tokens per request, a {c['prompt_tokens']}-token prompt "
+        f"({c.get('chat_prompt_tokens', '?')} as a chat), "
         f"{c['engine_instances']} engine instances; {c['seconds_per_level']:g} s per level after "
         f"a warm-up; {c['client_processes']} load-generator processes; "
         f"{_ARRIVALS[c.get('arrivals', 'burst')]}. `python -m tests.benchmarks.capacity`.",
@@ -320,7 +344,7 @@ def render_markdown(report: dict[str, Any]) -> str:
         "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for row in rows:
-        base = direct.get(row["streams"])
+        base = direct.get((row["streams"], row["endpoint"]))
         if base and (not base["tokens_per_s"] or base["errors"]):
             base = None  # a direct level that failed is no baseline
         share = f"{100 * row['tokens_per_s'] / base['tokens_per_s']:.1f}%" if base else "-"

@@ -148,7 +148,7 @@ def _args(limit: Limit | None) -> tuple[float, float]:
 
 
 class RedisStore:
-    """Limits shared by every gateway pointed at one Redis (or Redis Cluster)."""
+    """Limits shared by every gateway pointed at one Redis."""
 
     def __init__(
         self,

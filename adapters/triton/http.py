@@ -25,7 +25,7 @@ import asyncio
 import contextlib
 from collections.abc import Mapping, Sequence
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import SplitResult, urlsplit
 
 import msgspec
 import numpy as np
@@ -293,19 +293,22 @@ class HttpStreams:
             return
         finally:
             self._opening.pop(url, None)
-        old = self._spares.pop(url, None)
-        if old is not None:
-            old[0][1].close()
+        # ``connect`` took any earlier spare before starting this one: there is none to replace.
         self._spares[url] = (connection, asyncio.get_running_loop().time())
 
 
+def _split(url: str) -> SplitResult:
+    """``url`` with or without its scheme."""
+    return urlsplit(url if "//" in url else f"http://{url}")
+
+
 async def _dial(url: str) -> Connection:
-    parts = urlsplit(url if "//" in url else f"http://{url}")
+    parts = _split(url)
     return await asyncio.open_connection(parts.hostname, parts.port or 80)
 
 
 def _request_bytes(url: str, path: str, body: bytes, headers: Mapping[str, str]) -> bytes:
-    host = urlsplit(url if "//" in url else f"http://{url}").netloc
+    host = _split(url).netloc
     extra = "".join(f"{name}: {value}\r\n" for name, value in headers.items())
     return (
         f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"

@@ -49,6 +49,7 @@ from tests.benchmarks.gpu_readings import (
     engine_steps,
     gpu_memory,
     machine,
+    scrape,
     served_ttft,
     triton_counters,
 )
@@ -110,26 +111,27 @@ async def run_level(
                     result = await direct_stream(grpc_client._client_stub, request)
                 results.append({**result, "sent": sent})
 
-        steps = await engine_steps(http, metrics_url, model)
-        counted = await triton_counters(http, metrics_url)
+        before = await scrape(http, metrics_url)
         served = gateway_names.get(target, "")
-        served_before = await served_ttft(http, url, served) if served else {}
+        gateway_metrics = f"{url}/metrics"
+        served_before = served_ttft(await scrape(http, gateway_metrics), served) if served else {}
         start, cpu = time.perf_counter(), time.process_time()
         await asyncio.gather(*(worker() for _ in range(concurrency)))
         wall, cpu = time.perf_counter() - start, time.process_time() - cpu
         # The engine publishes its counter every stats period: wait a period past the last token.
         await asyncio.sleep(STATS_PERIOD_S)
-        steps = await engine_steps(http, metrics_url, model) - steps
+        after = await scrape(http, metrics_url)
+        steps = engine_steps(after, model) - engine_steps(before, model)
         if served:
-            served_after = await served_ttft(http, url, served)
+            served_after = served_ttft(await scrape(http, gateway_metrics), served)
             delta = {le: n - served_before.get(le, 0.0) for le, n in served_after.items()}
             served_p99 = bucket_quantile(delta, 0.99)
         if timeline is not None:
-            after = await triton_counters(http, metrics_url)
             requests = [
                 [r["sent"], r["arrivals"][0] if r["arrivals"] else None, r["end"]] for r in results
             ]
-            triton = {key: after[key] - counted.get(key, 0.0) for key in after}
+            counted, counts = triton_counters(before), triton_counters(after)
+            triton = {key: counts[key] - counted.get(key, 0.0) for key in counts}
             record = {"requests": requests, "triton": triton}
             timeline.write_text(json.dumps(record))
     await grpc_client.close()

@@ -1,6 +1,6 @@
 """What the GPU benchmark reads beside its own timings: the engine's decode steps and Triton's
 per-model counters (Triton's metrics port), the gateway's own time to first token (its
-``/metrics``), and the machine with its GPU memory."""
+``/metrics``), each read from one scrape of the metrics, and the machine with its GPU memory."""
 
 from __future__ import annotations
 
@@ -11,19 +11,42 @@ from typing import Any
 
 import httpx
 
+Sample = tuple[str, dict[str, str], float]
+"""One line of Prometheus' text format: the metric's name, its labels, its value."""
 
-async def engine_steps(http: httpx.AsyncClient, metrics_url: str, model: str) -> int:
-    """The decode steps ``model``'s engine has run (its ``iteration_counter`` on Triton's
-    metrics); 0 where the sidecar does not report it."""
+_LABEL = re.compile(r'(\w+)="([^"]*)"')
+
+
+async def scrape(http: httpx.AsyncClient, url: str) -> list[Sample]:
+    """Every sample of the metrics at ``url``; none where they cannot be read."""
     try:
-        text = (await http.get(metrics_url)).text
+        text = (await http.get(url)).text
     except httpx.HTTPError:
-        return 0
-    label = f'model="{model}_tensorrt_llm"'
+        return []
+    return parse(text)
+
+
+def parse(text: str) -> list[Sample]:
+    """The samples of Prometheus' text format (no timestamps, as Triton and the gateway write)."""
+    samples = []
     for line in text.splitlines():
-        name = line.startswith("nv_trt_llm_general_metrics{") and "iteration_counter" in line
-        if name and label in line:
-            return int(float(line.rsplit(" ", 1)[1]))
+        if line and not line.startswith("#"):
+            head, _, value = line.rpartition(" ")
+            name, _, labels = head.partition("{")
+            samples.append((name, dict(_LABEL.findall(labels)), float(value)))
+    return samples
+
+
+def engine_steps(triton: list[Sample], model: str) -> int:
+    """The decode steps ``model``'s engine has run (its ``iteration_counter`` in Triton's
+    metrics); 0 where the sidecar does not report it."""
+    for name, labels, value in triton:
+        if (
+            name == "nv_trt_llm_general_metrics"
+            and labels.get("general_type") == "iteration_counter"
+            and labels.get("model") == f"{model}_tensorrt_llm"
+        ):
+            return int(value)
     return 0
 
 
@@ -38,37 +61,22 @@ _COUNTERS = (
 )
 
 
-async def triton_counters(http: httpx.AsyncClient, metrics_url: str) -> dict[str, float]:
+def triton_counters(triton: list[Sample]) -> dict[str, float]:
     """Triton's per-model counters (queue and compute time, requests), by ``name{model}``."""
-    try:
-        text = (await http.get(metrics_url)).text
-    except httpx.HTTPError:
-        return {}
-    counters = {}
-    for line in text.splitlines():
-        name = line.split("{", 1)[0]
-        if name in _COUNTERS:
-            model = re.search(r'model="([^"]+)"', line)
-            key = f"{name}{{{model.group(1) if model else ''}}}"
-            counters[key] = float(line.rsplit(" ", 1)[1])
-    return counters
+    return {
+        f"{name}{{{labels.get('model', '')}}}": value
+        for name, labels, value in triton
+        if name in _COUNTERS
+    }
 
 
-async def served_ttft(http: httpx.AsyncClient, url: str, model: str) -> dict[float, float]:
+def served_ttft(gateway: list[Sample], model: str) -> dict[float, float]:
     """The gateway's time-to-first-token histogram of ``model``: cumulative counts by bucket."""
-    try:
-        text = (await http.get(f"{url}/metrics")).text
-    except httpx.HTTPError:
-        return {}
     buckets: dict[float, float] = {}
-    for line in text.splitlines():
-        if line.startswith("gateway_time_to_first_token_seconds_bucket{") and (
-            f'model="{model}"' in line
-        ):
-            bound = re.search(r'le="([^"]+)"', line)
-            if bound is not None:
-                key = float(bound.group(1))
-                buckets[key] = buckets.get(key, 0.0) + float(line.rsplit(" ", 1)[1])
+    for name, labels, value in gateway:
+        if name == "gateway_time_to_first_token_seconds_bucket" and labels.get("model") == model:
+            bound = float(labels["le"])
+            buckets[bound] = buckets.get(bound, 0.0) + value
     return buckets
 
 

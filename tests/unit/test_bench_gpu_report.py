@@ -1,10 +1,12 @@
-"""The GPU benchmark's figures: the quantile of a Prometheus histogram and tokens per step."""
+"""The GPU benchmark's figures: the quantile of a Prometheus histogram, tokens per step, and what
+one scrape of the metrics gives."""
 
 from __future__ import annotations
 
 import dataclasses
 import math
 
+from tests.benchmarks.gpu_readings import engine_steps, parse, served_ttft, triton_counters
 from tests.benchmarks.gpu_report import bucket_quantile, summarise
 
 
@@ -40,3 +42,27 @@ def test_only_a_level_the_gateway_served_shows_the_gateways_own_ttft() -> None:
     assert "gateway's own" not in direct.line()
     served = dataclasses.replace(direct, target="gateway", served_ttft_p99_s=0.25)
     assert served.line().endswith("gateway's own TTFT p99 <= 0.25 s")
+
+
+METRICS = """# HELP nv_trt_llm_general_metrics General TRT LLM metrics
+# TYPE nv_trt_llm_general_metrics gauge
+nv_trt_llm_general_metrics{general_type="iteration_counter",model="llama-1b_tensorrt_llm"} 517
+nv_trt_llm_general_metrics{general_type="iteration_counter",model="llama-160m_tensorrt_llm"} 9
+nv_inference_request_success{model="ensemble",version="1"} 512
+nv_inference_queue_duration_us{model="ensemble",version="1"} 1.5e+03
+gateway_time_to_first_token_seconds_bucket{le="0.1",model="llama-1b"} 90.0
+gateway_time_to_first_token_seconds_bucket{le="+Inf",model="llama-1b"} 100.0
+gateway_time_to_first_token_seconds_bucket{le="0.1",model="llama-160m"} 5.0
+"""
+
+
+def test_one_scrape_gives_steps_counters_and_the_served_histogram() -> None:
+    samples = parse(METRICS)
+    assert engine_steps(samples, "llama-1b") == 517
+    assert engine_steps(samples, "llama-160m") == 9
+    assert engine_steps(samples, "absent") == 0
+    assert triton_counters(samples) == {
+        "nv_inference_request_success{ensemble}": 512.0,
+        "nv_inference_queue_duration_us{ensemble}": 1500.0,
+    }
+    assert served_ttft(samples, "llama-1b") == {0.1: 90.0, math.inf: 100.0}

@@ -36,6 +36,7 @@ import httpx
 from tests.benchmarks import engine_profile
 from tests.benchmarks.gpu_clients import (
     DIRECT_EXTRAS,
+    ENTRY_NAMES,
     PROMPT,
     direct_request,
     direct_stream,
@@ -44,6 +45,7 @@ from tests.benchmarks.gpu_clients import (
     gateway_model,
     gateway_stream,
     gateway_targets,
+    gateway_ways,
 )
 from tests.benchmarks.gpu_readings import (
     engine_steps,
@@ -180,10 +182,11 @@ async def measure(
     args: argparse.Namespace, url: str, grpc_url: str, names: list[str]
 ) -> dict[str, Any]:
     main_model = names[0]
-    targets = direct_targets(args.direct) + gateway_targets(args.transport)
+    ways = gateway_ways(args.transport, args.entry)
+    targets = direct_targets(args.direct) + gateway_targets(ways)
     gateway_names = {
-        target: gateway_model(main_model, transport, args.transport)
-        for target, transport in zip(gateway_targets(args.transport), args.transport, strict=True)
+        target: gateway_model(main_model, way, ways)
+        for target, way in zip(gateway_targets(ways), ways, strict=True)
     }
     warm = argparse.Namespace(**{**vars(args), "tokens": 16})
     for target in targets:
@@ -254,6 +257,15 @@ def main(argv: list[str] | None = None) -> int:
         default=["http"],
         help="the gateway's transports to Triton, each measured interleaved with the others: "
         "HTTP generate_stream (its default) and gRPC",
+    )
+    parser.add_argument(
+        "--entry",
+        choices=tuple(ENTRY_NAMES),
+        nargs="+",
+        default=["ensemble"],
+        help="the pipeline models the gateway calls, each measured interleaved with the others: "
+        "the `ensemble` (as the direct client does) or `tensorrt_llm` itself, the gateway "
+        "tokenizing and detokenizing",
     )
     parser.add_argument(
         "--direct",
@@ -334,7 +346,9 @@ def main(argv: list[str] | None = None) -> int:
         "machine": machine(),
         "device": args.device,
         "transport": args.transport,
-        "targets": direct_targets(args.direct) + gateway_targets(args.transport),
+        "entry": args.entry,
+        "targets": direct_targets(args.direct)
+        + gateway_targets(gateway_ways(args.transport, args.entry)),
         "release": args.release,
         "gateway_workers": args.workers,
         "mixed_batching": args.mixed_batching,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import time
+from dataclasses import dataclass
 from typing import Any
 
 PROMPT = (
@@ -15,10 +16,44 @@ PROMPT = (
 _IDS = itertools.count()
 
 
-def gateway_model(name: str, transport: str, transports: list[str]) -> str:
-    """The gateway's name for a pipeline reached over ``transport``: the pipeline's own name
-    for the first transport, suffixed for the others."""
-    return name if transport == transports[0] else f"{name}-{transport}"
+# What a target calls the entry model it reaches, from the gateway's ``entry`` setting.
+ENTRY_NAMES = {"ensemble": "ensemble", "tensorrt_llm_bls": "bls", "tensorrt_llm": "engine"}
+
+
+@dataclass(frozen=True)
+class Way:
+    """One way the gateway reaches the pipeline: a transport to Triton and the entry model (the
+    ``ensemble`` as the direct client, or ``tensorrt_llm`` itself: the gateway then tokenizes
+    and detokenizes)."""
+
+    transport: str
+    entry: str
+
+
+def gateway_ways(transports: list[str], entries: list[str]) -> list[Way]:
+    """Every transport to every entry."""
+    return [Way(transport, entry) for entry in entries for transport in transports]
+
+
+def _suffix(way: Way, ways: list[Way]) -> str:
+    """What tells ``way`` from the others: its transport, its entry, or both."""
+    parts = []
+    if len({w.transport for w in ways}) > 1:
+        parts.append(way.transport)
+    if len({w.entry for w in ways}) > 1:
+        parts.append(ENTRY_NAMES[way.entry])
+    return "-".join(parts)
+
+
+def gateway_model(name: str, way: Way, ways: list[Way]) -> str:
+    """The gateway's name for a pipeline reached by ``way``: the pipeline's own name for the
+    first way, suffixed for the others."""
+    return name if way == ways[0] else f"{name}-{_suffix(way, ways)}"
+
+
+def gateway_targets(ways: list[Way]) -> list[str]:
+    """``gateway`` for one way; ``gateway-http``, ``gateway-grpc-engine``... for several."""
+    return ["gateway"] if len(ways) == 1 else [f"gateway-{_suffix(w, ways)}" for w in ways]
 
 
 def gateway_client(url: str, model: str, tokens: int) -> Any:
@@ -135,8 +170,3 @@ async def direct_stream(stub: Any, request: Any) -> dict[str, Any]:
 def direct_targets(variants: list[str]) -> list[str]:
     """``direct``, then ``direct-greedy``, ``direct-perf``, ``direct-greedy-perf`` as asked."""
     return ["direct", *(f"direct-{v}" for v in variants if v)]
-
-
-def gateway_targets(transports: list[str]) -> list[str]:
-    """``gateway`` for one transport; ``gateway-http``, ``gateway-grpc`` for several."""
-    return ["gateway"] if len(transports) == 1 else [f"gateway-{t}" for t in transports]

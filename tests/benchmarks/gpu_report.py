@@ -196,7 +196,15 @@ def render_markdown(report: dict[str, Any]) -> str:
         + "; `gateway` is `/v1/completions` with `stream: true` through `triton-gateway serve` "
         f"({report.get('gateway_workers', 1)} worker processes), which reaches Triton over "
         f"{' or '.join(_TRANSPORTS[t] for t in transports)}"
-        + (" (`gateway-http`, `gateway-grpc`)." if len(transports) > 1 else "."),
+        + (" (`gateway-http`, `gateway-grpc`)" if len(transports) > 1 else "")
+        + (
+            ", calling the `ensemble` as the direct client does or `tensorrt_llm` itself, the "
+            "gateway tokenizing and detokenizing (`-ensemble`, `-engine`)."
+            if len(report.get("entry", ())) > 1
+            else "; it calls the `tensorrt_llm` model itself, tokenizing and detokenizing."
+            if report.get("entry") == ["tensorrt_llm"]
+            else "."
+        ),
         f"- {repeats} runs per level, the targets interleaved (their order reversed every "
         "run) after a warm-up: medians, the range in brackets. `client cores` is the CPU the "
         "benchmark's own process spent per second: well under 1, it was not the limit. "

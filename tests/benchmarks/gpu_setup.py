@@ -1,6 +1,6 @@
 """The GPU benchmark's deployment: random-weight Llama models of fixed shapes built on the
 machine (the tokenizer's vocabulary), and the gateway's config serving them from one
-tritonserver sidecar, one gateway model per transport to Triton."""
+tritonserver sidecar, one gateway model per way to Triton (transport and entry model)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import socket
 from pathlib import Path
 from typing import Any
 
-from tests.benchmarks.gpu_clients import gateway_model
+from tests.benchmarks.gpu_clients import gateway_model, gateway_ways
 
 BIG = dict(
     hidden_size=2048,
@@ -69,6 +69,7 @@ def build_model(out: Path, tokenizer_dir: Path, shape: dict[str, int], device: s
 def gateway_config(
     models: dict[str, Path], args: argparse.Namespace, grpc_port: int
 ) -> dict[str, Any]:
+    ways = gateway_ways(args.transport, args.entry)
     spec_models = []
     for name, folder in models.items():
         spec_models.append(
@@ -91,13 +92,13 @@ def gateway_config(
             }
         )
     return {
-        # One gateway model per transport, all served by the same pipeline. A model given its
-        # Triton's gRPC address (and no HTTP one) is reached over gRPC.
+        # One gateway model per way to Triton, all served by the same pipeline. A model given
+        # its Triton's gRPC address (and no HTTP one) is reached over gRPC.
         "models": [
-            {"name": gateway_model(name, transport, args.transport), "pipeline": name}
-            | ({"triton_url": f"127.0.0.1:{grpc_port}"} if transport == "grpc" else {})
+            {"name": gateway_model(name, way, ways), "pipeline": name, "entry": way.entry}
+            | ({"triton_url": f"127.0.0.1:{grpc_port}"} if way.transport == "grpc" else {})
             for name in models
-            for transport in args.transport
+            for way in ways
         ],
         "sidecars": {
             "inline": {

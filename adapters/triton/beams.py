@@ -14,7 +14,7 @@ import numpy.typing as npt
 from adapters.contract import BeamSearch, InvalidRequest
 from adapters.triton.config import ModelInputs
 from adapters.triton.errors import BEAM_WIDTH
-from adapters.triton.tensors import WireTensor
+from adapters.triton.wire import WireTensor
 
 Outputs = Mapping[str, npt.NDArray[Any]]
 

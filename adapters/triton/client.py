@@ -30,7 +30,8 @@ from adapters.triton.errors import classify
 from adapters.triton.grpc_stream import Call, GrpcCall, infer_request, open_stream
 from adapters.triton.http import HttpError, HttpStreams, carries, generate_body
 from adapters.triton.responses import Exchange
-from adapters.triton.tensors import WireTensor, build_inputs, stop_request_inputs
+from adapters.triton.tensors import build_inputs, stop_request_inputs
+from adapters.triton.wire import WireTensor
 
 logger = logging.getLogger(__name__)
 

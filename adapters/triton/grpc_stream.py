@@ -10,7 +10,7 @@ import grpc  # type: ignore[import-untyped]
 from tritonclient.grpc import InferResult, service_pb2
 
 from adapters.triton.responses import Reply
-from adapters.triton.tensors import WireTensor, wire_array
+from adapters.triton.wire import WireTensor, wire_array
 
 _FINAL = "triton_final_response"
 _DRAIN_S = 1.0

@@ -31,7 +31,7 @@ import msgspec
 import numpy as np
 
 from adapters.triton.responses import Reply
-from adapters.triton.tensors import WireTensor
+from adapters.triton.wire import WireTensor
 
 _JSON_TYPES = frozenset({"BOOL", "INT8", "INT16", "INT32", "INT64", "UINT8", "UINT16", "UINT32",
                          "UINT64", "FP32", "FP64", "BYTES"})  # fmt: skip

@@ -3,43 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 
-from adapters.contract import (
-    GenerationRequest,
-    Guide,
-    InvalidRequest,
-    LoraAdapter,
-    SamplingParams,
-)
-from adapters.triton.config import REUSED_BLOCKS, ModelInputs, TensorSpec
+from adapters.contract import GenerationRequest, Guide, InvalidRequest, SamplingParams
+from adapters.triton.config import REUSED_BLOCKS, ModelInputs
 from adapters.triton.images import check_images, image_urls
-
-Array = npt.NDArray[Any]
-
-_NUMPY_TYPES: dict[str, type[np.generic]] = {
-    "BOOL": np.bool_,
-    "INT8": np.int8,
-    "INT16": np.int16,
-    "INT32": np.int32,
-    "INT64": np.int64,
-    "UINT8": np.uint8,
-    "UINT16": np.uint16,
-    "UINT32": np.uint32,
-    "UINT64": np.uint64,
-    "FP16": np.float16,
-    "FP32": np.float32,
-    "FP64": np.float64,
-}
-_INT_LIMITS = {
-    name: (int(np.iinfo(kind).min), int(np.iinfo(kind).max))
-    for name, kind in _NUMPY_TYPES.items()
-    if issubclass(kind, np.integer)
-}
+from adapters.triton.lora_tensors import lora_inputs
+from adapters.triton.wire import Array, WireTensor, flag, scalar, text
 
 # Sampling field -> candidate input names, newest first (older releases: min_length, random_seed).
 _SEED_INPUTS = ("seed", "random_seed")
@@ -60,36 +31,6 @@ _ENGINE_SAMPLING_INPUTS = tuple(
     )
     for field_name, names in _SAMPLING_INPUTS
 )
-
-
-@dataclass(frozen=True, slots=True)
-class WireTensor:
-    """One input tensor as sent: name, wire datatype and data with its leading batch dim."""
-
-    name: str
-    datatype: str
-    array: Array
-
-    def raw_bytes(self) -> bytes:
-        """The tensor's contents in Triton's binary layout (length-prefixed for ``BYTES``)."""
-        if self.datatype != "BYTES":
-            return np.ascontiguousarray(self.array).tobytes()
-        return b"".join(len(item).to_bytes(4, "little") + item for item in self.array.flat)
-
-
-def wire_array(datatype: str, raw: bytes, shape: tuple[int, ...]) -> Array:
-    """An output tensor from its raw contents (``BYTES``: 4-byte little-endian length prefixes)."""
-    if datatype != "BYTES":
-        return np.frombuffer(raw, dtype=_NUMPY_TYPES.get(datatype, np.uint8)).reshape(shape)
-    items = []
-    offset = 0
-    while offset < len(raw):
-        size = int.from_bytes(raw[offset : offset + 4], "little")
-        items.append(raw[offset + 4 : offset + 4 + size])
-        offset += 4 + size
-    array = np.empty(len(items), dtype=object)
-    array[:] = items
-    return array.reshape(shape)
 
 
 def streams(request: GenerationRequest, model: ModelInputs) -> bool:
@@ -114,7 +55,7 @@ def build_inputs(
     else:
         tensors = [
             WireTensor("text_input", "BYTES", np.array([[request.prompt.encode()]], dtype=object)),
-            _scalar(model.inputs.get("max_tokens"), "max_tokens", params.max_tokens, "INT32"),
+            scalar(model.inputs.get("max_tokens"), "max_tokens", params.max_tokens, "INT32"),
         ]
         sampling = _SAMPLING_INPUTS
         if request.images:
@@ -128,7 +69,7 @@ def build_inputs(
     # The engine's ids count its tokens; the text entries count by log probs where they must.
     counts_by_logprobs = model.counts_by_logprobs and not model.is_engine
     if params.logprobs or counts_by_logprobs:
-        tensors.append(_flag("return_log_probs", True))
+        tensors.append(flag("return_log_probs", True))
     tensors.extend(_flags(request, model))
     if params.guide is not None:
         tensors.extend(guide_inputs(params.guide, model))
@@ -152,7 +93,7 @@ def _sampling(
             continue
         spec = model.first_input(*names)
         if spec is not None:
-            tensors.append(_scalar(spec, field_name, value))
+            tensors.append(scalar(spec, field_name, value))
         elif field_name not in params.defaulted and not _honoured_unsent(
             field_name, value, model, greedy, table
         ):
@@ -200,11 +141,11 @@ def _engine_prompt(request: GenerationRequest, model: ModelInputs) -> list[WireT
     tensors = [
         WireTensor("input_ids", "INT32", np.array([request.prompt_ids], dtype=np.int32)),
         WireTensor("input_lengths", "INT32", np.array([[len(request.prompt_ids)]], np.int32)),
-        _scalar(model.inputs.get("request_output_len"), "max_tokens", request.params.max_tokens),
+        scalar(model.inputs.get("request_output_len"), "max_tokens", request.params.max_tokens),
     ]
     for name, value in (("end_id", tokens.end_id), ("pad_id", tokens.pad_id)):
         if value is not None and model.has(name):
-            tensors.append(_scalar(model.inputs[name], name, value))
+            tensors.append(scalar(model.inputs[name], name, value))
     return tensors
 
 
@@ -253,34 +194,11 @@ def requested_outputs(request: GenerationRequest, model: ModelInputs) -> list[st
 def stop_request_inputs() -> list[WireTensor]:
     """The inputs of a stop request to ``tensorrt_llm`` (sent with the running request's id)."""
     return [
-        _flag("stop", True),
+        flag("stop", True),
         WireTensor("input_ids", "INT32", np.array([[0]], dtype=np.int32)),
         WireTensor("input_lengths", "INT32", np.array([[0]], dtype=np.int32)),
         WireTensor("request_output_len", "INT32", np.array([[0]], dtype=np.int32)),
     ]
-
-
-def lora_inputs(
-    adapter: LoraAdapter, model: ModelInputs, *, with_weights: bool
-) -> list[WireTensor]:
-    """``lora_task_id``, plus the weights and config in the dtype and columns the model wants."""
-    task = model.inputs.get("lora_task_id")
-    if task is None:
-        raise InvalidRequest(
-            f"this deployment does not serve LoRA adapters: Triton model {model.name} has no "
-            "lora_task_id input",
-            param="model",
-        )
-    tensors = [_scalar(task, "model", adapter.task_id)]
-    if not with_weights or adapter.weights is None or adapter.config is None:
-        return tensors
-    weights_spec = model.inputs.get("lora_weights")
-    columns = model.lora_config_columns
-    if weights_spec is None or columns is None:
-        raise InvalidRequest("this deployment does not accept LoRA weights", param="model")
-    tensors.append(_lora_weights(adapter, weights_spec))
-    tensors.append(WireTensor("lora_config", "INT32", _lora_config(adapter, columns)))
-    return tensors
 
 
 def guide_inputs(guide: Guide, model: ModelInputs) -> list[WireTensor]:
@@ -301,14 +219,10 @@ def guide_inputs(guide: Guide, model: ModelInputs) -> list[WireTensor]:
                 "(TensorRT-LLM v0.19 and later have it)"
             )
         raise InvalidRequest(f"'{guide.param}' needs guided decoding, but {why}", param=guide.param)
-    tensors = [_text("guided_decoding_guide_type", guide.guide_type)]
+    tensors = [text("guided_decoding_guide_type", guide.guide_type)]
     if guide.guide is not None:
-        tensors.append(_text("guided_decoding_guide", guide.guide))
+        tensors.append(text("guided_decoding_guide", guide.guide))
     return tensors
-
-
-def _text(name: str, value: str) -> WireTensor:
-    return WireTensor(name, "BYTES", np.array([[value.encode()]], dtype=object))
 
 
 def _seed(params: SamplingParams, model: ModelInputs) -> list[WireTensor]:
@@ -317,7 +231,7 @@ def _seed(params: SamplingParams, model: ModelInputs) -> list[WireTensor]:
         return []
     spec = model.first_input(*_SEED_INPUTS)
     if spec is not None:
-        return [_scalar(spec, "seed", params.seed)]
+        return [scalar(spec, "seed", params.seed)]
     if params.seed_origin == "client":
         raise InvalidRequest("this model does not support 'seed'", param="seed")
     if params.seed_origin == "choices" and not _greedy(params):
@@ -332,81 +246,16 @@ def _seed(params: SamplingParams, model: ModelInputs) -> list[WireTensor]:
 def _flags(request: GenerationRequest, model: ModelInputs) -> list[WireTensor]:
     flags = []
     if model.has(model.stream_input):
-        flags.append(_flag(model.stream_input, streams(request, model)))
+        flags.append(flag(model.stream_input, streams(request, model)))
     if model.has("exclude_input_in_output"):
-        flags.append(_flag("exclude_input_in_output", True))
+        flags.append(flag("exclude_input_in_output", True))
     if model.reports_input_tokens and not model.is_engine:
-        flags.append(_flag("return_num_input_tokens", True))
+        flags.append(flag("return_num_input_tokens", True))
     if model.reports_output_tokens and not model.is_engine:
-        flags.append(_flag("return_num_output_tokens", True))
+        flags.append(flag("return_num_output_tokens", True))
     if model.reports_cached_tokens and model.reuse_stats_input is not None:
-        flags.append(_flag(model.reuse_stats_input, True))
+        flags.append(flag(model.reuse_stats_input, True))
     return flags
-
-
-def _flag(name: str, value: bool) -> WireTensor:
-    return WireTensor(name, "BOOL", np.array([[value]], dtype=np.bool_))
-
-
-def _scalar(spec: TensorSpec | None, param: str, value: float, default: str = "FP32") -> WireTensor:
-    """A ``[1, 1]`` tensor of the declared dtype; integers must fit it."""
-    name = spec.name if spec is not None else param
-    datatype = spec.datatype if spec is not None else default
-    numpy_type = _NUMPY_TYPES.get(datatype)
-    if numpy_type is None:
-        raise InvalidRequest(f"input '{name}' has unsupported datatype {datatype}", param=param)
-    limits = _INT_LIMITS.get(datatype)
-    if limits is not None:
-        low, high = limits
-        if int(value) != value or not low <= value <= high:
-            raise InvalidRequest(f"'{param}' must be an integer in [{low}, {high}]", param=param)
-        value = int(value)
-    return WireTensor(name, datatype, np.array([[value]], dtype=numpy_type))
-
-
-def _lora_weights(adapter: LoraAdapter, spec: TensorSpec) -> WireTensor:
-    weights = _with_batch(np.asarray(adapter.weights), 2)
-    if spec.datatype == "BF16":
-        return WireTensor(spec.name, "BF16", _bfloat16_bits(weights))
-    numpy_type = _NUMPY_TYPES.get(spec.datatype)
-    if numpy_type is None or not np.issubdtype(numpy_type, np.floating):
-        raise InvalidRequest(f"unsupported lora_weights datatype {spec.datatype}", param="model")
-    return WireTensor(spec.name, spec.datatype, weights.astype(numpy_type, copy=False))
-
-
-def _lora_config(adapter: LoraAdapter, columns: int) -> Array:
-    """Rows ``[module_id, layer_idx, adapter_size(, is_dora)]`` with the model's column count."""
-    config = _with_batch(np.asarray(adapter.config), 2).astype(np.int32, copy=False)
-    have = config.shape[-1]
-    if have == columns:
-        return config
-    if have == 3 and columns == 4:
-        return np.concatenate([config, np.zeros((*config.shape[:-1], 1), np.int32)], axis=-1)
-    if have == 4 and columns == 3 and not config[..., 3].any():
-        return np.ascontiguousarray(config[..., :3])
-    raise InvalidRequest(
-        f"adapter '{adapter.name}' has {have}-column lora_config, the model takes {columns}"
-        + (" (DoRA adapters need 4)" if have == 4 else ""),
-        param="model",
-    )
-
-
-def _with_batch(array: Array, ndim: int) -> Array:
-    """Add the leading batch dim to a 2-D adapter array (``.npy`` files usually carry it)."""
-    if array.ndim == ndim:
-        return array[np.newaxis]
-    if array.ndim == ndim + 1 and array.shape[0] == 1:
-        return array
-    raise InvalidRequest(f"LoRA array of shape {array.shape} is not [1, rows, cols]", param="model")
-
-
-def _bfloat16_bits(array: Array) -> Array:
-    """bfloat16 as uint16 bits: kept as is when already bfloat16, else rounded to nearest even."""
-    if array.dtype.name == "bfloat16":
-        return array.view(np.uint16)
-    bits = np.ascontiguousarray(array, dtype=np.float32).view(np.uint32).astype(np.uint64)
-    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
-    return rounded.astype(np.uint16)
 
 
 def _unbatched(tensor: WireTensor) -> WireTensor:

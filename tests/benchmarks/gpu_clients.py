@@ -112,7 +112,7 @@ def direct_request(
     import numpy as np
 
     from adapters.triton.grpc_stream import infer_request
-    from adapters.triton.tensors import WireTensor
+    from adapters.triton.wire import WireTensor
 
     def tensor(name: str, value: Any, datatype: str, dtype: Any) -> WireTensor:
         return WireTensor(name, datatype, np.array([[value]], dtype=dtype))

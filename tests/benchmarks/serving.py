@@ -38,7 +38,7 @@ import numpy as np
 import psutil
 
 from adapters.triton.grpc_stream import infer_request
-from adapters.triton.tensors import WireTensor
+from adapters.triton.wire import WireTensor
 from deploy.sidecar.models import ensure_tiny_model
 from deploy.sidecar.spec import parse_spec
 from deploy.sidecar.supervisor import Sidecar, sidecar_from_spec

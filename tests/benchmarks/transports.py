@@ -31,7 +31,7 @@ import numpy as np
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from adapters.triton.grpc_stream import infer_request
-from adapters.triton.tensors import WireTensor
+from adapters.triton.wire import WireTensor
 from deploy.sidecar.models import ensure_tiny_model
 from deploy.sidecar.spec import parse_spec
 from deploy.sidecar.supervisor import Sidecar, sidecar_from_spec

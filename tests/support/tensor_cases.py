@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from adapters.contract import GenerationRequest, LoraAdapter, SamplingParams
-from adapters.triton.tensors import WireTensor
+from adapters.triton.wire import WireTensor
 from tests.support.stock_configs import stock as stock_release
 from tests.support.stock_configs import without_token_counts
 

@@ -12,7 +12,8 @@ import pytest
 from adapters.contract import GenerationRequest, InvalidRequest, SamplingParams
 from adapters.triton.config import parse_model_config
 from adapters.triton.responses import EngineDecoder
-from adapters.triton.tensors import build_inputs, requested_outputs, wire_array, word_list
+from adapters.triton.tensors import build_inputs, requested_outputs, word_list
+from adapters.triton.wire import wire_array
 from tests.support.stock_configs import stock
 
 ENGINE = parse_model_config(stock("tensorrt_llm"))

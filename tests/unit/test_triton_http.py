@@ -16,7 +16,8 @@ from adapters.contract import GenerationRequest, SamplingParams
 from adapters.triton.config import parse_model_config
 from adapters.triton.http import ChunkedEvents, carries, generate_body, reply_of
 from adapters.triton.responses import Exchange, Reply
-from adapters.triton.tensors import WireTensor, build_inputs
+from adapters.triton.tensors import build_inputs
+from adapters.triton.wire import WireTensor
 from tests.support.stock_configs import stock
 
 SETTINGS = settings(max_examples=150, deadline=None)

@@ -10,12 +10,12 @@ import pytest
 from adapters.contract import GenerationRequest, InvalidRequest, SamplingParams
 from adapters.triton.config import ModelInputs, parse_model_config
 from adapters.triton.tensors import (
-    WireTensor,
     build_inputs,
     requested_outputs,
     stop_request_inputs,
     streams,
 )
+from adapters.triton.wire import WireTensor
 from tests.support.stock_configs import stock as stock_release
 from tests.support.stock_configs import without_inputs
 from tests.support.tensor_cases import by_name, request, stock

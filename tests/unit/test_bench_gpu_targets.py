@@ -1,0 +1,61 @@
+"""The GPU benchmark's targets: one gateway model per way to Triton (transport and entry), each
+named after what tells it from the others."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from tests.benchmarks.gpu_clients import Way, gateway_model, gateway_targets, gateway_ways
+from tests.benchmarks.gpu_setup import gateway_config
+
+
+def test_one_way_is_the_plain_gateway_under_the_pipelines_name() -> None:
+    ways = gateway_ways(["http"], ["ensemble"])
+    assert ways == [Way("http", "ensemble")]
+    assert gateway_targets(ways) == ["gateway"]
+    assert gateway_model("llama", ways[0], ways) == "llama"
+
+
+def test_ways_are_named_by_what_differs() -> None:
+    entries = gateway_ways(["http"], ["ensemble", "tensorrt_llm"])
+    assert gateway_targets(entries) == ["gateway-ensemble", "gateway-engine"]
+    assert [gateway_model("m", w, entries) for w in entries] == ["m", "m-engine"]
+    transports = gateway_ways(["http", "grpc"], ["ensemble"])
+    assert gateway_targets(transports) == ["gateway-http", "gateway-grpc"]
+    both = gateway_ways(["http", "grpc"], ["ensemble", "tensorrt_llm"])
+    assert gateway_targets(both) == [
+        "gateway-http-ensemble",
+        "gateway-grpc-ensemble",
+        "gateway-http-engine",
+        "gateway-grpc-engine",
+    ]
+    names = [gateway_model("m", w, both) for w in both]
+    assert names == ["m", "m-grpc-ensemble", "m-http-engine", "m-grpc-engine"]
+
+
+def test_every_way_is_a_gateway_model_calling_its_entry_over_its_transport() -> None:
+    args = argparse.Namespace(
+        transport=["http", "grpc"],
+        entry=["ensemble", "tensorrt_llm"],
+        release="latest",
+        device="cpu",
+        max_batch_size=8,
+        guided=False,
+        mixed_batching=True,
+        text_env=None,
+        workers=2,
+        metrics_port=9,
+    )
+    config = gateway_config({"m": Path("/models/m")}, args, grpc_port=7)
+    models = {model["name"]: model for model in config["models"]}
+    assert set(models) == {"m", "m-grpc-ensemble", "m-http-engine", "m-grpc-engine"}
+    assert {name: model["entry"] for name, model in models.items()} == {
+        "m": "ensemble",
+        "m-grpc-ensemble": "ensemble",
+        "m-http-engine": "tensorrt_llm",
+        "m-grpc-engine": "tensorrt_llm",
+    }
+    over_grpc = {name for name, model in models.items() if "triton_url" in model}
+    assert over_grpc == {"m-grpc-ensemble", "m-grpc-engine"}
+    assert all(model["pipeline"] == "m" for model in models.values())

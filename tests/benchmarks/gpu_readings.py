@@ -5,16 +5,12 @@ per-model counters (Triton's metrics port), the gateway's own time to first toke
 from __future__ import annotations
 
 import os
-import re
 import subprocess
 from typing import Any
 
 import httpx
 
-Sample = tuple[str, dict[str, str], float]
-"""One line of Prometheus' text format: the metric's name, its labels, its value."""
-
-_LABEL = re.compile(r'(\w+)="([^"]*)"')
+from tests.support.prometheus import Sample, parse
 
 
 async def scrape(http: httpx.AsyncClient, url: str) -> list[Sample]:
@@ -24,17 +20,6 @@ async def scrape(http: httpx.AsyncClient, url: str) -> list[Sample]:
     except httpx.HTTPError:
         return []
     return parse(text)
-
-
-def parse(text: str) -> list[Sample]:
-    """The samples of Prometheus' text format (no timestamps, as Triton and the gateway write)."""
-    samples = []
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            head, _, value = line.rpartition(" ")
-            name, _, labels = head.partition("{")
-            samples.append((name, dict(_LABEL.findall(labels)), float(value)))
-    return samples
 
 
 def engine_steps(triton: list[Sample], model: str) -> int:

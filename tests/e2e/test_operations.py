@@ -19,6 +19,7 @@ import pytest
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 
 from tests.support.gateway import serve_process
+from tests.support.prometheus import total
 
 pytestmark = pytest.mark.slow
 STREAMS = 16
@@ -177,11 +178,8 @@ def gateway(
         process.kill()
 
 
-def _metric(url: str, name: str) -> float:
-    for line in httpx.get(f"{url}/metrics").text.splitlines():
-        if line.startswith(name):
-            return float(line.rsplit(" ", 1)[1])
-    return 0.0
+def _metric(url: str, family: str, **labels: str) -> float:
+    return total(httpx.get(f"{url}/metrics").text, family, **labels)
 
 
 def _tritonserver(pid: int) -> int:
@@ -237,8 +235,8 @@ def test_triton_metrics_and_sidecar_state_reach_the_gateway(
     assert 'nv_inference_request_success{model="ops_ensemble"' in triton.text
     missing = httpx.get(f"{url}/metrics/sidecars/nope")
     assert missing.status_code == 404 and missing.json()["error"]["param"] == "name"
-    assert _metric(url, 'gateway_sidecar_up{sidecar="ops"}') == 1
-    assert _metric(url, 'gateway_sidecar_restarts_total{sidecar="ops"}') == 0
+    assert _metric(url, "gateway_sidecar_up", sidecar="ops") == 1
+    assert _metric(url, "gateway_sidecar_restarts_total", sidecar="ops") == 0
 
 
 def test_json_logs_carry_request_ids_and_no_prompts(gateway: tuple[str, Any, Path]) -> None:
@@ -284,9 +282,9 @@ async def test_a_killed_sidecar_ends_its_streams_and_comes_back(
             f"{url}/v1/completions", json={"model": "ops", "prompt": "x", "max_tokens": 3}
         )
     assert answer.status_code == 200
-    assert _metric(url, 'gateway_sidecar_restarts_total{sidecar="ops"}') == 1
-    assert _metric(url, 'gateway_sidecar_up{sidecar="ops"}') == 1
-    assert _metric(url, 'gateway_tenant_requests_in_flight{tenant="anonymous"}') == 0
+    assert _metric(url, "gateway_sidecar_restarts_total", sidecar="ops") == 1
+    assert _metric(url, "gateway_sidecar_up", sidecar="ops") == 1
+    assert _metric(url, "gateway_tenant_requests_in_flight", tenant="anonymous") == 0
     assert _metric(url, "gateway_requests_in_flight") == 1  # the scrape itself
 
 

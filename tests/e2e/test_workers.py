@@ -23,6 +23,7 @@ import pytest
 
 from gateway.tenancy.keys import digest, new_key
 from tests.support.gateway import serve_process, stop_process
+from tests.support.prometheus import total
 from tests.support.redis_server import RedisServer
 
 pytestmark = pytest.mark.slow
@@ -156,18 +157,15 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def _metric(text: str, start: str) -> float:
-    return sum(
-        float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(start)
-    )
-
-
 def test_metrics_count_the_requests_of_every_worker(gateway: Gateway) -> None:
-    name = 'gateway_requests_total{method="GET",route="/health/live",status="200"}'
-    before = _metric(_fresh(gateway, "GET", "/metrics").text, name)
+    live = {"method": "GET", "route": "/health/live", "status": "200"}
+    before = total(_fresh(gateway, "GET", "/metrics").text, "gateway_requests_total", **live)
     for _ in range(30):
         assert _fresh(gateway, "GET", "/health/live").status_code == 200
-    scraped = [_metric(_fresh(gateway, "GET", "/metrics").text, name) - before for _ in range(6)]
+    scraped = [
+        total(_fresh(gateway, "GET", "/metrics").text, "gateway_requests_total", **live) - before
+        for _ in range(6)
+    ]
     assert scraped == [30.0] * 6, "every scrape, whichever worker answers, sums all workers"
 
 

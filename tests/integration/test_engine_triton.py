@@ -19,6 +19,7 @@ from tests.support.engine_grpc import (
     request,
     tokens_of,
 )
+from tests.support.prometheus import value
 
 pytestmark = pytest.mark.slow
 
@@ -285,13 +286,6 @@ def test_perf_metrics_on_request(sidecar: Sidecar) -> None:
     assert "arrival_time_ns" not in Stream(sidecar, request(2)).collect()[0][0]
 
 
-def _metric(text: str, family: str, **labels: str) -> float:
-    for line in text.splitlines():
-        if line.startswith(family + "{") and all(f'{k}="{v}"' in line for k, v in labels.items()):
-            return float(line.rsplit(" ", 1)[1])
-    raise AssertionError(f"{family} {labels} not in the metrics")
-
-
 def test_engine_statistics_are_triton_metrics_named_as_the_cpp_backend_names_them(
     sidecar: Sidecar,
 ) -> None:
@@ -302,14 +296,15 @@ def test_engine_statistics_are_triton_metrics_named_as_the_cpp_backend_names_the
             return response.read().decode()
 
     model = {"model": MODEL, "version": "1"}
-    before = _metric(scrape(), "nv_trt_llm_general_metrics", general_type="iteration_counter")
+    steps = "nv_trt_llm_general_metrics"
+    before = value(scrape(), steps, general_type="iteration_counter", **model)
     Stream(sidecar, request(12, end_id=-1)).collect()
     time.sleep(0.5)
     text = scrape()
-    after = _metric(text, "nv_trt_llm_general_metrics", general_type="iteration_counter", **model)
+    after = value(text, steps, general_type="iteration_counter", **model)
     assert after >= before + 11
-    assert _metric(text, "nv_trt_llm_request_metrics", request_type="max", **model) == 16
+    assert value(text, "nv_trt_llm_request_metrics", request_type="max", **model) == 16
     blocks = "nv_trt_llm_kv_cache_block_metrics"
-    assert _metric(text, blocks, kv_cache_block_type="tokens_per", **model) == 32
+    assert value(text, blocks, kv_cache_block_type="tokens_per", **model) == 32
     lengths = "nv_llm_output_token_len_count"
-    assert _metric(text, lengths, response_metric_type="total_output_tokens", **model) >= 1
+    assert value(text, lengths, response_metric_type="total_output_tokens", **model) >= 1

@@ -18,6 +18,7 @@ from tests.support.gateway import (  # noqa: F401
     SYNC_ENSEMBLE_MODEL,
     gateway_url,
 )
+from tests.support.prometheus import value
 
 pytestmark = pytest.mark.slow
 TICKS = os.sysconf("SC_CLK_TCK")
@@ -61,10 +62,7 @@ def wait_until_idle(pid: int, timeout_s: float = 15.0) -> None:
 
 
 def in_flight(url: str) -> float:
-    for line in httpx.get(f"{url}/metrics").text.splitlines():
-        if line.startswith("gateway_requests_in_flight "):
-            return float(line.split()[1])
-    raise LookupError("no in-flight gauge")
+    return value(httpx.get(f"{url}/metrics").text, "gateway_requests_in_flight")
 
 
 @pytest.mark.parametrize(

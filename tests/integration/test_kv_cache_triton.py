@@ -4,7 +4,6 @@ the cached prompt tokens the gateway reports for them (OpenAI's ``cached_tokens`
 from __future__ import annotations
 
 import hashlib
-import re
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -27,6 +26,7 @@ from tests.support.gateway import (  # noqa: F401
     gateway_url,
     sidecar_settings,
 )
+from tests.support.prometheus import total, value
 from tests.support.sidecars import CHUNK_TOKENS, SMALL_KV_CACHE
 
 pytestmark = pytest.mark.slow
@@ -46,21 +46,13 @@ def _scrape(sidecar: Sidecar) -> str:
     return text
 
 
-def _gauge(text: str, family: str, model: str, **labels: str) -> float:
-    labels = {"model": model, **labels}
-    for line in text.splitlines():
-        if line.startswith(family + "{") and all(f'{k}="{v}"' in line for k, v in labels.items()):
-            return float(line.rsplit(" ", 1)[1])
-    raise AssertionError(f"{family} {labels} is not published")
-
-
 def _pool(sidecar: Sidecar, model: str) -> dict[str, float]:
     """The block gauges of one scrape that add up. The publisher sets them one after another,
     so a scrape can fall between two updates; the next one will not."""
     for _ in range(3):
         text = _scrape(sidecar)
         kinds = ("max", "free", "used", "reused", "tokens_per", "fraction")
-        pool = {k: _gauge(text, BLOCKS, model, kv_cache_block_type=k) for k in kinds}
+        pool = {k: value(text, BLOCKS, model=model, kv_cache_block_type=k) for k in kinds}
         if pool["free"] + pool["used"] == pool["max"]:
             return pool
         time.sleep(0.05)
@@ -262,10 +254,7 @@ def test_a_release_without_reuse_stats_reports_no_details(client: httpx.Client) 
 def test_cached_prompt_tokens_are_counted_per_model_and_tenant(client: httpx.Client) -> None:
     def counted() -> float:
         text = client.get("/metrics").text
-        pattern = (
-            rf'^gateway_cached_prompt_tokens_total\{{[^}}]*model="{ENSEMBLE_MODEL}"[^}}]*\}} (\S+)$'
-        )
-        return sum(float(m.group(1)) for m in re.finditer(pattern, text, re.M))
+        return total(text, "gateway_cached_prompt_tokens_total", model=ENSEMBLE_MODEL)
 
     before = counted()
     _chat(client, ENSEMBLE_MODEL, "Metric question?", False)

@@ -22,6 +22,7 @@ from gateway.tenancy.config import KeyEntry, TenancySettings, TenantPolicy
 from gateway.tenancy.keys import digest, new_key
 from tests.support.gateway import LiveGateway, sidecar_settings
 from tests.support.lora import peft_greedy
+from tests.support.prometheus import total
 
 pytestmark = pytest.mark.slow
 
@@ -196,13 +197,7 @@ def test_metrics_name_an_adapter_one_way_whatever_the_client_called_it(
 ) -> None:
     def served(adapter: str) -> float:
         text = httpx.get(f"{gateway.url}/metrics").text
-        return sum(
-            float(line.rsplit(" ", 1)[1])
-            for line in text.splitlines()
-            if line.startswith("gateway_generation_requests_total{")
-            and f'adapter="{adapter}"' in line
-            and 'model="tiny"' in line
-        )
+        return total(text, "gateway_generation_requests_total", adapter=adapter, model="tiny")
 
     before = served("lora-b")
     client = _client(gateway)

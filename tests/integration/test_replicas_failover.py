@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import re
 import signal
 import time
 from collections import Counter
@@ -15,8 +14,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.support.prometheus import parse
 from tests.support.replica_gateway import (
-    UP,
     WORDS,
     Replicas,
     body,
@@ -26,9 +25,6 @@ from tests.support.replica_gateway import (
 from tests.support.replicas import served
 
 pytestmark = pytest.mark.slow
-EJECTIONS = re.compile(
-    r'^gateway_replica_ejections_total\{model="([\w-]+)",reason="(\w+)",replica="([^"]+)"\} (\S+)$'
-)
 
 
 @pytest.fixture(scope="module")
@@ -73,20 +69,22 @@ async def _stream(client: httpx.AsyncClient, model: str, tokens: int) -> tuple[i
 
 def _ejections(text: str, model: str, replica: str) -> dict[str, float]:
     """The replica's ejections so far, by reason."""
-    found = {}
-    for line in text.splitlines():
-        match = EJECTIONS.match(line)
-        if match and (match[1], match[3]) == (model, replica):
-            found[match[2]] = float(match[4])
-    return found
+    return {
+        labels["reason"]: number
+        for name, labels, number in parse(text)
+        if name == "gateway_replica_ejections_total"
+        and (labels["model"], labels["replica"]) == (model, replica)
+    }
 
 
 def _up(text: str, model: str, replica: str) -> float | None:
-    for line in text.splitlines():
-        match = UP.match(line)
-        if match and (match[1], match[2]) == (model, replica):
-            return float(match[3])
-    return None
+    """The replica's ``gateway_replica_up``; None while the scrape does not list it."""
+    found = [
+        number
+        for name, labels, number in parse(text)
+        if name == "gateway_replica_up" and (labels["model"], labels["replica"]) == (model, replica)
+    ]
+    return found[0] if found else None
 
 
 async def test_a_replica_killed_under_load(replicas: Replicas) -> None:

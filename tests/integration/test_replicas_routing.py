@@ -14,8 +14,8 @@ import httpx
 import pytest
 
 from deploy.sidecar.spec import TorchEngine
+from tests.support.prometheus import parse, total
 from tests.support.replica_gateway import (
-    IN_FLIGHT,
     WORDS,
     Replicas,
     body,
@@ -40,10 +40,9 @@ async def sample_in_flight(
     samples: dict[str, list[float]] = defaultdict(list)
     while not stop.is_set():
         text = (await client.get("/metrics")).text
-        for line in text.splitlines():
-            match = IN_FLIGHT.match(line)
-            if match and match[1] == model:
-                samples[match[2]].append(float(match[3]))
+        for name, labels, number in parse(text):
+            if name == "gateway_replica_in_flight" and labels["model"] == model:
+                samples[labels["replica"]].append(number)
         await asyncio.sleep(0.05)
     return samples
 
@@ -148,11 +147,7 @@ async def test_adapter_affinity_keeps_an_adapter_on_one_replica(replicas: Replic
     counts = {name: after[name] - before[name] for name in ("r1", "r2", "r3")}
     assert max(counts.values()) / min(counts.values()) <= 1.5, counts
     text = httpx.get(f"{replicas.url}/metrics").text
-    hits = sum(
-        float(line.rsplit(" ", 1)[1])
-        for line in text.splitlines()
-        if line.startswith('gateway_replica_adapter_hits_total{model="tiny"')
-    )
+    hits = total(text, "gateway_replica_adapter_hits_total", model="tiny")
     assert hits >= 0.9 * 60 - 3
 
 

@@ -17,6 +17,7 @@ from deploy.sidecar.supervisor import Sidecar
 from gateway.tenancy import KeyEntry, StoreSettings, TenancySettings, TenantPolicy
 from gateway.tenancy.keys import digest, new_key
 from tests.support.gateway import LiveGateway, sidecar_settings
+from tests.support.prometheus import total
 from tests.support.redis_server import RedisServer
 
 pytestmark = pytest.mark.slow
@@ -54,11 +55,8 @@ class Gateway:
         headers = {"Authorization": f"Bearer {key}"} if key else {}
         return httpx.post(f"{self.url}{path}", json=body, headers=headers, timeout=60, **kw)
 
-    def metric(self, name: str, **labels: str) -> float:
-        for line in httpx.get(f"{self.url}/metrics").text.splitlines():
-            if line.startswith(name + "{") and all(f'{k}="{v}"' in line for k, v in labels.items()):
-                return float(line.rsplit(" ", 1)[1])
-        return 0.0
+    def metric(self, family: str, **labels: str) -> float:
+        return total(httpx.get(f"{self.url}/metrics").text, family, **labels)
 
 
 @pytest.fixture(scope="module", params=["memory", "redis"])

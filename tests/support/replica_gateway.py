@@ -8,7 +8,6 @@ one, so its requests queue.
 from __future__ import annotations
 
 import asyncio
-import re
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -50,8 +49,6 @@ WORDS = [
     "bridge",
     "forest",
 ]
-IN_FLIGHT = re.compile(r'^gateway_replica_in_flight\{model="(\w[\w-]*)",replica="([^"]+)"\} (\S+)$')
-UP = re.compile(r'^gateway_replica_up\{model="(\w[\w-]*)",replica="([^"]+)"\} (\S+)$')
 
 
 class Replicas:

@@ -14,6 +14,7 @@ from deploy.sidecar.supervisor import Sidecar
 from gateway.settings import AdapterSettings, LimitSettings, ModelSettings, Settings
 from gateway.tenancy import TenancySettings
 from tests.support.gateway import LiveGateway
+from tests.support.prometheus import value
 from tests.support.stock import BLS_LOADS, NO_BLS_REASON, NOSEED_ENSEMBLE
 
 LORA_RELEASES = ("v0.19",)
@@ -56,13 +57,7 @@ class Stack:
     def engine_metric(self, family: str, **labels: str) -> float:
         with urllib.request.urlopen(self.sidecar.metrics_url, timeout=10) as response:
             text = response.read().decode()
-        labels = {"model": "tensorrt_llm", **labels}
-        for line in text.splitlines():
-            if line.startswith(family + "{") and all(
-                f'{k}="{v}"' in line for k, v in labels.items()
-            ):
-                return float(line.rsplit(" ", 1)[1])
-        raise AssertionError(f"{family} {labels} is not published")
+        return value(text, family, **{"model": "tensorrt_llm", **labels})
 
 
 def stock_settings(url: str, model_dir: Path, release: str, adapter: Path) -> Settings:

@@ -6,8 +6,9 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from tests.benchmarks.gpu_readings import engine_steps, parse, served_ttft, triton_counters
+from tests.benchmarks.gpu_readings import engine_steps, served_ttft, triton_counters
 from tests.benchmarks.gpu_report import bucket_quantile, summarise
+from tests.support.prometheus import parse
 
 
 def test_bucket_quantile_is_the_bound_of_the_bucket_that_holds_it() -> None:

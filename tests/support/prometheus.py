@@ -1,0 +1,49 @@
+"""Samples of Prometheus' text exposition format, as Triton and the gateway write it (no
+timestamps), and the value of one sample or the sum of several by family and labels."""
+
+from __future__ import annotations
+
+import re
+
+Sample = tuple[str, dict[str, str], float]
+"""One line of Prometheus' text format: the metric's name, its labels, its value."""
+
+_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+_ESCAPE = re.compile(r"\\(.)")
+
+
+def _unescaped(text: str) -> str:
+    return _ESCAPE.sub(lambda m: "\n" if m[1] == "n" else m[1], text)
+
+
+def parse(text: str) -> list[Sample]:
+    """The samples of Prometheus' text format, label values unescaped."""
+    samples = []
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            head, _, number = line.rpartition(" ")
+            name, _, labels = head.partition("{")
+            found = {key: _unescaped(raw) for key, raw in _LABEL.findall(labels)}
+            samples.append((name, found, float(number)))
+    return samples
+
+
+def _matching(text: str, family: str, labels: dict[str, str]) -> list[float]:
+    return [
+        number
+        for name, have, number in parse(text)
+        if name == family and all(have.get(k) == v for k, v in labels.items())
+    ]
+
+
+def value(text: str, family: str, **labels: str) -> float:
+    """The value of the one sample named ``family`` whose labels include ``labels``."""
+    found = _matching(text, family, labels)
+    if len(found) != 1:
+        raise AssertionError(f"{len(found)} samples of {family} {labels} in the metrics, not 1")
+    return found[0]
+
+
+def total(text: str, family: str, **labels: str) -> float:
+    """The sum of the samples named ``family`` whose labels include ``labels``; 0.0 if none."""
+    return sum(_matching(text, family, labels), 0.0)

@@ -114,6 +114,8 @@ class HttpCall:
         self._request = _request_bytes(url, path, body, headers)
         self._connection: Connection | None = None
         self._frames = ChunkedEvents()
+        self._expiry: asyncio.TimerHandle | None = None
+        self._expired = False
 
     async def read(self) -> list[Reply] | None:
         """The replies that arrived (at least one); ``None`` once the stream ended, its
@@ -159,22 +161,40 @@ class HttpCall:
 
     def cancel(self) -> None:
         """Close the connection: Triton cancels the request if it is still running."""
+        if self._expiry is not None:
+            self._expiry.cancel()
+            self._expiry = None
         if self._connection is not None:
             self._streams.release(self._connection)
             self._connection = None
 
     async def _receive(self) -> None:
-        async with asyncio.timeout_at(self._deadline):
-            await self._receive_some()
-
-    async def _receive_some(self) -> None:
+        """Send the request (at the first read), then read what Triton streams. Sending and
+        the answer's head wait under the deadline; the stream's reads are bounded by one timer
+        per call (a timeout armed around every read costs a timer per token)."""
+        if self._expired:
+            raise TimeoutError
         if self._connection is None:
-            await self._send()
+            async with asyncio.timeout_at(self._deadline):
+                await self._send()
+            if self._deadline is not None:
+                loop = asyncio.get_running_loop()
+                self._expiry = loop.call_at(self._deadline, self._expire)
         assert self._connection is not None
         data = await self._connection[0].read(_READ_BYTES)
+        if self._expired:
+            raise TimeoutError
         if not data:
             raise asyncio.IncompleteReadError(b"", None)
         self._frames.feed(data)
+
+    def _expire(self) -> None:
+        """The deadline passed: the connection closes, so Triton cancels the request whether
+        or not a read is waiting, and the read waiting or the next one raises
+        ``TimeoutError``."""
+        self._expiry = None
+        self._expired = True
+        self.cancel()
 
 
 class ChunkedEvents:

@@ -1,0 +1,124 @@
+"""The HTTP transport's deadline, against a real local HTTP server that answers
+``generate_stream`` with one event and then stalls: a read waiting past the deadline raises
+``TimeoutError`` and the connection closes at the deadline (Triton cancels the request when its
+connection closes), also while nobody reads; a stream that ends in time is not cut."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import pytest
+
+from adapters.triton.http import HttpStreams
+
+
+@dataclass
+class StallingServer:
+    """Answers the head and ``events`` events, then writes nothing more until the client closes
+    (``end`` ends the stream instead); records when each connection closed."""
+
+    events: int = 1
+    end: bool = False
+    head_delay_s: float = 0.0
+    url: str = ""
+    closed_at: list[float] = field(default_factory=list)
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = next(
+                int(line.split(b":")[1])
+                for line in head.split(b"\r\n")
+                if line.lower().startswith(b"content-length")
+            )
+            await reader.readexactly(length)
+            await asyncio.sleep(self.head_delay_s)
+            writer.write(
+                b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+                b"Transfer-Encoding: chunked\r\n\r\n"
+            )
+            for token in range(self.events):
+                event = b'data: {"output_ids": [%d]}\n\n' % token
+                writer.write(b"%x\r\n%s\r\n" % (len(event), event))
+            if self.end:
+                writer.write(b"0\r\n\r\n")
+            await writer.drain()
+            await reader.read()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            self.closed_at.append(time.monotonic())
+            writer.close()
+
+
+@contextlib.asynccontextmanager
+async def serving(server: StallingServer) -> AsyncIterator[StallingServer]:
+    listener = await asyncio.start_server(server.handle, "127.0.0.1", 0)
+    server.url = f"http://127.0.0.1:{listener.sockets[0].getsockname()[1]}"
+    try:
+        yield server
+    finally:
+        listener.close()
+
+
+def _deadline(seconds: float) -> float:
+    return asyncio.get_running_loop().time() + seconds
+
+
+async def test_a_read_waiting_past_the_deadline_times_out_and_the_connection_closes() -> None:
+    async with serving(StallingServer()) as server:
+        streams = HttpStreams()
+        call = streams.call(server.url, "m", b"{}", deadline=_deadline(0.3))
+        started = time.monotonic()
+        assert len(await call.read() or []) == 1
+        with pytest.raises(TimeoutError):
+            await call.read()
+        waited = time.monotonic() - started
+        assert 0.25 <= waited < 1.0
+        await asyncio.sleep(0.05)
+        assert len(server.closed_at) == 1 and server.closed_at[0] - started < 1.0
+        assert streams.open_connections == 0
+        await streams.close()
+
+
+async def test_the_connection_closes_at_the_deadline_while_nobody_reads() -> None:
+    async with serving(StallingServer()) as server:
+        streams = HttpStreams()
+        call = streams.call(server.url, "m", b"{}", deadline=_deadline(0.2))
+        started = time.monotonic()
+        assert len(await call.read() or []) == 1
+        # The consumer is busy elsewhere past the deadline: Triton still sees the request go.
+        await asyncio.sleep(0.6)
+        assert len(server.closed_at) == 1
+        assert 0.15 <= server.closed_at[0] - started < 0.5
+        with pytest.raises(TimeoutError):
+            await call.read()
+        await streams.close()
+
+
+async def test_a_head_that_comes_too_late_times_out() -> None:
+    async with serving(StallingServer(head_delay_s=1.0)) as server:
+        streams = HttpStreams()
+        call = streams.call(server.url, "m", b"{}", deadline=_deadline(0.2))
+        started = time.monotonic()
+        with pytest.raises(TimeoutError):
+            await call.read()
+        assert time.monotonic() - started < 0.6
+        await streams.close()
+
+
+async def test_a_stream_that_ends_in_time_is_read_to_its_end_and_nothing_fires_later() -> None:
+    async with serving(StallingServer(events=3, end=True)) as server:
+        streams = HttpStreams()
+        call = streams.call(server.url, "m", b"{}", deadline=_deadline(0.2))
+        tokens = []
+        while (replies := await call.read()) is not None:
+            tokens.extend(int(reply.outputs["output_ids"].reshape(-1)[0]) for reply in replies)
+        assert tokens == [0, 1, 2]
+        await asyncio.sleep(0.3)  # past the deadline: the ended call's timer is gone
+        assert await call.read() is None
+        await streams.close()

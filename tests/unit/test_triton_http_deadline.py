@@ -6,14 +6,13 @@ connection closes), also while nobody reads; a stream that ends in time is not c
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
-from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 import pytest
 
 from adapters.triton.http import HttpStreams
+from tests.support.stream_server import read_request, serving, tokens_of, write_stream
 
 
 @dataclass
@@ -29,23 +28,9 @@ class StallingServer:
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
-            head = await reader.readuntil(b"\r\n\r\n")
-            length = next(
-                int(line.split(b":")[1])
-                for line in head.split(b"\r\n")
-                if line.lower().startswith(b"content-length")
-            )
-            await reader.readexactly(length)
+            await read_request(reader)
             await asyncio.sleep(self.head_delay_s)
-            writer.write(
-                b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
-                b"Transfer-Encoding: chunked\r\n\r\n"
-            )
-            for token in range(self.events):
-                event = b'data: {"output_ids": [%d]}\n\n' % token
-                writer.write(b"%x\r\n%s\r\n" % (len(event), event))
-            if self.end:
-                writer.write(b"0\r\n\r\n")
+            write_stream(writer, range(self.events), end=self.end)
             await writer.drain()
             await reader.read()
         except (asyncio.IncompleteReadError, ConnectionError):
@@ -53,16 +38,6 @@ class StallingServer:
         finally:
             self.closed_at.append(time.monotonic())
             writer.close()
-
-
-@contextlib.asynccontextmanager
-async def serving(server: StallingServer) -> AsyncIterator[StallingServer]:
-    listener = await asyncio.start_server(server.handle, "127.0.0.1", 0)
-    server.url = f"http://127.0.0.1:{listener.sockets[0].getsockname()[1]}"
-    try:
-        yield server
-    finally:
-        listener.close()
 
 
 def _deadline(seconds: float) -> float:
@@ -115,10 +90,7 @@ async def test_a_stream_that_ends_in_time_is_read_to_its_end_and_nothing_fires_l
     async with serving(StallingServer(events=3, end=True)) as server:
         streams = HttpStreams()
         call = streams.call(server.url, "m", b"{}", deadline=_deadline(0.2))
-        tokens = []
-        while (replies := await call.read()) is not None:
-            tokens.extend(int(reply.outputs["output_ids"].reshape(-1)[0]) for reply in replies)
-        assert tokens == [0, 1, 2]
+        assert await tokens_of(call) == [0, 1, 2]
         await asyncio.sleep(0.3)  # past the deadline: the ended call's timer is gone
         assert await call.read() is None
         await streams.close()

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tests.benchmarks.gpu_clients import ENTRY_NAMES
+
 
 @dataclass(frozen=True)
 class Level:
@@ -150,6 +152,11 @@ def _spread(runs: list[dict[str, Any]], key: str, form: str) -> str:
 
 
 _TRANSPORTS = {"http": "HTTP `generate_stream`", "grpc": "gRPC"}
+_ENTRIES = {
+    "ensemble": "the `ensemble` as the direct client does",
+    "tensorrt_llm_bls": "the BLS",
+    "tensorrt_llm": "`tensorrt_llm` itself, the gateway tokenizing and detokenizing",
+}
 
 
 def render_markdown(report: dict[str, Any]) -> str:
@@ -162,6 +169,7 @@ def render_markdown(report: dict[str, Any]) -> str:
     repeats = max((len(r) for r in runs["direct"].values()), default=1)
     transports = report.get("transport", "grpc")
     transports = [transports] if isinstance(transports, str) else transports
+    entries = report.get("entry", ["ensemble"])
     lines = [
         f"# GPU run: {machine.get('gpu', 'CPU')}",
         "",
@@ -197,12 +205,11 @@ def render_markdown(report: dict[str, Any]) -> str:
         f"({report.get('gateway_workers', 1)} worker processes), which reaches Triton over "
         f"{' or '.join(_TRANSPORTS[t] for t in transports)}"
         + (" (`gateway-http`, `gateway-grpc`)" if len(transports) > 1 else "")
+        + ", calling "
+        + " or ".join(_ENTRIES[entry] for entry in entries)
         + (
-            ", calling the `ensemble` as the direct client does or `tensorrt_llm` itself, the "
-            "gateway tokenizing and detokenizing (`-ensemble`, `-engine`)."
-            if len(report.get("entry", ())) > 1
-            else "; it calls the `tensorrt_llm` model itself, tokenizing and detokenizing."
-            if report.get("entry") == ["tensorrt_llm"]
+            f" ({', '.join(f'`-{ENTRY_NAMES[entry]}`' for entry in entries)})."
+            if len(entries) > 1
             else "."
         ),
         f"- {repeats} runs per level, the targets interleaved (their order reversed every "

@@ -6,7 +6,7 @@ import asyncio
 import logging
 import uuid
 from collections import Counter
-from collections.abc import AsyncGenerator, Iterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Coroutine, Iterator, Mapping, Sequence
 from contextlib import aclosing, contextmanager
 from dataclasses import replace
 from typing import Any
@@ -318,28 +318,52 @@ class TritonBackend:
             target.triton_model, request_id, tensors, outputs, priority=request.priority
         )
         call = self._open(target.url, message, _remaining(deadline), request.trace_headers)
-        return GrpcCall(call, outputs)
+        return GrpcCall(call, outputs, shielded=model.is_ensemble)
 
     def _release(
         self, call: Call, exchange: Exchange, target: ModelTarget, request_id: str, operation: str
     ) -> None:
-        """The one place a call ends: cancelled, and its engine request stopped if abandoned."""
-        call.cancel()
-        if exchange.finished:
-            return
-        logger.info("%s abandoned before its final response; cancelled", operation)
-        model = exchange.model
-        if model.is_ensemble or model.is_engine:
-            self._stop_later(target.url, target.engine_model or model.engine_model, request_id)
+        """The one place a call ends; an abandoned one is stopped at its engine.
 
-    def _stop_later(self, url: str, engine_model: str | None, request_id: str) -> None:
-        """Fire-and-forget a stop request: a running ensemble step ignores gRPC cancellation."""
+        An ensemble's call is left open until the engine ended its request and the call was read
+        to its end: a running ensemble request that is cancelled (its call closed) stays counted
+        in flight in Triton 2.51 for good, and the server's shutdown waits for it. Any other
+        abandoned call is closed at once, which cancels it.
+        """
+        if exchange.finished:
+            call.cancel()
+            return
+        logger.info("%s abandoned before its final response; stopping it", operation)
+        model = exchange.model
+        if not (model.is_ensemble or model.is_engine):
+            call.cancel()
+            return
+        engine_model = target.engine_model or model.engine_model
         if engine_model is None:
             logger.warning("no engine model known to stop request %s", request_id)
+            call.cancel()
             return
-        task = asyncio.get_running_loop().create_task(self._stop(url, engine_model, request_id))
+        if model.is_ensemble:
+            self._later(self._stop_and_drain(call, target.url, engine_model, request_id))
+            return
+        call.cancel()
+        self._later(self._stop(target.url, engine_model, request_id))
+
+    def _later(self, work: Coroutine[Any, Any, None]) -> None:
+        """Run ``work`` in the background; ``close`` waits for it."""
+        task = asyncio.get_running_loop().create_task(work)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+
+    async def _stop_and_drain(
+        self, call: Call, url: str, engine_model: str, request_id: str
+    ) -> None:
+        """Stop an ensemble's engine request, then read its call to the end and close it."""
+        try:
+            await self._stop(url, engine_model, request_id)
+            await call.drain()
+        finally:
+            call.cancel()
 
     async def _stop(self, url: str, engine_model: str, request_id: str) -> None:
         message = infer_request(engine_model, request_id, stop_request_inputs(), None)

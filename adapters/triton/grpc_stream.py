@@ -103,31 +103,52 @@ class Call(Protocol):
 
 
 class GrpcCall:
-    """A ``ModelStreamInfer`` call, its responses read as replies."""
+    """A ``ModelStreamInfer`` call, its responses read as replies.
 
-    def __init__(self, call: Any, outputs: Sequence[str]) -> None:
+    grpcio cancels the whole call when a read of it is cancelled. A running ensemble request
+    that is cancelled stays counted in flight in Triton 2.51 for good, so an ensemble's call is
+    read ``shielded``: a cancelled reader leaves its read running, and the next read or the
+    drain takes it over while the engine request is stopped.
+    """
+
+    def __init__(self, call: Any, outputs: Sequence[str], *, shielded: bool = False) -> None:
         self._call = call
         self._outputs = outputs
+        self._shielded = shielded
+        self._pending: asyncio.Future[Any] | None = None
 
     async def read(self) -> list[Reply] | None:
         """The next reply (grpcio reads one message at a time); ``None`` at the stream's end."""
-        reply = _reply(await self._call.read(), self._outputs)
+        reply = _reply(await self._next(), self._outputs)
         return None if reply is None else [reply]
 
     async def drain(self) -> None:
-        """Read to the stream's end."""
-        await _drain(self._call)
+        """Read to the stream's end (a call that ended, cancelled included, has none)."""
+        if self._call.done():
+            return
+        try:
+            async with asyncio.timeout(_DRAIN_S):
+                while await self._next() is not grpc.aio.EOF:
+                    pass
+        except (TimeoutError, grpc.RpcError):
+            self._call.cancel()
 
     def cancel(self) -> None:
         """Cancel the gRPC call."""
         self._call.cancel()
 
+    async def _next(self) -> Any:
+        if not self._shielded:
+            return await self._call.read()
+        if self._pending is None:
+            self._pending = asyncio.ensure_future(self._call.read())
+            self._pending.add_done_callback(_retrieve)
+        message = await asyncio.shield(self._pending)
+        self._pending = None
+        return message
 
-async def _drain(call: Any) -> None:
-    """Read the stream's end after the final response so the call closes cleanly."""
-    try:
-        async with asyncio.timeout(_DRAIN_S):
-            while await call.read() is not grpc.aio.EOF:
-                pass
-    except (TimeoutError, grpc.RpcError):
-        call.cancel()
+
+def _retrieve(read: asyncio.Future[Any]) -> None:
+    """A read nobody awaits any more (its call was cancelled) is not reported as lost."""
+    if not read.cancelled():
+        read.exception()

@@ -130,7 +130,10 @@ class HttpCall:
             await self._receive()
 
     async def drain(self) -> None:
-        """Read to the stream's end, so that closing the connection cancels nothing."""
+        """Read to the stream's end, so that closing the connection cancels nothing (a call
+        never sent, or closed already, has nothing to read)."""
+        if self._connection is None:
+            return
         try:
             async with asyncio.timeout(_DRAIN_S):
                 while await self.read() is not None:

@@ -5,9 +5,11 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import functools
+import re
 import time
 from collections.abc import AsyncGenerator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -26,7 +28,8 @@ from adapters.contract import (
 )
 from adapters.triton import TritonBackend
 from deploy.sidecar.models import ensure_tiny_model
-from deploy.sidecar.supervisor import Sidecar, free_port
+from deploy.sidecar.spec import parse_spec
+from deploy.sidecar.supervisor import Sidecar, free_port, sidecar_from_spec
 from gateway.catalog.text.prompts import PromptTokenizer
 from tests.support.engine_probe import EngineProcess
 
@@ -308,3 +311,32 @@ async def test_abandoning_the_stream_stops_the_engine(
     assert generating > 0.15, f"the engine was generating ({generating:.2f} CPU s)"
     assert after < 0.15, f"the engine kept generating after the stream closed ({after:.2f} CPU s)"
     assert follow_up[-1].final
+
+
+@pytest.mark.slow
+async def test_abandoned_ensemble_streams_leave_nothing_in_flight(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """Triton 2.51 counts a cancelled running ensemble request in flight for good (its shutdown
+    then waits out its exit timeout): every way of abandoning a stream must avoid that."""
+    spec = parse_spec(
+        {
+            "models": [{"name": "tiny", "release": "latest",
+                        "engine": {"kind": "torch", "model_dir": str(tiny_model_dir)}}],
+            "sidecars": [{"name": "graceful"}],
+        }
+    )  # fmt: skip
+    server = sidecar_from_spec(spec, spec.sidecars[0], tmp_path)
+    server.start()
+    try:
+        async with TritonBackend() as backend:
+            for transport in TRANSPORTS:
+                where = target(server, "tiny_ensemble", transport)
+                for how in ("aclose", "cancel"):
+                    chunks = backend.generate(where, greedy(LONG, stream=True, min_tokens=LONG))
+                    await (await abandon_after_three_chunks(chunks, how))
+    finally:
+        server.stop()
+    left = re.findall(r"Model '[^']+' \(version \d+\) has \d+ in-flight inferences",
+                      server.log_path.read_text(errors="replace"))  # fmt: skip
+    assert not left, left[0]

@@ -8,7 +8,10 @@ closed-loop load then rises from one stream to thousands against:
 - ``direct``: Triton's HTTP ``generate_stream`` to the engine, the prompt's ids prebuilt;
 - ``gateway-1``: ``triton-gateway serve`` with one worker, ``/v1/completions`` streamed, the
   engine entry (the gateway tokenizes and detokenizes), auth and the rate limiter on;
-- ``gateway-N``: the same with ``--workers`` worker processes (limits in the embedded Redis).
+- ``gateway-N``: the same with ``--workers`` worker processes (limits in the embedded Redis);
+- ``relay-N``: the floor of a Python hop (``tests/benchmarks/relay.py``): ``N`` uvicorn workers
+  served as the gateway's are, relaying the direct request and Triton's events untouched, so the
+  gateway's own cost is its distance from this row rather than from direct Triton.
 
 The load comes from ``--clients`` processes, each an event loop of raw HTTP/1.1 clients. The
 streams' first requests are spread over one request's paced length (``--arrivals staggered``),
@@ -28,26 +31,32 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import itertools
 import json
 import multiprocessing
 import os
 import platform
+import subprocess
+import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
+
 from deploy.sidecar.models import ensure_tiny_model
 from deploy.sidecar.spec import parse_spec
-from deploy.sidecar.supervisor import Sidecar, sidecar_from_spec
+from deploy.sidecar.supervisor import Sidecar, free_port, sidecar_from_spec
 from gateway.catalog.text.hub import load_tokenizer
 from gateway.catalog.text.prompts import PromptTokenizer
 from gateway.tenancy.keys import digest
 from tests.benchmarks.loadgen import HttpClient, Sample, run_level
-from tests.benchmarks.serving import cpu_seconds
+from tests.benchmarks.serving import cpu_seconds, process_tree
 from tests.support.gateway import serve_process, stop_process
 
 KEY = "tgw-capacity-0123456789abcdef0123456789abcdef"
@@ -235,6 +244,47 @@ def gateway_config(sidecar: Sidecar, tokenizer: Path, workers: int) -> dict[str,
     }
 
 
+@contextlib.contextmanager
+def relay_process(
+    sidecar: Sidecar, body: dict[str, Any], workdir: Path, workers: int
+) -> Iterator[tuple[str, int]]:
+    """``tests.benchmarks.relay`` with ``workers`` workers in front of the sidecar, once every
+    worker listens: its URL and process id."""
+    body_path = workdir / "relay-body.json"
+    body_path.write_text(json.dumps(body))
+    port = free_port()
+    triton = sidecar.http_url.removeprefix("http://")
+    command = [sys.executable, "-m", "tests.benchmarks.relay", "--triton", triton, "--model",
+               "lt_tensorrt_llm", "--body", str(body_path), "--port", str(port), "--workers",
+               str(workers)]  # fmt: skip
+    with (workdir / f"relay-{workers}.log").open("wb") as log:
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        # Every worker listening: each answers on a connection of its own, spread by the kernel.
+        while len(process_tree(process.pid)) <= workers or not _answers(f"{url}/ready"):
+            if process.poll() is not None or time.monotonic() > deadline:
+                log = (workdir / f"relay-{workers}.log").read_text(errors="replace")
+                raise RuntimeError(f"the relay did not start: {log}")
+            time.sleep(0.2)
+        time.sleep(1.0)
+        yield url, process.pid
+    finally:
+        process.terminate()
+        try:
+            process.wait(15)
+        except subprocess.TimeoutExpired:
+            process.kill()
+
+
+def _answers(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
 def chat_ids(vocabulary: Any) -> list[int]:
     """The prompt's ids as the gateway sends a chat of it: templated and tokenized by the
     gateway's own prompt tokenizer."""
@@ -274,6 +324,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             rows.append(
                 measure("direct", "chat", sidecar.http_url, direct_chat, streams, args, trees)
             )
+        for workers in args.relay if args.relay is not None else [max(args.workers)]:
+            with relay_process(sidecar, direct["body"], workdir, workers) as (url, pid):
+                trees = {"triton": sidecar.pid or 0, "gateway": pid}
+                for streams in args.levels:
+                    rows.append(measure(f"relay-{workers}", "text", url, direct, streams, args,
+                                        trees))  # fmt: skip
         for workers in args.workers:
             name = f"gateway-{workers}"
             url, process = serve_process(gateway_config(sidecar, tokenizer, workers), workdir,
@@ -395,6 +451,13 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--instances", type=int, default=8, help="engine instances")
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 8])
+    parser.add_argument(
+        "--relay",
+        type=int,
+        nargs="*",
+        help="worker counts of the relay, the floor of a Python hop (tests/benchmarks/relay.py; "
+        "default: the most gateway workers; none: no relay)",
+    )
     parser.add_argument("--levels", type=int, nargs="+", default=list(LEVELS))
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--warmup", type=float, default=2.0)

@@ -3,18 +3,21 @@ pipeline over it in a real tritonserver, unpaced and paced."""
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import numpy as np
 import pytest
 
 from deploy.sidecar.render import RenderError, check_paths, render_config, render_model
 from deploy.sidecar.spec import LoadTestEngine, SpecError, parse_spec
 from deploy.sidecar.supervisor import Sidecar, sidecar_from_spec
+from tests.benchmarks.capacity import relay_process
 from tests.support.pipeline_calls import Stream, generate, texts
 from tests.support.sidecars import QUICK_STOP
 
@@ -158,3 +161,26 @@ def test_a_paced_stream_gets_its_tokens_on_schedule(lt_sidecar: Sidecar) -> None
     stream.close()
     assert len(tokens) == 10
     assert time.monotonic() - start >= 9 * 0.02  # one token each 20 ms, never sooner
+
+
+def _output_ids(answer: httpx.Response) -> list[list[int]]:
+    assert answer.status_code == 200, answer.text
+    events = [line.removeprefix("data: ") for line in answer.text.split("\n\n") if line]
+    return [json.loads(event)["output_ids"] for event in events]
+
+
+@pytest.mark.slow
+def test_the_capacity_relay_passes_on_every_event_of_the_direct_request(
+    lt_sidecar: Sidecar, tmp_path: Path
+) -> None:
+    """The relay, the capacity benchmark's floor of a Python hop, answers what Triton answers
+    the direct request, from each of its workers."""
+    body = {"input_ids": [5, 7, 2, 9], "input_lengths": [4], "request_output_len": [12],
+            "streaming": [True]}  # fmt: skip
+    path = "/v2/models/lt_tensorrt_llm/generate_stream"
+    direct = _output_ids(httpx.post(f"{lt_sidecar.http_url}{path}", json=body, timeout=30))
+    with relay_process(lt_sidecar, body, tmp_path, workers=2) as (url, _):
+        # A client of its own per request: the kernel spreads new connections over the workers.
+        relayed = [_output_ids(httpx.post(url, content=b"{}", timeout=30)) for _ in range(6)]
+    assert len(direct) == 12
+    assert all(ids == direct for ids in relayed), relayed

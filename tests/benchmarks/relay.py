@@ -1,0 +1,139 @@
+"""The floor of a Python hop, for the capacity benchmark: the least any gateway served this way
+adds to Triton.
+
+``--workers`` uvicorn processes (uvloop, httptools, one ``SO_REUSEPORT`` port: as the gateway
+serves) pass every request on to Triton's HTTP ``generate_stream`` with the direct path's
+prebuilt body, on a connection opened ahead, and relay Triton's events as they come. No auth, no
+tokenizer, no request or event is parsed: what remains is the second pair of sockets and the
+server's own work per request and per event.
+
+    python -m tests.benchmarks.relay --triton 127.0.0.1:8000 --model m --body body.json \
+        --port 9000 --workers 8
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import multiprocessing
+import signal
+from pathlib import Path
+from typing import Any
+
+import uvicorn
+
+from gateway.server import reuse_port_socket
+
+_HEAD = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
+Connection = tuple[asyncio.StreamReader, asyncio.StreamWriter]
+
+
+class Relay:
+    """The ASGI app of one worker: ``GET /ready`` answers 200, any POST is relayed."""
+
+    def __init__(self, triton: str, model: str, body: bytes) -> None:
+        self._host, port = triton.rsplit(":", 1)
+        self._port = int(port)
+        self._request = (
+            f"POST /v2/models/{model}/generate_stream HTTP/1.1\r\nHost: {triton}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+        ).encode() + body
+        self._spare: asyncio.Task[Connection] | None = None
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            await _lifespan(receive, send)
+            return
+        if scope["method"] == "GET":
+            await send({"type": "http.response.start", "status": 200, "headers": []})
+            await send({"type": "http.response.body", "body": b"ready"})
+            return
+        while (await receive()).get("more_body"):
+            pass
+        reader, writer = await self._connection()
+        try:
+            writer.write(self._request)
+            try:
+                await reader.readuntil(b"\r\n\r\n")
+            except (ConnectionError, asyncio.IncompleteReadError):
+                # The spare was closed by Triton meanwhile: once more on a new connection.
+                writer.close()
+                reader, writer = await asyncio.open_connection(self._host, self._port)
+                writer.write(self._request)
+                await reader.readuntil(b"\r\n\r\n")
+            await self._relay(reader, send)
+        finally:
+            writer.close()
+
+    async def _connection(self) -> Connection:
+        """The connection opened ahead; the next one starts opening."""
+        spare = self._spare
+        self._spare = asyncio.ensure_future(asyncio.open_connection(self._host, self._port))
+        if spare is not None:
+            try:
+                return await spare
+            except OSError:
+                pass
+        return await asyncio.open_connection(self._host, self._port)
+
+    @staticmethod
+    async def _relay(reader: asyncio.StreamReader, send: Any) -> None:
+        """Each chunk of Triton's chunked body as one chunk of the answer."""
+        started = False
+        while size := int((await reader.readuntil(b"\r\n"))[:-2], 16):
+            data = (await reader.readexactly(size + 2))[:-2]
+            if not started:
+                await send({"type": "http.response.start", "status": 200, "headers": _HEAD})
+                started = True
+            await send({"type": "http.response.body", "body": data, "more_body": True})
+        await reader.readexactly(2)
+        if not started:
+            await send({"type": "http.response.start", "status": 502, "headers": _HEAD})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+async def _lifespan(receive: Any, send: Any) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "lifespan.startup":
+            await send({"type": "lifespan.startup.complete"})
+        else:
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+
+
+def _worker(triton: str, model: str, body: bytes, port: int) -> None:
+    config = uvicorn.Config(
+        Relay(triton, model, body),
+        loop="uvloop",
+        http="httptools",
+        log_level="warning",
+        access_log=False,
+    )
+    uvicorn.Server(config).run(sockets=[reuse_port_socket("127.0.0.1", port)])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--triton", required=True, help="Triton's HTTP host:port")
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--body", type=Path, required=True, help="the generate_stream body")
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--workers", type=int, default=1)
+    args = parser.parse_args()
+    body = args.body.read_bytes()
+    context = multiprocessing.get_context("spawn")
+    workers = [
+        context.Process(target=_worker, args=(args.triton, args.model, body, args.port))
+        for _ in range(args.workers)
+    ]
+    for worker in workers:
+        worker.start()
+    # SIGTERM stops every worker (uvicorn exits on it), then this process.
+    signal.signal(signal.SIGTERM, lambda *_: [w.terminate() for w in workers])
+    for worker in workers:
+        worker.join()
+
+
+if __name__ == "__main__":
+    main()

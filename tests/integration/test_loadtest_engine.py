@@ -184,3 +184,19 @@ def test_the_capacity_relay_passes_on_every_event_of_the_direct_request(
         relayed = [_output_ids(httpx.post(url, content=b"{}", timeout=30)) for _ in range(6)]
     assert len(direct) == 12
     assert all(ids == direct for ids in relayed), relayed
+
+
+@pytest.mark.slow
+def test_an_engine_of_two_instances_publishes_metrics_and_stops_cleanly(tmp_path: Path) -> None:
+    """Each instance registering the same metric families made Triton 2.51 abort at unload and
+    wait out its exit timeout; one instance publishes them now."""
+    spec = parse_spec({**_lt_spec(instances=2), "sidecars": [{"name": "two"}]})
+    server = sidecar_from_spec(spec, spec.sidecars[0], tmp_path)
+    server.start()
+    try:
+        metrics = httpx.get(server.metrics_url, timeout=10).text
+    finally:
+        server.stop()
+    log = server.log_path.read_text(errors="replace")
+    assert 'nv_trt_llm_request_metrics{model="lt_tensorrt_llm"' in metrics
+    assert "Signal (6)" not in log and "Exit timeout expired" not in log, log[-2000:]

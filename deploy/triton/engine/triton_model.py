@@ -20,7 +20,7 @@ from deploy.triton.engine.checks import validate_request
 from deploy.triton.engine.config import ModelParameters, settings_from_model_config
 from deploy.triton.engine.outputs import ItemContext, OutputLayout, response_tensors
 from deploy.triton.engine.tensor_io import OutputTensors, inputs_of
-from deploy.triton.engine.triton_metrics import EngineMetrics, stat_values
+from deploy.triton.engine.triton_metrics import EngineMetrics, reports_metrics, stat_values
 from deploy.triton.engine.types import EngineError, SequenceOutput, ServingEngine
 from deploy.triton.engine.wire import is_stop_request, parse_items
 from deploy.triton.loadtest.paced import PacedConfig, PacedEngine
@@ -129,7 +129,9 @@ class TritonPythonModel:
             args.get("model_version", "1"),
             self._stat_values,
             self._settings.stats_check_period_ms / 1000.0,
-        ).start()
+        )
+        if reports_metrics(args.get("model_instance_name", "")):
+            self._metrics.start()
         # The engine's threads call into tritonserver: one stuck in such a call as the server
         # dies must not keep the stub alive.
         self._watchdog = ParentWatchdog().start()

@@ -222,9 +222,12 @@ class TritonBackend:
     async def close(self) -> None:
         """Finish pending stop requests and close every channel."""
         if self._background:
-            await asyncio.wait(set(self._background), timeout=self._stop_timeout_s)
-        for task in list(self._background):
+            # A stop request, then for an ensemble the drain of its call: each bounded by it.
+            await asyncio.wait(set(self._background), timeout=2 * self._stop_timeout_s)
+        left = list(self._background)
+        for task in left:
             task.cancel()
+        await asyncio.gather(*left, return_exceptions=True)
         await self._http.close()
         clients, self._clients = list(self._clients.values()), {}
         for client in clients:
@@ -361,7 +364,14 @@ class TritonBackend:
         """Stop an ensemble's engine request, then read its call to the end and close it."""
         try:
             await self._stop(url, engine_model, request_id)
-            await call.drain()
+            if not await call.drain(self._stop_timeout_s):
+                logger.warning(
+                    "request %s did not end within %.1f s of its stop request; closed",
+                    request_id,
+                    self._stop_timeout_s,
+                )
+        except Exception:
+            logger.warning("ending abandoned request %s failed", request_id, exc_info=True)
         finally:
             call.cancel()
 

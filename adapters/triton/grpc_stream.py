@@ -93,8 +93,9 @@ class Call(Protocol):
         """The responses that arrived (at least one); ``None`` once the stream ended."""
         ...
 
-    async def drain(self) -> None:
-        """Read the stream's end after the final response, so the transport closes cleanly."""
+    async def drain(self, timeout_s: float = ...) -> bool:
+        """Read to the stream's end, so the transport closes cleanly and closing it cancels
+        nothing; whether it ended within ``timeout_s``."""
         ...
 
     def cancel(self) -> None:
@@ -108,7 +109,7 @@ class GrpcCall:
     grpcio cancels the whole call when a read of it is cancelled. A running ensemble request
     that is cancelled stays counted in flight in Triton 2.51 for good, so an ensemble's call is
     read ``shielded``: a cancelled reader leaves its read running, and the next read or the
-    drain takes it over while the engine request is stopped.
+    drain takes it over once the engine request was stopped.
     """
 
     def __init__(self, call: Any, outputs: Sequence[str], *, shielded: bool = False) -> None:
@@ -122,16 +123,19 @@ class GrpcCall:
         reply = _reply(await self._next(), self._outputs)
         return None if reply is None else [reply]
 
-    async def drain(self) -> None:
-        """Read to the stream's end (a call that ended, cancelled included, has none)."""
+    async def drain(self, timeout_s: float = _DRAIN_S) -> bool:
+        """Read to the stream's end (a call that ended, cancelled included, has none); whether
+        it ended within ``timeout_s``."""
         if self._call.done():
-            return
+            return True
         try:
-            async with asyncio.timeout(_DRAIN_S):
+            async with asyncio.timeout(timeout_s):
                 while await self._next() is not grpc.aio.EOF:
                     pass
+            return True
         except (TimeoutError, grpc.RpcError):
             self._call.cancel()
+            return False
 
     def cancel(self) -> None:
         """Cancel the gRPC call."""

@@ -116,6 +116,8 @@ class HttpCall:
         self._frames = ChunkedEvents()
         self._expiry: asyncio.TimerHandle | None = None
         self._expired = False
+        self._answered = False
+        """Triton's answer's head has been read."""
 
     async def read(self) -> list[Reply] | None:
         """The replies that arrived (at least one); ``None`` once the stream ended, its
@@ -129,17 +131,28 @@ class HttpCall:
                 return None
             await self._receive()
 
-    async def drain(self) -> None:
-        """Read to the stream's end, so that closing the connection cancels nothing (a call
-        never sent, or closed already, has nothing to read)."""
+    async def drain(self, timeout_s: float = _DRAIN_S) -> bool:
+        """Read to the stream's end, so that closing the connection cancels nothing; whether it
+        ended within ``timeout_s``. A call never sent, or closed already, has nothing to read;
+        one whose reader left while waiting for Triton's answer has the answer's head read
+        first."""
         if self._connection is None:
-            return
+            return True
         try:
-            async with asyncio.timeout(_DRAIN_S):
+            async with asyncio.timeout(timeout_s):
+                if not self._answered:
+                    status, _ = await _head(self._connection[0])
+                    self._answered = True
+                    if status != 200:
+                        # Refused: nothing runs in Triton.
+                        self.cancel()
+                        return True
                 while await self.read() is not None:
                     pass
-        except (TimeoutError, OSError, asyncio.IncompleteReadError):
+            return True
+        except (TimeoutError, OSError, asyncio.IncompleteReadError, ValueError):
             self.cancel()
+            return False
 
     async def _send(self) -> None:
         """Send the request on a new connection, or on a spare that Triton may have let go, and
@@ -153,6 +166,7 @@ class HttpCall:
             self.cancel()
             self._connection = await self._streams.open(self._url)
             status, headers = await self._request_head()
+        self._answered = True
         if status != 200:
             raise HttpError(status, await _error_text(self._connection[0], headers))
 

@@ -319,10 +319,14 @@ async def test_abandoned_ensemble_streams_leave_nothing_in_flight(
 ) -> None:
     """Triton 2.51 counts a cancelled running ensemble request in flight for good (its shutdown
     then waits out its exit timeout): every way of abandoning a stream must avoid that."""
+    # ``slow``: the paced load-test engine, its first token a second or so after the request.
+    slow = {"kind": "loadtest", "tokenizer_dir": str(tiny_model_dir), "token_s": 0.01,
+            "prompt_token_s": 0.1}  # fmt: skip
     spec = parse_spec(
         {
             "models": [{"name": "tiny", "release": "latest",
-                        "engine": {"kind": "torch", "model_dir": str(tiny_model_dir)}}],
+                        "engine": {"kind": "torch", "model_dir": str(tiny_model_dir)}},
+                       {"name": "slow", "release": "latest", "engine": slow}],
             "sidecars": [{"name": "graceful"}],
         }
     )  # fmt: skip
@@ -335,6 +339,16 @@ async def test_abandoned_ensemble_streams_leave_nothing_in_flight(
                 for how in ("aclose", "cancel"):
                     chunks = backend.generate(where, greedy(LONG, stream=True, min_tokens=LONG))
                     await (await abandon_after_three_chunks(chunks, how))
+                # Left before Triton answered: the slow engine is still on the prompt.
+                slow_where = target(server, "slow_ensemble", transport)
+                waiting = asyncio.create_task(
+                    anext(backend.generate(slow_where, greedy(LONG, stream=True)))
+                )
+                await asyncio.sleep(0.2)
+                assert not waiting.done()
+                waiting.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await waiting
     finally:
         server.stop()
     left = re.findall(r"Model '[^']+' \(version \d+\) has \d+ in-flight inferences",

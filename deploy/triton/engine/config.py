@@ -153,3 +153,23 @@ def _float(model_config: Mapping[str, Any], key: str, default: float) -> float:
         return float(value)
     except ValueError as exc:
         raise EngineError(f"parameter {key} must be a number, got {value!r}") from exc
+
+
+def is_first_instance(model_config: Mapping[str, Any], instance_name: str, device_id: str) -> bool:
+    """Whether this is the model's first instance, the one that publishes the engine's metrics.
+
+    Triton 2.51 keeps one family per metric name for the whole server, so a second instance's
+    families are the first one's, and unloading either frees the metrics of the other: the
+    server then aborts at its next unload (heap corruption) and waits out its exit timeout. The
+    first instance is the first of the first ``instance_group`` (Triton names it after the
+    group, ``<group name>_0``), on that group's first GPU where it lists GPUs (each GPU's
+    instances share the names). With several instances the metrics, the replica router's load
+    signals among them, are those of the first instance's engine alone.
+    """
+    groups = model_config.get("instance_group") or []
+    if not groups or not instance_name:
+        return True
+    first = groups[0]
+    name = first.get("name") or f"{model_config.get('name', '')}_0"
+    gpus = first.get("gpus") or []
+    return instance_name == f"{name}_0" and (not gpus or str(gpus[0]) == device_id)

@@ -71,17 +71,6 @@ def stat_values(
     }
 
 
-def reports_metrics(instance_name: str) -> bool:
-    """Whether this model instance publishes the engine's metrics: the first one only.
-
-    Triton 2.51 keeps one family per metric name for the whole server, so a second instance's
-    families are the first one's, and unloading either frees the metrics of the other: the
-    server then aborts at its next unload (heap corruption) and waits out its exit timeout. With
-    several instances, the metrics are those of the first instance's engine.
-    """
-    return instance_name.endswith("_0_0") or not instance_name
-
-
 class EngineMetrics:
     """Publishes the engine's statistics every `period_s`, and token-length histograms.
 

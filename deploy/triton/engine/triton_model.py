@@ -17,10 +17,14 @@ from typing import Any
 import triton_python_backend_utils as pb_utils
 
 from deploy.triton.engine.checks import validate_request
-from deploy.triton.engine.config import ModelParameters, settings_from_model_config
+from deploy.triton.engine.config import (
+    ModelParameters,
+    is_first_instance,
+    settings_from_model_config,
+)
 from deploy.triton.engine.outputs import ItemContext, OutputLayout, response_tensors
 from deploy.triton.engine.tensor_io import OutputTensors, inputs_of
-from deploy.triton.engine.triton_metrics import EngineMetrics, reports_metrics, stat_values
+from deploy.triton.engine.triton_metrics import EngineMetrics, stat_values
 from deploy.triton.engine.types import EngineError, SequenceOutput, ServingEngine
 from deploy.triton.engine.wire import is_stop_request, parse_items
 from deploy.triton.loadtest.paced import PacedConfig, PacedEngine
@@ -130,7 +134,11 @@ class TritonPythonModel:
             self._stat_values,
             self._settings.stats_check_period_ms / 1000.0,
         )
-        if reports_metrics(args.get("model_instance_name", "")):
+        if is_first_instance(
+            model_config,
+            args.get("model_instance_name", ""),
+            args.get("model_instance_device_id", "0"),
+        ):
             self._metrics.start()
         # The engine's threads call into tritonserver: one stuck in such a call as the server
         # dies must not keep the stub alive.

@@ -37,6 +37,7 @@ import json
 import multiprocessing
 import os
 import platform
+import signal
 import subprocess
 import sys
 import tempfile
@@ -56,7 +57,7 @@ from gateway.catalog.text.hub import load_tokenizer
 from gateway.catalog.text.prompts import PromptTokenizer
 from gateway.tenancy.keys import digest
 from tests.benchmarks.loadgen import HttpClient, Sample, run_level
-from tests.benchmarks.serving import cpu_seconds, process_tree
+from tests.benchmarks.serving import cpu_seconds
 from tests.support.gateway import serve_process, stop_process
 
 KEY = "tgw-capacity-0123456789abcdef0123456789abcdef"
@@ -258,31 +259,41 @@ def relay_process(
                "lt_tensorrt_llm", "--body", str(body_path), "--port", str(port), "--workers",
                str(workers)]  # fmt: skip
     with (workdir / f"relay-{workers}.log").open("wb") as log:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+        # A session of its own: the workers go with it even if the parent hangs.
+        process = subprocess.Popen(
+            command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 60
-        # Every worker listening: each answers on a connection of its own, spread by the kernel.
-        while len(process_tree(process.pid)) <= workers or not _answers(f"{url}/ready"):
+        answered: set[str] = set()
+        # Every worker listening: each new connection lands on one, as the kernel spreads them.
+        while len(answered) < workers:
             if process.poll() is not None or time.monotonic() > deadline:
-                log = (workdir / f"relay-{workers}.log").read_text(errors="replace")
-                raise RuntimeError(f"the relay did not start: {log}")
-            time.sleep(0.2)
-        time.sleep(1.0)
+                log_text = (workdir / f"relay-{workers}.log").read_text(errors="replace")
+                raise RuntimeError(f"the relay did not start: {log_text}")
+            answer = _answer(f"{url}/ready")
+            if answer is None:
+                time.sleep(0.2)
+            else:
+                answered.add(answer)
         yield url, process.pid
     finally:
         process.terminate()
         try:
             process.wait(15)
         except subprocess.TimeoutExpired:
-            process.kill()
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
 
 
-def _answers(url: str) -> bool:
+def _answer(url: str) -> str | None:
+    """The body of a 200 answer on a new connection, or None."""
     try:
-        return httpx.get(url, timeout=2).status_code == 200
+        answer = httpx.get(url, timeout=2)
     except httpx.HTTPError:
-        return False
+        return None
+    return answer.text if answer.status_code == 200 else None
 
 
 def chat_ids(vocabulary: Any) -> list[int]:

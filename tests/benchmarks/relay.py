@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import multiprocessing
+import os
 import signal
 from pathlib import Path
 from typing import Any
@@ -45,8 +46,9 @@ class Relay:
             await _lifespan(receive, send)
             return
         if scope["method"] == "GET":
+            # Which worker answered: the bench waits until every one has.
             await send({"type": "http.response.start", "status": 200, "headers": []})
-            await send({"type": "http.response.body", "body": b"ready"})
+            await send({"type": "http.response.body", "body": str(os.getpid()).encode()})
             return
         while (await receive()).get("more_body"):
             pass
@@ -54,13 +56,17 @@ class Relay:
         try:
             writer.write(self._request)
             try:
-                await reader.readuntil(b"\r\n\r\n")
+                head = await reader.readuntil(b"\r\n\r\n")
             except (ConnectionError, asyncio.IncompleteReadError):
                 # The spare was closed by Triton meanwhile: once more on a new connection.
                 writer.close()
                 reader, writer = await asyncio.open_connection(self._host, self._port)
                 writer.write(self._request)
-                await reader.readuntil(b"\r\n\r\n")
+                head = await reader.readuntil(b"\r\n\r\n")
+            if head.split(b" ", 2)[1] != b"200":
+                await send({"type": "http.response.start", "status": 502, "headers": _HEAD})
+                await send({"type": "http.response.body", "body": head})
+                return
             await self._relay(reader, send)
         finally:
             writer.close()
@@ -88,7 +94,7 @@ class Relay:
             await send({"type": "http.response.body", "body": data, "more_body": True})
         await reader.readexactly(2)
         if not started:
-            await send({"type": "http.response.start", "status": 502, "headers": _HEAD})
+            await send({"type": "http.response.start", "status": 200, "headers": _HEAD})
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
@@ -127,10 +133,10 @@ def main() -> None:
         context.Process(target=_worker, args=(args.triton, args.model, body, args.port))
         for _ in range(args.workers)
     ]
+    # SIGTERM stops every worker started (uvicorn exits on it), then this process.
+    signal.signal(signal.SIGTERM, lambda *_: [w.terminate() for w in workers if w.pid])
     for worker in workers:
         worker.start()
-    # SIGTERM stops every worker (uvicorn exits on it), then this process.
-    signal.signal(signal.SIGTERM, lambda *_: [w.terminate() for w in workers])
     for worker in workers:
         worker.join()
 

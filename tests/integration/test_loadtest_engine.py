@@ -174,13 +174,13 @@ def test_the_capacity_relay_passes_on_every_event_of_the_direct_request(
     lt_sidecar: Sidecar, tmp_path: Path
 ) -> None:
     """The relay, the capacity benchmark's floor of a Python hop, answers what Triton answers
-    the direct request, from each of its workers."""
+    the direct request, request after request (each on a new connection, spread over its
+    workers)."""
     body = {"input_ids": [5, 7, 2, 9], "input_lengths": [4], "request_output_len": [12],
             "streaming": [True]}  # fmt: skip
     path = "/v2/models/lt_tensorrt_llm/generate_stream"
     direct = _output_ids(httpx.post(f"{lt_sidecar.http_url}{path}", json=body, timeout=30))
     with relay_process(lt_sidecar, body, tmp_path, workers=2) as (url, _):
-        # A client of its own per request: the kernel spreads new connections over the workers.
         relayed = [_output_ids(httpx.post(url, content=b"{}", timeout=30)) for _ in range(6)]
     assert len(direct) == 12
     assert all(ids == direct for ids in relayed), relayed

@@ -306,22 +306,29 @@ class TritonBackend:
         gRPC ``ModelStreamInfer``. Triton notices a closed HTTP connection only when it writes,
         so a BLS request answered once (nothing written until the end, and no stop request to
         send) goes over gRPC, whose cancellation arrives at once. Both calls end at the
-        deadline."""
+        deadline, an ensemble's by its stop request (``_release``)."""
         outputs = exchange.outputs
         model = exchange.model
         stoppable = exchange.streaming or model.is_ensemble or model.is_engine
         # JSON flattens the beam axis of the outputs: beams go over gRPC.
         single = request.params.beam is None
+        # An ensemble's call outlives its deadline, for its stop request and drain (_release).
+        keep_open = model.is_ensemble
         if target.http_url is not None and stoppable and single and carries(tensors):
             body = generate_body(request_id, tensors, priority=request.priority)
             return self._http.call(
-                target.http_url, target.triton_model, body, request.trace_headers, deadline
-            )
+                target.http_url, target.triton_model, body, request.trace_headers, deadline,
+                keep_open=keep_open,
+            )  # fmt: skip
         message = infer_request(
             target.triton_model, request_id, tensors, outputs, priority=request.priority
         )
-        call = self._open(target.url, message, _remaining(deadline), request.trace_headers)
-        return GrpcCall(call, outputs, shielded=model.is_ensemble)
+        if not keep_open:
+            call = self._open(target.url, message, _remaining(deadline), request.trace_headers)
+            return GrpcCall(call, outputs)
+        after = _remaining(deadline) + 2 * self._stop_timeout_s
+        call = self._open(target.url, message, after, request.trace_headers)
+        return GrpcCall(call, outputs, shielded=True, deadline=deadline)
 
     def _release(
         self, call: Call, exchange: Exchange, target: ModelTarget, request_id: str, operation: str

@@ -109,18 +109,28 @@ class GrpcCall:
     grpcio cancels the whole call when a read of it is cancelled. A running ensemble request
     that is cancelled stays counted in flight in Triton 2.51 for good, so an ensemble's call is
     read ``shielded``: a cancelled reader leaves its read running, and the next read or the
-    drain takes it over once the engine request was stopped.
+    drain takes it over once the engine request was stopped. Such a call is opened with a
+    deadline later than the request's, ``deadline``, at which a read raises ``TimeoutError``
+    while the call stays open.
     """
 
-    def __init__(self, call: Any, outputs: Sequence[str], *, shielded: bool = False) -> None:
+    def __init__(
+        self,
+        call: Any,
+        outputs: Sequence[str],
+        *,
+        shielded: bool = False,
+        deadline: float | None = None,
+    ) -> None:
         self._call = call
         self._outputs = outputs
         self._shielded = shielded
+        self._deadline = deadline
         self._pending: asyncio.Future[Any] | None = None
 
     async def read(self) -> list[Reply] | None:
         """The next reply (grpcio reads one message at a time); ``None`` at the stream's end."""
-        reply = _reply(await self._next(), self._outputs)
+        reply = _reply(await self._next(self._deadline), self._outputs)
         return None if reply is None else [reply]
 
     async def drain(self, timeout_s: float = _DRAIN_S) -> bool:
@@ -130,7 +140,7 @@ class GrpcCall:
             return True
         try:
             async with asyncio.timeout(timeout_s):
-                while await self._next() is not grpc.aio.EOF:
+                while await self._next(None) is not grpc.aio.EOF:
                     pass
             return True
         except (TimeoutError, grpc.RpcError):
@@ -141,13 +151,14 @@ class GrpcCall:
         """Cancel the gRPC call."""
         self._call.cancel()
 
-    async def _next(self) -> Any:
+    async def _next(self, deadline: float | None) -> Any:
         if not self._shielded:
             return await self._call.read()
         if self._pending is None:
             self._pending = asyncio.ensure_future(self._call.read())
             self._pending.add_done_callback(_retrieve)
-        message = await asyncio.shield(self._pending)
+        async with asyncio.timeout_at(deadline):
+            message = await asyncio.shield(self._pending)
         self._pending = None
         return message
 

@@ -103,14 +103,21 @@ class HttpCall:
     ``read`` gives every reply that has arrived, at least one: when the caller fell behind (its
     client reads slowly), the replies waiting are handed over together and become one chunk,
     while a reply that could be passed on now is never held back.
+
+    At the deadline the connection closes (Triton cancels the request), unless ``keep_open``:
+    then a read raises ``TimeoutError`` and the connection stays for the caller to stop the
+    request and ``drain`` it (a cancelled running ensemble request stays in flight in Triton).
     """
 
     def __init__(self, streams: HttpStreams, url: str, path: str, body: bytes,
-                 headers: Mapping[str, str], deadline: float | None) -> None:  # fmt: skip
+                 headers: Mapping[str, str], deadline: float | None,
+                 keep_open: bool = False) -> None:  # fmt: skip
         self._streams = streams
         self._url = url
         self._deadline = deadline
         """Loop time after which waiting for Triton raises ``TimeoutError``."""
+        self._keep_open = keep_open
+        self._draining = False
         self._request = _request_bytes(url, path, body, headers)
         self._connection: Connection | None = None
         self._frames = ChunkedEvents()
@@ -138,6 +145,7 @@ class HttpCall:
         first."""
         if self._connection is None:
             return True
+        self._draining = True
         try:
             async with asyncio.timeout(timeout_s):
                 if not self._answered:
@@ -188,17 +196,23 @@ class HttpCall:
     async def _receive(self) -> None:
         """Send the request (at the first read), then read what Triton streams. Sending and
         the answer's head wait under the deadline; the stream's reads are bounded by one timer
-        per call (a timeout armed around every read costs a timer per token)."""
+        per call (a timeout armed around every read costs a timer per token), or where the
+        connection is kept open past the deadline, by a timeout around each read but the
+        drain's."""
         if self._expired:
             raise TimeoutError
         if self._connection is None:
             async with asyncio.timeout_at(self._deadline):
                 await self._send()
-            if self._deadline is not None:
+            if self._deadline is not None and not self._keep_open:
                 loop = asyncio.get_running_loop()
                 self._expiry = loop.call_at(self._deadline, self._expire)
         assert self._connection is not None
-        data = await self._connection[0].read(_READ_BYTES)
+        if self._keep_open and not self._draining:
+            async with asyncio.timeout_at(self._deadline):
+                data = await self._connection[0].read(_READ_BYTES)
+        else:
+            data = await self._connection[0].read(_READ_BYTES)
         if self._expired:
             raise TimeoutError
         if not data:
@@ -263,11 +277,13 @@ class HttpStreams:
         body: bytes,
         headers: Mapping[str, str] | None = None,
         deadline: float | None = None,
+        *,
+        keep_open: bool = False,
     ) -> HttpCall:
         """A ``generate_stream`` call of ``model`` (sent at its first read), bounded by the
-        event loop time ``deadline``."""
+        event loop time ``deadline`` (``HttpCall`` says what ``keep_open`` changes)."""
         path = f"/v2/models/{model}/generate_stream"
-        return HttpCall(self, url, path, body, headers or {}, deadline)
+        return HttpCall(self, url, path, body, headers or {}, deadline, keep_open)
 
     async def connect(self, url: str) -> tuple[Connection, bool]:
         """A connection to ``url`` for one call, and whether it is the spare opened ahead; the

@@ -318,7 +318,8 @@ async def test_abandoned_ensemble_streams_leave_nothing_in_flight(
     tiny_model_dir: Path, tmp_path: Path
 ) -> None:
     """Triton 2.51 counts a cancelled running ensemble request in flight for good (its shutdown
-    then waits out its exit timeout): every way of abandoning a stream must avoid that."""
+    then waits out its exit timeout): every way of abandoning a stream, and its deadline, must
+    avoid that."""
     # ``slow``: the paced load-test engine, its first token a second or so after the request.
     slow = {"kind": "loadtest", "tokenizer_dir": str(tiny_model_dir), "token_s": 0.01,
             "prompt_token_s": 0.1}  # fmt: skip
@@ -349,6 +350,16 @@ async def test_abandoned_ensemble_streams_leave_nothing_in_flight(
                 waiting.cancel()
                 with pytest.raises(asyncio.CancelledError):
                     await waiting
+                # Its deadline passes before the first token, then while tokens stream.
+                for timeout_s, streamed in ((0.3, False), (2.5, True)):
+                    chunks = backend.generate(
+                        slow_where, greedy(LONG, stream=True, timeout_s=timeout_s)
+                    )
+                    seen = []
+                    with pytest.raises(BackendTimeout):
+                        async for chunk in chunks:
+                            seen.append(chunk)
+                    assert bool(seen) is streamed, (transport, timeout_s, len(seen))
     finally:
         server.stop()
     left = re.findall(r"Model '[^']+' \(version \d+\) has \d+ in-flight inferences",

@@ -105,8 +105,9 @@ class HttpCall:
     while a reply that could be passed on now is never held back.
 
     At the deadline the connection closes (Triton cancels the request), unless ``keep_open``:
-    then a read raises ``TimeoutError`` and the connection stays for the caller to stop the
-    request and ``drain`` it (a cancelled running ensemble request stays in flight in Triton).
+    then the read waiting, or the next one, raises ``TimeoutError`` and the connection stays
+    for the caller to stop the request and ``drain`` it (a cancelled running ensemble request
+    stays in flight in Triton).
     """
 
     def __init__(self, streams: HttpStreams, url: str, path: str, body: bytes,
@@ -118,6 +119,8 @@ class HttpCall:
         """Loop time after which waiting for Triton raises ``TimeoutError``."""
         self._keep_open = keep_open
         self._draining = False
+        self._waiting: asyncio.Task[Any] | None = None
+        """The task reading while the deadline passes, woken by it where the call stays open."""
         self._request = _request_bytes(url, path, body, headers)
         self._connection: Connection | None = None
         self._frames = ChunkedEvents()
@@ -196,36 +199,52 @@ class HttpCall:
     async def _receive(self) -> None:
         """Send the request (at the first read), then read what Triton streams. Sending and
         the answer's head wait under the deadline; the stream's reads are bounded by one timer
-        per call (a timeout armed around every read costs a timer per token), or where the
-        connection is kept open past the deadline, by a timeout around each read but the
-        drain's."""
-        if self._expired:
+        per call (a timeout armed around every read costs a timer per token)."""
+        if self._expired and not self._draining:
             raise TimeoutError
         if self._connection is None:
             async with asyncio.timeout_at(self._deadline):
                 await self._send()
-            if self._deadline is not None and not self._keep_open:
+            if self._deadline is not None:
                 loop = asyncio.get_running_loop()
                 self._expiry = loop.call_at(self._deadline, self._expire)
         assert self._connection is not None
         if self._keep_open and not self._draining:
-            async with asyncio.timeout_at(self._deadline):
-                data = await self._connection[0].read(_READ_BYTES)
+            data = await self._read_kept_open()
         else:
             data = await self._connection[0].read(_READ_BYTES)
-        if self._expired:
+        if self._expired and not self._draining:
             raise TimeoutError
         if not data:
             raise asyncio.IncompleteReadError(b"", None)
         self._frames.feed(data)
 
+    async def _read_kept_open(self) -> bytes:
+        """A read that the deadline ends with ``TimeoutError``, the connection left open (what
+        arrived meanwhile stays buffered for the drain)."""
+        assert self._connection is not None
+        task = asyncio.current_task()
+        self._waiting = task
+        try:
+            return await self._connection[0].read(_READ_BYTES)
+        except asyncio.CancelledError:
+            # Woken by the deadline alone: a timeout; cancelled by anyone else: cancelled.
+            if self._expired and task is not None and task.uncancel() == 0:
+                raise TimeoutError from None
+            raise
+        finally:
+            self._waiting = None
+
     def _expire(self) -> None:
         """The deadline passed: the connection closes, so Triton cancels the request whether
         or not a read is waiting, and the read waiting or the next one raises
-        ``TimeoutError``."""
+        ``TimeoutError``; where the call stays open, the read waiting is woken instead."""
         self._expiry = None
         self._expired = True
-        self.cancel()
+        if not self._keep_open:
+            self.cancel()
+        elif self._waiting is not None:
+            self._waiting.cancel()
 
 
 class ChunkedEvents:

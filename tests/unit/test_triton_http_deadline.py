@@ -94,3 +94,55 @@ async def test_a_stream_that_ends_in_time_is_read_to_its_end_and_nothing_fires_l
         await asyncio.sleep(0.3)  # past the deadline: the ended call's timer is gone
         assert await call.read() is None
         await streams.close()
+
+
+@dataclass
+class LateServer:
+    """Answers the head and one event, the rest (two events and the end) ``late_s`` later;
+    records when each connection closed."""
+
+    late_s: float = 0.5
+    url: str = ""
+    closed_at: list[float] = field(default_factory=list)
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            await read_request(reader)
+            write_stream(writer, [0], end=False)
+            await writer.drain()
+            await asyncio.sleep(self.late_s)
+            for token in (1, 2):
+                event = b'data: {"output_ids": [%d]}\n\n' % token
+                writer.write(b"%x\r\n%s\r\n" % (len(event), event))
+            writer.write(b"0\r\n\r\n")
+            await writer.drain()
+            await reader.read()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            self.closed_at.append(time.monotonic())
+            writer.close()
+
+
+@pytest.mark.parametrize("reading", [True, False])
+async def test_a_call_kept_open_times_out_at_its_deadline_and_drains_to_its_end(
+    reading: bool,
+) -> None:
+    """An ensemble's call: past the deadline a read raises, the connection stays open (closing
+    it would leave Triton counting the request), and the drain reads the rest."""
+    async with serving(LateServer()) as server:
+        streams = HttpStreams()
+        call = streams.call(server.url, "m", b"{}", deadline=_deadline(0.2), keep_open=True)
+        started = time.monotonic()
+        assert len(await call.read() or []) == 1
+        if not reading:
+            await asyncio.sleep(0.3)  # busy elsewhere while the deadline passes
+        with pytest.raises(TimeoutError):
+            await call.read()
+        assert 0.15 <= time.monotonic() - started < 0.45
+        assert server.closed_at == []
+        assert await call.drain(2.0)
+        await asyncio.sleep(0.05)
+        assert len(server.closed_at) == 1 and server.closed_at[0] - started >= 0.45
+        assert streams.open_connections == 0
+        await streams.close()

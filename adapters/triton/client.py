@@ -222,8 +222,7 @@ class TritonBackend:
     async def close(self) -> None:
         """Finish pending stop requests and close every channel."""
         if self._background:
-            # A stop request, then for an ensemble the drain of its call: each bounded by it.
-            await asyncio.wait(set(self._background), timeout=2 * self._stop_timeout_s)
+            await asyncio.wait(set(self._background), timeout=self._ending_s)
         left = list(self._background)
         for task in left:
             task.cancel()
@@ -323,12 +322,9 @@ class TritonBackend:
         message = infer_request(
             target.triton_model, request_id, tensors, outputs, priority=request.priority
         )
-        if not keep_open:
-            call = self._open(target.url, message, _remaining(deadline), request.trace_headers)
-            return GrpcCall(call, outputs)
-        after = _remaining(deadline) + 2 * self._stop_timeout_s
-        call = self._open(target.url, message, after, request.trace_headers)
-        return GrpcCall(call, outputs, shielded=True, deadline=deadline)
+        timeout = _remaining(deadline) + (self._ending_s if keep_open else 0.0)
+        call = self._open(target.url, message, timeout, request.trace_headers)
+        return GrpcCall(call, outputs, shielded=keep_open, deadline=deadline if keep_open else None)
 
     def _release(
         self, call: Call, exchange: Exchange, target: ModelTarget, request_id: str, operation: str
@@ -358,6 +354,12 @@ class TritonBackend:
             return
         call.cancel()
         self._later(self._stop(target.url, engine_model, request_id))
+
+    @property
+    def _ending_s(self) -> float:
+        """How long ending an abandoned call may take: its stop request, then for an ensemble
+        the drain of its call, each bounded by the stop's timeout."""
+        return 2 * self._stop_timeout_s
 
     def _later(self, work: Coroutine[Any, Any, None]) -> None:
         """Run ``work`` in the background; ``close`` waits for it."""

@@ -40,6 +40,11 @@ def write_stream(writer: asyncio.StreamWriter, tokens: Iterable[int], *, end: bo
     writer.write(
         b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
     )
+    write_events(writer, tokens, end=end)
+
+
+def write_events(writer: asyncio.StreamWriter, tokens: Iterable[int], *, end: bool) -> None:
+    """An event per token, after the head; ``end`` closes the chunked body."""
     for token in tokens:
         event = b'data: {"output_ids": [%d]}\n\n' % token
         writer.write(b"%x\r\n%s\r\n" % (len(event), event))

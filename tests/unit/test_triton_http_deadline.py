@@ -1,7 +1,8 @@
 """The HTTP transport's deadline, against a real local HTTP server that answers
 ``generate_stream`` with one event and then stalls: a read waiting past the deadline raises
 ``TimeoutError`` and the connection closes at the deadline (Triton cancels the request when its
-connection closes), also while nobody reads; a stream that ends in time is not cut."""
+connection closes), also while nobody reads; a stream that ends in time is not cut; a call kept
+open past its deadline (an ensemble's) raises there and drains what comes later."""
 
 from __future__ import annotations
 
@@ -12,17 +13,25 @@ from dataclasses import dataclass, field
 import pytest
 
 from adapters.triton.http import HttpStreams
-from tests.support.stream_server import read_request, serving, tokens_of, write_stream
+from tests.support.stream_server import (
+    read_request,
+    serving,
+    tokens_of,
+    write_events,
+    write_stream,
+)
 
 
 @dataclass
 class StallingServer:
     """Answers the head and ``events`` events, then writes nothing more until the client closes
-    (``end`` ends the stream instead); records when each connection closed."""
+    (``end`` ends the stream instead, ``late_s`` later two more events and the end); records
+    when each connection closed."""
 
     events: int = 1
     end: bool = False
     head_delay_s: float = 0.0
+    late_s: float | None = None
     url: str = ""
     closed_at: list[float] = field(default_factory=list)
 
@@ -32,6 +41,10 @@ class StallingServer:
             await asyncio.sleep(self.head_delay_s)
             write_stream(writer, range(self.events), end=self.end)
             await writer.drain()
+            if self.late_s is not None:
+                await asyncio.sleep(self.late_s)
+                write_events(writer, (self.events, self.events + 1), end=True)
+                await writer.drain()
             await reader.read()
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
@@ -96,41 +109,13 @@ async def test_a_stream_that_ends_in_time_is_read_to_its_end_and_nothing_fires_l
         await streams.close()
 
 
-@dataclass
-class LateServer:
-    """Answers the head and one event, the rest (two events and the end) ``late_s`` later;
-    records when each connection closed."""
-
-    late_s: float = 0.5
-    url: str = ""
-    closed_at: list[float] = field(default_factory=list)
-
-    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            await read_request(reader)
-            write_stream(writer, [0], end=False)
-            await writer.drain()
-            await asyncio.sleep(self.late_s)
-            for token in (1, 2):
-                event = b'data: {"output_ids": [%d]}\n\n' % token
-                writer.write(b"%x\r\n%s\r\n" % (len(event), event))
-            writer.write(b"0\r\n\r\n")
-            await writer.drain()
-            await reader.read()
-        except (asyncio.IncompleteReadError, ConnectionError):
-            pass
-        finally:
-            self.closed_at.append(time.monotonic())
-            writer.close()
-
-
 @pytest.mark.parametrize("reading", [True, False])
 async def test_a_call_kept_open_times_out_at_its_deadline_and_drains_to_its_end(
     reading: bool,
 ) -> None:
     """An ensemble's call: past the deadline a read raises, the connection stays open (closing
     it would leave Triton counting the request), and the drain reads the rest."""
-    async with serving(LateServer()) as server:
+    async with serving(StallingServer(late_s=0.5)) as server:
         streams = HttpStreams()
         call = streams.call(server.url, "m", b"{}", deadline=_deadline(0.2), keep_open=True)
         started = time.monotonic()

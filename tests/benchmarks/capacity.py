@@ -31,32 +31,27 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import itertools
 import json
 import multiprocessing
 import os
 import platform
-import signal
-import subprocess
-import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 from deploy.sidecar.models import ensure_tiny_model
 from deploy.sidecar.spec import parse_spec
-from deploy.sidecar.supervisor import Sidecar, free_port, sidecar_from_spec
+from deploy.sidecar.supervisor import Sidecar, sidecar_from_spec
 from gateway.catalog.text.hub import load_tokenizer
 from gateway.catalog.text.prompts import PromptTokenizer
 from gateway.tenancy.keys import digest
+from tests.benchmarks.capacity_report import render_markdown, render_plot
 from tests.benchmarks.loadgen import HttpClient, Sample, run_level
+from tests.benchmarks.relay import relay_process
 from tests.benchmarks.serving import cpu_seconds
 from tests.support.gateway import serve_process, stop_process
 
@@ -64,10 +59,8 @@ KEY = "tgw-capacity-0123456789abcdef0123456789abcdef"
 PROMPT = "Write a short story about a lighthouse keeper who finds a message in a bottle."
 LEVELS = (1, 8, 32, 64, 128, 192, 256, 320, 384, 512, 768, 1024, 1536)
 CHAT_LEVELS = (64, 320, 1024)
-_ARRIVALS = {
-    "staggered": "the streams' first requests spread over one request's length (not measured)",
-    "burst": "every stream starting at once and staying in step (all requests arrive together)",
-}
+ENGINE_MODEL = "lt_tensorrt_llm"
+"""The paced engine as Triton serves it: model ``lt``'s ``tensorrt_llm``."""
 
 
 @dataclass(frozen=True)
@@ -233,7 +226,7 @@ def start_triton(
 
 def gateway_config(sidecar: Sidecar, tokenizer: Path, workers: int) -> dict[str, Any]:
     model = {"name": "lt", "triton_url": sidecar.grpc_url, "triton_http_url": sidecar.http_url,
-             "triton_model": "lt_tensorrt_llm", "entry": "tensorrt_llm",
+             "triton_model": ENGINE_MODEL, "entry": "tensorrt_llm",
              "tokenizer_dir": str(tokenizer), "context_length": 4096}  # fmt: skip
     tenant = {"name": "bench", "requests_per_minute": 10_000_000, "tokens_per_minute": 10**12}
     return {
@@ -243,57 +236,6 @@ def gateway_config(sidecar: Sidecar, tokenizer: Path, workers: int) -> dict[str,
         "limits": {"request_timeout_s": 600},
         "log_level": "WARNING",
     }
-
-
-@contextlib.contextmanager
-def relay_process(
-    sidecar: Sidecar, body: dict[str, Any], workdir: Path, workers: int
-) -> Iterator[tuple[str, int]]:
-    """``tests.benchmarks.relay`` with ``workers`` workers in front of the sidecar, once every
-    worker listens: its URL and process id."""
-    body_path = workdir / "relay-body.json"
-    body_path.write_text(json.dumps(body))
-    port = free_port()
-    triton = sidecar.http_url.removeprefix("http://")
-    command = [sys.executable, "-m", "tests.benchmarks.relay", "--triton", triton, "--model",
-               "lt_tensorrt_llm", "--body", str(body_path), "--port", str(port), "--workers",
-               str(workers)]  # fmt: skip
-    with (workdir / f"relay-{workers}.log").open("wb") as log:
-        # A session of its own: the workers go with it even if the parent hangs.
-        process = subprocess.Popen(
-            command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-        )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        answered: set[str] = set()
-        # Every worker listening: each new connection lands on one, as the kernel spreads them.
-        while len(answered) < workers:
-            if process.poll() is not None or time.monotonic() > deadline:
-                log_text = (workdir / f"relay-{workers}.log").read_text(errors="replace")
-                raise RuntimeError(f"the relay did not start: {log_text}")
-            answer = _answer(f"{url}/ready")
-            if answer is None:
-                time.sleep(0.2)
-            else:
-                answered.add(answer)
-        yield url, process.pid
-    finally:
-        process.terminate()
-        try:
-            process.wait(15)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
-
-
-def _answer(url: str) -> str | None:
-    """The body of a 200 answer on a new connection, or None."""
-    try:
-        answer = httpx.get(url, timeout=2)
-    except httpx.HTTPError:
-        return None
-    return answer.text if answer.status_code == 200 else None
 
 
 def chat_ids(vocabulary: Any) -> list[int]:
@@ -314,7 +256,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     workdir = Path(tempfile.mkdtemp(prefix="capacity-"))
     sidecar = start_triton(args, tokenizer, workdir, word)
     rows: list[Row] = []
-    direct = {"path": "/v2/models/lt_tensorrt_llm/generate_stream", "direct": True,
+    direct = {"path": f"/v2/models/{ENGINE_MODEL}/generate_stream", "direct": True,
               "body": {"input_ids": list(ids), "input_lengths": [len(ids)],
                        "request_output_len": [args.tokens], "streaming": [True]}}  # fmt: skip
     # A chat's prompt is the templated conversation: longer, so its engine time is longer too.
@@ -336,7 +278,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 measure("direct", "chat", sidecar.http_url, direct_chat, streams, args, trees)
             )
         for workers in args.relay if args.relay is not None else [max(args.workers)]:
-            with relay_process(sidecar, direct["body"], workdir, workers) as (url, pid):
+            relayed = relay_process(sidecar, ENGINE_MODEL, direct["body"], workdir, workers)
+            with relayed as (url, pid):
                 trees = {"triton": sidecar.pid or 0, "gateway": pid}
                 for streams in args.levels:
                     rows.append(measure(f"relay-{workers}", "text", url, direct, streams, args,
@@ -385,73 +328,6 @@ def _cpu_model() -> str:
     except OSError:
         pass
     return platform.processor()
-
-
-def render_markdown(report: dict[str, Any]) -> str:
-    """The table of every level: each gateway against direct Triton at the same streams, a chat
-    against direct Triton given the templated conversation's ids."""
-    rows = report["rows"]
-    direct = {(r["streams"], r["endpoint"]): r for r in rows if r["target"] == "direct"}
-    c = report["conditions"]
-    m = report["machine"]
-    lines = [
-        "# Capacity: streamed tokens through the gateway against direct Triton",
-        "",
-        f"{report['date']}; {m['cpus']} CPUs ({m['cpu_model']}), Python {m['python']}. Paced "
-        f"load-test engine: {c['rate_tokens_per_s_per_stream']:g} tokens/s per stream, "
-        f"{c['tokens']} tokens per request, a {c['prompt_tokens']}-token prompt "
-        f"({c.get('chat_prompt_tokens', '?')} as a chat), "
-        f"{c['engine_instances']} engine instances; {c['seconds_per_level']:g} s per level after "
-        f"a warm-up; {c['client_processes']} load-generator processes; "
-        f"{_ARRIVALS[c.get('arrivals', 'burst')]}. `python -m tests.benchmarks.capacity`.",
-        "",
-        "| target | endpoint | streams | tokens/s | of direct | TTFT p50 / p99 ms | added TTFT "
-        "p50 ms | ITL p50 / p99 ms | added ITL p50 ms | errors | cores: triton / gateway / "
-        "load generator |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
-    ]
-    for row in rows:
-        base = direct.get((row["streams"], row["endpoint"]))
-        if base and (not base["tokens_per_s"] or base["errors"]):
-            base = None  # a direct level that failed is no baseline
-        share = f"{100 * row['tokens_per_s'] / base['tokens_per_s']:.1f}%" if base else "-"
-        added_ttft = f"{row['ttft_p50_ms'] - base['ttft_p50_ms']:+.2f}" if base else "-"
-        added_itl = f"{row['itl_p50_ms'] - base['itl_p50_ms']:+.3f}" if base else "-"
-        if row["target"] == "direct":
-            share, added_ttft, added_itl = "-", "-", "-"
-        cpu = row["cpu"]
-        cores = " / ".join(f"{cpu.get(k, 0):.1f}" for k in ("triton", "gateway", "load generator"))
-        lines.append(
-            f"| {row['target']} | {row['endpoint']} | {row['streams']} | "
-            f"{row['tokens_per_s']:,.0f} | {share} | {row['ttft_p50_ms']:.1f} / "
-            f"{row['ttft_p99_ms']:.1f} | {added_ttft} | {row['itl_p50_ms']:.2f} / "
-            f"{row['itl_p99_ms']:.2f} | {added_itl} | {row['errors']} | {cores} |"
-        )
-    return "\n".join(lines) + "\n"
-
-
-def render_plot(report: dict[str, Any], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    rows = [r for r in report["rows"] if r["endpoint"] == "text"]
-    figure, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
-    for target in dict.fromkeys(r["target"] for r in rows):
-        mine = [r for r in rows if r["target"] == target]
-        streams = [r["streams"] for r in mine]
-        left.plot(streams, [r["tokens_per_s"] for r in mine], marker="o", label=target)
-        right.plot(streams, [r["ttft_p50_ms"] for r in mine], marker="o", label=target)
-    for axis, label in ((left, "streamed tokens/s"), (right, "time to first token p50 (ms)")):
-        axis.set_xscale("log", base=2)
-        axis.set_xlabel("concurrent streams")
-        axis.set_ylabel(label)
-        axis.grid(alpha=0.3)
-        axis.legend()
-    figure.suptitle("Gateway against direct Triton, paced load-test engine")
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
 
 
 def main() -> None:

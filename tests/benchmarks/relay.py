@@ -15,14 +15,22 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import json
 import multiprocessing
 import os
 import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import uvicorn
 
+from deploy.sidecar.supervisor import Sidecar, free_port
 from gateway.server import reuse_port_socket
 
 _HEAD = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
@@ -96,6 +104,57 @@ class Relay:
         if not started:
             await send({"type": "http.response.start", "status": 200, "headers": _HEAD})
         await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+@contextlib.contextmanager
+def relay_process(
+    sidecar: Sidecar, model: str, body: dict[str, Any], workdir: Path, workers: int
+) -> Iterator[tuple[str, int]]:
+    """The relay with ``workers`` workers in front of the sidecar's ``model``, once every
+    worker listens: its URL and process id."""
+    body_path = workdir / "relay-body.json"
+    body_path.write_text(json.dumps(body))
+    port = free_port()
+    triton = sidecar.http_url.removeprefix("http://")
+    command = [sys.executable, "-m", "tests.benchmarks.relay", "--triton", triton, "--model",
+               model, "--body", str(body_path), "--port", str(port), "--workers",
+               str(workers)]  # fmt: skip
+    with (workdir / f"relay-{workers}.log").open("wb") as log:
+        # A session of its own: the workers go with it even if the parent hangs.
+        process = subprocess.Popen(
+            command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        answered: set[str] = set()
+        # Every worker listening: each new connection lands on one, as the kernel spreads them.
+        while len(answered) < workers:
+            if process.poll() is not None or time.monotonic() > deadline:
+                log_text = (workdir / f"relay-{workers}.log").read_text(errors="replace")
+                raise RuntimeError(f"the relay did not start: {log_text}")
+            answer = _answer(f"{url}/ready")
+            if answer is None:
+                time.sleep(0.2)
+            else:
+                answered.add(answer)
+        yield url, process.pid
+    finally:
+        process.terminate()
+        try:
+            process.wait(15)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+
+
+def _answer(url: str) -> str | None:
+    """The body of a 200 answer on a new connection, or None."""
+    try:
+        answer = httpx.get(url, timeout=2)
+    except httpx.HTTPError:
+        return None
+    return answer.text if answer.status_code == 200 else None
 
 
 async def _lifespan(receive: Any, send: Any) -> None:

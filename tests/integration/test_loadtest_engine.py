@@ -17,7 +17,7 @@ import pytest
 from deploy.sidecar.render import RenderError, check_paths, render_config, render_model
 from deploy.sidecar.spec import LoadTestEngine, SpecError, parse_spec
 from deploy.sidecar.supervisor import Sidecar, sidecar_from_spec
-from tests.benchmarks.capacity import relay_process
+from tests.benchmarks.relay import relay_process
 from tests.support.pipeline_calls import Stream, generate, texts
 from tests.support.sidecars import QUICK_STOP
 
@@ -180,7 +180,7 @@ def test_the_capacity_relay_passes_on_every_event_of_the_direct_request(
             "streaming": [True]}  # fmt: skip
     path = "/v2/models/lt_tensorrt_llm/generate_stream"
     direct = _output_ids(httpx.post(f"{lt_sidecar.http_url}{path}", json=body, timeout=30))
-    with relay_process(lt_sidecar, body, tmp_path, workers=2) as (url, _):
+    with relay_process(lt_sidecar, "lt_tensorrt_llm", body, tmp_path, workers=2) as (url, _):
         relayed = [_output_ids(httpx.post(url, content=b"{}", timeout=30)) for _ in range(6)]
     assert len(direct) == 12
     assert all(ids == direct for ids in relayed), relayed

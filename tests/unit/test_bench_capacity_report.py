@@ -6,7 +6,8 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any
 
-from tests.benchmarks.capacity import Row, render_markdown
+from tests.benchmarks.capacity import Row
+from tests.benchmarks.capacity_report import render_markdown
 
 
 def _row(target: str, endpoint: str, tokens_per_s: float, ttft_ms: float) -> dict[str, Any]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import uuid
+import secrets
 from collections import Counter
 from collections.abc import AsyncGenerator, Coroutine, Iterator, Mapping, Sequence
 from contextlib import aclosing, contextmanager
@@ -268,10 +268,12 @@ class TritonBackend:
         its responses to the exchange, release the call."""
         if deadline is None:
             deadline = asyncio.get_running_loop().time() + request.timeout_s
-        with map_triton_errors(f"describing {target.triton_model}"):
-            async with asyncio.timeout(_remaining(deadline)):
-                model = await self.describe(target)
-        request_id = f"{request.request_id or 'gen'}-{uuid.uuid4().hex[:12]}"
+        model = self._models.get((target.url, target.triton_model))
+        if model is None:
+            with map_triton_errors(f"describing {target.triton_model}"):
+                async with asyncio.timeout(_remaining(deadline)):
+                    model = await self.describe(target)
+        request_id = f"{request.request_id or 'gen'}-{secrets.token_hex(6)}"
         exchange = Exchange.of(request, model)
         tensors = build_inputs(request, model, lora_weights=send_weights)
         if request.params.beam is not None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-import uuid
+import secrets
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass, field
@@ -285,7 +285,7 @@ class GenerationService:
         self, model: ServedModel, plan: Plan, meter: UsageMeter, priority: int
     ) -> AsyncGenerator[Event, None]:
         # Everything starts at the first iteration, so an unconsumed generator leaves no span.
-        request_id = uuid.uuid4().hex
+        request_id = secrets.token_hex(16)
         watch = self._observability.generation(
             {
                 "gen_ai.request.model": model.name,

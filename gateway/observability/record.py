@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import secrets
 import time
-import uuid
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
@@ -72,4 +72,4 @@ def request_id_from(headers: dict[str, str]) -> str:
     given = headers.get(REQUEST_ID_HEADER, "")
     if given and len(given) <= _MAX_REQUEST_ID and given.isprintable() and given.isascii():
         return given
-    return uuid.uuid4().hex
+    return secrets.token_hex(16)

@@ -97,6 +97,8 @@ class Tracing:
         """Trace headers for the Triton call made under ``span``; the client's when off."""
         carrier: dict[str, str] = {}
         if not self.enabled:
+            if not headers:
+                return carrier
             # Re-encoded, so only a valid W3C context (printable ASCII) reaches gRPC metadata.
             _propagator.inject(carrier, context=_propagator.extract(dict(headers)))
             return carrier

@@ -4,8 +4,8 @@ each event makes together, to be written at once."""
 
 from __future__ import annotations
 
+import secrets
 import time
-import uuid
 from collections.abc import AsyncGenerator, Callable, Iterable
 from contextlib import aclosing
 from dataclasses import dataclass
@@ -29,7 +29,7 @@ class Header:
     @classmethod
     def new(cls, prefix: str, model: str) -> Header:
         """A fresh id (``chatcmpl-...``, ``cmpl-...``) stamped now."""
-        return cls(id=f"{prefix}-{uuid.uuid4().hex}", created=int(time.time()), model=model)
+        return cls(id=f"{prefix}-{secrets.token_hex(16)}", created=int(time.time()), model=model)
 
 
 def usage_of(ends: Iterable[ChoiceEnd]) -> Usage:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import uuid
+import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -202,7 +202,7 @@ class Tenancy:
         limits = Limits.of(tenant)
         tokens = reservation(plan)
         self._check_fits(limits, tokens)
-        lease = uuid.uuid4().hex
+        lease = secrets.token_hex(16)
         quota: Quota | None = None
         try:
             quota = await self.store.admit(tenant.name, limits, tokens, lease)

@@ -75,6 +75,7 @@ class GenerationWatch:
         self.span = span
         self._last: dict[int, float] = {}
         self._prompts: dict[int, int] = {}
+        self._gaps = owner.metrics.token_gaps(record) if record is not None else None
         if record is not None:
             record.queue_s = record.elapsed()
             owner.metrics.record_queue(record)
@@ -111,8 +112,8 @@ class GenerationWatch:
             self._owner.metrics.record_first_token(record)
             self.span.add_event("gen_ai.first_token")
         last = self._last.get(index)
-        if record is not None and last is not None:
-            self._owner.metrics.record_token_gap(record, now - last)
+        if self._gaps is not None and last is not None:
+            self._gaps.add(now - last)
         self._last[index] = now
 
     def ended(
@@ -133,6 +134,8 @@ class GenerationWatch:
 
     def close(self, error: BaseException | None = None) -> None:
         """The call ended (normally, failed, or cancelled by the client leaving)."""
+        if self._gaps is not None:
+            self._gaps.flush()
         if isinstance(error, Exception):
             self.span.record_exception(error)
             self.span.set_status(Status(StatusCode.ERROR, type(error).__name__))

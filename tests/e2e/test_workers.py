@@ -169,6 +169,44 @@ def test_metrics_count_the_requests_of_every_worker(gateway: Gateway) -> None:
     assert scraped == [30.0] * 6, "every scrape, whichever worker answers, sums all workers"
 
 
+def _text_pieces(gateway: Gateway) -> int:
+    """One streamed completion on a connection of its own: its chunks that carry text."""
+    body = {"model": "lt", "prompt": "Once upon", "max_tokens": 12, "stream": True}
+    headers = {"Authorization": f"Bearer {KEY}"}
+    url = f"{gateway.url}/v1/completions"
+    pieces = 0
+    with (
+        httpx.Client(timeout=30) as client,
+        client.stream("POST", url, json=body, headers=headers) as answer,
+    ):
+        assert answer.status_code == 200
+        for line in answer.iter_lines():
+            data = line.removeprefix("data: ")
+            if line.startswith("data: ") and data != "[DONE]":
+                pieces += any(choice["text"] for choice in json.loads(data)["choices"])
+    return pieces
+
+
+def test_token_gaps_of_every_worker_reach_the_metrics(gateway: Gateway) -> None:
+    """Each worker counts its streams' token gaps in batches; each stream's are written when it
+    ends, and a scrape sums every worker's."""
+    # The tenant's 12 requests a minute are spent by the limit's test.
+    patched = _fresh(
+        gateway, "PATCH", "/admin/tenants/team", key=ADMIN, json={"requests_per_minute": None}
+    )
+    assert patched.status_code == 200
+    time.sleep(1.0)
+    family = "gateway_inter_token_latency_seconds_count"
+    model = {"model": "lt", "adapter": "", "tenant": "team"}
+    before = total(_fresh(gateway, "GET", "/metrics").text, family, **model)
+    gaps = sum(_text_pieces(gateway) - 1 for _ in range(12))
+    assert gaps > 0
+    scraped = [
+        total(_fresh(gateway, "GET", "/metrics").text, family, **model) - before for _ in range(6)
+    ]
+    assert scraped == [float(gaps)] * 6
+
+
 def test_sigterm_drains_streams_on_every_worker(gateway: Gateway) -> None:
     body = {"model": "lt", "prompt": "hello", "max_tokens": 300, "stream": True,
             "stream_options": {"include_usage": True}}  # fmt: skip

@@ -134,14 +134,16 @@ class GenerationWatch:
 
     def close(self, error: BaseException | None = None) -> None:
         """The call ended (normally, failed, or cancelled by the client leaving)."""
-        if self._gaps is not None:
-            self._gaps.flush()
-        if isinstance(error, Exception):
-            self.span.record_exception(error)
-            self.span.set_status(Status(StatusCode.ERROR, type(error).__name__))
-        elif error is not None:
-            self.span.set_attribute("gateway.cancelled", True)
-        self.span.end()
+        try:
+            if isinstance(error, Exception):
+                self.span.record_exception(error)
+                self.span.set_status(Status(StatusCode.ERROR, type(error).__name__))
+            elif error is not None:
+                self.span.set_attribute("gateway.cancelled", True)
+            self.span.end()
+        finally:
+            if self._gaps is not None:
+                self._gaps.flush()
 
 
 class Observability:

@@ -90,22 +90,28 @@ class TokenGaps:
     With several workers every observation of a histogram takes a lock, reads the process id and
     writes a shared file for its sum and for its bucket: per token, a fourteenth of a worker's
     time at 320 streams (GPU host profile). Batched, a bucket is written once per batch with
-    its count. The writing reaches into prometheus_client's histogram child (``_sum``,
-    ``_buckets``, ``_upper_bounds``: what its own ``observe`` does, summed), which
-    ``tests/unit/test_metrics_batching.py`` holds against ``observe``.
+    its count; a scrape sees a stream's gaps up to ``GAP_BATCH - 1`` late, and a worker killed
+    outright loses those of its open streams. The writing reaches into prometheus_client's
+    histogram child (``_sum``, ``_buckets``, ``_upper_bounds``: what its own ``observe`` does,
+    summed), which ``tests/unit/test_metrics_batching.py`` holds against ``observe``; a child
+    without them (another prometheus_client) is given one ``observe`` per gap instead.
     """
 
     __slots__ = ("_bounds", "_child", "_counts", "_pending", "_total")
 
     def __init__(self, child: Any) -> None:
         self._child = child
-        self._bounds: list[float] = list(child._upper_bounds)
-        self._counts = [0] * len(self._bounds)
+        bulk = all(hasattr(child, name) for name in ("_upper_bounds", "_sum", "_buckets"))
+        self._bounds: list[float] | None = list(child._upper_bounds) if bulk else None
+        self._counts = [0] * len(self._bounds or ())
         self._total = 0.0
         self._pending = 0
 
     def add(self, seconds: float) -> None:
-        """One gap; the batch is written once it is full."""
+        """One gap (a finite number of seconds); the batch is written once it is full."""
+        if self._bounds is None:
+            self._child.observe(seconds)
+            return
         # The first bucket whose bound is at least the gap, as ``observe`` picks it.
         self._counts[bisect_left(self._bounds, seconds)] += 1
         self._total += seconds
@@ -167,7 +173,8 @@ class GatewayMetrics:
         )
         self.inter_token_latency = Histogram(
             "gateway_inter_token_latency_seconds",
-            "Time between consecutive pieces of streamed text of one choice.",
+            "Time between consecutive pieces of streamed text of one choice (a stream's gaps are "
+            f"written {GAP_BATCH} at a time and when it ends).",
             MODEL_LABELS,
             buckets=TOKEN_GAP_BUCKETS,
             registry=registry,

@@ -7,7 +7,7 @@ import random
 import pytest
 from prometheus_client import generate_latest
 
-from gateway.observability.metrics import GAP_BATCH, TOKEN_GAP_BUCKETS, GatewayMetrics
+from gateway.observability.metrics import GAP_BATCH, TOKEN_GAP_BUCKETS, GatewayMetrics, TokenGaps
 from gateway.observability.record import RequestRecord
 
 FAMILY = "gateway_inter_token_latency_seconds"
@@ -70,3 +70,22 @@ def test_gaps_are_written_once_a_batch_is_full_and_at_flush() -> None:
     gaps.flush()
     gaps.flush()
     assert f"{count} {float(GAP_BATCH + 1)}" in _series(metrics)
+
+
+class _PlainChild:
+    """A histogram child with only the public ``observe``."""
+
+    def __init__(self) -> None:
+        self.observed: list[float] = []
+
+    def observe(self, amount: float) -> None:
+        self.observed.append(amount)
+
+
+def test_a_child_without_the_private_fields_gets_one_observe_per_gap() -> None:
+    child = _PlainChild()
+    gaps = TokenGaps(child)
+    for gap in (0.01, 0.02, 0.5):
+        gaps.add(gap)
+    gaps.flush()
+    assert child.observed == [0.01, 0.02, 0.5]

@@ -20,9 +20,11 @@ equal lengths they then arrive together after every request. Per level: tokens/s
 that arrived in the ``--seconds`` while every stream was sending), time to first token and
 inter-token latency p50/p99 (without the staggered first requests), errors, and the CPU of
 each process tree (Triton, the gateway, the load generator itself, whose ceiling shows in its
-own row). Chat completions run at a few levels too, against direct Triton given the ids of the
-templated conversation the gateway sends (longer than the bare prompt, so the engine's paced
-prompt time is longer too). Markdown, JSON and a plot go to ``--out``.
+own row). Every target runs from the start and each level measures them one after the other,
+direct first; ``--rounds`` repeats the whole for a median and range per row, each round against
+direct Triton's rows of that round. Chat completions run at a few levels too, against direct
+Triton given the ids of the templated conversation the gateway sends (longer than the bare
+prompt, so the engine's paced prompt time is longer too). Markdown, JSON and a plot go to ``--out``.
 
 Run on the GPU host from the offline bundle (``make capacity``); it needs no GPU, only cores.
 """
@@ -31,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import itertools
 import json
 import multiprocessing
@@ -80,6 +83,8 @@ class Row:
     first_error: str | None
     cpu: dict[str, float]
     """Cores used by each process tree during the level."""
+    round: int = 0
+    """Which of the ``--rounds`` (each measures every target at every level)."""
 
 
 def _quantile(values: list[float], q: float) -> float:
@@ -149,6 +154,7 @@ def measure(
     streams: int,
     args: argparse.Namespace,
     trees: dict[str, int],
+    round_: int = 0,
 ) -> Row:
     host, port = url.removeprefix("http://").split(":")
     shares = _spread(streams, args.clients)
@@ -190,15 +196,45 @@ def measure(
         errors=len(errors),
         first_error=errors[0] if errors else None,
         cpu=cpu,
+        round=round_,
     )
+    mark = f"#{round_} " if args.rounds > 1 else ""
     print(
-        f"{target:10s} {endpoint:5s} {streams:5d} streams {row.tokens_per_s:9,.0f} tok/s "
+        f"{mark}{target:10s} {endpoint:5s} {streams:5d} streams {row.tokens_per_s:9,.0f} tok/s "
         f"TTFT p50 {row.ttft_p50_ms:7.1f} ms ITL p50 {row.itl_p50_ms:6.2f} p99 "
         f"{row.itl_p99_ms:6.2f} ms errors {row.errors} cores "
         + " ".join(f"{k}={v:.1f}" for k, v in cpu.items()),
         flush=True,
     )
     return row
+
+
+@dataclass(frozen=True)
+class Target:
+    """What one row's target is sent: its URL, the text and chat jobs (a chat job of ``None``:
+    the target serves no chats), and the process trees whose CPU it uses."""
+
+    name: str
+    url: str
+    text: dict[str, Any]
+    chat: dict[str, Any] | None
+    trees: dict[str, int]
+
+
+def measure_round(targets: list[Target], args: argparse.Namespace, round_: int) -> list[Row]:
+    """Every level of every target: text at each level, then chats at theirs; within a level
+    the targets one after the other."""
+    rows = []
+    for streams in args.levels:
+        for target in targets:
+            rows.append(measure(target.name, "text", target.url, target.text, streams, args,
+                                target.trees, round_))  # fmt: skip
+    for streams in (s for s in CHAT_LEVELS if s in args.levels):
+        for target in targets:
+            if target.chat is not None:
+                rows.append(measure(target.name, "chat", target.url, target.chat, streams, args,
+                                    target.trees, round_))  # fmt: skip
+    return rows
 
 
 def start_triton(
@@ -270,32 +306,25 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                      "max_tokens": args.tokens, "stream": True,
                      "stream_options": {"include_usage": True}}}  # fmt: skip
     try:
-        trees = {"triton": sidecar.pid or 0}
-        for streams in args.levels:
-            rows.append(measure("direct", "text", sidecar.http_url, direct, streams, args, trees))
-        for streams in (s for s in CHAT_LEVELS if s in args.levels):
-            rows.append(
-                measure("direct", "chat", sidecar.http_url, direct_chat, streams, args, trees)
-            )
-        for workers in args.relay if args.relay is not None else [max(args.workers)]:
-            relayed = relay_process(sidecar, ENGINE_MODEL, direct["body"], workdir, workers)
-            with relayed as (url, pid):
-                trees = {"triton": sidecar.pid or 0, "gateway": pid}
-                for streams in args.levels:
-                    rows.append(measure(f"relay-{workers}", "text", url, direct, streams, args,
-                                        trees))  # fmt: skip
-        for workers in args.workers:
-            name = f"gateway-{workers}"
-            url, process = serve_process(gateway_config(sidecar, tokenizer, workers), workdir,
-                                         name, timeout_s=180)  # fmt: skip
-            trees = {"triton": sidecar.pid or 0, "gateway": process.pid}
-            try:
-                for streams in args.levels:
-                    rows.append(measure(name, "text", url, completion, streams, args, trees))
-                for streams in (s for s in CHAT_LEVELS if s in args.levels):
-                    rows.append(measure(name, "chat", url, chat, streams, args, trees))
-            finally:
-                stop_process(process)
+        with contextlib.ExitStack() as running:
+            triton = {"triton": sidecar.pid or 0}
+            # Every target runs from the start, so that each level measures them one after the
+            # other (direct first), round after round: drift of the host falls on all alike.
+            targets = [Target("direct", sidecar.http_url, direct, direct_chat, triton)]
+            for workers in args.relay if args.relay is not None else [max(args.workers)]:
+                relayed = relay_process(sidecar, ENGINE_MODEL, direct["body"], workdir, workers)
+                url, pid = running.enter_context(relayed)
+                targets.append(Target(f"relay-{workers}", url, direct, None,
+                                      {**triton, "gateway": pid}))  # fmt: skip
+            for workers in args.workers:
+                name = f"gateway-{workers}"
+                url, process = serve_process(gateway_config(sidecar, tokenizer, workers), workdir,
+                                             name, timeout_s=180)  # fmt: skip
+                running.callback(stop_process, process)
+                targets.append(Target(name, url, completion, chat,
+                                      {**triton, "gateway": process.pid}))  # fmt: skip
+            for round_ in range(args.rounds):
+                rows.extend(measure_round(targets, args, round_))
     finally:
         sidecar.stop()
     return {
@@ -314,6 +343,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "engine_instances": args.instances,
             "seconds_per_level": args.seconds,
             "client_processes": args.clients,
+            "rounds": args.rounds,
             "arrivals": args.arrivals,
         },
         "rows": [asdict(row) for row in rows],
@@ -347,6 +377,13 @@ def main() -> None:
     )
     parser.add_argument("--levels", type=int, nargs="+", default=list(LEVELS))
     parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="measure every target at every level this many times, round after round; the "
+        "report adds each row's median and range over the rounds",
+    )
     parser.add_argument("--warmup", type=float, default=2.0)
     parser.add_argument("--clients", type=int, default=max(1, (os.cpu_count() or 2) // 4))
     parser.add_argument(

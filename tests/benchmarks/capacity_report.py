@@ -3,6 +3,7 @@ plot of tokens/s and time to first token (``tests/benchmarks/capacity.py`` measu
 
 from __future__ import annotations
 
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -13,10 +14,11 @@ _ARRIVALS = {
 
 
 def render_markdown(report: dict[str, Any]) -> str:
-    """The table of every level: each gateway against direct Triton at the same streams, a chat
-    against direct Triton given the templated conversation's ids."""
+    """The table of every level: each gateway against direct Triton at the same streams (in the
+    same round), a chat against direct Triton given the templated conversation's ids; with
+    several rounds, each row's median and range over them."""
     rows = report["rows"]
-    direct = {(r["streams"], r["endpoint"]): r for r in rows if r["target"] == "direct"}
+    direct = {_level(r): r for r in rows if r["target"] == "direct"}
     c = report["conditions"]
     m = report["machine"]
     lines = [
@@ -35,24 +37,72 @@ def render_markdown(report: dict[str, Any]) -> str:
         "load generator |",
         "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
+    rounds = 1 + max((r.get("round", 0) for r in rows), default=0)
     for row in rows:
-        base = direct.get((row["streams"], row["endpoint"]))
-        if base and (not base["tokens_per_s"] or base["errors"]):
-            base = None  # a direct level that failed is no baseline
+        base = _baseline(row, direct)
         share = f"{100 * row['tokens_per_s'] / base['tokens_per_s']:.1f}%" if base else "-"
         added_ttft = f"{row['ttft_p50_ms'] - base['ttft_p50_ms']:+.2f}" if base else "-"
         added_itl = f"{row['itl_p50_ms'] - base['itl_p50_ms']:+.3f}" if base else "-"
-        if row["target"] == "direct":
-            share, added_ttft, added_itl = "-", "-", "-"
         cpu = row["cpu"]
         cores = " / ".join(f"{cpu.get(k, 0):.1f}" for k in ("triton", "gateway", "load generator"))
+        target = f"{row['target']} #{row.get('round', 0)}" if rounds > 1 else row["target"]
         lines.append(
-            f"| {row['target']} | {row['endpoint']} | {row['streams']} | "
+            f"| {target} | {row['endpoint']} | {row['streams']} | "
             f"{row['tokens_per_s']:,.0f} | {share} | {row['ttft_p50_ms']:.1f} / "
             f"{row['ttft_p99_ms']:.1f} | {added_ttft} | {row['itl_p50_ms']:.2f} / "
             f"{row['itl_p99_ms']:.2f} | {added_itl} | {row['errors']} | {cores} |"
         )
+    if rounds > 1:
+        lines += ["", *_over_rounds(rows, direct, rounds)]
     return "\n".join(lines) + "\n"
+
+
+def _level(row: dict[str, Any]) -> tuple[int, int, str]:
+    return row.get("round", 0), row["streams"], row["endpoint"]
+
+
+def _baseline(row: dict[str, Any], direct: dict[tuple[int, int, str], Any]) -> Any:
+    """Direct Triton at the row's level in the row's round; none for direct's own rows, nor
+    where that direct level failed."""
+    base = direct.get(_level(row))
+    if row["target"] == "direct" or not base or not base["tokens_per_s"] or base["errors"]:
+        return None
+    return base
+
+
+def _over_rounds(
+    rows: list[dict[str, Any]], direct: dict[tuple[int, int, str], Any], rounds: int
+) -> list[str]:
+    """Each target's share of direct's tokens/s and added latencies at each level: the median
+    of its rounds and their range."""
+    lines = [
+        f"Over the {rounds} rounds (each against direct Triton in its own round): median "
+        "[lowest, highest].",
+        "",
+        "| target | endpoint | streams | rounds | of direct | added TTFT p50 ms | "
+        "added ITL p50 ms |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
+    groups: dict[tuple[str, str, int], list[tuple[float, float, float]]] = {}
+    for row in rows:
+        base = _baseline(row, direct)
+        if base is not None:
+            groups.setdefault((row["target"], row["endpoint"], row["streams"]), []).append(
+                (
+                    100 * row["tokens_per_s"] / base["tokens_per_s"],
+                    row["ttft_p50_ms"] - base["ttft_p50_ms"],
+                    row["itl_p50_ms"] - base["itl_p50_ms"],
+                )
+            )
+    for (target, endpoint, streams), found in groups.items():
+        share, ttft, itl = (sorted(values) for values in zip(*found, strict=True))
+        lines.append(
+            f"| {target} | {endpoint} | {streams} | {len(found)} | "
+            f"{statistics.median(share):.1f}% [{share[0]:.1f}, {share[-1]:.1f}] | "
+            f"{statistics.median(ttft):+.2f} [{ttft[0]:+.2f}, {ttft[-1]:+.2f}] | "
+            f"{statistics.median(itl):+.3f} [{itl[0]:+.3f}, {itl[-1]:+.3f}] |"
+        )
+    return lines
 
 
 def render_plot(report: dict[str, Any], path: Path) -> None:
@@ -64,10 +114,15 @@ def render_plot(report: dict[str, Any], path: Path) -> None:
     rows = [r for r in report["rows"] if r["endpoint"] == "text"]
     figure, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
     for target in dict.fromkeys(r["target"] for r in rows):
-        mine = [r for r in rows if r["target"] == target]
-        streams = [r["streams"] for r in mine]
-        left.plot(streams, [r["tokens_per_s"] for r in mine], marker="o", label=target)
-        right.plot(streams, [r["ttft_p50_ms"] for r in mine], marker="o", label=target)
+        # Each level once: the median of its rounds.
+        levels: dict[int, list[dict[str, Any]]] = {}
+        for row in rows:
+            if row["target"] == target:
+                levels.setdefault(row["streams"], []).append(row)
+        streams = sorted(levels)
+        for axis, key in ((left, "tokens_per_s"), (right, "ttft_p50_ms")):
+            values = [statistics.median(r[key] for r in levels[s]) for s in streams]
+            axis.plot(streams, values, marker="o", label=target)
     for axis, label in ((left, "streamed tokens/s"), (right, "time to first token p50 (ms)")):
         axis.set_xscale("log", base=2)
         axis.set_xlabel("concurrent streams")

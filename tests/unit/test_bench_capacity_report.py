@@ -1,5 +1,6 @@
 """The capacity report's baselines: text rows against direct Triton given the prompt's ids, chat
-rows against direct Triton given the templated conversation's ids, never the other's."""
+rows against direct Triton given the templated conversation's ids, never the other's; with
+several rounds, each round against its own direct rows."""
 
 from __future__ import annotations
 
@@ -10,9 +11,25 @@ from tests.benchmarks.capacity import Row
 from tests.benchmarks.capacity_report import render_markdown
 
 
-def _row(target: str, endpoint: str, tokens_per_s: float, ttft_ms: float) -> dict[str, Any]:
+def _row(
+    target: str, endpoint: str, tokens_per_s: float, ttft_ms: float, round_: int = 0
+) -> dict[str, Any]:
     return asdict(
-        Row(target, endpoint, 64, tokens_per_s, ttft_ms, ttft_ms, 12.5, 13.0, 10, 0, None, {})
+        Row(
+            target,
+            endpoint,
+            64,
+            tokens_per_s,
+            ttft_ms,
+            ttft_ms,
+            12.5,
+            13.0,
+            10,
+            0,
+            None,
+            {},
+            round=round_,
+        )
     )
 
 
@@ -50,3 +67,30 @@ def test_a_chat_row_without_its_direct_baseline_has_none() -> None:
     )
     chat = _cells(markdown, "gateway-8", "chat")
     assert (chat[4], chat[6]) == ("-", "-")
+
+
+def test_rounds_are_measured_against_their_own_direct_rows_and_summed_up() -> None:
+    rows = [
+        _row("direct", "text", 5000, 3.0, 0),
+        _row("gateway-8", "text", 5000, 5.0, 0),
+        _row("direct", "text", 5000, 4.0, 1),
+        _row("gateway-8", "text", 4950, 5.5, 1),
+        _row("direct", "text", 5000, 3.5, 2),
+        _row("gateway-8", "text", 4900, 4.5, 2),
+    ]
+    markdown = render_markdown(_report(rows))
+    assert _cells(markdown, "gateway-8 #0", "text")[6] == "+2.00"
+    assert _cells(markdown, "gateway-8 #1", "text")[6] == "+1.50"
+    assert _cells(markdown, "gateway-8 #2", "text")[6] == "+1.00"
+    summary = markdown.split("Over the 3 rounds", 1)[1]
+    line = _cells(summary, "gateway-8", "text")
+    assert line[3:6] == ["3", "99.0% [98.0, 100.0]", "+1.50 [+1.00, +2.00]"]
+    assert not any(ln.startswith("| direct |") for ln in summary.splitlines())
+
+
+def test_one_round_has_no_summary() -> None:
+    markdown = render_markdown(
+        _report([_row("direct", "text", 5000, 3.0), _row("gateway-8", "text", 5000, 5.0)])
+    )
+    assert "Over the" not in markdown
+    assert _cells(markdown, "gateway-8", "text")[6] == "+2.00"

@@ -126,11 +126,23 @@ class TritonBackend:
     async def __aexit__(self, *exc_info: object) -> None:
         await self.close()
 
-    async def describe(self, target: ModelTarget, *, refresh: bool = False) -> ModelInputs:
-        """The target's declared inputs and options, read from Triton once and cached."""
+    async def describe(
+        self, target: ModelTarget, *, refresh: bool = False, deadline: float | None = None
+    ) -> ModelInputs:
+        """The target's declared inputs and options, read from Triton once (by the event loop
+        time ``deadline``) and cached; a cached one is returned without arming a timer."""
         key = (target.url, target.triton_model)
         if not refresh and key in self._models:
             return self._models[key]
+        async with asyncio.timeout_at(deadline):
+            model = await self._read_model(target)
+        if not model.stops_abandoned and key not in self._models:
+            logger.warning(STOCK_BLS_WARNING, target.triton_model, target.url)
+        self._models[key] = model
+        return model
+
+    async def _read_model(self, target: ModelTarget) -> ModelInputs:
+        """The target's config, with what its engine's config adds."""
         model = await self._model_config(target.url, target.triton_model)
         if model.is_ensemble and model.engine_model:
             engine = await self._model_config(target.url, model.engine_model)
@@ -151,9 +163,6 @@ class TritonBackend:
             )
         if model.tokens_per_block is None:
             model = replace(model, tokens_per_block=target.tokens_per_block)
-        if not model.stops_abandoned and key not in self._models:
-            logger.warning(STOCK_BLS_WARNING, target.triton_model, target.url)
-        self._models[key] = model
         return model
 
     async def _engine_config(self, target: ModelTarget, model: ModelInputs) -> ModelInputs | None:
@@ -268,11 +277,8 @@ class TritonBackend:
         its responses to the exchange, release the call."""
         if deadline is None:
             deadline = asyncio.get_running_loop().time() + request.timeout_s
-        model = self._models.get((target.url, target.triton_model))
-        if model is None:
-            with map_triton_errors(f"describing {target.triton_model}"):
-                async with asyncio.timeout(_remaining(deadline)):
-                    model = await self.describe(target)
+        with map_triton_errors(f"describing {target.triton_model}"):
+            model = await self.describe(target, deadline=deadline)
         request_id = f"{request.request_id or 'gen'}-{secrets.token_hex(6)}"
         exchange = Exchange.of(request, model)
         tensors = build_inputs(request, model, lora_weights=send_weights)

@@ -18,6 +18,7 @@ import yaml
 
 from deploy.sidecar.supervisor import Sidecar, free_port
 from tests.support import REPO
+from tests.support.gateway import stop_process
 
 VERSION = "1.106.1"
 VENV = REPO / ".bench" / "litellm"
@@ -102,11 +103,7 @@ async def running(
         await _wait_alive(url, process, workdir / "litellm.log")
         yield url, process.pid
     finally:
-        process.terminate()
-        try:
-            process.wait(30)
-        except subprocess.TimeoutExpired:
-            process.kill()
+        stop_process(process, 30)
         log.close()
 
 

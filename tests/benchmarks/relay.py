@@ -32,6 +32,7 @@ import uvicorn
 
 from deploy.sidecar.supervisor import Sidecar, free_port
 from gateway.server import reuse_port_socket
+from tests.support.gateway import stop_process
 
 _HEAD = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
 Connection = tuple[asyncio.StreamReader, asyncio.StreamWriter]
@@ -140,12 +141,7 @@ def relay_process(
                 answered.add(answer)
         yield url, process.pid
     finally:
-        process.terminate()
-        try:
-            process.wait(15)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
+        stop_process(process, 15, group=True)
 
 
 def _answer(url: str) -> str | None:

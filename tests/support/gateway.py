@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
 import subprocess
 import sys
@@ -106,13 +108,20 @@ def serve_process(
         time.sleep(0.2)
 
 
-def stop_process(process: subprocess.Popen[bytes], timeout_s: float = 60.0) -> None:
-    """SIGTERM a served gateway (it drains and stops its sidecars); SIGKILL if it hangs."""
+def stop_process(
+    process: subprocess.Popen[bytes], timeout_s: float = 60.0, *, group: bool = False
+) -> None:
+    """SIGTERM a served process (a gateway drains and stops its sidecars); SIGKILL if it hangs,
+    with its whole process ``group`` (one started in a session of its own) where asked."""
     process.terminate()
     try:
         process.wait(timeout_s)
     except subprocess.TimeoutExpired:
-        process.kill()
+        if group:
+            os.killpg(process.pid, signal.SIGKILL)
+        else:
+            process.kill()
+        process.wait()
 
 
 class LiveGateway:

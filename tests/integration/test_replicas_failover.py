@@ -14,6 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from gateway.replicas.pool import Replica
 from tests.support.prometheus import parse
 from tests.support.replica_gateway import (
     WORDS,
@@ -87,6 +88,12 @@ def _up(text: str, model: str, replica: str) -> float | None:
     return found[0] if found else None
 
 
+def _running_and_queued(replica: Replica) -> bool:
+    """Whether the replica holds a request past its first token and one still waiting for it."""
+    waiting = len(replica.waiting_first)
+    return waiting >= 1 and replica.in_flight - waiting >= 1
+
+
 async def test_a_replica_killed_under_load(replicas: Replicas) -> None:
     r4 = replicas.by_name()["r4"]
     async with httpx.AsyncClient(base_url=replicas.url, timeout=90) as client:
@@ -117,11 +124,12 @@ async def test_a_replica_killed_under_load(replicas: Replicas) -> None:
             )
         )
         await asyncio.sleep(0.3)
-        # Killed while r4 holds two or more: one running with output (its batch is one request),
-        # the rest queued without a token. Checked and killed with nothing awaited between.
+        # Killed while r4 holds a stream with output (its batch is one stream, paced: 6 s of
+        # tokens, so Triton is still producing it) and more queued without a token. Checked
+        # and killed with nothing awaited between.
         deadline = time.monotonic() + 20
-        while pool.replicas["r4"].in_flight < 2:
-            assert time.monotonic() < deadline, "r4 never held two requests again"
+        while not _running_and_queued(pool.replicas["r4"]):
+            assert time.monotonic() < deadline, "r4 never held a running and a queued request"
             await asyncio.sleep(0.01)
         assert r4.pid is not None
         os.killpg(r4.pid, signal.SIGKILL)

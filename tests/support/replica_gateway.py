@@ -1,8 +1,10 @@
 """Four tritonservers on loopback and a gateway routing over them, for the replica tests.
 
-Four supervised tritonservers with the tiny model, on 127.0.0.1 to 127.0.0.4 and the same ports
-(as the pods behind a headless Service): r1 to r3 alike, r4 made slow by an engine batch size of
-one, so its requests queue.
+Four supervised tritonservers on 127.0.0.1 to 127.0.0.4 and the same ports (as the pods behind a
+headless Service): r1 to r3 alike, with the tiny model; r4 slow, the paced load-test engine with
+the tiny tokenizer, one stream at a time at 100 tokens/s, so its requests queue and a long stream
+there is still being produced whatever the gateway has read of it (the tiny model at a batch of
+one would produce it faster than a loaded gateway reads).
 """
 
 from __future__ import annotations
@@ -109,7 +111,10 @@ def replica_gateway(
         workdir / "lora-c",
         AdapterRecipe(rank=2, alpha=4, targets=("q_proj", "v_proj"), seed=3),
     )
-    sidecars = start_replicas(tiny_model_dir, workdir, HOSTS, (16, 16, 16, 1))
+    slow = {"kind": "loadtest", "tokenizer_dir": str(tiny_model_dir), "token_s": 0.01}
+    sidecars = start_replicas(
+        tiny_model_dir, workdir, HOSTS, (16, 16, 16, 1), engines={3: {**slow, "max_batch_size": 1}}
+    )
     r1, r2, r3, r4 = sidecars
 
     def model(name: str, replicas: object, **routing: object) -> ModelSettings:

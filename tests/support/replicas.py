@@ -50,9 +50,11 @@ def start_replicas(
     *,
     lora_cache_size: int = 2,
     engine_options: dict[str, object] | None = None,
+    engines: dict[int, dict[str, object]] | None = None,
 ) -> list[Sidecar]:
     """One supervised tritonserver per host with the tiny model (latest release) at the engine
-    batch size given for it; every one on the same gRPC, HTTP and metrics ports.
+    batch size given for it; every one on the same gRPC, HTTP and metrics ports. ``engines``
+    gives a host (by index) another engine spec instead, e.g. the paced load-test engine.
 
     Only the engine model is loaded (the gateway's ``tensorrt_llm`` entry): one Python backend
     process per server instead of four starts faster and holds less memory.
@@ -63,7 +65,7 @@ def start_replicas(
     }
     sidecars = []
     for index, (host, batch) in enumerate(zip(hosts, max_batch_sizes, strict=True), 1):
-        engine = {
+        engine = (engines or {}).get(index - 1) or {
             "kind": "torch",
             "model_dir": str(model_dir),
             "max_batch_size": batch,

@@ -112,9 +112,7 @@ def replica_gateway(
         AdapterRecipe(rank=2, alpha=4, targets=("q_proj", "v_proj"), seed=3),
     )
     slow = {"kind": "loadtest", "tokenizer_dir": str(tiny_model_dir), "token_s": 0.01}
-    sidecars = start_replicas(
-        tiny_model_dir, workdir, HOSTS, (16, 16, 16, 1), engines={3: {**slow, "max_batch_size": 1}}
-    )
+    sidecars = start_replicas(tiny_model_dir, workdir, HOSTS, (16, 16, 16, 1), engines={3: slow})
     r1, r2, r3, r4 = sidecars
 
     def model(name: str, replicas: object, **routing: object) -> ModelSettings:

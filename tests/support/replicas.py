@@ -54,7 +54,8 @@ def start_replicas(
 ) -> list[Sidecar]:
     """One supervised tritonserver per host with the tiny model (latest release) at the engine
     batch size given for it; every one on the same gRPC, HTTP and metrics ports. ``engines``
-    gives a host (by index) another engine spec instead, e.g. the paced load-test engine.
+    gives a host (by index) another engine spec instead, e.g. the paced load-test engine, at the
+    host's batch size unless the spec sets its own.
 
     Only the engine model is loaded (the gateway's ``tensorrt_llm`` entry): one Python backend
     process per server instead of four starts faster and holds less memory.
@@ -65,13 +66,18 @@ def start_replicas(
     }
     sidecars = []
     for index, (host, batch) in enumerate(zip(hosts, max_batch_sizes, strict=True), 1):
-        engine = (engines or {}).get(index - 1) or {
-            "kind": "torch",
-            "model_dir": str(model_dir),
-            "max_batch_size": batch,
-            "lora_cache_size": lora_cache_size,
-            **(engine_options or {}),
-        }
+        other = (engines or {}).get(index - 1)
+        engine = (
+            {"max_batch_size": batch, **other}
+            if other
+            else {
+                "kind": "torch",
+                "model_dir": str(model_dir),
+                "max_batch_size": batch,
+                "lora_cache_size": lora_cache_size,
+                **(engine_options or {}),
+            }
+        )
         spec = parse_spec(
             {
                 "models": [{"name": PIPELINE, "release": "latest", "engine": engine}],

@@ -5,8 +5,9 @@ grpcio's asyncio client (its poller thread and a wake-up per streamed message) a
 loopback traffic, and on a shared 2-core machine it moves with everything else running. This
 benchmark isolates the code this project owns: the gateway app (auth, rate limiter, templating,
 tokenizing, planning, generation, detokenizing, observability, response shaping, SSE framing) is
-driven as an ASGI app in this process, and the Triton calls are answered by replaying the gRPC
-responses a real tritonserver (the zero-compute load-test engine) gave to the same requests.
+driven as an ASGI app in this process, and the Triton calls are answered by replaying what a
+real tritonserver (the zero-compute load-test engine) answered to the same requests: the bytes
+of its HTTP ``generate_stream`` answers, one event a read, or its gRPC responses.
 
 Printed as a table (CPU µs per request, whole and streamed, and per streamed token) and written
 to ``bench-gateway-cpu.md`` in ``--out`` (default ``.bench/results``, untracked).
@@ -131,7 +132,7 @@ def report(figures: dict[tuple[str, str, bool], float], requests: int) -> str:
         f"{time.strftime('%Y-%m-%d')}; `python -m tests.benchmarks.gateway_cpu`; "
         f"{requests} requests per case, one at a time, {TOKENS} tokens each, the best of "
         f"{ROUNDS} rounds; auth, rate limiter, metrics and access log on; no HTTP server, "
-        "no gRPC client (see the module's docstring).",
+        "no Triton server (see the module's docstring).",
         "",
         "| endpoint | entry | CPU per request, whole | CPU per request, streamed "
         "| CPU per streamed token |",

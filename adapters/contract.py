@@ -15,7 +15,7 @@ The gateway maps them to its own tree of HTTP errors (``gateway/http/errors.py``
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol, runtime_checkable
 
@@ -163,6 +163,10 @@ class GenerationRequest:
     """W3C trace context (``traceparent``, ``tracestate``) for the gRPC metadata."""
     images: Sequence[PromptImage] = ()
     """The prompt's images, in the order their places appear in its text."""
+    admitted: Callable[[], Awaitable[None]] | None = None
+    """Awaited once the request is prepared and before anything of it is sent: the caller's
+    admission, answered meanwhile. What it raises ends the request, which never reached the
+    server, and is passed on as it is."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,7 +207,8 @@ class Backend(Protocol):
     def generate(
         self, target: ModelTarget, request: GenerationRequest
     ) -> AsyncIterator[TokenChunk]:
-        """Stream the completion of one prompt; cancelling the iteration cancels the request."""
+        """Stream the completion of one prompt; cancelling the iteration cancels the request.
+        ``request.admitted`` is awaited before anything of it is sent."""
         ...
 
     async def is_ready(self, target: ModelTarget) -> bool:

@@ -287,6 +287,8 @@ class TritonBackend:
                 beam_inputs(request.params.beam, model, logprobs=request.params.logprobs)
             )
         operation = f"request {request_id} to {target.triton_model}"
+        if request.admitted is not None:
+            await request.admitted()
         call = self._call(target, request, request_id, tensors, exchange, deadline)
         logger.debug("%s: streaming=%s via %s", operation, exchange.streaming, type(call).__name__)
         try:

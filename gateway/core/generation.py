@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import secrets
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Literal
@@ -263,13 +263,15 @@ class GenerationService:
         meter: UsageMeter | None = None,
         *,
         priority: int = 0,
+        admitted: Callable[[], Awaitable[None]] | None = None,
     ) -> AsyncGenerator[Event, None]:
         """Every choice's events, interleaved as they arrive; closing it cancels the requests.
 
         ``meter`` counts the tokens used as they are generated; ``priority`` is the Triton
-        request priority (0: the model's default).
+        request priority (0: the model's default); ``admitted`` is awaited by each backend
+        request before it is sent (``GenerationRequest.admitted``).
         """
-        return self._observed(model, plan, meter or UsageMeter(), priority)
+        return self._observed(model, plan, meter or UsageMeter(), priority, admitted)
 
     def _opener(self, model: ServedModel, watch: GenerationWatch) -> Opener:
         """How the model's requests reach Triton: its one server, or a replica of its pool."""
@@ -282,7 +284,12 @@ class GenerationService:
         return lambda request: router.stream(pool, backend, request, watch)
 
     async def _observed(
-        self, model: ServedModel, plan: Plan, meter: UsageMeter, priority: int
+        self,
+        model: ServedModel,
+        plan: Plan,
+        meter: UsageMeter,
+        priority: int,
+        admitted: Callable[[], Awaitable[None]] | None,
     ) -> AsyncGenerator[Event, None]:
         # Everything starts at the first iteration, so an unconsumed generator leaves no span.
         request_id = secrets.token_hex(16)
@@ -316,6 +323,7 @@ class GenerationService:
                     lora=model.adapter,
                     trace_headers=trace_headers,
                     images=spec.prompt.images,
+                    admitted=admitted,
                 )
 
             if plan.choices[0].params.beam is not None:
@@ -329,7 +337,13 @@ class GenerationService:
                 streams = [runner.run(spec, request_of(spec)) for spec in plan.choices]
             merged = single(streams[0], self._timeout_s) if len(streams) == 1 else None
             async with aclosing(merged or merge(streams, self._timeout_s)) as events:
+                gate = admitted
                 async for event in events:
+                    if gate is not None:
+                        # Answered already (the backend waited for it before sending): nothing
+                        # is passed on for a request that was not admitted, whatever the backend.
+                        await gate()
+                        gate = None
                     if isinstance(event, ChoiceEnd):
                         watch.ended(
                             event.prompt_index,

@@ -101,20 +101,23 @@ class CompletionPipeline:
         model = self.registry.get(body.model, tenant.allows_model, tenant.allows_adapter)
         plan = await self._plan(request, tenant, model, endpoint, body)
         with self.observability.step("gateway.rate_limit"):
-            ticket = await self.tenancy.admit(tenant, plan)
-        headers.update(ticket.headers())
+            # A shared store answers while the Triton request is built: it is sent admitted.
+            admission = await self.tenancy.admission(tenant, plan, headers)
         meter = UsageMeter()
         header = Header.new(endpoint.id_prefix, model.name)
 
         async def settle() -> None:
-            await ticket.settle_shielded(meter.total())
+            await admission.settle(meter.total())
 
         try:
             # Images are fetched and decoded only for an admitted request; the plan counted them.
             if plan.images is not None:
+                await admission.admitted()
                 with self.observability.step("gateway.images"):
                     plan = await until_disconnect(request.receive, plan.with_images())
-            events = self.generation.events(model, plan, meter, priority=tenant.priority)
+            events = self.generation.events(
+                model, plan, meter, priority=tenant.priority, admitted=admission.admitted
+            )
             if plan.stream:
                 # Once the stream is answered, it settles the ticket when it ends, however.
                 return await stream_response(

@@ -9,7 +9,7 @@ releases its concurrency lease. The memory store does both in this process; the 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -84,8 +84,9 @@ class StoreUnavailable(Exception):
 class QuotaStore(Protocol):
     """Counts limits: in one process, or shared by every replica."""
 
-    async def admit(self, tenant: str, limits: Limits, tokens: int, lease: str) -> Quota:
-        """Take one request and ``tokens`` from every limit and open a lease, or raise."""
+    def admit(self, tenant: str, limits: Limits, tokens: int, lease: str) -> Awaitable[Quota]:
+        """Take one request and ``tokens`` from every limit and open a lease, or raise (when
+        awaited). A shared store sends its command before this returns."""
         ...
 
     async def settle(self, tenant: str, limits: Limits, refund: int, lease: str) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Awaitable
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -31,7 +32,7 @@ from gateway.tenancy.quota import (
     StoreUnavailable,
     quota_of,
 )
-from gateway.tenancy.resp import RespError, RespLink, Script
+from gateway.tenancy.resp import Arg, RespError, RespLink, Script
 
 logger = logging.getLogger(__name__)
 
@@ -195,16 +196,24 @@ class RedisStore:
         base = f"{self._prefix}:{{{tenant}}}"
         return [f"{base}:requests", f"{base}:tokens", f"{base}:tokens_per_day", f"{base}:leases"]
 
-    async def admit(self, tenant: str, limits: Limits, tokens: int, lease: str) -> Quota:
-        """One script: check every limit and the leases, then take from all or from none."""
+    def admit(self, tenant: str, limits: Limits, tokens: int, lease: str) -> Awaitable[Quota]:
+        """One script: check every limit and the leases, then take from all or from none. Its
+        command is on its way when this returns (the connection open), so the caller's work
+        until it awaits the quota overlaps Redis's round trip."""
         (requests, requests_tol), (tpm, tpm_tol), (tpd, tpd_tol) = (
             _args(limits.requests),
             _args(limits.tokens),
             _args(limits.daily_tokens),
         )
         most = -1 if limits.concurrency is None else limits.concurrency
-        args = [requests, tpm, tpd, requests_tol, tpm_tol, tpd_tol, tokens, most, lease]
-        reply = await self._call(self._admit, self.keys(tenant), [*args, self._lease_ttl_s])
+        args: list[Arg] = [requests, tpm, tpd, requests_tol, tpm_tol, tpd_tol, tokens, most, lease]
+        sent = self._admit(keys=self.keys(tenant), args=[*args, self._lease_ttl_s])
+        return self._admitted(tenant, limits, lease, sent)
+
+    async def _admitted(
+        self, tenant: str, limits: Limits, lease: str, sent: Awaitable[Any]
+    ) -> Quota:
+        reply = await self._wait(sent)
         status, which, retry, *rest = (
             v.decode() if isinstance(v, bytes) else str(v) for v in reply
         )
@@ -245,9 +254,12 @@ class RedisStore:
         return decisions
 
     async def _call(self, script: Any, keys: list[str], args: list[Any]) -> Any:
+        return await self._wait(script(keys=keys, args=args))
+
+    async def _wait(self, sent: Awaitable[Any]) -> Any:
         try:
             async with asyncio.timeout(self._timeout_s):
-                return await script(keys=keys, args=args)
+                return await sent
         except _FAILURES as exc:
             raise StoreUnavailable(f"redis: {exc!r}") from exc
 

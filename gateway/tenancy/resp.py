@@ -18,6 +18,7 @@ import asyncio
 import hashlib
 import ssl
 from collections import deque
+from collections.abc import Awaitable
 from typing import Any, cast
 
 from redis.asyncio.connection import SSLConnection, UnixDomainSocketConnection, parse_url
@@ -137,8 +138,23 @@ class RespLink:
         """Send one command and return its reply; an error reply raises ``RespError``, a broken
         connection ``ConnectionError`` (after the one retry a used connection earns)."""
         protocol = await self._ready()
+        return await self._reply(protocol, self._send(protocol, args), args)
+
+    def submit(self, *args: Arg) -> Awaitable[Any]:
+        """``call``, with the command already written when this returns if the connection is
+        open (else it is opened and the command sent once the result is awaited), so that
+        whatever the caller does meanwhile overlaps Redis's round trip. The result must be
+        awaited."""
+        protocol = self._protocol
+        if protocol is None or protocol.lost is not None:
+            return self.call(*args)
+        return self._reply(protocol, self._send(protocol, args), args)
+
+    async def _reply(
+        self, protocol: _Protocol, sent: asyncio.Future[Any], args: tuple[Arg, ...]
+    ) -> Any:
         try:
-            reply = await self._send(protocol, args)
+            reply = await sent
         except ConnectionError:
             if not protocol.answered:
                 raise
@@ -222,10 +238,15 @@ class Script:
         self._source = source
         self._sha = hashlib.sha1(source.encode()).hexdigest()
 
-    async def __call__(self, keys: list[str], args: list[Arg]) -> Any:
-        """The script's reply for ``keys`` and ``args``."""
+    def __call__(self, keys: list[str], args: list[Arg]) -> Awaitable[Any]:
+        """The script's reply for ``keys`` and ``args``, its command written before this
+        returns where the connection is open (``RespLink.submit``)."""
+        sent = self._link.submit("EVALSHA", self._sha, len(keys), *keys, *args)
+        return self._or_whole(sent, keys, args)
+
+    async def _or_whole(self, sent: Awaitable[Any], keys: list[str], args: list[Arg]) -> Any:
         try:
-            return await self._link.call("EVALSHA", self._sha, len(keys), *keys, *args)
+            return await sent
         except RespError as exc:
             if not str(exc).startswith("NOSCRIPT"):
                 raise

@@ -2,7 +2,8 @@
 
 ``authenticate`` turns credentials into a tenant (401 otherwise). ``admit`` reserves a request's
 worst case (its prompt plus every choice's ``max_tokens``) against the tenant's limits in one
-store call and returns a ``Ticket``; the ticket meters what the request really used and gives
+store call and returns a ``Ticket`` (``admission``: a shared store answers while the request is
+prepared); the ticket meters what the request really used and gives
 the rest back when its events end, whether they end normally, with an error or because the
 client left. Every answer carries OpenAI's ``x-ratelimit-*`` headers.
 """
@@ -13,7 +14,7 @@ import asyncio
 import logging
 import math
 import secrets
-from collections.abc import Mapping
+from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass, field
 
 import anyio
@@ -27,6 +28,7 @@ from gateway.http.errors import (
 )
 from gateway.observability.metrics import GatewayMetrics
 from gateway.tenancy import gcra
+from gateway.tenancy.admission import Admission
 from gateway.tenancy.config import TenancySettings, TenantPolicy
 from gateway.tenancy.directory import Directory
 from gateway.tenancy.keys import MalformedKey, matches, presented_key
@@ -197,15 +199,40 @@ class Tenancy:
         """Rate-limit headers as of the tenant's last admission (for answers before one)."""
         return rate_limit_headers(self._known.get(tenant.name))
 
-    async def admit(self, tenant: TenantPolicy, plan: Plan) -> Ticket:
-        """Reserve the plan's worst case against every limit of the tenant, or refuse it."""
+    async def admission(
+        self, tenant: TenantPolicy, plan: Plan, headers: dict[str, str]
+    ) -> Admission:
+        """The plan's admission: decided (the memory store), or under way while the request is
+        prepared (a shared store; see ``Admission``). Its rate-limit headers go into
+        ``headers`` once admitted."""
+        ticket = self.admit(tenant, plan)
+        bound_s = self.settings.store.timeout_s + 1.0
+        if isinstance(self.store, MemoryStore):
+            return Admission.decided(await ticket, headers, bound_s)
+        return Admission.pending(ticket, headers, bound_s)
+
+    def admit(self, tenant: TenantPolicy, plan: Plan) -> Awaitable[Ticket]:
+        """Reserve the plan's worst case against every limit of the tenant, or refuse it (when
+        awaited); a shared store's command is on its way when this returns."""
         limits = Limits.of(tenant)
         tokens = reservation(plan)
         self._check_fits(limits, tokens)
         lease = secrets.token_hex(16)
+        return self._ticket(
+            tenant, limits, tokens, lease, self.store.admit(tenant.name, limits, tokens, lease)
+        )
+
+    async def _ticket(
+        self,
+        tenant: TenantPolicy,
+        limits: Limits,
+        tokens: int,
+        lease: str,
+        admitting: Awaitable[Quota],
+    ) -> Ticket:
         quota: Quota | None = None
         try:
-            quota = await self.store.admit(tenant.name, limits, tokens, lease)
+            quota = await admitting
         except Rejected as rejected:
             self.metrics.record_rate_limited(tenant.name, rejected.limit)
             self._known[tenant.name] = rejected.quota

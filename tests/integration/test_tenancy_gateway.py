@@ -167,6 +167,30 @@ def test_429_says_which_limit_and_when_and_the_sdk_retry_succeeds(gateway: Gatew
     assert gateway.post("/v1/completions", body, KEYS["alpha"]).status_code == 200
 
 
+def _triton_requests(sidecar: Sidecar) -> float:
+    text = httpx.get(sidecar.metrics_url).text
+    return total(text, "nv_inference_request_success") + total(text, "nv_inference_request_failure")
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+def test_a_refused_request_never_reaches_triton(
+    gateway: Gateway, sidecar: Sidecar, stream: bool
+) -> None:
+    """With Redis the admission is answered while the Triton request is built: it still gates
+    the sending, with the 429 and its headers as before."""
+    body = {"model": "tiny", "prompt": "The cat", "max_tokens": 2, "stream": stream}
+    time.sleep(1.1)  # the tenant's one request a second is back
+    admitted = gateway.post("/v1/completions", body, KEYS["slow"])
+    assert admitted.status_code == 200 and admitted.headers["x-ratelimit-limit-requests"] == "60"
+    sent = _triton_requests(sidecar)
+    assert sent > 0
+    refused = gateway.post("/v1/completions", body, KEYS["slow"])
+    assert refused.status_code == 429
+    assert _error(refused)["code"] == "rate_limit_exceeded"
+    assert refused.headers["x-ratelimit-remaining-requests"] == "0"
+    assert _triton_requests(sidecar) == sent
+
+
 def test_requests_that_can_never_fit_are_400(gateway: Gateway) -> None:
     too_long = gateway.post(
         "/v1/completions", {"model": "tiny", "prompt": "x", "max_tokens": 65}, KEYS["alpha"]

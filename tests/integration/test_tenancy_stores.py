@@ -8,10 +8,15 @@ import uuid
 from collections.abc import AsyncIterator
 
 import pytest
+import redis
 
-from gateway.tenancy.config import TenantPolicy
+from adapters.contract import SamplingParams
+from gateway.core.plan import ChoiceSpec, Plan, Prompt
+from gateway.http.errors import RateLimitError
+from gateway.tenancy.config import StoreSettings, TenancySettings, TenantPolicy
 from gateway.tenancy.quota import Limits, MemoryStore, QuotaStore, Rejected, StoreUnavailable
 from gateway.tenancy.redis_store import RedisStore
+from gateway.tenancy.service import Tenancy
 from tests.support.redis_server import RedisServer
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -165,3 +170,62 @@ async def test_connections_closed_by_a_redis_restart_are_not_an_outage() -> None
     finally:
         await store.close()
         server.stop()
+
+
+async def test_an_admission_is_on_its_way_before_it_is_awaited(redis_server: RedisServer) -> None:
+    prefix = f"test-{uuid.uuid4().hex[:8]}"
+    store = RedisStore.connect(redis_server.url, prefix=prefix)
+    two = limits(max_concurrency=2)
+    try:
+        await store.admit("m", two, 0, lease())  # the connection is open from here on
+        first = lease()
+        pending = store.admit("m", two, 0, first)
+        # No await since: the loop has not run, so only a command written by ``admit`` itself
+        # can have reached Redis. A blocking client watches it arrive.
+        watcher = redis.Redis.from_url(redis_server.url)
+        deadline = time.monotonic() + 2.0
+        while not watcher.zscore(store.keys("m")[3], first) and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert watcher.zscore(store.keys("m")[3], first) is not None
+        watcher.close()
+        quota = await pending
+        assert quota.requests is None and quota.tokens is None
+        with pytest.raises(Rejected):
+            await store.admit("m", two, 0, lease())
+    finally:
+        await store.close()
+
+
+async def test_an_admission_left_before_its_answer_still_settles(
+    redis_server: RedisServer,
+) -> None:
+    """A request cancelled while its admission is on its way to Redis still learns that it
+    holds a lease and gives it back, so the tenant's one request at a time is free again."""
+    policy = TenantPolicy(name="solo", max_concurrency=1, tokens_per_minute=6000)
+    prefix = f"test-{uuid.uuid4().hex[:8]}"
+    store = StoreSettings(kind="redis", url=redis_server.url, prefix=prefix)
+    tenancy = Tenancy(TenancySettings(tenants=(policy,), store=store))
+    await tenancy.start()
+    spec = ChoiceSpec(0, 0, Prompt("p", 10), SamplingParams(max_tokens=20))
+    plan = Plan(model="m", choices=(spec,), stream=True, include_usage=False)
+    try:
+        left: dict[str, str] = {}
+        admission = await tenancy.admission(policy, plan, left)
+        waiting = asyncio.ensure_future(admission.admitted())
+        await asyncio.sleep(0)
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        await admission.settle(3)
+        assert left == {}, "a request that left before its admission shows no quota"
+        shown: dict[str, str] = {}
+        again = await tenancy.admission(policy, plan, shown)
+        await again.admitted()
+        assert shown["x-ratelimit-limit-tokens"] == "6000"
+        refused = await tenancy.admission(policy, plan, {})
+        with pytest.raises(RateLimitError):
+            await refused.admitted()
+        await refused.settle(0)
+        await again.settle(30)
+    finally:
+        await tenancy.close()

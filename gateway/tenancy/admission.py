@@ -1,0 +1,84 @@
+"""A request's admission while the request is prepared.
+
+A shared store (Redis) answers an admission after a round trip: two wake-ups and a script, a few
+hundred microseconds on an idle host. Its command is sent as soon as the plan is counted, and
+the answer is awaited only once the Triton request is built, just before anything is sent to
+Triton (``GenerationRequest.admitted``), so the two overlap. A refused request still never
+reaches Triton. The memory store decides at once and has nothing to overlap.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable
+from typing import Protocol
+
+import anyio
+
+
+class Ticket(Protocol):
+    """What an admission hands over: the answer's headers and the settlement."""
+
+    def headers(self) -> dict[str, str]:
+        """The rate-limit headers of the answer."""
+        ...
+
+    async def settle_shielded(self, used: int) -> None:
+        """Settle with ``used`` tokens, completed even while being cancelled."""
+        ...
+
+
+class Admission:
+    """The admission of one request, decided or under way.
+
+    ``admitted`` waits for the store's answer (a refusal raises the client's error, with its
+    headers); once admitted, the ticket's rate-limit headers go into ``headers``, the answer's.
+    ``settle`` settles the ticket whatever happened meanwhile, a request cancelled before its
+    admission was answered included.
+    """
+
+    def __init__(
+        self, answer: asyncio.Future[Ticket], headers: dict[str, str], bound_s: float
+    ) -> None:
+        self._answer = answer
+        self._headers = headers
+        self._bound_s = bound_s
+        self._shown = False
+        if answer.done():
+            self._show(answer.result())
+
+    @classmethod
+    def decided(cls, ticket: Ticket, headers: dict[str, str], bound_s: float) -> Admission:
+        """An admission the store answered already."""
+        answer: asyncio.Future[Ticket] = asyncio.get_running_loop().create_future()
+        answer.set_result(ticket)
+        return cls(answer, headers, bound_s)
+
+    @classmethod
+    def pending(
+        cls, ticket: Awaitable[Ticket], headers: dict[str, str], bound_s: float
+    ) -> Admission:
+        """An admission whose store command is on its way: its answer is read in a task of its
+        own, so a request cancelled meanwhile still learns whether it holds a ticket."""
+        return cls(asyncio.ensure_future(ticket), headers, bound_s)
+
+    async def admitted(self) -> None:
+        """Wait for the store's answer; a refusal raises the client's error."""
+        self._show(await asyncio.shield(self._answer))
+
+    async def settle(self, used: int) -> None:
+        """Settle the ticket with ``used`` tokens if the request was admitted."""
+        answer = self._answer
+        if not answer.done():
+            # The store's answer (its call has a timeout shorter than the bound), even while
+            # this request is being cancelled.
+            with anyio.move_on_after(self._bound_s, shield=True):
+                await asyncio.wait([answer])
+        if not answer.done() or answer.cancelled() or answer.exception() is not None:
+            return
+        await answer.result().settle_shielded(used)
+
+    def _show(self, ticket: Ticket) -> None:
+        if not self._shown:
+            self._shown = True
+            self._headers.update(ticket.headers())

@@ -1,0 +1,208 @@
+"""Where the gateway's time to first token goes: one stream at a time, step by step.
+
+The capacity benchmark measures how much the gateway adds to Triton's time to first token; this
+one shows where it goes. One tritonserver serves the paced load-test engine (as in
+``tests.benchmarks.capacity``); one client sends streamed requests one at a time, over kept-alive
+connections, alternating between direct Triton (``generate_stream`` with the prompt's ids), the
+gateway's ``/v1/completions`` and its ``/v1/chat/completions``, a pause between requests. The
+gateway runs as ``triton-gateway serve`` (``--workers``; auth and the rate limiter on, limits in
+the embedded Redis from two workers) with the marks of ``first_token_marks/sitecustomize.py``,
+which note when each request reached each step of its path; they are joined to the client's
+send and first-token times by a request header. The step times are medians of the gaps between
+consecutive marks, in the order a request meets them: what a request pays at each step on an
+otherwise idle host (cold caches and idle cores included), not what the code costs in a loop.
+
+    python -m tests.benchmarks.first_token --workers 8 --requests 60
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import re
+import socket
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from deploy.sidecar.models import ensure_tiny_model
+from gateway.catalog.text.hub import load_tokenizer
+from tests.benchmarks import capacity
+from tests.support.gateway import serve_process, stop_process
+
+MARKS = Path(__file__).parent / "first_token_marks"
+_TEXT = re.compile(rb'"(?:text|content)":"[^"]')
+"""An OpenAI chunk with text: a non-empty ``text`` or ``content``."""
+
+
+class Client:
+    """One kept-alive connection sending one streamed request at a time, timing its first
+    token (a Triton event with ids, or an OpenAI chunk with text)."""
+
+    def __init__(self, url: str, path: str, body: dict[str, Any], direct: bool) -> None:
+        host, port = url.removeprefix("http://").rsplit(":", 1)
+        payload = json.dumps(body).encode()
+        self._head = (
+            f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
+            f"Authorization: Bearer {capacity.KEY}\r\nContent-Length: {len(payload)}\r\n"
+        ).encode()
+        self._payload = payload
+        self._address = (host, int(port))
+        self._direct = direct
+        self._socket: socket.socket | None = None
+
+    def send(self, probe: str) -> tuple[int, int]:
+        """Send once, read the whole answer; the send and first-token times (monotonic ns)."""
+        if self._socket is None:
+            self._socket = socket.create_connection(self._address)
+            self._socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        request = self._head + f"x-probe-id: {probe}\r\n\r\n".encode() + self._payload
+        sent = time.monotonic_ns()
+        self._socket.sendall(request)
+        first = 0
+        received = b""
+        while not received.endswith(b"\r\n0\r\n\r\n"):
+            data = self._socket.recv(1 << 16)
+            if not data:
+                self._socket = None
+                raise ConnectionError("the server closed the connection")
+            received += data
+            if not first and self._is_token(received):
+                first = time.monotonic_ns()
+        return sent, first
+
+    def _is_token(self, received: bytes) -> bool:
+        if self._direct:
+            return b'"output_ids"' in received
+        return _TEXT.search(received) is not None
+
+
+def _median_us(values: list[int]) -> float:
+    return statistics.median(values) / 1e3 if values else float("nan")
+
+
+def steps(marks: list[dict[str, int]]) -> list[tuple[str, float]]:
+    """The median gap before each mark, in the order of their median times."""
+    order = sorted(
+        {name for m in marks for name in m},
+        key=lambda name: statistics.median(m[name] - m["client.send"] for m in marks if name in m),
+    )
+    gaps = []
+    for before, after in itertools.pairwise(order):
+        values = [m[after] - m[before] for m in marks if before in m and after in m]
+        gaps.append((f"{before} → {after}", _median_us(values)))
+    return gaps
+
+
+def run(args: argparse.Namespace) -> str:
+    tokenizer = Path(args.tokenizer) if args.tokenizer else ensure_tiny_model()
+    vocabulary = load_tokenizer(str(tokenizer))
+    ids = vocabulary.encode(capacity.PROMPT, add_special_tokens=True)
+    word = vocabulary.encode(" the", add_special_tokens=False)[-1]
+    engine = argparse.Namespace(
+        rate=80.0, prompt_token_s=0.00005, instances=8, text_env=args.text_env
+    )
+    workdir = Path(tempfile.mkdtemp(prefix="first-token-"))
+    marks_dir = workdir / "marks"
+    marks_dir.mkdir()
+    sidecar = capacity.start_triton(engine, tokenizer, workdir, word)
+    tokens = args.tokens
+    direct = {"input_ids": list(ids), "input_lengths": [len(ids)],
+              "request_output_len": [tokens], "streaming": [True]}  # fmt: skip
+    openai = {"model": "lt", "max_tokens": tokens, "stream": True}
+    sent: dict[str, tuple[int, int]] = {}
+    environment = dict(os.environ)
+    try:
+        os.environ["FIRST_TOKEN_MARKS"] = str(marks_dir)
+        os.environ["PYTHONPATH"] = os.pathsep.join(
+            [str(MARKS), *filter(None, [environment.get("PYTHONPATH")])]
+        )
+        config = capacity.gateway_config(sidecar, tokenizer, args.workers)
+        url, process = serve_process(config, workdir, "gateway", timeout_s=180)
+    finally:
+        os.environ.clear()
+        os.environ.update(environment)
+    try:
+        engine_path = f"/v2/models/{capacity.ENGINE_MODEL}/generate_stream"
+        clients = {
+            "direct": Client(sidecar.http_url, engine_path, direct, True),
+            "completions": Client(url, "/v1/completions",
+                                  {**openai, "prompt": capacity.PROMPT}, False),
+            "chat": Client(url, "/v1/chat/completions",
+                           {**openai, "messages": [{"role": "user", "content": capacity.PROMPT}]},
+                           False),
+        }  # fmt: skip
+        for index in range(args.warmup + args.requests):
+            for name, client in clients.items():
+                probe = f"{name}-{index}"
+                times = client.send(probe)
+                if index >= args.warmup:
+                    sent[probe] = times
+                time.sleep(args.pause)
+    finally:
+        stop_process(process)
+        sidecar.stop()
+    marks: dict[str, dict[str, int]] = {}
+    for path in marks_dir.glob("marks-*.jsonl"):
+        for line in path.read_text().splitlines():
+            entry = json.loads(line)
+            marks[entry.pop("probe")] = entry
+    return report(args, sent, marks)
+
+
+def report(
+    args: argparse.Namespace, sent: dict[str, tuple[int, int]], marks: dict[str, dict[str, int]]
+) -> str:
+    ttft = {
+        name: _median_us([first - start for probe, (start, first) in sent.items()
+                          if probe.startswith(f"{name}-")])
+        for name in ("direct", "completions", "chat")
+    }  # fmt: skip
+    lines = [
+        "# Where the first token's time goes, one stream",
+        "",
+        f"{time.strftime('%Y-%m-%d %H:%M')}; {os.cpu_count()} CPUs; `python -m "
+        f"tests.benchmarks.first_token --workers {args.workers} --requests {args.requests}`: "
+        f"{args.requests} requests each, one at a time, {args.pause * 1000:.0f} ms apart; "
+        f"{args.tokens} tokens at 80 tokens/s.",
+        "",
+        "| target | TTFT p50 | added to direct |",
+        "|---|---:|---:|",
+    ]
+    for name, value in ttft.items():
+        added = "-" if name == "direct" else f"+{(value - ttft['direct']) / 1000:.2f} ms"
+        lines.append(f"| {name} | {value / 1000:.2f} ms | {added} |")
+    for name in ("completions", "chat"):
+        joined = [
+            {**marks[probe], "client.send": start, "client.first_token": first}
+            for probe, (start, first) in sent.items()
+            if probe.startswith(f"{name}-") and probe in marks
+        ]
+        lines += ["", f"## {name}: median time between steps", "", "| step | µs |", "|---|---:|"]
+        lines += [f"| {step} | {micros:.0f} |" for step, micros in steps(joined)]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--out", type=Path, default=Path(".bench/results"))
+    parser.add_argument("--workers", type=int, default=8)
+    parser.add_argument("--requests", type=int, default=60, help="measured requests per target")
+    parser.add_argument("--warmup", type=int, default=10)
+    parser.add_argument("--tokens", type=int, default=16)
+    parser.add_argument("--pause", type=float, default=0.05, help="seconds between requests")
+    parser.add_argument("--tokenizer", help="tokenizer folder (default: the tiny model's)")
+    parser.add_argument("--text-env", help="text_python_env of the sidecar (numpy < 2)")
+    args = parser.parse_args()
+    text = run(args)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / f"first-token-{os.cpu_count()}cpu.md").write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,120 @@
+"""Step marks in the gateway's processes for ``tests.benchmarks.first_token``.
+
+Imported at the start of every Python process whose path holds this folder; it does nothing
+unless ``FIRST_TOKEN_MARKS`` names a folder, where each process then appends one JSON line per
+``/v1`` request: the monotonic nanoseconds at which the request reached each step, keyed by
+the client's ``x-probe-id`` header. The steps are functions of the request path wrapped here by
+name, so a renamed one fails loudly.
+"""
+
+from __future__ import annotations
+
+import os
+
+if os.environ.get("FIRST_TOKEN_MARKS"):
+    import contextvars
+    import functools
+    import json
+    import time
+    from typing import Any
+
+    _now = time.monotonic_ns
+    _marks: contextvars.ContextVar[dict[str, int] | None] = contextvars.ContextVar(
+        "first_token_marks", default=None
+    )
+    _out = open(  # noqa: SIM115
+        f"{os.environ['FIRST_TOKEN_MARKS']}/marks-{os.getpid()}.jsonl", "a", buffering=1
+    )
+
+    def _mark(name: str) -> None:
+        marks = _marks.get()
+        if marks is not None and name not in marks:
+            marks[name] = _now()
+
+    def _around(owner: Any, name: str, label: str) -> None:
+        original = getattr(owner, name)
+        if asyncio_function(original):
+
+            @functools.wraps(original)
+            async def wrapped_async(*args: Any, **kwargs: Any) -> Any:
+                _mark(f"{label}.start")
+                try:
+                    return await original(*args, **kwargs)
+                finally:
+                    _mark(f"{label}.end")
+
+            setattr(owner, name, wrapped_async)
+            return
+
+        @functools.wraps(original)
+        def wrapped(*args: Any, **kwargs: Any) -> Any:
+            _mark(f"{label}.start")
+            try:
+                return original(*args, **kwargs)
+            finally:
+                _mark(f"{label}.end")
+
+        setattr(owner, name, wrapped)
+
+    def asyncio_function(function: Any) -> bool:
+        import inspect
+
+        return inspect.iscoroutinefunction(function)
+
+    import gateway.app as _app
+    from adapters.triton import client as _client
+    from adapters.triton import http as _http
+    from gateway.catalog.text import prompts as _prompts
+    from gateway.core import generation as _generation
+    from gateway.observability import Observability
+    from gateway.openai import pipeline as _pipeline
+    from gateway.tenancy.admission import Admission
+    from gateway.tenancy.service import Tenancy
+
+    _create_app = _app.create_app
+
+    def create_app(*args: Any, **kwargs: Any) -> Any:
+        app = _create_app(*args, **kwargs)
+        handler = app.asgi_handler
+
+        async def marked(scope: Any, receive: Any, send: Any) -> None:
+            if scope["type"] != "http" or not scope["path"].startswith("/v1/"):
+                await handler(scope, receive, send)
+                return
+            probe = dict(scope["headers"]).get(b"x-probe-id", b"").decode()
+            marks = {"asgi.entry": _now()}
+            _marks.set(marks)
+            sent = 0
+
+            async def send_marked(message: Any) -> None:
+                nonlocal sent
+                if message["type"] == "http.response.start":
+                    marks["response.start"] = _now()
+                elif message["type"] == "http.response.body" and sent == 0:
+                    sent = 1
+                    marks["first_body.send"] = _now()
+                await send(message)
+
+            try:
+                await handler(scope, receive, send_marked)
+            finally:
+                _out.write(json.dumps({"probe": probe, **marks}) + "\n")
+
+        app.asgi_handler = marked
+        return app
+
+    _app.create_app = create_app
+    _around(Observability, "_open", "observe.open")
+    _around(_pipeline.CompletionPipeline, "answer", "pipeline")
+    _around(Tenancy, "authenticate", "auth")
+    _around(_pipeline, "decode_body", "body.decode")
+    _around(_pipeline.CompletionPipeline, "_plan", "plan")
+    _around(_prompts.PromptTokenizer, "text_prompt", "tokenize")
+    _around(_prompts.PromptTokenizer, "chat_prompt", "tokenize")
+    _around(Tenancy, "admission", "admission.send")
+    _around(Admission, "admitted", "admission.wait")
+    _around(_generation.GenerationService, "events", "events")
+    _around(_client, "build_inputs", "triton.inputs")
+    _around(_http.HttpCall, "_send", "triton.send")
+    _around(_http.ChunkedEvents, "feed", "triton.first_bytes")
+    _around(_http, "reply_of", "triton.first_reply")

@@ -1,0 +1,29 @@
+"""The first-token probe's step table: marks of several requests into median gaps, in order."""
+
+from __future__ import annotations
+
+from tests.benchmarks.first_token import steps
+
+
+def test_steps_are_ordered_by_when_requests_reach_them_and_gaps_are_medians() -> None:
+    marks = [
+        {"client.send": 0, "asgi.entry": 300, "plan.start": 400, "client.first_token": 5000},
+        {"client.send": 10, "plan.start": 600, "asgi.entry": 250, "client.first_token": 7010},
+        {"client.send": 20, "asgi.entry": 420, "plan.start": 520, "client.first_token": 6020},
+    ]
+    assert steps(marks) == [
+        ("client.send → asgi.entry", 0.3),
+        ("asgi.entry → plan.start", 0.1),
+        ("plan.start → client.first_token", 5.5),
+    ]
+
+
+def test_a_step_some_requests_skip_counts_only_those_that_reached_it() -> None:
+    marks = [
+        {"client.send": 0, "images.start": 100, "client.first_token": 1000},
+        {"client.send": 0, "client.first_token": 3000},
+    ]
+    assert steps(marks) == [
+        ("client.send → images.start", 0.1),
+        ("images.start → client.first_token", 0.9),
+    ]

@@ -38,9 +38,9 @@ import itertools
 import json
 import multiprocessing
 import os
-import platform
 import tempfile
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -52,7 +52,7 @@ from deploy.sidecar.supervisor import Sidecar, sidecar_from_spec
 from gateway.catalog.text.hub import load_tokenizer
 from gateway.catalog.text.prompts import PromptTokenizer
 from gateway.tenancy.keys import digest
-from tests.benchmarks.capacity_report import render_markdown, render_plot
+from tests.benchmarks.capacity_report import render_markdown, render_plot, report_of
 from tests.benchmarks.loadgen import HttpClient, Sample, run_level
 from tests.benchmarks.relay import relay_process
 from tests.benchmarks.serving import cpu_seconds
@@ -283,7 +283,11 @@ def chat_ids(vocabulary: Any) -> list[int]:
     return list(prompt.ids)
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
+def run(
+    args: argparse.Namespace, written: Callable[[dict[str, Any]], None] | None = None
+) -> dict[str, Any]:
+    """Every round of every target; ``written`` gets the report so far after each round, so a
+    run cut short keeps the rounds it finished."""
     tokenizer = Path(args.tokenizer) if args.tokenizer else ensure_tiny_model()
     vocabulary = load_tokenizer(str(tokenizer))
     ids = vocabulary.encode(PROMPT, add_special_tokens=True)
@@ -325,39 +329,19 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                                       {**triton, "gateway": process.pid}))  # fmt: skip
             for round_ in range(args.rounds):
                 rows.extend(measure_round(targets, args, round_))
+                if written is not None:
+                    written(
+                        report_of(
+                            args,
+                            [asdict(row) for row in rows],
+                            len(ids),
+                            len(templated),
+                            round_ + 1,
+                        )
+                    )
     finally:
         sidecar.stop()
-    return {
-        "machine": {
-            "host": platform.node(),
-            "cpus": os.cpu_count(),
-            "cpu_model": _cpu_model(),
-            "python": platform.python_version(),
-        },
-        "date": time.strftime("%Y-%m-%d %H:%M"),
-        "conditions": {
-            "rate_tokens_per_s_per_stream": args.rate,
-            "tokens": args.tokens,
-            "prompt_tokens": len(ids),
-            "chat_prompt_tokens": len(templated),
-            "engine_instances": args.instances,
-            "seconds_per_level": args.seconds,
-            "client_processes": args.clients,
-            "rounds": args.rounds,
-            "arrivals": args.arrivals,
-        },
-        "rows": [asdict(row) for row in rows],
-    }
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
+    return report_of(args, [asdict(row) for row in rows], len(ids), len(templated), args.rounds)
 
 
 def main() -> None:
@@ -397,11 +381,15 @@ def main() -> None:
     parser.add_argument("--tokenizer", help="tokenizer folder (default: the tiny model's)")
     parser.add_argument("--text-env", help="text_python_env of the sidecar (numpy < 2)")
     args = parser.parse_args()
-    report = run(args)
-    args.out.mkdir(parents=True, exist_ok=True)
-    stem = args.out / f"capacity-{report['machine']['cpus']}cpu"
-    stem.with_suffix(".json").write_text(json.dumps(report, indent=1))
-    stem.with_suffix(".md").write_text(render_markdown(report))
+    stem = args.out / f"capacity-{os.cpu_count()}cpu"
+
+    def write(report: dict[str, Any]) -> None:
+        args.out.mkdir(parents=True, exist_ok=True)
+        stem.with_suffix(".json").write_text(json.dumps(report, indent=1))
+        stem.with_suffix(".md").write_text(render_markdown(report))
+
+    report = run(args, write)
+    write(report)
     render_plot(report, stem.with_suffix(".png"))
     print(render_markdown(report))
 

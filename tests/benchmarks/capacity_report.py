@@ -3,7 +3,11 @@ plot of tokens/s and time to first token (``tests/benchmarks/capacity.py`` measu
 
 from __future__ import annotations
 
+import argparse
+import os
+import platform
 import statistics
+import time
 from pathlib import Path
 from typing import Any
 
@@ -132,3 +136,44 @@ def render_plot(report: dict[str, Any], path: Path) -> None:
     figure.suptitle("Gateway against direct Triton, paced load-test engine")
     figure.tight_layout()
     figure.savefig(path, dpi=110)
+
+
+def report_of(
+    args: argparse.Namespace,
+    rows: list[dict[str, Any]],
+    prompt: int,
+    chat_prompt: int,
+    rounds: int,
+) -> dict[str, Any]:
+    """A run's report: the machine, the conditions and every row measured in ``rounds``."""
+    return {
+        "machine": {
+            "host": platform.node(),
+            "cpus": os.cpu_count(),
+            "cpu_model": _cpu_model(),
+            "python": platform.python_version(),
+        },
+        "date": time.strftime("%Y-%m-%d %H:%M"),
+        "conditions": {
+            "rate_tokens_per_s_per_stream": args.rate,
+            "tokens": args.tokens,
+            "prompt_tokens": prompt,
+            "chat_prompt_tokens": chat_prompt,
+            "engine_instances": args.instances,
+            "seconds_per_level": args.seconds,
+            "client_processes": args.clients,
+            "rounds": rounds,
+            "arrivals": args.arrivals,
+        },
+        "rows": rows,
+    }
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()

@@ -33,6 +33,10 @@ TENANTS = {
     "small": TenantPolicy(name="small", tokens_per_minute=120, burst=1.0),
     "pair": TenantPolicy(name="pair", max_concurrency=2, tokens_per_minute=60_000),
     **{
+        name: TenantPolicy(name=name, requests_per_minute=1, burst=1.0)
+        for name in ("once-whole", "once-stream")
+    },
+    **{
         name: TenantPolicy(name=name, max_tokens=CAP, tokens_per_minute=TPM)
         for name in ("capped", "capped-chat", "ref-chat", "capped-text", "ref-text")
     },
@@ -179,12 +183,12 @@ def test_a_refused_request_never_reaches_triton(
     """With Redis the admission is answered while the Triton request is built: it still gates
     the sending, with the 429 and its headers as before."""
     body = {"model": "tiny", "prompt": "The cat", "max_tokens": 2, "stream": stream}
-    time.sleep(1.1)  # the tenant's one request a second is back
-    admitted = gateway.post("/v1/completions", body, KEYS["slow"])
-    assert admitted.status_code == 200 and admitted.headers["x-ratelimit-limit-requests"] == "60"
+    key = KEYS["once-stream" if stream else "once-whole"]  # one request a minute
+    admitted = gateway.post("/v1/completions", body, key)
+    assert admitted.status_code == 200 and admitted.headers["x-ratelimit-limit-requests"] == "1"
     sent = _triton_requests(sidecar)
     assert sent > 0
-    refused = gateway.post("/v1/completions", body, KEYS["slow"])
+    refused = gateway.post("/v1/completions", body, key)
     assert refused.status_code == 429
     assert _error(refused)["code"] == "rate_limit_exceeded"
     assert refused.headers["x-ratelimit-remaining-requests"] == "0"

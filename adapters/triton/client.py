@@ -200,6 +200,9 @@ class TritonBackend:
         """The stream of a LoRA request: the adapter's weights go with its first request to a
         server, and again once if the engine evicted them before any output."""
         assert request.lora is not None
+        if request.admitted is not None:
+            # Admitted before an adapter load is counted: a refused request loads nothing.
+            await request.admitted()
         deadline = asyncio.get_running_loop().time() + request.timeout_s
         lora_key = (target.url, target.triton_model, request.lora.task_id)
         send_weights = lora_key not in self._lora_sent
@@ -277,15 +280,22 @@ class TritonBackend:
         its responses to the exchange, release the call."""
         if deadline is None:
             deadline = asyncio.get_running_loop().time() + request.timeout_s
-        with map_triton_errors(f"describing {target.triton_model}"):
-            model = await self.describe(target, deadline=deadline)
-        request_id = f"{request.request_id or 'gen'}-{secrets.token_hex(6)}"
-        exchange = Exchange.of(request, model)
-        tensors = build_inputs(request, model, lora_weights=send_weights)
-        if request.params.beam is not None:
-            tensors.extend(
-                beam_inputs(request.params.beam, model, logprobs=request.params.logprobs)
-            )
+        try:
+            with map_triton_errors(f"describing {target.triton_model}"):
+                model = await self.describe(target, deadline=deadline)
+            request_id = f"{request.request_id or 'gen'}-{secrets.token_hex(6)}"
+            exchange = Exchange.of(request, model)
+            tensors = build_inputs(request, model, lora_weights=send_weights)
+            if request.params.beam is not None:
+                tensors.extend(
+                    beam_inputs(request.params.beam, model, logprobs=request.params.logprobs)
+                )
+        except Exception:
+            # The admission answers first, as it did before the request was prepared: a refusal
+            # is the request's answer, and an admitted one's error carries its quota.
+            if request.admitted is not None:
+                await request.admitted()
+            raise
         operation = f"request {request_id} to {target.triton_model}"
         if request.admitted is not None:
             await request.admitted()

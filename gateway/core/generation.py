@@ -300,13 +300,24 @@ class GenerationService:
                 "gen_ai.request.choice.count": len(plan.choices),
                 "triton.model": model.target.triton_model,
                 "triton.request_id": request_id,
-            }
+            },
+            sent=admitted is None,
         )
         error: BaseException | None = None
         tokens = model.tokenizer if model.target.kind == "tensorrt_llm" else None
         runner = ChoiceRunner(
             self._opener(model, watch), model, logprobs=plan.logprobs, meter=meter
         )
+        gate: Callable[[], Awaitable[None]] | None = None
+        if admitted is not None:
+            admission = admitted
+
+            async def admitted_then_sent() -> None:
+                await admission()
+                watch.sent()
+
+            gate = admitted_then_sent
+
         try:
             trace_headers = watch.trace_headers()
 
@@ -323,7 +334,7 @@ class GenerationService:
                     lora=model.adapter,
                     trace_headers=trace_headers,
                     images=spec.prompt.images,
-                    admitted=admitted,
+                    admitted=gate,
                 )
 
             if plan.choices[0].params.beam is not None:
@@ -337,13 +348,13 @@ class GenerationService:
                 streams = [runner.run(spec, request_of(spec)) for spec in plan.choices]
             merged = single(streams[0], self._timeout_s) if len(streams) == 1 else None
             async with aclosing(merged or merge(streams, self._timeout_s)) as events:
-                gate = admitted
+                waiting = gate
                 async for event in events:
-                    if gate is not None:
+                    if waiting is not None:
                         # Answered already (the backend waited for it before sending): nothing
                         # is passed on for a request that was not admitted, whatever the backend.
-                        await gate()
-                        gate = None
+                        await waiting()
+                        waiting = None
                     if isinstance(event, ChoiceEnd):
                         watch.ended(
                             event.prompt_index,

@@ -69,16 +69,24 @@ class ObservabilitySettings(msgspec.Struct, frozen=True, kw_only=True, forbid_un
 class GenerationWatch:
     """One request's Triton call: its span, queue time, first token, token gaps and usage."""
 
-    def __init__(self, owner: Observability, record: RequestRecord | None, span: Span) -> None:
+    def __init__(
+        self, owner: Observability, record: RequestRecord | None, span: Span, *, sent: bool = True
+    ) -> None:
         self._owner = owner
         self._record = record
         self.span = span
         self._last: dict[int, float] = {}
         self._prompts: dict[int, int] = {}
         self._gaps = owner.metrics.token_gaps(record) if record is not None else None
-        if record is not None:
+        if sent:
+            self.sent()
+
+    def sent(self) -> None:
+        """The call goes to Triton now (its admission answered): the request's queue time."""
+        record = self._record
+        if record is not None and record.queue_s is None:
             record.queue_s = record.elapsed()
-            owner.metrics.record_queue(record)
+            self._owner.metrics.record_queue(record)
 
     def replica(self, name: str, address: str) -> None:
         """The call went to replica ``name`` at ``address`` (``host:port``) of the model."""
@@ -175,12 +183,12 @@ class Observability:
         """A child span of the current request (templating, authentication, admission)."""
         return self.tracing.step(name)
 
-    def generation(self, attributes: dict[str, Any]) -> GenerationWatch:
-        """Start watching the current request's Triton call."""
+    def generation(self, attributes: dict[str, Any], *, sent: bool = True) -> GenerationWatch:
+        """Start watching the current request's Triton call (sent now, or at ``sent()``)."""
         record = current()
         parent = record.span if record is not None else None
         span = self.tracing.child(parent, "triton.generate", SpanKind.CLIENT, attributes)
-        return GenerationWatch(self, record, span)
+        return GenerationWatch(self, record, span, sent=sent)
 
     def middleware(
         self, on_start: Callable[[], None], on_end: Callable[[], None]

@@ -10,6 +10,7 @@ reaches Triton. The memory store decides at once and has nothing to overlap.
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Awaitable
 from typing import Protocol
 
@@ -67,18 +68,37 @@ class Admission:
         self._show(await asyncio.shield(self._answer))
 
     async def settle(self, used: int) -> None:
-        """Settle the ticket with ``used`` tokens if the request was admitted."""
+        """Settle the ticket with ``used`` tokens if the request was admitted (its headers then
+        go into the answer's, an error's included)."""
         answer = self._answer
         if not answer.done():
             # The store's answer (its call has a timeout shorter than the bound), even while
             # this request is being cancelled.
             with anyio.move_on_after(self._bound_s, shield=True):
                 await asyncio.wait([answer])
-        if not answer.done() or answer.cancelled() or answer.exception() is not None:
+        if not answer.done():
+            # Later than its own timeout allows: settled in the background when it comes.
+            answer.add_done_callback(functools.partial(_settle_later, used=used))
             return
-        await answer.result().settle_shielded(used)
+        if answer.cancelled() or answer.exception() is not None:
+            return
+        ticket = answer.result()
+        self._show(ticket)
+        await ticket.settle_shielded(used)
 
     def _show(self, ticket: Ticket) -> None:
         if not self._shown:
             self._shown = True
             self._headers.update(ticket.headers())
+
+
+_LATE: set[asyncio.Task[None]] = set()
+"""Settlements of admissions answered after their request gave up waiting."""
+
+
+def _settle_later(answer: asyncio.Future[Ticket], used: int) -> None:
+    if answer.cancelled() or answer.exception() is not None:
+        return
+    task = asyncio.ensure_future(answer.result().settle_shielded(used))
+    _LATE.add(task)
+    task.add_done_callback(_LATE.discard)

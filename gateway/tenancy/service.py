@@ -213,7 +213,8 @@ class Tenancy:
 
     def admit(self, tenant: TenantPolicy, plan: Plan) -> Awaitable[Ticket]:
         """Reserve the plan's worst case against every limit of the tenant, or refuse it (when
-        awaited); a shared store's command is on its way when this returns."""
+        awaited). A shared store's command is on its way when this returns, so the result must
+        be awaited and its ticket settled (``admission`` sees to both)."""
         limits = Limits.of(tenant)
         tokens = reservation(plan)
         self._check_fits(limits, tokens)

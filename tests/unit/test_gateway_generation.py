@@ -220,3 +220,37 @@ async def test_a_beam_search_closed_after_its_answer_is_charged_every_beam(
     assert isinstance(first, TextDelta) and first.text == "aa"
     await events.aclose()
     assert meter.total() == 3 + 4 + 5 + 6
+
+
+async def test_every_choice_waits_for_its_admission_and_a_refusal_sends_nothing(
+    served: ServedModel,
+) -> None:
+    answered = asyncio.get_running_loop().create_future()
+
+    async def admitted() -> None:
+        await asyncio.shield(answered)
+
+    backend = ScriptedBackend(chunks("x", "y"))
+    events = GenerationService(backend, timeout_s=5).events(served, plan(3), admitted=admitted)
+    first = asyncio.ensure_future(anext(events))
+    await asyncio.sleep(0.05)
+    assert not first.done() and backend.requests == []
+    answered.set_exception(PermissionError("refused"))
+    with pytest.raises(PermissionError):
+        await first
+    await events.aclose()
+    assert backend.requests == []
+
+
+async def test_an_admitted_request_runs_every_choice(served: ServedModel) -> None:
+    waited = 0
+
+    async def admitted() -> None:
+        nonlocal waited
+        waited += 1
+
+    backend = ScriptedBackend(chunks("x", "y"))
+    service = GenerationService(backend, timeout_s=5)
+    events = [e async for e in service.events(served, plan(2), admitted=admitted)]
+    assert sorted(e.index for e in events if isinstance(e, ChoiceEnd)) == [0, 1]
+    assert waited >= 2 and len(backend.requests) == 2

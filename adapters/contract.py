@@ -168,6 +168,11 @@ class GenerationRequest:
     admission, answered meanwhile. What it raises ends the request, which never reached the
     server, and is passed on as it is."""
 
+    async def wait_admitted(self) -> None:
+        """Await ``admitted``, where the caller gave one."""
+        if self.admitted is not None:
+            await self.admitted()
+
 
 @dataclass(frozen=True, slots=True)
 class Beam:
@@ -208,7 +213,7 @@ class Backend(Protocol):
         self, target: ModelTarget, request: GenerationRequest
     ) -> AsyncIterator[TokenChunk]:
         """Stream the completion of one prompt; cancelling the iteration cancels the request.
-        ``request.admitted`` is awaited before anything of it is sent."""
+        ``request.wait_admitted()`` is awaited before anything of it is sent."""
         ...
 
     async def is_ready(self, target: ModelTarget) -> bool:

@@ -53,8 +53,7 @@ class ScriptedBackend:
         self, target: ModelTarget, request: GenerationRequest
     ) -> AsyncIterator[TokenChunk]:
         """Replay the script; a stream closed before its end is recorded in ``closed_early``."""
-        if request.admitted is not None:
-            await request.admitted()
+        await request.wait_admitted()
         self.requests.append(request)
         self.urls.append(target.url)
         if target.url in self.down:

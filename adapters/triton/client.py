@@ -200,9 +200,8 @@ class TritonBackend:
         """The stream of a LoRA request: the adapter's weights go with its first request to a
         server, and again once if the engine evicted them before any output."""
         assert request.lora is not None
-        if request.admitted is not None:
-            # Admitted before an adapter load is counted: a refused request loads nothing.
-            await request.admitted()
+        # Admitted before an adapter load is counted: a refused request loads nothing.
+        await request.wait_admitted()
         deadline = asyncio.get_running_loop().time() + request.timeout_s
         lora_key = (target.url, target.triton_model, request.lora.task_id)
         send_weights = lora_key not in self._lora_sent
@@ -293,12 +292,10 @@ class TritonBackend:
         except Exception:
             # The admission answers first, as it did before the request was prepared: a refusal
             # is the request's answer, and an admitted one's error carries its quota.
-            if request.admitted is not None:
-                await request.admitted()
+            await request.wait_admitted()
             raise
         operation = f"request {request_id} to {target.triton_model}"
-        if request.admitted is not None:
-            await request.admitted()
+        await request.wait_admitted()
         call = self._call(target, request, request_id, tensors, exchange, deadline)
         logger.debug("%s: streaming=%s via %s", operation, exchange.streaming, type(call).__name__)
         try:

@@ -74,9 +74,8 @@ async def stream(
 ) -> AsyncGenerator[TokenChunk, None]:
     """The chunks of ``request`` from a replica of ``pool``; one failure before the first
     token moves it to another replica, later failures end it (in-band for a running stream)."""
-    if request.admitted is not None:
-        # Admitted before a replica is picked: a refused request counts against none.
-        await request.admitted()
+    # Admitted before a replica is picked: a refused request counts against none.
+    await request.wait_admitted()
     tried: list[Replica] = []
     while True:
         replica = pool.pick(request, exclude=tried).replica

@@ -3,9 +3,9 @@
 ``authenticate`` turns credentials into a tenant (401 otherwise). ``admit`` reserves a request's
 worst case (its prompt plus every choice's ``max_tokens``) against the tenant's limits in one
 store call and returns a ``Ticket`` (``admission``: a shared store answers while the request is
-prepared); the ticket meters what the request really used and gives
-the rest back when its events end, whether they end normally, with an error or because the
-client left. Every answer carries OpenAI's ``x-ratelimit-*`` headers.
+prepared); the ticket meters what the request really used and gives the rest back when its
+events end, whether they end normally, with an error or because the client left. Every answer
+carries OpenAI's ``x-ratelimit-*`` headers.
 """
 
 from __future__ import annotations

@@ -296,6 +296,7 @@ def run(
     workdir = Path(tempfile.mkdtemp(prefix="capacity-"))
     sidecar = start_triton(args, tokenizer, workdir, word)
     rows: list[Row] = []
+    report = report_of(args, [], len(ids), len(templated), 0)
     direct = {"path": f"/v2/models/{ENGINE_MODEL}/generate_stream", "direct": True,
               "body": {"input_ids": list(ids), "input_lengths": [len(ids)],
                        "request_output_len": [args.tokens], "streaming": [True]}}  # fmt: skip
@@ -329,19 +330,14 @@ def run(
                                       {**triton, "gateway": process.pid}))  # fmt: skip
             for round_ in range(args.rounds):
                 rows.extend(measure_round(targets, args, round_))
+                report = report_of(
+                    args, [asdict(row) for row in rows], len(ids), len(templated), round_ + 1
+                )
                 if written is not None:
-                    written(
-                        report_of(
-                            args,
-                            [asdict(row) for row in rows],
-                            len(ids),
-                            len(templated),
-                            round_ + 1,
-                        )
-                    )
+                    written(report)
     finally:
         sidecar.stop()
-    return report_of(args, [asdict(row) for row in rows], len(ids), len(templated), args.rounds)
+    return report
 
 
 def main() -> None:
@@ -389,7 +385,7 @@ def main() -> None:
         stem.with_suffix(".md").write_text(render_markdown(report))
 
     report = run(args, write)
-    write(report)
+    write(report)  # a run of no rounds has its report too
     render_plot(report, stem.with_suffix(".png"))
     print(render_markdown(report))
 

@@ -14,6 +14,7 @@ import os
 if os.environ.get("FIRST_TOKEN_MARKS"):
     import contextvars
     import functools
+    import inspect
     import json
     import time
     from typing import Any
@@ -33,7 +34,7 @@ if os.environ.get("FIRST_TOKEN_MARKS"):
 
     def _around(owner: Any, name: str, label: str) -> None:
         original = getattr(owner, name)
-        if asyncio_function(original):
+        if inspect.iscoroutinefunction(original):
 
             @functools.wraps(original)
             async def wrapped_async(*args: Any, **kwargs: Any) -> Any:
@@ -55,11 +56,6 @@ if os.environ.get("FIRST_TOKEN_MARKS"):
                 _mark(f"{label}.end")
 
         setattr(owner, name, wrapped)
-
-    def asyncio_function(function: Any) -> bool:
-        import inspect
-
-        return inspect.iscoroutinefunction(function)
 
     import gateway.app as _app
     from adapters.triton import client as _client

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import os
 import shutil
 import signal
 import subprocess
@@ -53,3 +54,10 @@ def dying_with_parent(command: list[str]) -> tuple[list[str], Callable[[], None]
     if setpriv is not None:
         return [setpriv, "--pdeathsig", "TERM", "--", *command], None
     return command, _die_with_parent
+
+
+def follow_parent(parent_pid: int) -> bool:
+    """In a started process: get SIGTERM when ``parent_pid``, the process (and thread) that
+    started this one, dies. ``False`` when it has died already, before the signal was set."""
+    _die_with_parent()
+    return os.getppid() == parent_pid

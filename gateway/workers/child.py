@@ -13,8 +13,16 @@ CANNOT_SERVE = 3
 """A worker's exit status when its configuration can never be served (the parent gives up)."""
 
 
-def run_worker(payload: bytes, index: int, shared_sidecars: str | None) -> None:
-    """Serve until the parent's signal drains this worker (the spawned process's target)."""
+def run_worker(payload: bytes, index: int, shared_sidecars: str | None, parent_pid: int) -> None:
+    """Serve until the parent's signal drains this worker (the spawned process's target).
+
+    A parent that dies without passing a signal on (killed outright) drains it too: the worker
+    gets SIGTERM then (``PR_SET_PDEATHSIG``), and one whose parent is gone already never starts.
+    """
+    from deploy.sidecar.parentdeath import follow_parent
+
+    if not follow_parent(parent_pid):
+        sys.exit(f"error: worker {index}: its parent (pid {parent_pid}) is gone")
     from gateway.app import WorkerContext, create_app
     from gateway.observability import configure_logging
     from gateway.server import reuse_port_socket, run

@@ -112,7 +112,9 @@ class Pool:
     def _start_worker(self, index: int, payload: bytes) -> None:
         shared = str(self.state_file) if self.sidecars else None
         process = self._context.Process(
-            target=run_worker, args=(payload, index, shared), name=f"gateway-worker-{index}"
+            target=run_worker,
+            args=(payload, index, shared, os.getpid()),
+            name=f"gateway-worker-{index}",
         )
         process.start()
         self._workers[index] = process

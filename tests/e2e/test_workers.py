@@ -36,6 +36,8 @@ KEY = new_key()
 class Gateway:
     url: str
     process: subprocess.Popen[bytes]
+    store: str
+    """``embedded`` (the gateway runs its own Redis) or ``configured``."""
 
     @property
     def port(self) -> int:
@@ -74,7 +76,7 @@ def gateway(
     workdir = tmp_path_factory.mktemp(f"workers-{request.param}")
     url, process = serve_process(_config(tiny_model_dir, store), workdir, "workers", 120)
     try:
-        yield Gateway(url, process)
+        yield Gateway(url, process, request.param)
     finally:
         if process.poll() is None:
             stop_process(process)
@@ -207,7 +209,27 @@ def test_token_gaps_of_every_worker_reach_the_metrics(gateway: Gateway) -> None:
     assert scraped == [float(gaps)] * 6
 
 
+def test_a_killed_gateway_takes_its_workers_along(gateway: Gateway) -> None:
+    """Killed outright, the parent passes no signal on: each worker and the sidecar get one
+    from the kernel and exit. (The embedded Redis does the same: ``test_sidecar_orphans``.)"""
+    if gateway.store != "configured":
+        pytest.skip("the SIGTERM drain ends the embedded gateway's run")
+    assert len(gateway.workers()) == WORKERS
+    # The workers, the sidecar's tritonserver and its stubs, multiprocessing's tracker.
+    children = psutil.Process(gateway.process.pid).children(recursive=True)
+    gateway.process.send_signal(signal.SIGKILL)
+    gateway.process.wait(10)
+    deadline = time.monotonic() + 30
+    while (left := [c.pid for c in children if _alive(c.pid)]) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert left == [], [psutil.Process(pid).cmdline() for pid in left if _alive(pid)]
+    with pytest.raises(httpx.ConnectError):
+        _fresh(gateway, "GET", "/v1/models")
+
+
 def test_sigterm_drains_streams_on_every_worker(gateway: Gateway) -> None:
+    if gateway.store != "embedded":
+        pytest.skip("the configured gateway's run ended with its parent killed")
     body = {"model": "lt", "prompt": "hello", "max_tokens": 300, "stream": True,
             "stream_options": {"include_usage": True}}  # fmt: skip
     patched = _fresh(

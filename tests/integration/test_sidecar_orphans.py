@@ -7,6 +7,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -74,3 +75,35 @@ def test_without_setpriv_the_command_is_unchanged_and_prctl_runs_in_the_child(
     command, preexec = parentdeath.dying_with_parent(["tritonserver", "--model-repository=/m"])
     assert command == ["tritonserver", "--model-repository=/m"]
     assert preexec is parentdeath._die_with_parent
+
+
+EMBEDDED = textwrap.dedent(
+    """
+    import sys, time
+    from pathlib import Path
+    from gateway.workers.redis import EmbeddedRedis
+
+    redis = EmbeddedRedis(Path(sys.argv[1])).start()
+    print(redis._process.pid, flush=True)
+    time.sleep(600)
+    """
+)
+
+
+def test_the_embedded_redis_exits_when_its_gateway_is_killed(tmp_path: Path) -> None:
+    parent = subprocess.Popen(
+        [sys.executable, "-c", EMBEDDED, str(tmp_path)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert parent.stdout is not None
+        server = psutil.Process(int(parent.stdout.readline()))
+        assert "redis-server" in server.name() and _alive(server)
+        parent.send_signal(signal.SIGKILL)
+        parent.wait(10)
+        deadline = time.monotonic() + 10
+        while _alive(server):
+            assert time.monotonic() < deadline, "the embedded redis-server outlived its gateway"
+            time.sleep(0.05)
+    finally:
+        parent.kill()
+        parent.wait()

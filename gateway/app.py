@@ -21,12 +21,7 @@ from gateway.catalog.lora import routes as lora_admin
 from gateway.catalog.lora.board import AdapterBoard
 from gateway.catalog.registry import ModelRegistry
 from gateway.http import docs
-from gateway.http.errors import (
-    ClientDisconnected,
-    ServiceUnavailableError,
-    from_http_exception,
-    to_api_error,
-)
+from gateway.http.errors import ClientDisconnected, from_http_exception, to_api_error
 from gateway.observability import Observability
 from gateway.openai.chat import routes as chat
 from gateway.openai.completions import routes as completions
@@ -80,12 +75,7 @@ async def refuse_when_draining(request: Request[Any, Any, Any]) -> None:
     Async: litestar runs a synchronous hook in a worker thread, on every request.
     """
     runtime: Runtime = request.app.state.runtime
-    if runtime.lifecycle.refusing:
-        raise ServiceUnavailableError(
-            "The gateway is shutting down; retry on another replica.",
-            code="shutting_down",
-            headers={"Retry-After": str(runtime.settings.limits.retry_after_s)},
-        )
+    runtime.lifecycle.refuse_if_draining(runtime.settings.limits.retry_after_s)
 
 
 def _runtime(state: State) -> Runtime:
@@ -104,10 +94,6 @@ def _board(state: State) -> AdapterBoard:
     return state.runtime.adapter_board  # type: ignore[no-any-return]
 
 
-def _pipeline(state: State) -> CompletionPipeline:
-    return state.pipeline  # type: ignore[no-any-return]
-
-
 def dependencies() -> dict[str, Provide]:
     """Services for handlers, read from the app's state (built once at start). Fresh per app:
     a cached ``Provide`` keeps the first value it gave."""
@@ -115,7 +101,6 @@ def dependencies() -> dict[str, Provide]:
         "runtime": Provide(_runtime, use_cache=True, sync_to_thread=False),
         "registry": Provide(_registry, use_cache=True, sync_to_thread=False),
         "tenancy": Provide(_tenancy, use_cache=True, sync_to_thread=False),
-        "pipeline": Provide(_pipeline, use_cache=True, sync_to_thread=False),
         "board": Provide(_board, use_cache=True, sync_to_thread=False),
         "audience": Provide(models.audience, sync_to_thread=False),
     }
@@ -195,7 +180,9 @@ def create_app(
                     runtime.tenancy,
                     runtime.registry,
                     observability,
+                    runtime.lifecycle,
                     retry_after_s=settings.limits.retry_after_s,
+                    max_body_bytes=settings.limits.max_body_bytes,
                 )
             except SettingsError as exc:
                 # A configuration that cannot be served: `serve` exits with the reason (no

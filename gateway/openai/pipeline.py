@@ -8,23 +8,32 @@ OpenAI's answers do, whatever failed.
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Callable, Coroutine
+from collections.abc import AsyncGenerator, Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
 import msgspec
-from litestar import Request
+from litestar import asgi
+from litestar.datastructures import Headers
 from litestar.exceptions import HTTPException
-from litestar.types import ASGIApp
+from litestar.handlers import ASGIRouteHandler
+from litestar.types import ASGIApp, HTTPScope, Receive, Scope, Send
 
 from gateway.catalog.registry import ModelRegistry, ServedModel
 from gateway.core.generation import ChoiceResult, Event, GenerationService, UsageMeter, fold
 from gateway.core.plan import Plan
-from gateway.http.answers import JsonAnswer, decode_body, stream_response, until_disconnect
-from gateway.http.errors import ClientDisconnected, to_api_error
+from gateway.http.answers import (
+    JsonAnswer,
+    decode_body,
+    read_body,
+    stream_response,
+    until_disconnect,
+)
+from gateway.http.errors import ClientDisconnected, MethodNotAllowedError, to_api_error
 from gateway.observability import Observability
 from gateway.openai.protocol import SamplingFields
 from gateway.openai.shaping import Header
+from gateway.ops.drain import Lifecycle
 from gateway.tenancy import TenantPolicy
 from gateway.tenancy.service import Tenancy
 
@@ -65,26 +74,30 @@ class CompletionPipeline:
         tenancy: Tenancy,
         registry: ModelRegistry,
         observability: Observability,
+        lifecycle: Lifecycle,
         *,
         retry_after_s: int,
+        max_body_bytes: int,
     ) -> None:
         self.generation = generation
         self.tenancy = tenancy
         self.registry = registry
         self.observability = observability
+        self.lifecycle = lifecycle
         self.retry_after_s = retry_after_s
+        self.max_body_bytes = max_body_bytes
 
-    def caller(self, request: Request[Any, Any, Any]) -> TenantPolicy:
-        """The tenant whose key ``request`` carries."""
+    def caller(self, headers: Mapping[str, str]) -> TenantPolicy:
+        """The tenant whose key the request's ``headers`` carry."""
         with self.observability.step("gateway.auth"):
-            return self.tenancy.authenticate(request.headers)
+            return self.tenancy.authenticate(headers)
 
-    async def answer(self, request: Request[Any, Any, Any], endpoint: Endpoint[Body]) -> ASGIApp:
-        """The answer to ``request``; a failure is raised as the client's error with the
-        caller's rate-limit headers."""
+    async def answer(self, scope: Scope, receive: Receive, endpoint: Endpoint[Body]) -> ASGIApp:
+        """The answer to the request of ``scope``; a failure is raised as the client's error
+        with the caller's rate-limit headers."""
         headers: dict[str, str] = {}
         try:
-            return await self._answer(request, endpoint, headers)
+            return await self._answer(scope, receive, endpoint, headers)
         except (ClientDisconnected, HTTPException):
             raise
         except Exception as exc:
@@ -93,13 +106,14 @@ class CompletionPipeline:
             raise error from exc
 
     async def _answer(
-        self, request: Request[Any, Any, Any], endpoint: Endpoint[Body], headers: dict[str, str]
+        self, scope: Scope, receive: Receive, endpoint: Endpoint[Body], headers: dict[str, str]
     ) -> ASGIApp:
-        tenant = self.caller(request)
+        self.lifecycle.refuse_if_draining(self.retry_after_s)
+        tenant = self.caller(Headers.from_scope(scope))
         headers.update(self.tenancy.known_headers(tenant))
-        body = decode_body(await request.body(), endpoint.schema)
+        body = decode_body(await read_body(scope, receive, self.max_body_bytes), endpoint.schema)
         model = self.registry.get(body.model, tenant.allows_model, tenant.allows_adapter)
-        plan = await self._plan(request, tenant, model, endpoint, body)
+        plan = await self._plan(receive, tenant, model, endpoint, body)
         with self.observability.step("gateway.rate_limit"):
             # A shared store answers while the Triton request is built: it is sent admitted.
             admission = await self.tenancy.admission(tenant, plan, headers)
@@ -114,20 +128,20 @@ class CompletionPipeline:
             if plan.images is not None:
                 await admission.admitted()
                 with self.observability.step("gateway.images"):
-                    plan = await until_disconnect(request.receive, plan.with_images())
+                    plan = await until_disconnect(receive, plan.with_images())
             events = self.generation.events(
                 model, plan, meter, priority=tenant.priority, admitted=admission.admitted
             )
             if plan.stream:
                 # Once the stream is answered, it settles the ticket when it ends, however.
                 return await stream_response(
-                    request.receive,
+                    receive,
                     endpoint.chunks(plan, events, header),
                     retry_after_s=self.retry_after_s,
                     headers=headers,
                     on_close=settle,
                 )
-            results = await until_disconnect(request.receive, fold(plan, events))
+            results = await until_disconnect(receive, fold(plan, events))
             await settle()
             return JsonAnswer(endpoint.whole(plan, results, header), headers)
         except BaseException:
@@ -137,7 +151,7 @@ class CompletionPipeline:
 
     async def _plan(
         self,
-        request: Request[Any, Any, Any],
+        receive: Receive,
         tenant: TenantPolicy,
         model: ServedModel,
         endpoint: Endpoint[Body],
@@ -150,4 +164,20 @@ class CompletionPipeline:
         self.observability.serving(base, adapter, tenant.name, endpoint.operation)
         planning = endpoint.planner(model, body, max_tokens_cap=tenant.max_tokens)
         with self.observability.step("gateway.template"):
-            return await until_disconnect(request.receive, planning)
+            return await until_disconnect(receive, planning)
+
+
+def route(path: str, endpoint: Endpoint[Any]) -> ASGIRouteHandler:
+    """``POST path`` answered by ``endpoint``: a plain ASGI handler inside the app's middleware
+    and error handling, without the framework's per-request parsing of parameters and
+    injection of dependencies (the pipeline is read from the app's state)."""
+
+    async def handle(scope: HTTPScope, receive: Receive, send: Send) -> None:
+        method = scope["method"]
+        if method != "POST":
+            raise MethodNotAllowedError(f"Method {method} is not allowed for {path}.")
+        pipeline: CompletionPipeline = scope["litestar_app"].state.pipeline
+        answer = await pipeline.answer(scope, receive, endpoint)
+        await answer(scope, receive, send)
+
+    return asgi(path, copy_scope=False)(handle)

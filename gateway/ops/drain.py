@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from gateway.http.errors import ServiceUnavailableError
+
 logger = logging.getLogger(__name__)
 
 
@@ -30,6 +32,15 @@ class Lifecycle:
     def accepting(self) -> bool:
         """Started, sidecars up, and not shutting down."""
         return self.started and self.sidecars_ready and not self.stopping
+
+    def refuse_if_draining(self, retry_after_s: int) -> None:
+        """Once the drain delay passed, a new API request gets a 503 that sends it elsewhere."""
+        if self.refusing:
+            raise ServiceUnavailableError(
+                "The gateway is shutting down; retry on another replica.",
+                code="shutting_down",
+                headers={"Retry-After": str(retry_after_s)},
+            )
 
     def fail(self, reason: str) -> None:
         """The gateway can never serve: the server exits, non-zero, with ``reason``."""

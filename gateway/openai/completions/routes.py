@@ -2,14 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-from litestar import Request, post
-from litestar.types import ASGIApp
-
 from gateway.openai.completions.plan import plan_completion
 from gateway.openai.completions.shape import completion_chunks, text_completion
-from gateway.openai.pipeline import CompletionPipeline, Endpoint
+from gateway.openai.pipeline import Endpoint, route
 from gateway.openai.protocol import CompletionRequest
 
 TEXT = Endpoint(
@@ -21,10 +16,5 @@ TEXT = Endpoint(
     whole=text_completion,
 )
 
-
-@post("/v1/completions", status_code=200)
-async def create_completion(
-    request: Request[Any, Any, Any], pipeline: CompletionPipeline
-) -> ASGIApp:
-    """Complete one or more prompts, whole or as server-sent events."""
-    return await pipeline.answer(request, TEXT)
+create_completion = route("/v1/completions", TEXT)
+"""Complete one or more prompts, whole or as server-sent events."""

@@ -223,8 +223,6 @@ def test_a_killed_gateway_takes_its_workers_along(gateway: Gateway) -> None:
     while (left := [c.pid for c in children if _alive(c.pid)]) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert left == [], [psutil.Process(pid).cmdline() for pid in left if _alive(pid)]
-    with pytest.raises(httpx.ConnectError):
-        _fresh(gateway, "GET", "/v1/models")
 
 
 def test_sigterm_drains_streams_on_every_worker(gateway: Gateway) -> None:

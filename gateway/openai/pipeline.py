@@ -180,4 +180,5 @@ def route(path: str, endpoint: Endpoint[Any]) -> ASGIRouteHandler:
         answer = await pipeline.answer(scope, receive, endpoint)
         await answer(scope, receive, send)
 
-    return asgi(path, copy_scope=False)(handle)
+    # The framework sees no methods on an ASGI route: the ones it answers are declared here.
+    return asgi(path, copy_scope=False, opt={"methods": ("POST",)})(handle)

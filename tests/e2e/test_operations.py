@@ -83,7 +83,7 @@ def collector() -> Iterator[str]:
     server.shutdown()
 
 
-DRAINED_TOKENS = 1200
+DRAINED_TOKENS = 600
 SPAN_QUEUE = (
     "bsp_max_queue_size=262144",
     "bsp_max_export_batch_size=4096",

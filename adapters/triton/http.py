@@ -61,18 +61,14 @@ def carries(tensors: Sequence[WireTensor]) -> bool:
     """Whether JSON can carry every input: not 16-bit floats (LoRA weights), and no more than one
     dimension besides the batch (Triton's ``generate`` reads a JSON list as one dimension, so
     stop and bad word lists, ``[1, 2, N]``, cannot go that way)."""
-    return all(tensor.datatype in _JSON_TYPES and tensor.array.ndim <= 2 for tensor in tensors)
+    return all(tensor.datatype in _JSON_TYPES and tensor.ndim <= 2 for tensor in tensors)
 
 
 def generate_body(request_id: str, tensors: Sequence[WireTensor], *, priority: int = 0) -> bytes:
     """A ``generate_stream`` request: each input without its batch dimension."""
     body: dict[str, Any] = {"id": request_id}
     for tensor in tensors:
-        array = tensor.array[0] if tensor.array.ndim > 1 else tensor.array
-        if tensor.datatype == "BYTES":
-            body[tensor.name] = [item.decode() for item in array.reshape(-1)]
-        else:
-            body[tensor.name] = array.tolist()
+        body[tensor.name] = tensor.json_value()
     if priority > 0:
         body["parameters"] = {"priority": priority}
     return _encoder.encode(body)

@@ -54,7 +54,7 @@ def build_inputs(
         sampling = _ENGINE_SAMPLING_INPUTS
     else:
         tensors = [
-            WireTensor("text_input", "BYTES", np.array([[request.prompt.encode()]], dtype=object)),
+            WireTensor("text_input", "BYTES", [[request.prompt.encode()]]),
             scalar(model.inputs.get("max_tokens"), "max_tokens", params.max_tokens, "INT32"),
         ]
         sampling = _SAMPLING_INPUTS
@@ -75,7 +75,7 @@ def build_inputs(
         tensors.extend(guide_inputs(params.guide, model))
     if request.lora is not None:
         tensors.extend(lora_inputs(request.lora, model, with_weights=lora_weights))
-    return [_unbatched(tensor) for tensor in tensors] if model.max_batch_size == 0 else tensors
+    return [tensor.unbatched() for tensor in tensors] if model.max_batch_size == 0 else tensors
 
 
 def _sampling(
@@ -139,8 +139,8 @@ def _engine_prompt(request: GenerationRequest, model: ModelInputs) -> list[WireT
     if tokens is None or not request.prompt_ids:
         raise InvalidRequest(f"{model.name} takes token ids: the request has none", param="prompt")
     tensors = [
-        WireTensor("input_ids", "INT32", np.array([request.prompt_ids], dtype=np.int32)),
-        WireTensor("input_lengths", "INT32", np.array([[len(request.prompt_ids)]], np.int32)),
+        WireTensor("input_ids", "INT32", [list(request.prompt_ids)]),
+        WireTensor("input_lengths", "INT32", [[len(request.prompt_ids)]]),
         scalar(model.inputs.get("request_output_len"), "max_tokens", request.params.max_tokens),
     ]
     for name, value in (("end_id", tokens.end_id), ("pad_id", tokens.pad_id)):
@@ -153,7 +153,7 @@ def _stop_words(request: GenerationRequest, model: ModelInputs) -> WireTensor:
     """Stop sequences as text (``stop_words``), or as the engine's ``[1, 2, P]`` id lists."""
     stop = request.params.stop
     if model.has("stop_words"):
-        return WireTensor("stop_words", "BYTES", np.array([[w.encode() for w in stop]], object))
+        return WireTensor("stop_words", "BYTES", [[w.encode() for w in stop]])
     if not model.has("stop_words_list") or request.tokens is None:
         raise InvalidRequest("this model does not support stop sequences", param="stop")
     return WireTensor("stop_words_list", "INT32", word_list(request.tokens.word_ids(stop)))
@@ -256,8 +256,3 @@ def _flags(request: GenerationRequest, model: ModelInputs) -> list[WireTensor]:
     if model.reports_cached_tokens and model.reuse_stats_input is not None:
         flags.append(flag(model.reuse_stats_input, True))
     return flags
-
-
-def _unbatched(tensor: WireTensor) -> WireTensor:
-    """Drop the leading batch dim for a model with ``max_batch_size: 0``."""
-    return WireTensor(tensor.name, tensor.datatype, tensor.array[0])

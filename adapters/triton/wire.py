@@ -1,9 +1,11 @@
 """Triton's tensors on the wire: an input as sent, an output from its raw bytes, and the
-one-value inputs every request carries (flags, texts, scalars in the declared dtype)."""
+one-value inputs every request carries (flags, texts, scalars in the declared dtype).
+
+An input holds an array, or nested lists of one shape that become an array only where the wire
+needs one (gRPC's raw contents): a request sent as JSON over HTTP builds none."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -28,6 +30,7 @@ NUMPY_TYPES: dict[str, type[np.generic]] = {
     "FP32": np.float32,
     "FP64": np.float64,
 }
+_PYTHON_TYPES = {"BOOL": bool, "FP16": float, "FP32": float, "FP64": float}
 _INT_LIMITS = {
     name: (int(np.iinfo(kind).min), int(np.iinfo(kind).max))
     for name, kind in NUMPY_TYPES.items()
@@ -35,13 +38,54 @@ _INT_LIMITS = {
 }
 
 
-@dataclass(frozen=True, slots=True)
 class WireTensor:
-    """One input tensor as sent: name, wire datatype and data with its leading batch dim."""
+    """One input tensor as sent: name, wire datatype and data with its leading batch dim (an
+    array, or nested lists of one shape: ``BYTES`` items as ``bytes``)."""
 
-    name: str
-    datatype: str
-    array: Array
+    __slots__ = ("_array", "_data", "datatype", "name")
+
+    def __init__(self, name: str, datatype: str, data: Array | list[Any]) -> None:
+        self.name = name
+        self.datatype = datatype
+        self._data = data
+        self._array: Array | None = data if isinstance(data, np.ndarray) else None
+
+    def __repr__(self) -> str:
+        return f"WireTensor({self.name!r}, {self.datatype!r}, {self._data!r})"
+
+    @property
+    def array(self) -> Array:
+        """The data as an array of the wire datatype (built on first use)."""
+        if self._array is None:
+            self._array = np.array(self._data, dtype=NUMPY_TYPES.get(self.datatype, object))
+        return self._array
+
+    @property
+    def ndim(self) -> int:
+        """The number of dimensions, the batch dim included."""
+        if self._array is not None:
+            return int(self._array.ndim)
+        depth = 0
+        value: Any = self._data
+        while isinstance(value, list):
+            depth += 1
+            value = value[0] if value else None
+        return depth
+
+    def unbatched(self) -> WireTensor:
+        """The same input without its leading batch dim."""
+        data = self._data
+        inner = data[0] if isinstance(data, list) else self.array[0]
+        return WireTensor(self.name, self.datatype, inner)
+
+    def json_value(self) -> list[Any]:
+        """The data as Triton's JSON ``generate`` reads an input: one list (the batch dim
+        dropped where there is another), texts decoded."""
+        data: Any = self._data if self._array is None else self._array.tolist()
+        value = data[0] if self.ndim > 1 else data
+        if self.datatype == "BYTES":
+            return [item.decode() for item in _flat(value)]
+        return value  # type: ignore[no-any-return]
 
     def raw_bytes(self) -> bytes:
         """The tensor's contents in Triton's binary layout (length-prefixed for ``BYTES``)."""
@@ -65,12 +109,18 @@ def wire_array(datatype: str, raw: bytes, shape: tuple[int, ...]) -> Array:
     return array.reshape(shape)
 
 
+def _flat(value: Any) -> list[Any]:
+    if not isinstance(value, list):
+        return [value]
+    return [item for part in value for item in _flat(part)]
+
+
 def flag(name: str, value: bool) -> WireTensor:
-    return WireTensor(name, "BOOL", np.array([[value]], dtype=np.bool_))
+    return WireTensor(name, "BOOL", [[bool(value)]])
 
 
 def text(name: str, value: str) -> WireTensor:
-    return WireTensor(name, "BYTES", np.array([[value.encode()]], dtype=object))
+    return WireTensor(name, "BYTES", [[value.encode()]])
 
 
 def scalar(spec: TensorSpec | None, param: str, value: float, default: str = "FP32") -> WireTensor:
@@ -85,5 +135,5 @@ def scalar(spec: TensorSpec | None, param: str, value: float, default: str = "FP
         low, high = limits
         if int(value) != value or not low <= value <= high:
             raise InvalidRequest(f"'{param}' must be an integer in [{low}, {high}]", param=param)
-        value = int(value)
-    return WireTensor(name, datatype, np.array([[value]], dtype=numpy_type))
+        return WireTensor(name, datatype, [[int(value)]])
+    return WireTensor(name, datatype, [[_PYTHON_TYPES[datatype](value)]])

@@ -130,7 +130,7 @@ class ModelSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
 class LimitSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Bounds that keep one request from hurting the others."""
 
-    max_body_bytes: int = 4 * 1024 * 1024
+    max_body_bytes: Annotated[int, msgspec.Meta(ge=1)] = 4 * 1024 * 1024
     """Largest accepted request body; larger ones get 413."""
     request_timeout_s: float = 600.0
     """Longest a generation may take, streaming or not, before it is cancelled."""

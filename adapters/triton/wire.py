@@ -31,6 +31,7 @@ NUMPY_TYPES: dict[str, type[np.generic]] = {
     "FP64": np.float64,
 }
 _PYTHON_TYPES = {"BOOL": bool, "FP16": float, "FP32": float, "FP64": float}
+_FLOAT_LIMITS = {"FP16": float(np.finfo(np.float16).max), "FP32": float(np.finfo(np.float32).max)}
 _INT_LIMITS = {
     name: (int(np.iinfo(kind).min), int(np.iinfo(kind).max))
     for name, kind in NUMPY_TYPES.items()
@@ -136,4 +137,8 @@ def scalar(spec: TensorSpec | None, param: str, value: float, default: str = "FP
         if int(value) != value or not low <= value <= high:
             raise InvalidRequest(f"'{param}' must be an integer in [{low}, {high}]", param=param)
         return WireTensor(name, datatype, [[int(value)]])
-    return WireTensor(name, datatype, [[_PYTHON_TYPES[datatype](value)]])
+    value = _PYTHON_TYPES[datatype](value)
+    bound = _FLOAT_LIMITS.get(datatype)
+    if bound is not None and not -bound <= value <= bound:
+        raise InvalidRequest(f"'{param}' must be within [-{bound:g}, {bound:g}]", param=param)
+    return WireTensor(name, datatype, [[value]])

@@ -17,7 +17,7 @@ from litestar import asgi
 from litestar.datastructures import Headers
 from litestar.exceptions import HTTPException
 from litestar.handlers import ASGIRouteHandler
-from litestar.types import ASGIApp, HTTPScope, Receive, Scope, Send
+from litestar.types import ASGIApp, HTTPResponseStartEvent, HTTPScope, Receive, Scope, Send
 
 from gateway.catalog.registry import ModelRegistry, ServedModel
 from gateway.core.generation import ChoiceResult, Event, GenerationService, UsageMeter, fold
@@ -167,6 +167,13 @@ class CompletionPipeline:
             return await until_disconnect(receive, planning)
 
 
+_OPTIONS: HTTPResponseStartEvent = {
+    "type": "http.response.start",
+    "status": 204,
+    "headers": [(b"allow", b"OPTIONS, POST")],
+}
+
+
 def route(path: str, endpoint: Endpoint[Any]) -> ASGIRouteHandler:
     """``POST path`` answered by ``endpoint``: a plain ASGI handler inside the app's middleware
     and error handling, without the framework's per-request parsing of parameters and
@@ -174,6 +181,11 @@ def route(path: str, endpoint: Endpoint[Any]) -> ASGIRouteHandler:
 
     async def handle(scope: HTTPScope, receive: Receive, send: Send) -> None:
         method = scope["method"]
+        if method == "OPTIONS":
+            # As the framework answers it on every other route.
+            await send(_OPTIONS)
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+            return
         if method != "POST":
             raise MethodNotAllowedError(f"Method {method} is not allowed for {path}.")
         pipeline: CompletionPipeline = scope["litestar_app"].state.pipeline
@@ -181,4 +193,4 @@ def route(path: str, endpoint: Endpoint[Any]) -> ASGIRouteHandler:
         await answer(scope, receive, send)
 
     # The framework sees no methods on an ASGI route: the ones it answers are declared here.
-    return asgi(path, copy_scope=False, opt={"methods": ("POST",)})(handle)
+    return asgi(path, copy_scope=False, opt={"methods": ("OPTIONS", "POST")})(handle)

@@ -180,6 +180,14 @@ def test_unknown_model_is_404(client: TestClient[Any]) -> None:
     assert client.get("/v1/models/gpt-9").status_code == 404
 
 
+def test_the_completion_routes_answer_options_as_the_others_do(client: TestClient[Any]) -> None:
+    for path in ("/v1/completions", "/v1/chat/completions"):
+        answer = client.options(path)
+        assert answer.status_code == 204
+        assert answer.headers["allow"] == "OPTIONS, POST"
+    assert client.options("/v1/models").status_code == 204
+
+
 def test_framework_errors_keep_the_openai_shape(client: TestClient[Any]) -> None:
     for response, status in [
         (client.get("/v1/nothing"), 404),

@@ -74,6 +74,7 @@ sidecars: {spec: deploy.yaml}
         {"modles": []},
         {"models": [{"name": "x", "temprature": 1}]},
         {"limits": {"max_body_bytes": "big"}},
+        {"limits": {"max_body_bytes": 0}},
         {"models": [{"entry": "preprocessing"}]},
     ],
 )

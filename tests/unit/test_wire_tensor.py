@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from adapters.contract import InvalidRequest
 from adapters.triton.http import carries, generate_body
 from adapters.triton.wire import NUMPY_TYPES, WireTensor, flag, scalar, text
 
@@ -56,3 +57,11 @@ def test_a_word_list_of_three_dims_is_not_carried_as_json() -> None:
     assert words.ndim == 3
     assert not carries([words])
     assert words.array.shape == (1, 2, 2)
+
+
+@pytest.mark.parametrize("value", [1e39, -1e39])
+def test_a_float_past_the_declared_type_is_refused_by_name(value: float) -> None:
+    with pytest.raises(InvalidRequest) as refused:
+        scalar(None, "repetition_penalty", value, "FP32")
+    assert refused.value.param == "repetition_penalty"
+    assert scalar(None, "repetition_penalty", 3.4e38, "FP32").json_value() == [3.4e38]

@@ -16,7 +16,7 @@ from gateway.http.errors import (
     ClientDisconnected,
     InternalServerError,
     InvalidRequestError,
-    RequestTooLargeError,
+    body_too_large,
     from_decode_error,
     to_api_error,
 )
@@ -27,7 +27,6 @@ T = TypeVar("T")
 S = TypeVar("S")
 _encoder = msgspec.json.Encoder()
 _LEFT = "the client disconnected before the answer was ready"
-_TOO_LARGE = "The request body is larger than this server accepts."
 
 
 def decode_body(body: bytes, schema: type[S]) -> S:
@@ -50,7 +49,7 @@ async def read_body(scope: Scope, receive: Receive, limit: int) -> bytes:
     """The request's body; a 413 as soon as it announces or sends more than ``limit`` bytes."""
     for name, value in scope["headers"]:
         if name == b"content-length" and value.isdigit() and int(value) > limit:
-            raise RequestTooLargeError(_TOO_LARGE)
+            raise body_too_large()
     parts: list[bytes] = []
     size = 0
     while True:
@@ -60,7 +59,7 @@ async def read_body(scope: Scope, receive: Receive, limit: int) -> bytes:
         part: bytes = message.get("body", b"")  # type: ignore[assignment]
         size += len(part)
         if size > limit:
-            raise RequestTooLargeError(_TOO_LARGE)
+            raise body_too_large()
         parts.append(part)
         if not message.get("more_body", False):
             return parts[0] if len(parts) == 1 else b"".join(parts)

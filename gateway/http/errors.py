@@ -220,6 +220,11 @@ def from_backend_error(exc: BackendError, *, retry_after_s: int) -> APIError:
     return InternalServerError("The model backend failed while generating.")
 
 
+def body_too_large() -> RequestTooLargeError:
+    """The 413 of a body over ``limits.max_body_bytes``, however it was noticed."""
+    return RequestTooLargeError("The request body is larger than this server accepts.")
+
+
 def from_http_exception(exc: HTTPException, method: str, path: str) -> APIError:
     """The OpenAI-shaped twin of one of the web framework's own errors."""
     status = exc.status_code
@@ -228,7 +233,7 @@ def from_http_exception(exc: HTTPException, method: str, path: str) -> APIError:
     if status == 405:
         return MethodNotAllowedError(f"Method {method} is not allowed for {path}.")
     if status == 413:
-        return RequestTooLargeError("The request body is larger than this server accepts.")
+        return body_too_large()
     if 400 <= status < 500:
         return InvalidRequestError(exc.detail)
     return InternalServerError("The server had an error while processing your request.")

@@ -41,6 +41,16 @@ def _alive(process: psutil.Process) -> bool:
         return False
 
 
+def _kill_and_outlive(parent: subprocess.Popen[str], child: psutil.Process, why: str) -> None:
+    """SIGKILL ``parent``; ``child`` must be gone within 10 s."""
+    parent.send_signal(signal.SIGKILL)
+    parent.wait(10)
+    deadline = time.monotonic() + 10
+    while _alive(child):
+        assert time.monotonic() < deadline, why
+        time.sleep(0.05)
+
+
 @pytest.mark.parametrize("way", ["setpriv", "preexec"])
 def test_the_child_gets_sigterm_when_its_supervisor_is_killed(way: str) -> None:
     if way == "setpriv" and parentdeath._setpriv() is None:
@@ -57,12 +67,7 @@ def test_the_child_gets_sigterm_when_its_supervisor_is_killed(way: str) -> None:
             assert time.monotonic() < deadline
             time.sleep(0.02)
         assert _alive(child)
-        parent.send_signal(signal.SIGKILL)
-        parent.wait(10)
-        deadline = time.monotonic() + 10
-        while _alive(child):
-            assert time.monotonic() < deadline, "the child outlived its supervisor"
-            time.sleep(0.05)
+        _kill_and_outlive(parent, child, "the child outlived its supervisor")
     finally:
         parent.kill()
         parent.wait()
@@ -98,12 +103,7 @@ def test_the_embedded_redis_exits_when_its_gateway_is_killed(tmp_path: Path) -> 
         assert parent.stdout is not None
         server = psutil.Process(int(parent.stdout.readline()))
         assert "redis-server" in server.name() and _alive(server)
-        parent.send_signal(signal.SIGKILL)
-        parent.wait(10)
-        deadline = time.monotonic() + 10
-        while _alive(server):
-            assert time.monotonic() < deadline, "the embedded redis-server outlived its gateway"
-            time.sleep(0.05)
+        _kill_and_outlive(parent, server, "the embedded redis-server outlived its gateway")
     finally:
         parent.kill()
         parent.wait()

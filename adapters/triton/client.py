@@ -34,6 +34,8 @@ from adapters.triton.tensors import build_inputs, stop_request_inputs
 from adapters.triton.wire import WireTensor
 
 logger = logging.getLogger(__name__)
+_RESTOP_S = 0.5
+"""How long an abandoned ensemble call has to end after a stop request before it is sent again."""
 
 STOCK_BLS_WARNING = (
     "%s at %s is a stock TensorRT-LLM BLS: it gives its engine request an id of its own and "
@@ -374,8 +376,8 @@ class TritonBackend:
 
     @property
     def _ending_s(self) -> float:
-        """How long ending an abandoned call may take: its stop request, then for an ensemble
-        the drain of its call, each bounded by the stop's timeout."""
+        """How long ending an abandoned ensemble call may take: its stop requests and the
+        drain of its call."""
         return 2 * self._stop_timeout_s
 
     def _later(self, work: Coroutine[Any, Any, None]) -> None:
@@ -387,18 +389,26 @@ class TritonBackend:
     async def _stop_and_drain(
         self, call: Call, url: str, engine_model: str, request_id: str
     ) -> None:
-        """Stop an ensemble's engine request, then read its call to the end and close it."""
+        """Stop an ensemble's engine request and read its call to the end, then close it.
+
+        The stop is sent again while the call has not ended: one can overtake its request (still
+        in the ensemble's preprocessing, its id unknown to the engine, which then ignores the
+        stop) or time out. The call's end is awaited for ``_ending_s`` in all."""
+        drained = asyncio.ensure_future(call.drain(self._ending_s))
         try:
-            await self._stop(url, engine_model, request_id)
-            if not await call.drain(self._stop_timeout_s):
+            while not drained.done():
+                await self._stop(url, engine_model, request_id)
+                await asyncio.wait({drained}, timeout=_RESTOP_S)
+            if not drained.result():
                 logger.warning(
                     "request %s did not end within %.1f s of its stop request; closed",
                     request_id,
-                    self._stop_timeout_s,
+                    self._ending_s,
                 )
         except Exception:
             logger.warning("ending abandoned request %s failed", request_id, exc_info=True)
         finally:
+            drained.cancel()
             call.cancel()
 
     async def _stop(self, url: str, engine_model: str, request_id: str) -> None:

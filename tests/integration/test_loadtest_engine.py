@@ -18,6 +18,7 @@ from deploy.sidecar.render import RenderError, check_paths, render_config, rende
 from deploy.sidecar.spec import LoadTestEngine, SpecError, parse_spec
 from deploy.sidecar.supervisor import Sidecar, sidecar_from_spec
 from tests.benchmarks.relay import relay_process
+from tests.support.engine_probe import EngineProcess
 from tests.support.pipeline_calls import Stream, generate, texts
 from tests.support.sidecars import QUICK_STOP
 
@@ -140,6 +141,9 @@ def test_pipeline_over_the_load_test_model(lt_sidecar: Sidecar) -> None:
     outputs, final = stopper.next()
     stopper.close()
     assert final and outputs == {}
+    # Requests and stops on the host need no torch (numpy < 2 carries the stub's tensors).
+    loaded = EngineProcess(lt_sidecar, "lt_tensorrt_llm").mapped_files()
+    assert not [path for path in loaded if "libtorch" in path]
 
 
 @pytest.mark.slow

@@ -10,7 +10,8 @@ from deploy.sidecar.supervisor import Sidecar
 
 
 class EngineProcess:
-    """CPU time of the engine's Python-backend stub: a stopped engine thread sits idle."""
+    """A model's Python-backend stub: its CPU time (a stopped engine thread sits idle), and what it
+    loaded."""
 
     def __init__(self, sidecar: Sidecar, model: str) -> None:
         suffix = f"/{model}/1/model.py"
@@ -24,6 +25,11 @@ class EngineProcess:
     def cpu_seconds(self) -> float:
         fields = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()
         return (int(fields[11]) + int(fields[12])) / self._tick
+
+    def mapped_files(self) -> set[str]:
+        """The files mapped into the process (its shared libraries among them)."""
+        lines = Path(f"/proc/{self.pid}/maps").read_text().splitlines()
+        return {parts[5] for line in lines if len(parts := line.split(maxsplit=5)) == 6}
 
     async def busy_seconds(self, window_s: float) -> float:
         before = self.cpu_seconds()

@@ -1,12 +1,14 @@
 """Tensors across the Python-backend stub boundary, with or without torch.
 
-Where torch is installed numeric tensors go through DLPack: the 2.51 stub's own numpy conversion
-breaks when the environment has numpy 2 (as on CUDA hosts). Outputs reach the stub as DLPack
-capsules made by torch's C function: handing it the torch tensor instead cost about 5 µs an output
-(the stub calls the tensor's Python-level ``__dlpack_device__``), four outputs per streamed token.
-numpy's own export cannot be used: the stub marks a consumed capsule ``used_dlpack`` where numpy
-expects DLPack's ``used_dltensor``. Without torch (the load-test engine in an environment of
-numpy < 2) the stub's numpy conversion is used.
+With numpy < 2 (as the Python backend wants) the stub's own numpy conversion carries every
+input and output on the host, and torch is imported only for an input in GPU memory, which numpy
+cannot hold. The 2.51 stub's numpy conversion breaks when the environment has
+numpy 2 (as on CUDA hosts): there, where torch is installed, numeric tensors go through DLPack,
+and torch is imported with this module, not on a model's first request. Outputs then reach the
+stub as DLPack capsules made by torch's C function: handing it the torch tensor instead cost
+about 5 µs an output (the stub calls the tensor's Python-level ``__dlpack_device__``), four
+outputs per streamed token. numpy's own export cannot be used: the stub marks a consumed capsule
+``used_dlpack`` where numpy expects DLPack's ``used_dltensor``.
 """
 
 from __future__ import annotations
@@ -22,11 +24,15 @@ import triton_python_backend_utils as pb_utils
 
 _STRING_INPUTS = frozenset({"guided_decoding_guide_type", "guided_decoding_guide"})
 HAS_TORCH = importlib.util.find_spec("torch") is not None
+DLPACK = HAS_TORCH and int(np.__version__.split(".", 1)[0]) >= 2
+"""Numeric tensors cross the stub boundary through DLPack (numpy 2 with torch installed)."""
+if DLPACK:
+    import torch  # noqa: F401  (imported here, not on a model's first request)
 
 
 def as_array(tensor: Any) -> npt.NDArray[Any]:
     """An input tensor's contents."""
-    if not HAS_TORCH or tensor.name() in _STRING_INPUTS:
+    if tensor.name() in _STRING_INPUTS or not (DLPACK or (HAS_TORCH and not tensor.is_cpu())):
         return np.asarray(tensor.as_numpy())
     import torch
 
@@ -69,7 +75,7 @@ class OutputTensors:
 
 def _new_tensor(name: str, value: npt.NDArray[Any]) -> Any:
     value = np.ascontiguousarray(value)
-    if not HAS_TORCH:
+    if not DLPACK:
         return pb_utils.Tensor(name, value)
     return pb_utils.Tensor.from_dlpack(name, _capsule(value))
 

@@ -1,0 +1,79 @@
+"""An abandoned ensemble call is stopped at its engine until it ends: a stop that overtook its
+request (ignored by the engine) or timed out is sent again, within the ending's budget."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import pytest
+
+from adapters.triton import TritonBackend
+
+
+class EndingCall:
+    """A call that ends once ``end`` is called; what was done to it."""
+
+    def __init__(self) -> None:
+        self.ended = asyncio.Event()
+        self.cancelled = False
+        self.drained = False
+
+    def end(self) -> None:
+        self.ended.set()
+
+    async def read(self) -> None:
+        await self.ended.wait()
+
+    async def drain(self, timeout_s: float) -> bool:
+        try:
+            async with asyncio.timeout(timeout_s):
+                await self.ended.wait()
+        except TimeoutError:
+            self.cancel()
+            return False
+        self.drained = not self.cancelled
+        return True
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+class CountedStops(TritonBackend):
+    """Stop requests counted instead of sent; the call ends at the ``effective``-th (never if 0)."""
+
+    def __init__(self, call: EndingCall, effective: int) -> None:
+        super().__init__(stop_timeout_s=1.0)
+        self.call = call
+        self.effective = effective
+        self.sent: list[str] = []
+
+    async def _stop(self, url: str, engine_model: str, request_id: str) -> None:
+        self.sent.append(request_id)
+        if len(self.sent) == self.effective:
+            asyncio.get_running_loop().call_later(0.05, self.call.end)
+
+
+@pytest.mark.parametrize(("effective", "sent"), [(1, 1), (3, 3)])
+async def test_the_stop_is_sent_until_the_call_ends(effective: int, sent: int) -> None:
+    call = EndingCall()
+    backend = CountedStops(call, effective)
+    await backend._stop_and_drain(call, "url", "m_tensorrt_llm", "r-1")  # type: ignore[arg-type]
+    assert backend.sent == ["r-1"] * sent
+    assert call.drained
+
+
+async def test_a_call_that_never_ends_is_closed_after_the_budget(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    call = EndingCall()
+    backend = CountedStops(call, effective=0)
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    with caplog.at_level(logging.WARNING, "adapters.triton.client"):
+        await backend._stop_and_drain(call, "url", "m_tensorrt_llm", "r-2")  # type: ignore[arg-type]
+    took = loop.time() - started
+    assert call.cancelled and not call.drained
+    assert took >= 2.0, took
+    assert 2 <= len(backend.sent) <= 5, backend.sent
+    assert "did not end within 2.0 s" in caplog.text

@@ -31,9 +31,14 @@ FORBIDDEN = {
 }
 GATEWAY_MAY_USE = ("deploy.sidecar",)
 """The side of deploy the gateway calls: specs, rendering, supervising sidecars."""
-SHARED_MODULES = ("deploy.triton.pipeline.detokenizer", "deploy.triton.vision.settings")
+SHARED_MODULES = (
+    "deploy.triton.pipeline.detokenizer",
+    "deploy.triton.pipeline.tokenizer_folder",
+    "deploy.triton.vision.settings",
+)
 """The torch-free modules of the in-Triton side the gateway shares: incremental detokenizing,
-and a checkpoint's vision settings (tokens per image, the image token)."""
+a tokenizer folder read without transformers, and a checkpoint's vision settings (tokens per
+image, the image token)."""
 DEVTOOLS = "deploy.devtools"
 
 

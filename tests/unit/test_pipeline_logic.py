@@ -56,10 +56,16 @@ def test_flag_rejects_other_words() -> None:
         params.flag("bogus", default=True, name="accumulate_tokens")
 
 
-def test_special_ids_default_to_eos_and_pad(tokenizer: Any) -> None:
+def test_special_ids_default_to_eos_and_pad(tokenizer: Any, tiny_model_dir: Path) -> None:
+    from transformers import AutoTokenizer
+
+    reference = AutoTokenizer.from_pretrained(str(tiny_model_dir))
     end_id, pad_id = tk.special_ids(tokenizer)
-    assert end_id == tokenizer.convert_tokens_to_ids("<|im_end|>")
-    assert pad_id == tokenizer.convert_tokens_to_ids("<|endoftext|>")
+    assert (end_id, pad_id) == (reference.eos_token_id, reference.pad_token_id)
+    assert (end_id, pad_id) == (
+        tokenizer.token_id("<|im_end|>"),
+        tokenizer.token_id("<|endoftext|>"),
+    )
 
 
 def test_encode_queries_pads_a_batch(tokenizer: Any) -> None:

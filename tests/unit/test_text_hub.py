@@ -155,3 +155,27 @@ def test_serving_imports_neither_transformers_nor_torch(tiny_model_dir: Path) ->
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_a_truncating_or_padding_tokenizer_file_encodes_whole_texts(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """transformers encodes the whole text, unpadded, whatever ``tokenizer.json`` sets."""
+    import json
+    import shutil
+
+    folder = tmp_path / "truncating"
+    shutil.copytree(tiny_model_dir, folder)
+    spec = json.loads((folder / "tokenizer.json").read_text())
+    spec["truncation"] = {"direction": "Right", "max_length": 3, "strategy": "LongestFirst",
+                          "stride": 0}  # fmt: skip
+    spec["padding"] = {"strategy": {"Fixed": 64}, "direction": "Right", "pad_to_multiple_of": None,
+                       "pad_id": 0, "pad_type_id": 0, "pad_token": "<|endoftext|>"}  # fmt: skip
+    (folder / "tokenizer.json").write_text(json.dumps(spec))
+    reference = AutoTokenizer.from_pretrained(folder)
+    hub = load_tokenizer(str(folder))
+    text = "a text of many more than three tokens, and fewer than sixty-four"
+    for special in (True, False):
+        ids = hub.encode(text, add_special_tokens=special)
+        assert ids == reference.encode(text, add_special_tokens=special)
+        assert 3 < len(ids) < 64

@@ -10,6 +10,8 @@ import textwrap
 import time
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -63,7 +65,17 @@ def test_a_healthy_process_outlives_the_timeout() -> None:
     assert out.strip() == "done"
 
 
-def test_a_process_whose_parent_is_gone_exits(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "rest",
+    [
+        "time.sleep(60)",
+        # Its main code done, the interpreter waits at exit for a thread that never ends (a
+        # model's finalize returned with one of its threads stuck).
+        "threading.Thread(target=time.sleep, args=(60,)).start()",
+    ],
+    ids=["running", "exiting"],
+)
+def test_a_process_whose_parent_is_gone_exits(tmp_path: Path, rest: str) -> None:
     pid_file = tmp_path / "pid"
     # The middle process starts the watched one, and exits once it is watching.
     middle = python(
@@ -71,12 +83,12 @@ def test_a_process_whose_parent_is_gone_exits(tmp_path: Path) -> None:
         import os, subprocess, sys, time
         from pathlib import Path
         code = '''
-        import time
+        import threading, time
         from pathlib import Path
         from deploy.triton.watchdog import ParentWatchdog
         ParentWatchdog(timeout_s=60.0, period_s=0.1).start()
         Path({str(pid_file)!r}).write_text(str(os.getpid()))
-        time.sleep(60)
+        {rest}
         '''.replace("\\n        ", "\\n")
         subprocess.Popen([sys.executable, "-c", "import os\\n" + code], env=os.environ,
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

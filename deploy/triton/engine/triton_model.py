@@ -150,7 +150,11 @@ class TritonPythonModel:
             self._accept(request, request.get_response_sender())
 
     def finalize(self) -> None:
-        """Cancel what is still running (each request still gets its final response)."""
+        """Cancel what is still running (each request still gets its final response).
+
+        The watchdog keeps running: a server that gives up waiting for this model (its exit
+        timeout) is gone when this returns, and a thread that outlived its join would keep the
+        interpreter from exiting."""
         self._stopping.set()
         self._metrics.stop()
         self._engine.shutdown()
@@ -158,7 +162,6 @@ class TritonPythonModel:
         self._sender.join(timeout=10)
         self._watcher.join(timeout=5)
         self._tensors.clear()
-        self._watchdog.stop()
 
     def _stat_values(self) -> dict[tuple[str, str], float]:
         engine = self._engine

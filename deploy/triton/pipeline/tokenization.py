@@ -3,32 +3,39 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-Tokenizer = Any
+from deploy.triton.pipeline.tokenizer_folder import (
+    TextTokenizer,
+    TransformersTokenizer,
+    load_folder,
+)
+
 IntArray = npt.NDArray[np.int32]
 
 
-def load_tokenizer(tokenizer_dir: str) -> Tokenizer:
-    """The Hugging Face tokenizer of a folder or hub id (rendering resolved built-in names)."""
+def load_tokenizer(tokenizer_dir: str) -> TextTokenizer:
+    """The Hugging Face tokenizer of a folder (rendering resolved built-in names), read without
+    ``transformers`` where it has ``tokenizer.json``, or of a hub id."""
+    folder = Path(tokenizer_dir)
+    if folder.is_dir():
+        return load_folder(folder)
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
-    if tokenizer.pad_token is None and tokenizer.eos_token is not None:
-        tokenizer.pad_token = tokenizer.eos_token
-    return tokenizer
+    return TransformersTokenizer(AutoTokenizer.from_pretrained(tokenizer_dir))
 
 
-def special_ids(tokenizer: Tokenizer) -> tuple[int, int]:
+def special_ids(tokenizer: TextTokenizer) -> tuple[int, int]:
     """The default (end_id, pad_id): the eos token, and the pad token falling back to eos."""
-    end_id = tokenizer.eos_token_id
+    end_id = tokenizer.token_id(tokenizer.special_tokens.get("eos_token"))
     if end_id is None:
         raise ValueError("the tokenizer has no eos token: pass end_id with each request")
-    pad_id = tokenizer.pad_token_id
-    return int(end_id), int(end_id if pad_id is None else pad_id)
+    pad_id = tokenizer.token_id(tokenizer.special_tokens.get("pad_token"))
+    return end_id, end_id if pad_id is None else pad_id
 
 
 def as_text(value: object) -> str:
@@ -39,7 +46,7 @@ def as_text(value: object) -> str:
 
 
 def encode_queries(
-    tokenizer: Tokenizer, queries: npt.NDArray[Any], *, add_special_tokens: bool, pad_id: int
+    tokenizer: TextTokenizer, queries: npt.NDArray[Any], *, add_special_tokens: bool, pad_id: int
 ) -> tuple[IntArray, IntArray]:
     """`[B, 1]` strings to right-padded ids `[B, L]` and lengths `[B, 1]`."""
     encoded = [
@@ -59,7 +66,9 @@ def right_padded(encoded: Sequence[Sequence[int]], pad_id: int) -> tuple[IntArra
     return ids, lengths
 
 
-def word_lists(tokenizer: Tokenizer, words: npt.NDArray[Any] | None, batch_size: int) -> IntArray:
+def word_lists(
+    tokenizer: TextTokenizer, words: npt.NDArray[Any] | None, batch_size: int
+) -> IntArray:
     """Stop or bad words `[B, K]` as TensorRT-LLM's `[B, 2, P]` flat ids + cumulative offsets.
 
     Each word is encoded on its own without special tokens; empty words are skipped. Row 0 holds
@@ -89,7 +98,7 @@ def word_lists(tokenizer: Tokenizer, words: npt.NDArray[Any] | None, batch_size:
 
 
 def embedding_bias(
-    tokenizer: Tokenizer,
+    tokenizer: TextTokenizer,
     words: npt.NDArray[Any] | None,
     weights: npt.NDArray[Any] | None,
     batch_size: int,
@@ -124,15 +133,10 @@ def prompt_table_extra_ids(
     return np.where(input_ids >= vocab_size, per_row, 0).astype(np.uint64)
 
 
-def decode(tokenizer: Tokenizer, ids: Iterable[int], *, skip_special_tokens: bool) -> str:
-    """Text of token ids, the same way for whole sequences and streaming windows."""
-    return str(
-        tokenizer.decode(
-            [int(token) for token in ids],
-            skip_special_tokens=skip_special_tokens,
-            clean_up_tokenization_spaces=False,
-        )
-    )
+def decode(tokenizer: TextTokenizer, ids: Iterable[int], *, skip_special_tokens: bool) -> str:
+    """Text of token ids, the same way for whole sequences and streaming windows (no clean-up
+    of spaces)."""
+    return tokenizer.decode([int(token) for token in ids], skip_special_tokens=skip_special_tokens)
 
 
 def sequence_ids(tokens: npt.NDArray[Any], lengths: npt.NDArray[Any]) -> list[list[Sequence[int]]]:

@@ -7,7 +7,7 @@ import asyncio
 import logging
 import shutil
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Protocol, runtime_checkable
@@ -31,6 +31,10 @@ from gateway.tenancy.service import Tenancy
 from gateway.workers.shared import SidecarView, read_state
 
 logger = logging.getLogger(__name__)
+CLOSE_S = 5.0
+"""How long one part of the runtime may take to close at shutdown before the rest goes on."""
+BACKEND_CLOSE_S = 15.0
+"""The backend's bound: it first finishes the stop requests of abandoned calls."""
 BackendFactory = Callable[[tuple[ModelRoute, ...]], Backend]
 
 
@@ -193,17 +197,17 @@ class Runtime:
         grace = 0.0 if self._hurried else self.settings.limits.shutdown_grace_s
         if not await self.lifecycle.drained(grace):
             logger.warning("requests still in flight after %.0f s; shutting down anyway", grace)
-        await self.router.close()
+        await _bounded("the replica router", self.router.close())
         if self._backend is not None and self._owns_backend:
-            await self._backend.close()
-        await self.adapter_board.close()
-        await self.tenancy.close()
+            await _bounded("the backend", self._backend.close(), BACKEND_CLOSE_S)
+        await _bounded("the adapter board", self.adapter_board.close())
+        await _bounded("tenancy", self.tenancy.close())
         if self._bring_up_task is not None:
             self._bring_up_task.cancel()
         await asyncio.to_thread(self._stop_sidecars)
-        await self.http.aclose()
+        await _bounded("the HTTP client", self.http.aclose())
         self._executor.shutdown(wait=False, cancel_futures=True)
-        await asyncio.to_thread(self.observability.close)
+        await _bounded("observability", asyncio.to_thread(self.observability.close))
 
     async def _prepare_sidecars(self) -> tuple[Spec | None, *SidecarAddresses]:
         """The sidecars built (not started), or those of this worker's parent, and their
@@ -293,3 +297,12 @@ def shared_urls(
             hosts.setdefault(model.name, []).append(endpoint)
     replicas = {name: found for name, found in hosts.items() if len(found) > 1}
     return grpc_urls, http_urls, replicas
+
+
+async def _bounded(part: str, closing: Awaitable[None], timeout_s: float = CLOSE_S) -> None:
+    """Close one part of the runtime, giving up after ``timeout_s`` (named in the log): a
+    shutdown never hangs on one part, and a stuck one is known."""
+    try:
+        await asyncio.wait_for(closing, timeout_s)
+    except TimeoutError:
+        logger.warning("closing %s took more than %g s; shutting down anyway", part, timeout_s)

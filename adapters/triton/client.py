@@ -372,7 +372,7 @@ class TritonBackend:
             self._later(self._stop_and_drain(call, target.url, engine_model, request_id))
             return
         call.cancel()
-        self._later(self._stop(target.url, engine_model, request_id))
+        self._later(self._stop_once(target.url, engine_model, request_id))
 
     @property
     def _ending_s(self) -> float:
@@ -395,13 +395,24 @@ class TritonBackend:
         in the ensemble's preprocessing, its id unknown to the engine, which then ignores the
         stop) or time out. The call's end is awaited for ``_ending_s`` in all."""
         drained = asyncio.ensure_future(call.drain(self._ending_s))
+        failures = 0
         try:
             while not drained.done():
-                await self._stop(url, engine_model, request_id)
+                stop = asyncio.ensure_future(self._stop(url, engine_model, request_id))
+                # The call's end ends the wait, a stop still on its way included.
+                await asyncio.wait({drained, stop}, return_when=asyncio.FIRST_COMPLETED)
+                if not stop.done():
+                    stop.cancel()
+                    break
+                if (failed := stop.exception()) is not None:
+                    failures += 1
+                    log = logger.warning if failures == 1 else logger.debug
+                    log("stopping request %s failed: %s", request_id, failed)
                 await asyncio.wait({drained}, timeout=_RESTOP_S)
-            if not drained.result():
+            if not await drained:
                 logger.warning(
-                    "request %s did not end within %.1f s of its stop request; closed",
+                    "request %s did not end within %.1f s of its stop request, or its stream "
+                    "broke; closed",
                     request_id,
                     self._ending_s,
                 )
@@ -411,19 +422,25 @@ class TritonBackend:
             drained.cancel()
             call.cancel()
 
-    async def _stop(self, url: str, engine_model: str, request_id: str) -> None:
-        message = infer_request(engine_model, request_id, stop_request_inputs(), None)
-        call = self._open(url, message, self._stop_timeout_s)
+    async def _stop_once(self, url: str, engine_model: str, request_id: str) -> None:
+        """Stop an engine request whose call was closed (Triton cancelled it as well)."""
         try:
-            with map_triton_errors(f"stop request {request_id} to {engine_model}"):
+            await self._stop(url, engine_model, request_id)
+        except Exception as exc:
+            logger.warning("stopping request %s failed: %s", request_id, exc)
+
+    async def _stop(self, url: str, engine_model: str, request_id: str) -> None:
+        """One stop request; a failure is raised as the contract's ``BackendError``."""
+        message = infer_request(engine_model, request_id, stop_request_inputs(), None)
+        with map_triton_errors(f"stop request {request_id} to {engine_model}"):
+            call = self._open(url, message, self._stop_timeout_s)
+            try:
                 while (response := await call.read()) is not grpc.aio.EOF:
                     if response.error_message:
                         raise classify(response.error_message)
-            logger.debug("stopped request %s on %s", request_id, engine_model)
-        except BackendError as exc:
-            logger.warning("stopping request %s failed: %s", request_id, exc)
-        finally:
-            call.cancel()
+            finally:
+                call.cancel()
+        logger.debug("stopped request %s on %s", request_id, engine_model)
 
 
 def _remaining(deadline: float) -> float:

@@ -77,3 +77,41 @@ async def test_a_call_that_never_ends_is_closed_after_the_budget(
     assert took >= 2.0, took
     assert 2 <= len(backend.sent) <= 5, backend.sent
     assert "did not end within 2.0 s" in caplog.text
+
+
+class FailingThenEffective(CountedStops):
+    """The first stops fail (the server is busy), the third ends the call."""
+
+    async def _stop(self, url: str, engine_model: str, request_id: str) -> None:
+        await super()._stop(url, engine_model, request_id)
+        if len(self.sent) < 3:
+            raise RuntimeError("unavailable")
+
+
+class Unanswered(CountedStops):
+    """A stop that never answers."""
+
+    async def _stop(self, url: str, engine_model: str, request_id: str) -> None:
+        await super()._stop(url, engine_model, request_id)
+        await asyncio.Event().wait()
+
+
+async def test_a_failed_stop_is_sent_again_and_warned_of_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    call = EndingCall()
+    backend = FailingThenEffective(call, effective=3)
+    with caplog.at_level(logging.WARNING, "adapters.triton.client"):
+        await backend._stop_and_drain(call, "url", "m_tensorrt_llm", "r-3")  # type: ignore[arg-type]
+    assert len(backend.sent) == 3 and call.drained
+    assert caplog.text.count("stopping request r-3 failed") == 1
+
+
+async def test_a_stop_that_never_answers_holds_nothing_past_the_budget() -> None:
+    call = EndingCall()
+    backend = Unanswered(call, effective=0)
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    await backend._stop_and_drain(call, "url", "m_tensorrt_llm", "r-4")  # type: ignore[arg-type]
+    assert call.cancelled and backend.sent == ["r-4"]
+    assert loop.time() - started < backend._ending_s + 1.0

@@ -8,11 +8,16 @@ gateway's ``/v1/completions`` and its ``/v1/chat/completions``, a pause between 
 gateway runs as ``triton-gateway serve`` (``--workers``; auth and the rate limiter on, limits in
 the embedded Redis from two workers) with the marks of ``first_token_marks/sitecustomize.py``,
 which note when each request reached each step of its path; they are joined to the client's
-send and first-token times by a request header. The step times are medians of the gaps between
-consecutive marks, in the order a request meets them: what a request pays at each step on an
-otherwise idle host (cold caches and idle cores included), not what the code costs in a loop.
+send and first-token times by a request header. With ``--background N``, N more streams of the
+capacity benchmark's completions (128 tokens each, from ``--clients`` processes) run through the
+gateway the whole time, so the steps show what a request meets on a loaded gateway and a loaded
+Triton; the direct probes then see the same Triton load. The step times are medians of the
+gaps between consecutive marks, in the order a request meets them: what a request pays at each
+step on an otherwise idle host (cold caches and idle cores included), or beside the background
+load, not what the code costs in a loop.
 
     python -m tests.benchmarks.first_token --workers 8 --requests 60
+    python -m tests.benchmarks.first_token --workers 8 --requests 60 --background 320
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import multiprocessing
 import os
 import re
 import socket
@@ -136,6 +142,7 @@ def run(args: argparse.Namespace) -> str:
                            {**openai, "messages": [{"role": "user", "content": capacity.PROMPT}]},
                            False),
         }  # fmt: skip
+        background = _background(args, url)
         for index in range(args.warmup + args.requests):
             for name, client in clients.items():
                 probe = f"{name}-{index}"
@@ -143,7 +150,15 @@ def run(args: argparse.Namespace) -> str:
                 if index >= args.warmup:
                     sent[probe] = times
                 time.sleep(args.pause)
+        if background is not None:
+            pool, load = background
+            errors = sum(1 for part, _ in load.get() for sample in part if sample[5] is not None)
+            pool.close()
+            if errors:
+                raise RuntimeError(f"{errors} background requests failed")
     finally:
+        if background is not None:
+            background[0].terminate()
         stop_process(process)
         sidecar.stop()
     marks: dict[str, dict[str, int]] = {}
@@ -152,6 +167,25 @@ def run(args: argparse.Namespace) -> str:
             entry = json.loads(line)
             marks[entry.pop("probe")] = entry
     return report(args, sent, marks)
+
+
+def _background(args: argparse.Namespace, url: str) -> tuple[Any, Any] | None:
+    """``--background`` streams of 128-token completions through the gateway, for as long as
+    the probes take (their pool and pending result); warmed up before the probes start."""
+    if not args.background:
+        return None
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    per_probe_s = args.pause + args.tokens / 80.0 + 0.05
+    seconds = 3 * (args.warmup + args.requests) * per_probe_s + 10.0
+    job = {"host": host, "port": int(port), "path": "/v1/completions", "direct": False,
+           "body": {"model": "lt", "prompt": capacity.PROMPT, "max_tokens": 128, "stream": True},
+           "seconds": seconds, "stagger_s": 128 / 80.0}  # fmt: skip
+    shares = [s for s in capacity._spread(args.background, args.clients) if s]
+    jobs = [{**job, "streams": share, "phase": i / len(shares)} for i, share in enumerate(shares)]
+    pool = multiprocessing.get_context("spawn").Pool(len(jobs))
+    load = pool.map_async(capacity._client_main, jobs)
+    time.sleep(5.0)
+    return pool, load
 
 
 def report(
@@ -163,10 +197,12 @@ def report(
         for name in ("direct", "completions", "chat")
     }  # fmt: skip
     lines = [
-        "# Where the first token's time goes, one stream",
+        "# Where the first token's time goes, one stream"
+        + (f" beside {args.background} background streams" if args.background else ""),
         "",
         f"{time.strftime('%Y-%m-%d %H:%M')}; {os.cpu_count()} CPUs; `python -m "
-        f"tests.benchmarks.first_token --workers {args.workers} --requests {args.requests}`: "
+        f"tests.benchmarks.first_token --workers {args.workers} --requests {args.requests}"
+        f"{f' --background {args.background}' if args.background else ''}`: "
         f"{args.requests} requests each, one at a time, {args.pause * 1000:.0f} ms apart; "
         f"{args.tokens} tokens at 80 tokens/s.",
         "",
@@ -197,10 +233,15 @@ def main() -> None:
     parser.add_argument("--pause", type=float, default=0.05, help="seconds between requests")
     parser.add_argument("--tokenizer", help="tokenizer folder (default: the tiny model's)")
     parser.add_argument("--text-env", help="text_python_env of the sidecar (numpy < 2)")
+    parser.add_argument(
+        "--background", type=int, default=0, help="streams of load through the gateway meanwhile"
+    )
+    parser.add_argument("--clients", type=int, default=max(1, (os.cpu_count() or 2) // 4))
     args = parser.parse_args()
     text = run(args)
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f"first-token-{os.cpu_count()}cpu.md").write_text(text)
+    suffix = f"-background-{args.background}" if args.background else ""
+    (args.out / f"first-token-{os.cpu_count()}cpu{suffix}.md").write_text(text)
     print(text)
 
 

@@ -78,6 +78,10 @@ if os.environ.get("FIRST_TOKEN_MARKS"):
                 await handler(scope, receive, send)
                 return
             probe = dict(scope["headers"]).get(b"x-probe-id", b"").decode()
+            if not probe:
+                # Background load (``--background``): not marked.
+                await handler(scope, receive, send)
+                return
             marks = {"asgi.entry": _now()}
             _marks.set(marks)
             sent = 0

@@ -33,6 +33,14 @@ def hf_model(tiny_model_dir: Path) -> Any:
 
 
 @pytest.fixture(scope="session")
+def text_env(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A text environment (no torch) as the offline install makes one, for Python models."""
+    from tests.support.text_env import make_text_env
+
+    return make_text_env(tmp_path_factory.mktemp("offline"))
+
+
+@pytest.fixture(scope="session")
 def sidecar(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sidecar]:
     """A running tritonserver hosting all five models of ``tiny`` and of ``tiny2``."""
     spec = tiny_spec(tiny_model_dir)

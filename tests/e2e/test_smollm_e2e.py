@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -89,7 +90,7 @@ def test_required_tool_call_names_the_city(demo_url: str, stream: bool) -> None:
 
 
 @pytest.fixture(scope="module")
-def stock_v019_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def stock_v019_url(tmp_path_factory: pytest.TempPathFactory, text_env: Path) -> Iterator[str]:
     """SmolLM2 behind the stock v0.19.0 models (decoupled), the gateway in front."""
     from deploy.sidecar.models import ensure_smollm2
     from gateway.settings import ModelSettings, Settings
@@ -99,7 +100,9 @@ def stock_v019_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     if not STOCK_MODELS.is_dir():
         pytest.skip(f"the stock models are not beside the checkout ({STOCK_MODELS})")
     model_dir = ensure_smollm2()
-    sidecar = start_stock_sidecar("v0.19", True, model_dir, tmp_path_factory.mktemp("smol"))
+    sidecar = start_stock_sidecar(
+        "v0.19", True, model_dir, tmp_path_factory.mktemp("smol"), text_env=text_env
+    )
     settings = Settings(
         models=(
             ModelSettings(

@@ -11,17 +11,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from deploy.devtools.offline import (
-    _layer,
-    _names,
-    _server_members,
-    _text_view,
-    link_distribution,
-    runtime_closure,
-)
+from deploy.devtools.offline import _names, _server_members, _text_view, runtime_closure
 from deploy.sidecar.spec import parse_spec
 from deploy.sidecar.supervisor import Sidecar, sidecar_from_spec
 from tests.support.sidecars import QUICK_STOP
+from tests.support.text_env import environment_of, maps_torch, stub_processes
 
 VERSION = f"{sys.version_info.major}.{sys.version_info.minor}"
 
@@ -67,19 +61,6 @@ def test_text_view_links_the_runtime_packages_without_numpy_or_torch(tmp_path: P
 
 
 @pytest.fixture(scope="module")
-def text_env(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A text environment as ``install`` makes it, with this environment's numpy linked in."""
-    from importlib.metadata import distribution
-
-    root = tmp_path_factory.mktemp("offline")
-    view = _text_view(root / "text-view", runtime_closure(VERSION))
-    env = root / "text-env"
-    site = _layer(env, [str(view)])
-    link_distribution(distribution("numpy"), site)
-    return env
-
-
-@pytest.fixture(scope="module")
 def text_env_sidecar(
     text_env: Path, tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Sidecar]:
@@ -101,16 +82,6 @@ def text_env_sidecar(
     sidecar.stop()
 
 
-def _stubs(server_pid: int) -> dict[str, int]:
-    """Model name -> pid of its Python-backend stub, among tritonserver's children."""
-    found = {}
-    for child in Path(f"/proc/{server_pid}/task/{server_pid}/children").read_text().split():
-        argv = Path(f"/proc/{child}/cmdline").read_bytes().split(b"\0")
-        if argv[0].endswith(b"triton_python_backend_stub"):
-            found[Path(argv[1].decode()).parent.parent.name] = int(child)
-    return found
-
-
 @pytest.mark.slow
 def test_text_models_run_in_their_environment_and_generate(
     text_env_sidecar: Sidecar, text_env: Path
@@ -125,21 +96,16 @@ def test_text_models_run_in_their_environment_and_generate(
     assert not [event for event in events if "error" in event]
     assert "".join(event["text_output"] for event in events)
 
-    stubs = _stubs(text_env_sidecar.pid)
+    stubs = stub_processes(text_env_sidecar.pid)
     assert set(stubs) == {
         f"txt_{name}"
         for name in ("preprocessing", "postprocessing", "tensorrt_llm_bls", "tensorrt_llm")
     }
     for name, pid in stubs.items():
-        environ = dict(
-            item.split("=", 1)
-            for item in Path(f"/proc/{pid}/environ").read_text().split("\0")
-            if "=" in item
-        )
-        maps = Path(f"/proc/{pid}/maps").read_text()
+        environment, torch = environment_of(pid), maps_torch(pid)
         if name == "txt_tensorrt_llm":
-            assert environ.get("VIRTUAL_ENV") != str(text_env)
-            assert "libtorch" in maps
+            assert environment != text_env
+            assert torch
         else:
-            assert environ.get("VIRTUAL_ENV") == str(text_env), name
-            assert "libtorch" not in maps, name
+            assert environment == text_env, name
+            assert not torch, name

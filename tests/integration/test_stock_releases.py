@@ -24,7 +24,13 @@ from tests.support.engine import beam_texts
 from tests.support.gateway import LiveGateway
 from tests.support.lora import peft_greedy
 from tests.support.pipeline_calls import Stream, generate
-from tests.support.stock import BLS_LOADS, STOCK_MODELS, start_stock_sidecar
+from tests.support.stock import (
+    BLS_LOADS,
+    PYTHON_MODELS,
+    STOCK_MODELS,
+    imports_torch,
+    start_stock_sidecar,
+)
 from tests.support.stock_stack import (
     LORA_RELEASES,
     TOKENS_PER_BLOCK,
@@ -32,6 +38,7 @@ from tests.support.stock_stack import (
     Stack,
     stock_settings,
 )
+from tests.support.text_env import environment_of, maps_torch, stub_processes
 
 pytestmark = pytest.mark.slow
 
@@ -52,12 +59,13 @@ def stack(
     tiny_model_dir: Path,
     tmp_path_factory: pytest.TempPathFactory,
     adapters: dict[str, Path],
+    text_env: Path,
 ) -> Iterator[Stack]:
     if not STOCK_MODELS.is_dir():
         pytest.skip(f"the stock models are not beside the checkout ({STOCK_MODELS})")
     release, decoupled = request.param
     workdir = tmp_path_factory.mktemp(f"stock-{release}-{decoupled}")
-    sidecar = start_stock_sidecar(release, decoupled, tiny_model_dir, workdir)
+    sidecar = start_stock_sidecar(release, decoupled, tiny_model_dir, workdir, text_env=text_env)
     records = Records()
     logging.getLogger("adapters.triton.client").addHandler(records)
     settings = stock_settings(sidecar.grpc_url, tiny_model_dir, release, adapters["lora-a"])
@@ -70,6 +78,23 @@ def stack(
         client.close()
         gateway.stop()
         sidecar.stop()
+
+
+def test_models_that_load_without_torch_run_in_the_text_environment(
+    stack: Stack, text_env: Path
+) -> None:
+    stubs = stub_processes(stack.sidecar.pid or 0)
+    torch_free = {
+        name
+        for name in PYTHON_MODELS
+        if name in stubs and not imports_torch(STOCK_MODELS / f"{stack.release}.0" / name)
+    }
+    assert {"preprocessing", "postprocessing"} <= torch_free
+    has_bls = BLS_LOADS[stack.release]
+    assert ("tensorrt_llm_bls" in torch_free) == (has_bls and stack.release != "v0.19")
+    for name, pid in stubs.items():
+        assert (environment_of(pid) == text_env) == (name in torch_free), name
+        assert maps_torch(pid) == (name not in torch_free), name
 
 
 def _chat(stack: Stack, model: str, **params: Any) -> tuple[str, str, Any]:

@@ -85,13 +85,18 @@ def _scalar(value: Any) -> Any:
 
 @pytest.fixture(scope="module", params=RELEASES)
 def recorder(
-    request: pytest.FixtureRequest, tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+    request: pytest.FixtureRequest,
+    tiny_model_dir: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+    text_env: Path,
 ) -> Iterator[Recorder]:
     if not STOCK_MODELS.is_dir():
         pytest.skip(f"the stock models are not beside the checkout ({STOCK_MODELS})")
     release = request.param
     workdir = tmp_path_factory.mktemp(f"audit-{release}")
-    sidecar = start_stock_sidecar(release, True, tiny_model_dir, workdir, RECORDING_ENGINE)
+    sidecar = start_stock_sidecar(
+        release, True, tiny_model_dir, workdir, RECORDING_ENGINE, text_env=text_env
+    )
 
     def model(name: str, entry: str) -> ModelSettings:
         return ModelSettings(

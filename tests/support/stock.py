@@ -4,7 +4,10 @@ Filled the way a user fills them: `fill_template.py` with only the values the ba
 examples set for that release (README at v0.19.0, plus the two guided-decoding values of its
 `docs/guided_decoding.md` and a `max_beam_width`; `docs/llama.md` before, whose README has
 tables only), everything else left as shipped. The one change to drop the torch engine in is
-`tensorrt_llm`'s backend (`python`, with our engine's `model.py` in `tensorrt_llm/1/`).
+`tensorrt_llm`'s backend (`python`, with our engine's `model.py` in `tensorrt_llm/1/`). Given a
+text environment, the models that import no torch when they load (the preprocessing and
+postprocessing; the BLS before v0.19) run in it, as a deployment's `text_python_env` runs them:
+their stubs then start without importing torch (transformers imports it whenever it can).
 """
 
 from __future__ import annotations
@@ -29,6 +32,9 @@ NO_BLS_REASON = (
     "field defaults (ValueError: mutable default)"
 )
 NOSEED_ENSEMBLE = "ensemble_noseed"
+_TOP_LEVEL_TORCH = re.compile(r"^(?:import torch|from torch)\b", re.M)
+PYTHON_MODELS = ("preprocessing", "postprocessing", "tensorrt_llm_bls")
+_EXECUTION_ENV = '\nparameters: {{ key: "EXECUTION_ENV_PATH" value: {{ string_value: "{}" }} }}\n'
 MAX_BEAM_WIDTH = 4
 """v0.19's engine searches up to this many beams: its README leaves ``max_beam_width`` unset
 (width 1), which a deployment that searches beams sets. The older examples set it to 1."""
@@ -92,15 +98,23 @@ def _without_seed(ensemble: str) -> str:
     return text.replace('name: "ensemble"', f'name: "{NOSEED_ENSEMBLE}"', 1)
 
 
+def imports_torch(folder: Path) -> bool:
+    """Whether a stock model imports torch when it loads: at the top level of one of its files
+    (v0.19's preprocessing imports it inside the function of one input only)."""
+    return any(_TOP_LEVEL_TORCH.search(path.read_text()) for path in folder.rglob("*.py"))
+
+
 def write_stock_repository(
     release: str,
     decoupled: bool,
     model_dir: Path,
     out: Path,
     engine: Path = BACKENDS / "tensorrt_llm" / "model.py",
+    text_env: Path | None = None,
 ) -> list[str]:
     """The release's stock models filled as its examples fill them, ``engine`` as the
-    ``tensorrt_llm`` model's ``model.py``; returns the model names."""
+    ``tensorrt_llm`` model's ``model.py``, the Python models that need no torch in
+    ``text_env`` where one is given; returns the model names."""
     source = STOCK_MODELS / f"{release}.0"
     examples = _examples(release, decoupled, str(model_dir), str(model_dir))
     names = [name for name in examples if name != "tensorrt_llm_bls" or BLS_LOADS[release]]
@@ -112,6 +126,8 @@ def write_stock_repository(
             text = re.sub(r'^backend: "\w+"', 'backend: "python"', text, count=1, flags=re.M)
             (out / name / "1").mkdir()
             shutil.copy(engine, out / name / "1" / "model.py")
+        if text_env is not None and name in PYTHON_MODELS and not imports_torch(out / name):
+            text += _EXECUTION_ENV.format(text_env)
         config.write_text(text)
         if name == "ensemble":
             # The shipped folder holds an empty version directory that a copy of it may lack.
@@ -141,10 +157,11 @@ def start_stock_sidecar(
     model_dir: Path,
     workdir: Path,
     engine: Path = BACKENDS / "tensorrt_llm" / "model.py",
+    text_env: Path | None = None,
 ) -> Sidecar:
     """Start tritonserver on the release's stock repository (stopped by the caller)."""
     repository = workdir / "repo"
-    write_stock_repository(release, decoupled, model_dir, repository, engine)
+    write_stock_repository(release, decoupled, model_dir, repository, engine, text_env)
     sidecar = Sidecar(
         f"stock{release.replace('.', '')}",
         repository,

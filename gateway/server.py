@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import signal
 import socket
@@ -56,6 +57,8 @@ class DrainingServer(uvicorn.Server):
         self._loop = asyncio.get_running_loop()
         self._watch = asyncio.ensure_future(self._exit_on_failure())
         await super().startup(sockets)  # type: ignore[arg-type]
+        if self.started:
+            freeze_heap()
         if self.started and self._on_started is not None:
             self._on_started()
 
@@ -111,6 +114,15 @@ class DrainingServer(uvicorn.Server):
             # The grace is spent: uvicorn must not wait it out a second time.
             self.config.timeout_graceful_shutdown = 1
         self.should_exit = True
+
+
+def freeze_heap() -> None:
+    """Leave what start-up built (the app, tokenizers, templates, imported modules: some 10^5
+    objects) out of every later garbage collection: collected once, then frozen. A full
+    collection otherwise walks all of it, one pause of tens of milliseconds for every stream of
+    the process; cycles made while serving are still collected."""
+    gc.collect()
+    gc.freeze()
 
 
 def uvicorn_config(app: Litestar, settings: Settings, **overrides: Any) -> uvicorn.Config:

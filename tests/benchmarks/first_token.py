@@ -132,6 +132,7 @@ def run(args: argparse.Namespace) -> str:
     finally:
         os.environ.clear()
         os.environ.update(environment)
+    background: tuple[Any, Any, float] | None = None
     try:
         engine_path = f"/v2/models/{capacity.ENGINE_MODEL}/generate_stream"
         clients = {
@@ -151,8 +152,11 @@ def run(args: argparse.Namespace) -> str:
                     sent[probe] = times
                 time.sleep(args.pause)
         if background is not None:
-            pool, load = background
-            errors = sum(1 for part, _ in load.get() for sample in part if sample[5] is not None)
+            pool, load, seconds = background
+            if load.ready():
+                raise RuntimeError("the background load ended before the probes did")
+            parts = load.get(timeout=seconds + 150.0)
+            errors = sum(1 for part, _ in parts for sample in part if sample[5] is not None)
             pool.close()
             if errors:
                 raise RuntimeError(f"{errors} background requests failed")
@@ -169,23 +173,28 @@ def run(args: argparse.Namespace) -> str:
     return report(args, sent, marks)
 
 
-def _background(args: argparse.Namespace, url: str) -> tuple[Any, Any] | None:
-    """``--background`` streams of 128-token completions through the gateway, for as long as
-    the probes take (their pool and pending result); warmed up before the probes start."""
+def _background(args: argparse.Namespace, url: str) -> tuple[Any, Any, float] | None:
+    """``--background`` streams of 128-token completions through the gateway, for longer than
+    the probes take (their pool, pending result and seconds); under way before the probes
+    start. The probes check that it still runs when they end."""
     if not args.background:
         return None
     host, port = url.removeprefix("http://").rsplit(":", 1)
     per_probe_s = args.pause + args.tokens / 80.0 + 0.05
-    seconds = 3 * (args.warmup + args.requests) * per_probe_s + 10.0
+    seconds = 1.5 * 3 * (args.warmup + args.requests) * per_probe_s + 10.0
     job = {"host": host, "port": int(port), "path": "/v1/completions", "direct": False,
            "body": {"model": "lt", "prompt": capacity.PROMPT, "max_tokens": 128, "stream": True},
            "seconds": seconds, "stagger_s": 128 / 80.0}  # fmt: skip
     shares = [s for s in capacity._spread(args.background, args.clients) if s]
     jobs = [{**job, "streams": share, "phase": i / len(shares)} for i, share in enumerate(shares)]
     pool = multiprocessing.get_context("spawn").Pool(len(jobs))
-    load = pool.map_async(capacity._client_main, jobs)
-    time.sleep(5.0)
-    return pool, load
+    try:
+        load = pool.map_async(capacity._client_main, jobs)
+        time.sleep(5.0)
+    except BaseException:
+        pool.terminate()
+        raise
+    return pool, load, seconds
 
 
 def report(

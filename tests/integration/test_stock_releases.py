@@ -84,13 +84,15 @@ def test_models_that_load_without_torch_run_in_the_text_environment(
     stack: Stack, text_env: Path
 ) -> None:
     stubs = stub_processes(stack.sidecar.pid or 0)
+    has_bls = BLS_LOADS[stack.release]
+    python_models = {"preprocessing", "postprocessing", "tensorrt_llm"}
+    assert set(stubs) == python_models | ({"tensorrt_llm_bls"} if has_bls else set())
     torch_free = {
         name
         for name in PYTHON_MODELS
         if name in stubs and not imports_torch(STOCK_MODELS / f"{stack.release}.0" / name)
     }
     assert {"preprocessing", "postprocessing"} <= torch_free
-    has_bls = BLS_LOADS[stack.release]
     assert ("tensorrt_llm_bls" in torch_free) == (has_bls and stack.release != "v0.19")
     for name, pid in stubs.items():
         assert (environment_of(pid) == text_env) == (name in torch_free), name

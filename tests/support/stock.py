@@ -100,7 +100,8 @@ def _without_seed(ensemble: str) -> str:
 
 def imports_torch(folder: Path) -> bool:
     """Whether a stock model imports torch when it loads: at the top level of one of its files
-    (v0.19's preprocessing imports it inside the function of one input only)."""
+    (v0.19's preprocessing imports it only inside the methods of its vision preprocessor,
+    which multimodal models use)."""
     return any(_TOP_LEVEL_TORCH.search(path.read_text()) for path in folder.rglob("*.py"))
 
 

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import os
 import time
-from pathlib import Path
 
 import httpx
 import pytest
 
 from deploy.sidecar.supervisor import Sidecar
+from tests.support.engine_probe import EngineProcess
 from tests.support.gateway import (  # noqa: F401
     BLS_MODEL,
     ENGINE_MODEL,
@@ -21,43 +20,22 @@ from tests.support.gateway import (  # noqa: F401
 from tests.support.prometheus import value
 
 pytestmark = pytest.mark.slow
-TICKS = os.sysconf("SC_CLK_TCK")
 # Two sequences of 4000 tokens keep the tiny engine busy for several seconds (about 800 tokens/s
 # on one core when idle), well past the second and a half this test looks at.
 LONG = {"prompt": "The cat", "max_tokens": 4000, "min_tokens": 4000, "n": 2}
 
 
-def engine_pid(sidecar: Sidecar, model: str) -> int:
-    """The Python-backend stub process running one model of the sidecar."""
-    script = str(sidecar.repository / model / "1" / "model.py")
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if b"triton_python_backend_stub" in argv[0] and script.encode() in argv:
-            return int(entry.name)
-    raise LookupError(f"no stub process runs {script}")
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICKS
-
-
-def cpu_rate(pid: int, seconds: float) -> float:
+def cpu_rate(engine: EngineProcess, seconds: float) -> float:
     """CPU seconds per second the process uses over the next ``seconds``."""
-    start, began = cpu_seconds(pid), time.monotonic()
+    start, began = engine.cpu_seconds(), time.monotonic()
     time.sleep(seconds)
-    return (cpu_seconds(pid) - start) / (time.monotonic() - began)
+    return (engine.cpu_seconds() - start) / (time.monotonic() - began)
 
 
-def wait_until_idle(pid: int, timeout_s: float = 15.0) -> None:
+def wait_until_idle(engine: EngineProcess, timeout_s: float = 15.0) -> None:
     """Let generations of earlier tests drain before measuring this one."""
     deadline = time.monotonic() + timeout_s
-    while cpu_rate(pid, 0.3) >= 0.1:
+    while cpu_rate(engine, 0.3) >= 0.1:
         assert time.monotonic() < deadline, "the engine never became idle"
 
 
@@ -85,7 +63,7 @@ def test_disconnect_stops_the_engine(
     model: str,
     stream: bool,
 ) -> None:
-    engine = engine_pid(sidecar, f"{model.split('-')[0]}_tensorrt_llm")
+    engine = EngineProcess(sidecar, f"{model.split('-')[0]}_tensorrt_llm")
     wait_until_idle(engine)
     body = {"model": model, **LONG, "stream": stream}
     # A client that stops reading mid-stream needs no read timeout; one waiting for a whole
@@ -101,10 +79,10 @@ def test_disconnect_stops_the_engine(
                         busy = cpu_rate(engine, 0.3)
                         break
         else:
-            began = cpu_seconds(engine), time.monotonic()
+            began = engine.cpu_seconds(), time.monotonic()
             with pytest.raises(httpx.ReadTimeout):  # the client gives up and hangs up
                 client.post("/v1/completions", json=body)
-            busy = (cpu_seconds(engine) - began[0]) / (time.monotonic() - began[1])
+            busy = (engine.cpu_seconds() - began[0]) / (time.monotonic() - began[1])
     assert busy > 0.25, "the engine should have been generating"
     time.sleep(0.3)  # the engine checks for cancellation every 100 ms
     assert cpu_rate(engine, 1.0) < 0.1, "the engine kept generating after the disconnect"

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import sys
 import sysconfig
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,10 +13,9 @@ import pytest
 from deploy.devtools.offline import _names, _server_members, _text_view, runtime_closure
 from deploy.sidecar.spec import parse_spec
 from deploy.sidecar.supervisor import Sidecar, sidecar_from_spec
+from tests.support.engine_probe import EngineProcess
 from tests.support.sidecars import QUICK_STOP
-from tests.support.text_env import environment_of, maps_torch, stub_processes
-
-VERSION = f"{sys.version_info.major}.{sys.version_info.minor}"
+from tests.support.text_env import VERSION
 
 
 def test_runtime_closure_holds_the_gateway_and_not_the_engine() -> None:
@@ -96,16 +94,15 @@ def test_text_models_run_in_their_environment_and_generate(
     assert not [event for event in events if "error" in event]
     assert "".join(event["text_output"] for event in events)
 
-    stubs = stub_processes(text_env_sidecar.pid)
+    stubs = EngineProcess.every(text_env_sidecar)
     assert set(stubs) == {
         f"txt_{name}"
         for name in ("preprocessing", "postprocessing", "tensorrt_llm_bls", "tensorrt_llm")
     }
-    for name, pid in stubs.items():
-        environment, torch = environment_of(pid), maps_torch(pid)
+    for name, stub in stubs.items():
         if name == "txt_tensorrt_llm":
-            assert environment != text_env
-            assert torch
+            assert stub.environment() != text_env
+            assert stub.maps_torch()
         else:
-            assert environment == text_env, name
-            assert not torch, name
+            assert stub.environment() == text_env, name
+            assert not stub.maps_torch(), name

@@ -21,6 +21,7 @@ import openai
 import pytest
 
 from tests.support.engine import beam_texts
+from tests.support.engine_probe import EngineProcess
 from tests.support.gateway import LiveGateway
 from tests.support.lora import peft_greedy
 from tests.support.pipeline_calls import Stream, generate
@@ -38,7 +39,6 @@ from tests.support.stock_stack import (
     Stack,
     stock_settings,
 )
-from tests.support.text_env import environment_of, maps_torch, stub_processes
 
 pytestmark = pytest.mark.slow
 
@@ -83,7 +83,7 @@ def stack(
 def test_models_that_load_without_torch_run_in_the_text_environment(
     stack: Stack, text_env: Path
 ) -> None:
-    stubs = stub_processes(stack.sidecar.pid or 0)
+    stubs = EngineProcess.every(stack.sidecar)
     has_bls = BLS_LOADS[stack.release]
     python_models = {"preprocessing", "postprocessing", "tensorrt_llm"}
     assert set(stubs) == python_models | ({"tensorrt_llm_bls"} if has_bls else set())
@@ -94,9 +94,9 @@ def test_models_that_load_without_torch_run_in_the_text_environment(
     }
     assert {"preprocessing", "postprocessing"} <= torch_free
     assert ("tensorrt_llm_bls" in torch_free) == (has_bls and stack.release != "v0.19")
-    for name, pid in stubs.items():
-        assert (environment_of(pid) == text_env) == (name in torch_free), name
-        assert maps_torch(pid) == (name not in torch_free), name
+    for name, stub in stubs.items():
+        assert (stub.environment() == text_env) == (name in torch_free), name
+        assert stub.maps_torch() == (name not in torch_free), name
 
 
 def _chat(stack: Stack, model: str, **params: Any) -> tuple[str, str, Any]:

@@ -32,7 +32,10 @@ RPM, TPM, BURST = 120, 3000, 0.05
 KEYS = {name: new_key() for name in ("rpm", "tpm", "conc", "spare")}
 ADMIN_KEY = new_key()
 LEASE_TTL_S = 2.0
-DURATION_S = 20.5
+DURATION_S = 10.5
+TOLERANCE = 2
+"""Requests (of the request limit; of the token limit, their tokens) that the admitted total may
+be off what the limits allow over the run: the last admission's timing either way."""
 
 
 @dataclass
@@ -201,8 +204,8 @@ def test_limits_hold_across_two_replicas_at_three_times_the_limit(
         )
     assert requests.errors == tokens.errors == []
     assert requests.refused > requests.admitted and tokens.refused > tokens.admitted
-    assert abs(requests.admitted / allowed_requests - 1) <= 0.05
-    assert abs(tokens.tokens / allowed_tokens - 1) <= 0.05
+    assert abs(requests.admitted - allowed_requests) <= TOLERANCE
+    assert abs(tokens.tokens - allowed_tokens) <= TOLERANCE * prompt
 
 
 def test_a_revoked_key_is_locked_out_on_both_replicas_within_a_second(

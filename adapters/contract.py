@@ -167,6 +167,10 @@ class GenerationRequest:
     """Awaited once the request is prepared and before anything of it is sent: the caller's
     admission, answered meanwhile. What it raises ends the request, which never reached the
     server, and is passed on as it is."""
+    send_ahead: bool = False
+    """The caller expects ``admitted`` to admit (its tenant is far from its limits): the request
+    may be sent before the answer comes, and is awaited right after. A refusal then stops the
+    request at the server before any of its output is passed on."""
 
     async def wait_admitted(self) -> None:
         """Await ``admitted``, where the caller gave one."""
@@ -213,7 +217,8 @@ class Backend(Protocol):
         self, target: ModelTarget, request: GenerationRequest
     ) -> AsyncIterator[TokenChunk]:
         """Stream the completion of one prompt; cancelling the iteration cancels the request.
-        ``request.wait_admitted()`` is awaited before anything of it is sent."""
+        ``request.wait_admitted()`` is awaited before anything of it is sent, or with
+        ``request.send_ahead`` before any of its output is yielded."""
         ...
 
     async def is_ready(self, target: ModelTarget) -> bool:

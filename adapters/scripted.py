@@ -52,14 +52,18 @@ class ScriptedBackend:
     async def generate(
         self, target: ModelTarget, request: GenerationRequest
     ) -> AsyncIterator[TokenChunk]:
-        """Replay the script; a stream closed before its end is recorded in ``closed_early``."""
-        await request.wait_admitted()
+        """Replay the script; a stream closed before its end is recorded in ``closed_early``
+        (a request sent ahead of its admission and refused included)."""
+        if not request.send_ahead:
+            await request.wait_admitted()
         self.requests.append(request)
         self.urls.append(target.url)
         if target.url in self.down:
             raise BackendUnavailable(f"{target.url}: failed to connect")
         finished = False
         try:
+            if request.send_ahead:
+                await request.wait_admitted()
             if target.url in self.hung:
                 await asyncio.Event().wait()
             for step in self.chunks_for(request):

@@ -297,10 +297,16 @@ class TritonBackend:
             await request.wait_admitted()
             raise
         operation = f"request {request_id} to {target.triton_model}"
-        await request.wait_admitted()
+        if not request.send_ahead:
+            await request.wait_admitted()
         call = self._call(target, request, request_id, tensors, exchange, deadline)
         logger.debug("%s: streaming=%s via %s", operation, exchange.streaming, type(call).__name__)
         try:
+            if request.send_ahead:
+                # On its way while the admission is answered: a refusal stops it (``_release``)
+                # before anything of it is read.
+                call.start()
+                await request.wait_admitted()
             with beam_width_named(request.params.beam), map_triton_errors(operation):
                 while not exchange.finished:
                     chunk = exchange.on_replies(await call.read())

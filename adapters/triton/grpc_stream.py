@@ -89,6 +89,10 @@ def _outputs(response: service_pb2.ModelInferResponse, names: Sequence[str]) -> 
 class Call(Protocol):
     """A request on its way to Triton, whichever the transport."""
 
+    def start(self) -> None:
+        """Send the request now where that takes no wait; else it goes at the first read."""
+        ...
+
     async def read(self) -> list[Reply] | None:
         """The responses that arrived (at least one); ``None`` once the stream ended."""
         ...
@@ -127,6 +131,9 @@ class GrpcCall:
         self._shielded = shielded
         self._deadline = deadline
         self._pending: asyncio.Future[Any] | None = None
+
+    def start(self) -> None:
+        """Nothing to do: grpcio sends the request once the call is opened."""
 
     async def read(self) -> list[Reply] | None:
         """The next reply (grpcio reads one message at a time); ``None`` at the stream's end."""

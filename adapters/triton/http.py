@@ -119,6 +119,8 @@ class HttpCall:
         """The task reading while the deadline passes, woken by it where the call stays open."""
         self._request = _request_bytes(url, path, body, headers)
         self._connection: Connection | None = None
+        self._spare = False
+        """The connection is the spare opened ahead, which Triton may have let go."""
         self._frames = ChunkedEvents()
         self._expiry: asyncio.TimerHandle | None = None
         self._expired = False
@@ -161,27 +163,34 @@ class HttpCall:
             self.cancel()
             return False
 
+    def start(self) -> None:
+        """Send the request now on the spare connection, where one is ready (else it is sent
+        at the first read)."""
+        if self._connection is not None or self._answered:
+            return
+        spare = self._streams.take_spare(self._url)
+        if spare is not None:
+            self._connection, self._spare = spare, True
+            spare[1].write(self._request)
+
     async def _send(self) -> None:
-        """Send the request on a new connection, or on a spare that Triton may have let go, and
-        read the answer's head."""
-        self._connection, spare = await self._streams.connect(self._url)
+        """Send the request (unless ``start`` did) on a new connection, or on a spare that
+        Triton may have let go, and read the answer's head."""
+        if self._connection is None:
+            self._connection, self._spare = await self._streams.connect(self._url)
+            self._connection[1].write(self._request)
         try:
-            status, headers = await self._request_head()
+            status, headers = await _head(self._connection[0])
         except (ConnectionError, asyncio.IncompleteReadError):
-            if not spare:
+            if not self._spare:
                 raise
             self.cancel()
-            self._connection = await self._streams.open(self._url)
-            status, headers = await self._request_head()
+            self._connection, self._spare = await self._streams.open(self._url), False
+            self._connection[1].write(self._request)
+            status, headers = await _head(self._connection[0])
         self._answered = True
         if status != 200:
             raise HttpError(status, await _error_text(self._connection[0], headers))
-
-    async def _request_head(self) -> tuple[int, dict[bytes, bytes]]:
-        assert self._connection is not None
-        reader, writer = self._connection
-        writer.write(self._request)
-        return await _head(reader)
 
     def cancel(self) -> None:
         """Close the connection: Triton cancels the request if it is still running."""
@@ -198,7 +207,7 @@ class HttpCall:
         per call (a timeout armed around every read costs a timer per token)."""
         if self._expired and not self._draining:
             raise TimeoutError
-        if self._connection is None:
+        if not self._answered:
             async with asyncio.timeout_at(self._deadline):
                 await self._send()
             if self._deadline is not None:
@@ -303,14 +312,21 @@ class HttpStreams:
     async def connect(self, url: str) -> tuple[Connection, bool]:
         """A connection to ``url`` for one call, and whether it is the spare opened ahead; the
         next spare starts opening."""
+        spare = self.take_spare(url)
+        if spare is not None:
+            return spare, True
+        return await self.open(url), False
+
+    def take_spare(self, url: str) -> Connection | None:
+        """The spare connection to ``url`` for one call, where one is ready; the next spare
+        starts opening either way."""
         spare = self._take_spare(url)
         if url not in self._opening:
             task = asyncio.get_running_loop().create_task(self._open_spare(url))
             self._opening[url] = task
         if spare is not None:
             self._open.add(spare[1])
-            return spare, True
-        return await self.open(url), False
+        return spare
 
     async def open(self, url: str) -> Connection:
         """A new connection to ``url``, counted as a call's."""

@@ -264,14 +264,16 @@ class GenerationService:
         *,
         priority: int = 0,
         admitted: Callable[[], Awaitable[None]] | None = None,
+        send_ahead: bool = False,
     ) -> AsyncGenerator[Event, None]:
         """Every choice's events, interleaved as they arrive; closing it cancels the requests.
 
         ``meter`` counts the tokens used as they are generated; ``priority`` is the Triton
         request priority (0: the model's default); ``admitted`` is awaited by each backend
-        request before it is sent (``GenerationRequest.admitted``).
+        request before it is sent, or with ``send_ahead`` (an admission expected to admit) just
+        after (``GenerationRequest.admitted``); no event comes before it is answered.
         """
-        return self._observed(model, plan, meter or UsageMeter(), priority, admitted)
+        return self._observed(model, plan, meter or UsageMeter(), priority, admitted, send_ahead)
 
     def _opener(self, model: ServedModel, watch: GenerationWatch) -> Opener:
         """How the model's requests reach Triton: its one server, or a replica of its pool."""
@@ -290,6 +292,7 @@ class GenerationService:
         meter: UsageMeter,
         priority: int,
         admitted: Callable[[], Awaitable[None]] | None,
+        send_ahead: bool,
     ) -> AsyncGenerator[Event, None]:
         # Everything starts at the first iteration, so an unconsumed generator leaves no span.
         request_id = secrets.token_hex(16)
@@ -335,6 +338,7 @@ class GenerationService:
                     trace_headers=trace_headers,
                     images=spec.prompt.images,
                     admitted=gate,
+                    send_ahead=send_ahead and gate is not None,
                 )
 
             if plan.choices[0].params.beam is not None:

@@ -115,7 +115,8 @@ class CompletionPipeline:
         model = self.registry.get(body.model, tenant.allows_model, tenant.allows_adapter)
         plan = await self._plan(receive, tenant, model, endpoint, body)
         with self.observability.step("gateway.rate_limit"):
-            # A shared store answers while the Triton request is built: it is sent admitted.
+            # A shared store answers while the Triton request is built: it is sent admitted, or
+            # for a tenant far from its limits on its way meanwhile (``Admission.expected``).
             admission = await self.tenancy.admission(tenant, plan, headers)
         meter = UsageMeter()
         header = Header.new(endpoint.id_prefix, model.name)
@@ -130,7 +131,12 @@ class CompletionPipeline:
                 with self.observability.step("gateway.images"):
                     plan = await until_disconnect(receive, plan.with_images())
             events = self.generation.events(
-                model, plan, meter, priority=tenant.priority, admitted=admission.admitted
+                model,
+                plan,
+                meter,
+                priority=tenant.priority,
+                admitted=admission.admitted,
+                send_ahead=admission.expected,
             )
             if plan.stream:
                 # Once the stream is answered, it settles the ticket when it ends, however.

@@ -74,8 +74,10 @@ async def stream(
 ) -> AsyncGenerator[TokenChunk, None]:
     """The chunks of ``request`` from a replica of ``pool``; one failure before the first
     token moves it to another replica, later failures end it (in-band for a running stream)."""
-    # Admitted before a replica is picked: a refused request counts against none.
-    await request.wait_admitted()
+    # Admitted before a replica is picked, a refused request counting against none; or, sent
+    # ahead of its admission, stopped by a refusal as its first chunk is awaited.
+    if not request.send_ahead:
+        await request.wait_admitted()
     tried: list[Replica] = []
     while True:
         replica = pool.pick(request, exclude=tried).replica

@@ -3,8 +3,11 @@
 A shared store (Redis) answers an admission after a round trip: two wake-ups and a script, a few
 hundred microseconds on an idle host. Its command is sent as soon as the plan is counted, and
 the answer is awaited only once the Triton request is built, just before anything is sent to
-Triton (``GenerationRequest.admitted``), so the two overlap. A refused request still never
-reaches Triton. The memory store decides at once and has nothing to overlap.
+Triton (``GenerationRequest.admitted``), so the two overlap, and a refused request never reaches
+Triton. For a tenant that its last answer left far from every limit (``quota.far_from_limits``)
+the request goes to Triton before the answer comes, which then overlaps the engine's first
+token too; should the answer refuse after all, the request is stopped there before any of its
+output is passed on. The memory store decides at once and has nothing to overlap.
 """
 
 from __future__ import annotations
@@ -33,14 +36,22 @@ class Admission:
     """The admission of one request, decided or under way.
 
     ``admitted`` waits for the store's answer (a refusal raises the client's error, with its
-    headers); once admitted, the ticket's rate-limit headers go into ``headers``, the answer's.
+    headers); ``expected`` says that the answer is all but sure to admit, so the request may
+    be sent to Triton before it comes (a refusal then stops it); once admitted, the ticket's
+    rate-limit headers go into ``headers``, the answer's.
     ``settle`` settles the ticket whatever happened meanwhile, a request cancelled before its
     admission was answered included.
     """
 
     def __init__(
-        self, answer: asyncio.Future[Ticket], headers: dict[str, str], bound_s: float
+        self,
+        answer: asyncio.Future[Ticket],
+        headers: dict[str, str],
+        bound_s: float,
+        *,
+        expected: bool = False,
     ) -> None:
+        self.expected = expected
         self._answer = answer
         self._headers = headers
         self._bound_s = bound_s
@@ -57,11 +68,16 @@ class Admission:
 
     @classmethod
     def pending(
-        cls, ticket: Awaitable[Ticket], headers: dict[str, str], bound_s: float
+        cls,
+        ticket: Awaitable[Ticket],
+        headers: dict[str, str],
+        bound_s: float,
+        *,
+        expected: bool = False,
     ) -> Admission:
         """An admission whose store command is on its way: its answer is read in a task of its
         own, so a request cancelled meanwhile still learns whether it holds a ticket."""
-        return cls(asyncio.ensure_future(ticket), headers, bound_s)
+        return cls(asyncio.ensure_future(ticket), headers, bound_s, expected=expected)
 
     async def admitted(self) -> None:
         """Wait for the store's answer; a refusal raises the client's error."""

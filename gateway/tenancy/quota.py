@@ -66,6 +66,37 @@ class Quota:
     tokens: tuple[Limit, Decision] | None = None
 
 
+HEADROOM = 0.25
+"""The share of every bucket a request must leave in the last answer's count to be sent ahead
+of its admission: other requests of the tenant (other workers' and replicas' included) would
+have to take that much since, all at once, for the admission to refuse it."""
+
+
+def far_from_limits(limits: Limits, known: Quota | None, tokens: int) -> bool:
+    """Whether the tenant's last answer (``known``) left it so far from its ``limits`` that a
+    request of ``tokens`` is all but sure to be admitted: every limit is one the answer shows
+    (a concurrency limit is not, nor daily tokens beside per-minute ones), shown as they are
+    now, and after the request each would still hold ``HEADROOM`` of its capacity."""
+    if known is None or limits.concurrency is not None:
+        return False
+    if limits.tokens is not None and limits.daily_tokens is not None:
+        return False
+    shown = (
+        (limits.requests, known.requests, 1.0),
+        (limits.tokens or limits.daily_tokens, known.tokens, float(tokens)),
+    )
+    for limit, entry, cost in shown:
+        if limit is None and entry is None:
+            continue
+        if limit is None or entry is None:
+            # A limit added or removed since the answer.
+            return False
+        counted, decision = entry
+        if counted != limit or decision.remaining - cost < HEADROOM * limit.capacity:
+            return False
+    return True
+
+
 class Rejected(Exception):
     """A limit refused the request."""
 

@@ -32,7 +32,15 @@ from gateway.tenancy.admission import Admission
 from gateway.tenancy.config import TenancySettings, TenantPolicy
 from gateway.tenancy.directory import Directory
 from gateway.tenancy.keys import MalformedKey, matches, presented_key
-from gateway.tenancy.quota import Limits, MemoryStore, Quota, QuotaStore, Rejected, StoreUnavailable
+from gateway.tenancy.quota import (
+    Limits,
+    MemoryStore,
+    Quota,
+    QuotaStore,
+    Rejected,
+    StoreUnavailable,
+    far_from_limits,
+)
 from gateway.tenancy.redis_store import RedisStore
 
 logger = logging.getLogger(__name__)
@@ -205,18 +213,21 @@ class Tenancy:
         """The plan's admission: decided (the memory store), or under way while the request is
         prepared (a shared store; see ``Admission``). Its rate-limit headers go into
         ``headers`` once admitted."""
-        ticket = self.admit(tenant, plan)
+        limits, tokens = Limits.of(tenant), reservation(plan)
+        ticket = self._admit(tenant, limits, tokens)
         bound_s = self.settings.store.timeout_s + 1.0
         if isinstance(self.store, MemoryStore):
             return Admission.decided(await ticket, headers, bound_s)
-        return Admission.pending(ticket, headers, bound_s)
+        expected = far_from_limits(limits, self._known.get(tenant.name), tokens)
+        return Admission.pending(ticket, headers, bound_s, expected=expected)
 
     def admit(self, tenant: TenantPolicy, plan: Plan) -> Awaitable[Ticket]:
         """Reserve the plan's worst case against every limit of the tenant, or refuse it (when
         awaited). A shared store's command is on its way when this returns, so the result must
         be awaited and its ticket settled (``admission`` sees to both)."""
-        limits = Limits.of(tenant)
-        tokens = reservation(plan)
+        return self._admit(tenant, Limits.of(tenant), reservation(plan))
+
+    def _admit(self, tenant: TenantPolicy, limits: Limits, tokens: int) -> Awaitable[Ticket]:
         self._check_fits(limits, tokens)
         lease = secrets.token_hex(16)
         return self._ticket(

@@ -254,3 +254,47 @@ async def test_an_admitted_request_runs_every_choice(served: ServedModel) -> Non
     events = [e async for e in service.events(served, plan(2), admitted=admitted)]
     assert sorted(e.index for e in events if isinstance(e, ChoiceEnd)) == [0, 1]
     assert waited >= 2 and len(backend.requests) == 2
+
+
+async def test_a_request_sent_ahead_goes_before_its_answer_and_a_refusal_passes_nothing_on(
+    served: ServedModel,
+) -> None:
+    answered = asyncio.get_running_loop().create_future()
+
+    async def admitted() -> None:
+        await asyncio.shield(answered)
+
+    backend = ScriptedBackend(chunks("x", "y"))
+    events = GenerationService(backend, timeout_s=5).events(
+        served, plan(2), admitted=admitted, send_ahead=True
+    )
+    first = asyncio.ensure_future(anext(events))
+    await asyncio.sleep(0.05)
+    assert not first.done(), "nothing is passed on before the answer"
+    assert len(backend.requests) == 2 and all(r.send_ahead for r in backend.requests)
+    answered.set_exception(PermissionError("refused"))
+    with pytest.raises(PermissionError):
+        await first
+    await events.aclose()
+    assert sorted(backend.closed_early) == sorted(r.request_id for r in backend.requests)
+
+
+async def test_a_request_sent_ahead_and_admitted_streams_as_any_other(
+    served: ServedModel,
+) -> None:
+    answered = asyncio.get_running_loop().create_future()
+
+    async def admitted() -> None:
+        await asyncio.shield(answered)
+
+    backend = ScriptedBackend(chunks("x", "y"))
+    events = GenerationService(backend, timeout_s=5).events(
+        served, plan(1), admitted=admitted, send_ahead=True
+    )
+    first = asyncio.ensure_future(anext(events))
+    await asyncio.sleep(0.05)
+    assert not first.done() and len(backend.requests) == 1
+    answered.set_result(None)
+    rest = [await first] + [event async for event in events]
+    assert "".join(e.text for e in rest if isinstance(e, TextDelta)) == "xy"
+    assert backend.closed_early == []

@@ -19,7 +19,7 @@ from gateway.tenancy.config import (
 )
 from gateway.tenancy.gcra import Limit
 from gateway.tenancy.keys import KeyRing, MalformedKey, digest, matches, new_key, presented_key
-from gateway.tenancy.quota import Limits, Quota
+from gateway.tenancy.quota import HEADROOM, Limits, Quota, far_from_limits
 from gateway.tenancy.service import duration, rate_limit_headers, reservation
 
 PER_SECOND = Limit("requests", rate=60, period=60, capacity=3)  # one a second, three at once
@@ -116,6 +116,54 @@ def test_rate_limit_headers() -> None:
     }
     assert rate_limit_headers(Quota()) == {}
     assert rate_limit_headers(None) == {}
+
+
+def _left(limits: Limits, requests: float, tokens: float) -> Quota:
+    """An answer that left ``requests`` and ``tokens`` in the limits' buckets."""
+    token_limit = limits.tokens or limits.daily_tokens
+
+    def entry(limit: Limit | None, remaining: float) -> tuple[Limit, gcra.Decision] | None:
+        return None if limit is None else (limit, gcra.Decision(True, 0.0, 0.0, remaining, 1.0))
+
+    return Quota(requests=entry(limits.requests, requests), tokens=entry(token_limit, tokens))
+
+
+def test_a_request_is_expected_to_be_admitted_only_far_from_every_limit() -> None:
+    policy = TenantPolicy(name="t", requests_per_minute=100, tokens_per_minute=10_000, burst=1.0)
+    limits = Limits.of(policy)
+    far = _left(limits, 90, 9_000)
+    assert far_from_limits(limits, far, 1_000)
+    # After the request, each bucket must still hold HEADROOM of its capacity.
+    room = 9_000 - HEADROOM * 10_000
+    assert far_from_limits(limits, far, int(room))
+    assert not far_from_limits(limits, far, int(room) + 1)
+    assert not far_from_limits(limits, _left(limits, HEADROOM * 100, 9_000), 1)
+    # Nothing known yet: the first request of a tenant waits for its answer.
+    assert not far_from_limits(limits, None, 1)
+
+
+def test_limits_the_answer_does_not_show_are_never_expected_to_admit() -> None:
+    concurrency = Limits.of(TenantPolicy(name="c", tokens_per_minute=10_000, max_concurrency=50))
+    assert not far_from_limits(concurrency, _left(concurrency, 0, 10_000), 1)
+    both = Limits.of(TenantPolicy(name="d", tokens_per_minute=10_000, tokens_per_day=10**6))
+    assert not far_from_limits(both, _left(both, 0, 10_000), 1)
+    daily = Limits.of(TenantPolicy(name="e", tokens_per_day=10**6))
+    assert far_from_limits(daily, _left(daily, 0, 10**6), 1)
+    unlimited = Limits.of(TenantPolicy(name="u"))
+    assert far_from_limits(unlimited, Quota(), 10**9)
+
+
+def test_an_answer_under_other_limits_is_not_trusted() -> None:
+    """An admin edit since the answer (a limit added, removed or changed) waits for a new one."""
+    before = Limits.of(TenantPolicy(name="t", tokens_per_minute=10_000, burst=1.0))
+    known = _left(before, 0, 10_000)
+    assert far_from_limits(before, known, 1)
+    tighter = Limits.of(TenantPolicy(name="t", tokens_per_minute=5_000, burst=1.0))
+    assert not far_from_limits(tighter, known, 1)
+    added = Limits.of(TenantPolicy(name="t", requests_per_minute=10, tokens_per_minute=10_000))
+    assert not far_from_limits(added, known, 1)
+    removed = Limits.of(TenantPolicy(name="t"))
+    assert not far_from_limits(removed, known, 1)
 
 
 def test_keys_are_random_and_stored_as_digests() -> None:

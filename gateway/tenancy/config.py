@@ -89,6 +89,10 @@ class StoreSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     """A concurrency lease expires this long after its gateway stops renewing it."""
     refresh_s: float = 0.25
     """How often replicas look for tenants and keys changed through the admin API."""
+    send_ahead: bool = True
+    """Send the request of a tenant that Redis's last answer left far from its limits to Triton
+    before its admission is answered, stopping it there should the answer refuse; ``false``:
+    every request waits for its answer, and a refused one never reaches Triton."""
 
 
 class TenancySettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

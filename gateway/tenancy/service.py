@@ -218,7 +218,9 @@ class Tenancy:
         bound_s = self.settings.store.timeout_s + 1.0
         if isinstance(self.store, MemoryStore):
             return Admission.decided(await ticket, headers, bound_s)
-        expected = far_from_limits(limits, self._known.get(tenant.name), tokens)
+        expected = self.settings.store.send_ahead and far_from_limits(
+            limits, self._known.get(tenant.name), tokens
+        )
         return Admission.pending(ticket, headers, bound_s, expected=expected)
 
     def admit(self, tenant: TenantPolicy, plan: Plan) -> Awaitable[Ticket]:

@@ -260,14 +260,20 @@ def start_triton(
     return sidecar
 
 
-def gateway_config(sidecar: Sidecar, tokenizer: Path, workers: int) -> dict[str, Any]:
+def gateway_config(
+    sidecar: Sidecar, tokenizer: Path, workers: int, *, send_ahead: bool = True
+) -> dict[str, Any]:
     model = {"name": "lt", "triton_url": sidecar.grpc_url, "triton_http_url": sidecar.http_url,
              "triton_model": ENGINE_MODEL, "entry": "tensorrt_llm",
              "tokenizer_dir": str(tokenizer), "context_length": 4096}  # fmt: skip
     tenant = {"name": "bench", "requests_per_minute": 10_000_000, "tokens_per_minute": 10**12}
     return {
         "models": [model],
-        "tenancy": {"tenants": [tenant], "keys": [{"tenant": "bench", "sha256": digest(KEY)}]},
+        "tenancy": {
+            "tenants": [tenant],
+            "keys": [{"tenant": "bench", "sha256": digest(KEY)}],
+            "store": {"kind": "memory", "send_ahead": send_ahead},
+        },
         "server": {"workers": workers},
         "limits": {"request_timeout_s": 600},
         "log_level": "WARNING",
@@ -321,10 +327,12 @@ def run(
                 url, pid = running.enter_context(relayed)
                 targets.append(Target(f"relay-{workers}", url, direct, None,
                                       {**triton, "gateway": pid}))  # fmt: skip
-            for workers in args.workers:
-                name = f"gateway-{workers}"
-                url, process = serve_process(gateway_config(sidecar, tokenizer, workers), workdir,
-                                             name, timeout_s=180)  # fmt: skip
+            variants = [(w, True) for w in args.workers]
+            variants += [(w, False) for w in args.workers if args.waiting_admission]
+            for workers, ahead in variants:
+                name = f"gateway-{workers}" + ("" if ahead else "-waiting")
+                config = gateway_config(sidecar, tokenizer, workers, send_ahead=ahead)
+                url, process = serve_process(config, workdir, name, timeout_s=180)
                 running.callback(stop_process, process)
                 targets.append(Target(name, url, completion, chat,
                                       {**triton, "gateway": process.pid}))  # fmt: skip
@@ -354,6 +362,12 @@ def main() -> None:
         nargs="*",
         help="worker counts of the relay, the floor of a Python hop (tests/benchmarks/relay.py; "
         "default: the most gateway workers; none: no relay)",
+    )
+    parser.add_argument(
+        "--waiting-admission",
+        action="store_true",
+        help="also every gateway with tenancy.store.send_ahead off (gateway-N-waiting): each "
+        "request waits for its Redis admission before it goes to Triton",
     )
     parser.add_argument("--levels", type=int, nargs="+", default=list(LEVELS))
     parser.add_argument("--seconds", type=float, default=10.0)

@@ -229,3 +229,35 @@ async def test_an_admission_left_before_its_answer_still_settles(
         await again.settle(30)
     finally:
         await tenancy.close()
+
+
+@pytest.mark.parametrize("send_ahead", [True, False])
+async def test_an_admission_is_expected_only_once_an_answer_left_room(
+    redis_server: RedisServer, send_ahead: bool
+) -> None:
+    """A tenant's first request waits for its answer; once an answer left it far from its
+    limits the next is expected to be admitted, unless the store is told to wait always."""
+    policy = TenantPolicy(name="roomy", tokens_per_minute=6000, burst=1.0)
+    prefix = f"test-{uuid.uuid4().hex[:8]}"
+    store = StoreSettings(kind="redis", url=redis_server.url, prefix=prefix, send_ahead=send_ahead)
+    tenancy = Tenancy(TenancySettings(tenants=(policy,), store=store))
+    await tenancy.start()
+    small = Plan(model="m", choices=(ChoiceSpec(0, 0, Prompt("p", 10), SamplingParams(
+        max_tokens=20)),), stream=True, include_usage=False)  # fmt: skip
+    large = Plan(model="m", choices=(ChoiceSpec(0, 0, Prompt("p", 10), SamplingParams(
+        max_tokens=5000)),), stream=True, include_usage=False)  # fmt: skip
+    try:
+        first = await tenancy.admission(policy, small, {})
+        assert not first.expected
+        await first.admitted()
+        second = await tenancy.admission(policy, small, {})
+        assert second.expected is send_ahead
+        # Past the headroom: waits for its answer (which admits it).
+        third = await tenancy.admission(policy, large, {})
+        assert not third.expected
+        for admission in (second, third):
+            await admission.admitted()
+            await admission.settle(0)
+        await first.settle(0)
+    finally:
+        await tenancy.close()

@@ -28,7 +28,8 @@ from adapters.triton.beams import beam_inputs, beam_width_named
 from adapters.triton.config import ModelInputs, parse_model_config
 from adapters.triton.errors import classify
 from adapters.triton.grpc_stream import Call, GrpcCall, infer_request, open_stream
-from adapters.triton.http import HttpError, HttpStreams, carries, generate_body
+from adapters.triton.http import HttpError, HttpStreams
+from adapters.triton.http_wire import carries, generate_body
 from adapters.triton.responses import Exchange
 from adapters.triton.tensors import build_inputs, stop_request_inputs
 from adapters.triton.wire import WireTensor

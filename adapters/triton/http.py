@@ -23,25 +23,24 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
-from urllib.parse import SplitResult, urlsplit
 
-import msgspec
-import numpy as np
-
+from adapters.triton.http_wire import (
+    ChunkedEvents,
+    error_text,
+    read_head,
+    reply_of,
+    request_bytes,
+    split_url,
+)
 from adapters.triton.responses import Reply
-from adapters.triton.wire import WireTensor
 
-_JSON_TYPES = frozenset({"BOOL", "INT8", "INT16", "INT32", "INT64", "UINT8", "UINT16", "UINT32",
-                         "UINT64", "FP32", "FP64", "BYTES"})  # fmt: skip
 _STATUS_NAMES = {400: "INVALID_ARGUMENT", 404: "NOT_FOUND", 503: "UNAVAILABLE"}
 _DRAIN_S = 1.0
 SPARE_MAX_AGE_S = 2.0
 _READ_BYTES = 1 << 16
 Connection = tuple[asyncio.StreamReader, asyncio.StreamWriter]
-_decoder = msgspec.json.Decoder(dict[str, Any])
-_encoder = msgspec.json.Encoder()
 
 
 class HttpError(Exception):
@@ -55,42 +54,6 @@ class HttpError(Exception):
     def status_name(self) -> str | None:
         """The gRPC status name of the same failure, for the error classifier."""
         return _STATUS_NAMES.get(self.status)
-
-
-def carries(tensors: Sequence[WireTensor]) -> bool:
-    """Whether JSON can carry every input: not 16-bit floats (LoRA weights), and no more than one
-    dimension besides the batch (Triton's ``generate`` reads a JSON list as one dimension, so
-    stop and bad word lists, ``[1, 2, N]``, cannot go that way)."""
-    return all(tensor.datatype in _JSON_TYPES and tensor.ndim <= 2 for tensor in tensors)
-
-
-def generate_body(request_id: str, tensors: Sequence[WireTensor], *, priority: int = 0) -> bytes:
-    """A ``generate_stream`` request: each input without its batch dimension."""
-    body: dict[str, Any] = {"id": request_id}
-    for tensor in tensors:
-        body[tensor.name] = tensor.json_value()
-    if priority > 0:
-        body["parameters"] = {"priority": priority}
-    return _encoder.encode(body)
-
-
-def reply_of(event: bytes) -> Reply:
-    """One event's outputs as arrays, shaped as the gRPC responses' (batch and beam dims)."""
-    data = _decoder.decode(event)
-    error = data.pop("error", None)
-    if error is not None:
-        return Reply({}, error=str(error))
-    outputs = {}
-    for name, value in data.items():
-        if name in ("id", "model_name", "model_version"):
-            continue
-        if isinstance(value, str):
-            array = np.empty(1, dtype=object)
-            array[0] = value.encode()
-            outputs[name] = array.reshape(1, 1)
-        else:
-            outputs[name] = np.asarray(value).reshape(1, 1, -1)
-    return Reply(outputs)
 
 
 class HttpCall:
@@ -117,7 +80,9 @@ class HttpCall:
         self._draining = False
         self._waiting: asyncio.Task[Any] | None = None
         """The task reading while the deadline passes, woken by it where the call stays open."""
-        self._request = _request_bytes(url, path, body, headers)
+        self._request = request_bytes(url, path, body, headers)
+        self._sending: asyncio.Task[None] | None = None
+        """``start``'s dialling of a new connection that the request then goes on."""
         self._connection: Connection | None = None
         self._spare = False
         """The connection is the spare opened ahead, which Triton may have let go."""
@@ -144,13 +109,16 @@ class HttpCall:
         ended within ``timeout_s``. A call never sent, or closed already, has nothing to read;
         one whose reader left while waiting for Triton's answer has the answer's head read
         first."""
-        if self._connection is None:
+        if self._connection is None and self._sending is None:
             return True
         self._draining = True
         try:
             async with asyncio.timeout(timeout_s):
                 if not self._answered:
-                    status, _ = await _head(self._connection[0])
+                    if not await self._sent():
+                        return True
+                    assert self._connection is not None
+                    status, _ = await read_head(self._connection[0])
                     self._answered = True
                     if status != 200:
                         # Refused: nothing runs in Triton.
@@ -164,45 +132,71 @@ class HttpCall:
             return False
 
     def start(self) -> None:
-        """Send the request now on the spare connection, where one is ready (else it is sent
-        at the first read)."""
-        if self._connection is not None or self._answered:
+        """Send the request now: on the spare connection where one is ready, else on a new one
+        dialled in a task of its own (its first read waits for it). Without ``start`` the
+        request is sent at the first read."""
+        if self._connection is not None or self._sending is not None or self._answered:
             return
         spare = self._streams.take_spare(self._url)
         if spare is not None:
             self._connection, self._spare = spare, True
             spare[1].write(self._request)
+            return
+        self._sending = asyncio.ensure_future(self._dial_and_write())
+        self._sending.add_done_callback(_retrieve)
+
+    async def _dial_and_write(self) -> None:
+        connection = await self._streams.open(self._url)
+        self._connection, self._spare = connection, False
+        connection[1].write(self._request)
+
+    async def _sent(self) -> bool:
+        """Wait for ``start``'s dialling, if any: whether the request is on a connection (a
+        dial that failed or was cancelled sent nothing)."""
+        sending, self._sending = self._sending, None
+        if sending is not None:
+            with contextlib.suppress(OSError):
+                await sending
+        return self._connection is not None
 
     async def _send(self) -> None:
         """Send the request (unless ``start`` did) on a new connection, or on a spare that
         Triton may have let go, and read the answer's head."""
+        if self._sending is not None:
+            sending, self._sending = self._sending, None
+            # The dial's failure is the call's; a reader cancelled meanwhile cancels it too.
+            await sending
         if self._connection is None:
             self._connection, self._spare = await self._streams.connect(self._url)
             self._connection[1].write(self._request)
         try:
-            status, headers = await _head(self._connection[0])
+            status, headers = await read_head(self._connection[0])
         except (ConnectionError, asyncio.IncompleteReadError):
             if not self._spare:
                 raise
             self.cancel()
             self._connection, self._spare = await self._streams.open(self._url), False
             self._connection[1].write(self._request)
-            status, headers = await _head(self._connection[0])
+            status, headers = await read_head(self._connection[0])
         self._answered = True
         if status != 200:
-            raise HttpError(status, await _error_text(self._connection[0], headers))
+            raise HttpError(status, await error_text(self._connection[0], headers))
 
     def cancel(self) -> None:
         """Close the connection: Triton cancels the request if it is still running."""
         if self._expiry is not None:
             self._expiry.cancel()
             self._expiry = None
+        if self._sending is not None:
+            self._sending.cancel()
+            self._sending = None
         if self._connection is not None:
             self._streams.release(self._connection)
             self._connection = None
 
     async def _receive(self) -> None:
-        """Send the request (at the first read), then read what Triton streams. Sending and
+        """Send the request (at the first read, unless ``start`` did), then read what Triton
+        streams. Sending and
         the answer's head wait under the deadline; the stream's reads are bounded by one timer
         per call (a timeout armed around every read costs a timer per token)."""
         if self._expired and not self._draining:
@@ -252,38 +246,6 @@ class HttpCall:
             self._waiting.cancel()
 
 
-class ChunkedEvents:
-    """Server-sent events out of a chunked HTTP body, whatever the pieces it arrives in."""
-
-    def __init__(self) -> None:
-        self._raw = b""
-        self._text = b""
-        self._events: list[bytes] = []
-        self.ended = False
-
-    def feed(self, data: bytes) -> None:
-        """Add received bytes; complete chunks become events."""
-        self._raw += data
-        while not self.ended:
-            line_end = self._raw.find(b"\r\n")
-            if line_end < 0:
-                return
-            size = int(self._raw[:line_end].split(b";")[0], 16)
-            end = line_end + 2 + size + 2
-            if len(self._raw) < end:
-                return
-            self._text += self._raw[line_end + 2 : end - 2]
-            self._raw = self._raw[end:]
-            self.ended = size == 0
-            *events, self._text = self._text.split(b"\n\n")
-            self._events.extend(event.removeprefix(b"data: ") for event in events if event)
-
-    def take(self) -> list[bytes]:
-        """The events completed so far, each once."""
-        events, self._events = self._events, []
-        return events
-
-
 class HttpStreams:
     """The ``generate_stream`` calls to Triton servers, their open connections, and every
     server's spare connection, opened ahead for its next call."""
@@ -304,7 +266,8 @@ class HttpStreams:
         *,
         keep_open: bool = False,
     ) -> HttpCall:
-        """A ``generate_stream`` call of ``model`` (sent at its first read), bounded by the
+        """A ``generate_stream`` call of ``model`` (sent by ``start`` or at its first read),
+        bounded by the
         event loop time ``deadline`` (``HttpCall`` says what ``keep_open`` changes)."""
         path = f"/v2/models/{model}/generate_stream"
         return HttpCall(self, url, path, body, headers or {}, deadline, keep_open)
@@ -381,47 +344,12 @@ class HttpStreams:
         self._spares[url] = (connection, asyncio.get_running_loop().time())
 
 
-def _split(url: str) -> SplitResult:
-    """``url`` with or without its scheme."""
-    return urlsplit(url if "//" in url else f"http://{url}")
+def _retrieve(task: asyncio.Task[None]) -> None:
+    """Retrieve a background dial's failure (the call reports it, or nobody needs it)."""
+    if not task.cancelled():
+        task.exception()
 
 
 async def _dial(url: str) -> Connection:
-    parts = _split(url)
+    parts = split_url(url)
     return await asyncio.open_connection(parts.hostname, parts.port or 80)
-
-
-def _request_bytes(url: str, path: str, body: bytes, headers: Mapping[str, str]) -> bytes:
-    host = _split(url).netloc
-    extra = "".join(f"{name}: {value}\r\n" for name, value in headers.items())
-    return (
-        f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
-        f"Accept: text/event-stream\r\n{extra}Content-Length: {len(body)}\r\n\r\n"
-    ).encode() + body
-
-
-async def _head(reader: asyncio.StreamReader) -> tuple[int, dict[bytes, bytes]]:
-    raw = await reader.readuntil(b"\r\n\r\n")
-    lines = raw.split(b"\r\n")
-    status = int(lines[0].split(b" ", 2)[1])
-    headers = {}
-    for line in lines[1:]:
-        name, _, value = line.partition(b":")
-        if name:
-            headers[name.strip().lower()] = value.strip()
-    return status, headers
-
-
-async def _error_text(reader: asyncio.StreamReader, headers: Mapping[bytes, bytes]) -> str:
-    """The message of an error answer (Triton's ``{"error": "..."}``)."""
-    if headers.get(b"transfer-encoding", b"").lower() == b"chunked":
-        parts = []
-        while size := int((await reader.readuntil(b"\r\n"))[:-2].split(b";")[0], 16):
-            parts.append((await reader.readexactly(size + 2))[:-2])
-        body = b"".join(parts)
-    else:
-        body = await reader.readexactly(int(headers.get(b"content-length", b"0")))
-    try:
-        return str(_decoder.decode(body).get("error", body.decode(errors="replace")))
-    except msgspec.DecodeError:
-        return body.decode(errors="replace")

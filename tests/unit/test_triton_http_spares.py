@@ -130,3 +130,76 @@ async def test_an_unreachable_server_fails_the_call_and_leaves_nothing_open() ->
     await _settle()
     assert streams.open_connections == 0
     await streams.close()
+
+
+async def _requests_seen(server: Server, count: int) -> None:
+    """Wait (briefly) until the server has read ``count`` requests in all."""
+    async with asyncio.timeout(2.0):
+        while sum(peer.requests for peer in server.peers) < count:
+            await asyncio.sleep(0.01)
+
+
+@pytest.mark.parametrize("spare", [True, False], ids=["spare", "no-spare"])
+async def test_a_started_call_is_sent_before_its_first_read(spare: bool) -> None:
+    """``start`` sends the request at once: on the spare, or on a connection dialled for it;
+    the first read then only reads the answer, and the request goes out once."""
+    async with serving(Server()) as server:
+        streams = HttpStreams(spare_max_age_s=2.0 if spare else 0.0)
+        assert await tokens_of(streams.call(server.url, "m", b"{}")) == [5, 6]
+        await _settle()
+        call = streams.call(server.url, "m", b"{}")
+        call.start()
+        call.start()  # once only
+        await _requests_seen(server, 2)
+        assert await tokens_of(call) == [5, 6]
+        assert sum(peer.requests for peer in server.peers) == 2
+        assert server.peers[1].requests == (1 if spare else 0)
+        assert streams.open_connections == 0
+        await streams.close()
+
+
+@pytest.mark.parametrize("spare", [True, False], ids=["spare", "no-spare"])
+async def test_a_started_call_cancelled_before_any_read_closes_its_connection(spare: bool) -> None:
+    """A request refused after it went ahead: closing the call closes the connection it went
+    on (Triton cancels it), and a drain has nothing to wait for."""
+    async with serving(Server()) as server:
+        streams = HttpStreams(spare_max_age_s=2.0 if spare else 0.0)
+        assert await tokens_of(streams.call(server.url, "m", b"{}")) == [5, 6]
+        await _settle()
+        call = streams.call(server.url, "m", b"{}")
+        call.start()
+        await _requests_seen(server, 2)
+        call.cancel()
+        assert await call.drain(0.5)
+        await _settle()
+        carried = [peer for peer in server.peers if peer.requests]
+        assert len(carried) == 2 and all(peer.closed for peer in carried)
+        assert streams.open_connections == 0
+        await streams.close()
+
+
+async def test_a_started_call_is_drained_from_its_answer_on() -> None:
+    """An ensemble's call is stopped and read to its end (``drain``) when its request is refused
+    after it went ahead: the drain reads the answer's head and the stream, sending nothing."""
+    async with serving(Server()) as server:
+        streams = HttpStreams(spare_max_age_s=0.0)
+        call = streams.call(server.url, "m", b"{}", keep_open=True)
+        call.start()
+        assert await call.drain(2.0)
+        assert sum(peer.requests for peer in server.peers) == 1
+        await _settle()
+        assert streams.open_connections == 0
+        await streams.close()
+
+
+async def test_a_started_call_to_an_unreachable_server_fails_at_its_read() -> None:
+    async with serving(Server()) as server:
+        url = server.url
+    streams = HttpStreams()
+    call = streams.call(url, "m", b"{}")
+    call.start()
+    with pytest.raises(ConnectionError):
+        await tokens_of(call)
+    assert await call.drain(0.5)
+    assert streams.open_connections == 0
+    await streams.close()

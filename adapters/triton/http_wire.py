@@ -1,0 +1,129 @@
+"""What goes over the wire of Triton's HTTP ``generate_stream``: the JSON request and its bytes,
+the chunked server-sent events of the answer, an answer's head and an error's text."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping, Sequence
+from typing import Any
+from urllib.parse import SplitResult, urlsplit
+
+import msgspec
+import numpy as np
+
+from adapters.triton.responses import Reply
+from adapters.triton.wire import WireTensor
+
+_JSON_TYPES = frozenset({"BOOL", "INT8", "INT16", "INT32", "INT64", "UINT8", "UINT16", "UINT32",
+                         "UINT64", "FP32", "FP64", "BYTES"})  # fmt: skip
+_decoder = msgspec.json.Decoder(dict[str, Any])
+_encoder = msgspec.json.Encoder()
+
+
+def carries(tensors: Sequence[WireTensor]) -> bool:
+    """Whether JSON can carry every input: not 16-bit floats (LoRA weights), and no more than one
+    dimension besides the batch (Triton's ``generate`` reads a JSON list as one dimension, so
+    stop and bad word lists, ``[1, 2, N]``, cannot go that way)."""
+    return all(tensor.datatype in _JSON_TYPES and tensor.ndim <= 2 for tensor in tensors)
+
+
+def generate_body(request_id: str, tensors: Sequence[WireTensor], *, priority: int = 0) -> bytes:
+    """A ``generate_stream`` request: each input without its batch dimension."""
+    body: dict[str, Any] = {"id": request_id}
+    for tensor in tensors:
+        body[tensor.name] = tensor.json_value()
+    if priority > 0:
+        body["parameters"] = {"priority": priority}
+    return _encoder.encode(body)
+
+
+def reply_of(event: bytes) -> Reply:
+    """One event's outputs as arrays, shaped as the gRPC responses' (batch and beam dims)."""
+    data = _decoder.decode(event)
+    error = data.pop("error", None)
+    if error is not None:
+        return Reply({}, error=str(error))
+    outputs = {}
+    for name, value in data.items():
+        if name in ("id", "model_name", "model_version"):
+            continue
+        if isinstance(value, str):
+            array = np.empty(1, dtype=object)
+            array[0] = value.encode()
+            outputs[name] = array.reshape(1, 1)
+        else:
+            outputs[name] = np.asarray(value).reshape(1, 1, -1)
+    return Reply(outputs)
+
+
+class ChunkedEvents:
+    """Server-sent events out of a chunked HTTP body, whatever the pieces it arrives in."""
+
+    def __init__(self) -> None:
+        self._raw = b""
+        self._text = b""
+        self._events: list[bytes] = []
+        self.ended = False
+
+    def feed(self, data: bytes) -> None:
+        """Add received bytes; complete chunks become events."""
+        self._raw += data
+        while not self.ended:
+            line_end = self._raw.find(b"\r\n")
+            if line_end < 0:
+                return
+            size = int(self._raw[:line_end].split(b";")[0], 16)
+            end = line_end + 2 + size + 2
+            if len(self._raw) < end:
+                return
+            self._text += self._raw[line_end + 2 : end - 2]
+            self._raw = self._raw[end:]
+            self.ended = size == 0
+            *events, self._text = self._text.split(b"\n\n")
+            self._events.extend(event.removeprefix(b"data: ") for event in events if event)
+
+    def take(self) -> list[bytes]:
+        """The events completed so far, each once."""
+        events, self._events = self._events, []
+        return events
+
+
+def split_url(url: str) -> SplitResult:
+    """``url`` with or without its scheme."""
+    return urlsplit(url if "//" in url else f"http://{url}")
+
+
+def request_bytes(url: str, path: str, body: bytes, headers: Mapping[str, str]) -> bytes:
+    host = split_url(url).netloc
+    extra = "".join(f"{name}: {value}\r\n" for name, value in headers.items())
+    return (
+        f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+        f"Accept: text/event-stream\r\n{extra}Content-Length: {len(body)}\r\n\r\n"
+    ).encode() + body
+
+
+async def read_head(reader: asyncio.StreamReader) -> tuple[int, dict[bytes, bytes]]:
+    raw = await reader.readuntil(b"\r\n\r\n")
+    lines = raw.split(b"\r\n")
+    status = int(lines[0].split(b" ", 2)[1])
+    headers = {}
+    for line in lines[1:]:
+        name, _, value = line.partition(b":")
+        if name:
+            headers[name.strip().lower()] = value.strip()
+    return status, headers
+
+
+async def error_text(reader: asyncio.StreamReader, headers: Mapping[bytes, bytes]) -> str:
+    """The message of an error answer (Triton's ``{"error": "..."}``)."""
+    if headers.get(b"transfer-encoding", b"").lower() == b"chunked":
+        parts = []
+        while size := int((await reader.readuntil(b"\r\n"))[:-2].split(b";")[0], 16):
+            parts.append((await reader.readexactly(size + 2))[:-2])
+        body = b"".join(parts)
+    else:
+        body = await reader.readexactly(int(headers.get(b"content-length", b"0")))
+    try:
+        return str(_decoder.decode(body).get("error", body.decode(errors="replace")))
+    except msgspec.DecodeError:
+        return body.decode(errors="replace")

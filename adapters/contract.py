@@ -164,9 +164,10 @@ class GenerationRequest:
     images: Sequence[PromptImage] = ()
     """The prompt's images, in the order their places appear in its text."""
     admitted: Callable[[], Awaitable[None]] | None = None
-    """Awaited once the request is prepared and before anything of it is sent: the caller's
-    admission, answered meanwhile. What it raises ends the request, which never reached the
-    server, and is passed on as it is."""
+    """Awaited once the request is prepared and before anything of it is sent (or, with
+    ``send_ahead``, right after it is sent): the caller's admission, answered meanwhile. What
+    it raises ends the request, which never reached the server (or is stopped there), and is
+    passed on as it is."""
     send_ahead: bool = False
     """The caller expects ``admitted`` to admit (its tenant is far from its limits): the request
     may be sent before the answer comes, and is awaited right after. A refusal then stops the

@@ -355,8 +355,9 @@ class GenerationService:
                 waiting = gate
                 async for event in events:
                     if waiting is not None:
-                        # Answered already (the backend waited for it before sending): nothing
-                        # is passed on for a request that was not admitted, whatever the backend.
+                        # Answered already (the backend waited for it before sending, or before
+                        # reading what it sent ahead): nothing is passed on for a request that
+                        # was not admitted, whatever the backend.
                         await waiting()
                         waiting = None
                     if isinstance(event, ChoiceEnd):

@@ -82,7 +82,8 @@ class GenerationWatch:
             self.sent()
 
     def sent(self) -> None:
-        """The call goes to Triton now (its admission answered): the request's queue time."""
+        """The request's admission was answered (its call goes to Triton now, or went ahead
+        of the answer): the request's queue time."""
         record = self._record
         if record is not None and record.queue_s is None:
             record.queue_s = record.elapsed()

@@ -72,17 +72,18 @@ of its admission: other requests of the tenant (other workers' and replicas' inc
 have to take that much since, all at once, for the admission to refuse it."""
 
 
-def far_from_limits(limits: Limits, known: Quota | None, tokens: int) -> bool:
-    """Whether the tenant's last answer (``known``) left it so far from its ``limits`` that a
-    request of ``tokens`` is all but sure to be admitted: every limit is one the answer shows
-    (a concurrency limit is not, nor daily tokens beside per-minute ones), shown as they are
-    now, and after the request each would still hold ``HEADROOM`` of its capacity."""
+def far_from_limits(limits: Limits, known: Quota | None, tokens: int, requests: int = 1) -> bool:
+    """Whether the tenant's last answer (``known``) left it so far from its ``limits`` that
+    ``requests`` more of ``tokens`` in all (this request and those of the tenant still waiting
+    for their answers) are all but sure to be admitted: every limit is one the answer shows (a
+    concurrency limit is not, nor daily tokens beside per-minute ones), shown as they are now,
+    and after them each would still hold ``HEADROOM`` of its capacity."""
     if known is None or limits.concurrency is not None:
         return False
     if limits.tokens is not None and limits.daily_tokens is not None:
         return False
     shown = (
-        (limits.requests, known.requests, 1.0),
+        (limits.requests, known.requests, float(requests)),
         (limits.tokens or limits.daily_tokens, known.tokens, float(tokens)),
     )
     for limit, entry, cost in shown:

@@ -155,6 +155,9 @@ class Tenancy:
             timeout_s=store.timeout_s,
         )
         self._known: dict[str, Quota] = {}
+        self._unanswered: dict[str, tuple[int, int]] = {}
+        """Per tenant, the admissions sent to the store and not answered yet: how many, and
+        the tokens they reserve."""
         self._outage = False
 
     async def start(self) -> None:
@@ -218,10 +221,25 @@ class Tenancy:
         bound_s = self.settings.store.timeout_s + 1.0
         if isinstance(self.store, MemoryStore):
             return Admission.decided(await ticket, headers, bound_s)
-        expected = self.settings.store.send_ahead and far_from_limits(
-            limits, self._known.get(tenant.name), tokens
+        name = tenant.name
+        requests, reserved = self._unanswered.get(name, (0, 0))
+        expected = (
+            self.settings.store.send_ahead
+            and not self._outage
+            and far_from_limits(limits, self._known.get(name), reserved + tokens, requests + 1)
         )
-        return Admission.pending(ticket, headers, bound_s, expected=expected)
+        self._unanswered[name] = (requests + 1, reserved + tokens)
+        counted = self._counted(name, tokens, ticket)
+        return Admission.pending(counted, headers, bound_s, expected=expected)
+
+    async def _counted(self, name: str, tokens: int, ticket: Awaitable[Ticket]) -> Ticket:
+        """``ticket``, counted among the tenant's admissions waiting for their answer."""
+        try:
+            return await ticket
+        finally:
+            requests, reserved = self._unanswered.pop(name, (1, tokens))
+            if requests > 1:
+                self._unanswered[name] = (requests - 1, reserved - tokens)
 
     def admit(self, tenant: TenantPolicy, plan: Plan) -> Awaitable[Ticket]:
         """Reserve the plan's worst case against every limit of the tenant, or refuse it (when

@@ -328,7 +328,8 @@ def run(
                 targets.append(Target(f"relay-{workers}", url, direct, None,
                                       {**triton, "gateway": pid}))  # fmt: skip
             variants = [(w, True) for w in args.workers]
-            variants += [(w, False) for w in args.workers if args.waiting_admission]
+            # One worker counts limits in its own memory, answered at once: nothing to wait for.
+            variants += [(w, False) for w in args.workers if args.waiting_admission and w > 1]
             for workers, ahead in variants:
                 name = f"gateway-{workers}" + ("" if ahead else "-waiting")
                 config = gateway_config(sidecar, tokenizer, workers, send_ahead=ahead)
@@ -366,8 +367,9 @@ def main() -> None:
     parser.add_argument(
         "--waiting-admission",
         action="store_true",
-        help="also every gateway with tenancy.store.send_ahead off (gateway-N-waiting): each "
-        "request waits for its Redis admission before it goes to Triton",
+        help="also every gateway of several workers (their embedded Redis counts the limits) "
+        "with tenancy.store.send_ahead off (gateway-N-waiting): each request waits for its "
+        "Redis admission before it goes to Triton",
     )
     parser.add_argument("--levels", type=int, nargs="+", default=list(LEVELS))
     parser.add_argument("--seconds", type=float, default=10.0)

@@ -153,7 +153,9 @@ async def _take_nearly_all(redis_server: RedisServer, policy: TenantPolicy) -> N
     other = Tenancy(TenancySettings(tenants=(policy,), store=store))
     await other.start()
     try:
-        spec = ChoiceSpec(0, 0, Prompt("p", 1), SamplingParams(max_tokens=5800))
+        # About 50 tokens left, refilled at 100 a second: the ~605 of ``LONG`` are refused for
+        # five seconds and more.
+        spec = ChoiceSpec(0, 0, Prompt("p", 1), SamplingParams(max_tokens=5950))
         plan = Plan(model=ENSEMBLE_MODEL, choices=(spec,), stream=False, include_usage=False)
         await other.admit(policy, plan)
     finally:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -257,6 +258,36 @@ async def test_an_admission_is_expected_only_once_an_answer_left_room(
         assert not third.expected
         for admission in (second, third):
             await admission.admitted()
+            await admission.settle(0)
+        await first.settle(0)
+    finally:
+        await tenancy.close()
+
+
+async def test_admissions_waiting_for_their_answers_count_against_the_room(
+    redis_server: RedisServer,
+) -> None:
+    """A burst of one tenant's requests before Redis answers any of them: each is expected to
+    be admitted only while the room the last answer showed holds it and those before it."""
+    policy = TenantPolicy(name="bursty", tokens_per_minute=6000, burst=1.0)
+    prefix = f"test-{uuid.uuid4().hex[:8]}"
+    store = StoreSettings(kind="redis", url=redis_server.url, prefix=prefix)
+    tenancy = Tenancy(TenancySettings(tenants=(policy,), store=store))
+    await tenancy.start()
+
+    def plan(max_tokens: int) -> Plan:
+        spec = ChoiceSpec(0, 0, Prompt("p", 10), SamplingParams(max_tokens=max_tokens))
+        return Plan(model="m", choices=(spec,), stream=True, include_usage=False)
+
+    try:
+        first = await tenancy.admission(policy, plan(20), {})
+        await first.admitted()
+        # 5,970 left; a quarter of 6,000 must stay: 4,470 for requests of 1,010 tokens each.
+        burst = [await tenancy.admission(policy, plan(1000), {}) for _ in range(5)]
+        assert [admission.expected for admission in burst] == [True] * 4 + [False]
+        for admission in burst:
+            with contextlib.suppress(RateLimitError):
+                await admission.admitted()
             await admission.settle(0)
         await first.settle(0)
     finally:

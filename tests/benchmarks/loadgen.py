@@ -18,6 +18,8 @@ import grpc  # type: ignore[import-untyped]
 import msgspec
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
+from adapters.triton.http_wire import read_head
+
 _DONE = b"[DONE]"
 
 
@@ -168,7 +170,7 @@ class HttpClient:
         assert reader is not None
         try:
             writer.write(self._request)
-            status, headers = await _head(reader)
+            status, headers = await read_head(reader)
             if self._stream and status == 200:
                 await self._events(reader, headers, sample)
             else:
@@ -177,7 +179,7 @@ class HttpClient:
                     raise RuntimeError(f"HTTP {status}: {body[:200]!r}")
                 sample.first = time.perf_counter()
                 sample.tokens = _usage_tokens(body)
-            if headers.get(b"connection") == b"close":
+            if headers.get(b"connection", b"").lower() == b"close":
                 writer.close()
         except BaseException:
             writer.close()
@@ -209,21 +211,9 @@ class HttpClient:
 Headers = dict[bytes, bytes]
 
 
-async def _head(reader: asyncio.StreamReader) -> tuple[int, Headers]:
-    raw = await reader.readuntil(b"\r\n\r\n")
-    lines = raw.split(b"\r\n")
-    status = int(lines[0].split(b" ", 2)[1])
-    headers = {}
-    for line in lines[1:]:
-        name, _, value = line.partition(b":")
-        if name:
-            headers[name.strip().lower()] = value.strip().lower()
-    return status, headers
-
-
 async def _pieces(reader: asyncio.StreamReader, headers: Headers) -> Any:
     """The body as it arrives: chunked transfer, a fixed length, or until the socket closes."""
-    if headers.get(b"transfer-encoding") == b"chunked":
+    if headers.get(b"transfer-encoding", b"").lower() == b"chunked":
         while True:
             size = int((await reader.readuntil(b"\r\n"))[:-2].split(b";")[0], 16)
             if size == 0:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -22,6 +22,7 @@ from adapters.scripted import ScriptedBackend
 from gateway.catalog.registry import ModelRoute, ServedModel, load_model
 from gateway.core.generation import (
     ChoiceEnd,
+    Event,
     GenerationService,
     TextDelta,
     UsageMeter,
@@ -222,16 +223,26 @@ async def test_a_beam_search_closed_after_its_answer_is_charged_every_beam(
     assert meter.total() == 3 + 4 + 5 + 6
 
 
-async def test_every_choice_waits_for_its_admission_and_a_refusal_sends_nothing(
-    served: ServedModel,
-) -> None:
-    answered = asyncio.get_running_loop().create_future()
+def _gated(
+    served: ServedModel, choices: int, *, send_ahead: bool = False
+) -> tuple[asyncio.Future[None], ScriptedBackend, AsyncGenerator[Event, None]]:
+    """Events of ``choices`` scripted choices behind an admission answered when the test sets
+    the future it returns."""
+    answered: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
     async def admitted() -> None:
         await asyncio.shield(answered)
 
     backend = ScriptedBackend(chunks("x", "y"))
-    events = GenerationService(backend, timeout_s=5).events(served, plan(3), admitted=admitted)
+    service = GenerationService(backend, timeout_s=5)
+    events = service.events(served, plan(choices), admitted=admitted, send_ahead=send_ahead)
+    return answered, backend, events
+
+
+async def test_every_choice_waits_for_its_admission_and_a_refusal_sends_nothing(
+    served: ServedModel,
+) -> None:
+    answered, backend, events = _gated(served, 3)
     first = asyncio.ensure_future(anext(events))
     await asyncio.sleep(0.05)
     assert not first.done() and backend.requests == []
@@ -259,15 +270,7 @@ async def test_an_admitted_request_runs_every_choice(served: ServedModel) -> Non
 async def test_a_request_sent_ahead_goes_before_its_answer_and_a_refusal_passes_nothing_on(
     served: ServedModel,
 ) -> None:
-    answered = asyncio.get_running_loop().create_future()
-
-    async def admitted() -> None:
-        await asyncio.shield(answered)
-
-    backend = ScriptedBackend(chunks("x", "y"))
-    events = GenerationService(backend, timeout_s=5).events(
-        served, plan(2), admitted=admitted, send_ahead=True
-    )
+    answered, backend, events = _gated(served, 2, send_ahead=True)
     first = asyncio.ensure_future(anext(events))
     await asyncio.sleep(0.05)
     assert not first.done(), "nothing is passed on before the answer"
@@ -282,15 +285,7 @@ async def test_a_request_sent_ahead_goes_before_its_answer_and_a_refusal_passes_
 async def test_a_request_sent_ahead_and_admitted_streams_as_any_other(
     served: ServedModel,
 ) -> None:
-    answered = asyncio.get_running_loop().create_future()
-
-    async def admitted() -> None:
-        await asyncio.shield(answered)
-
-    backend = ScriptedBackend(chunks("x", "y"))
-    events = GenerationService(backend, timeout_s=5).events(
-        served, plan(1), admitted=admitted, send_ahead=True
-    )
+    answered, backend, events = _gated(served, 1, send_ahead=True)
     first = asyncio.ensure_future(anext(events))
     await asyncio.sleep(0.05)
     assert not first.done() and len(backend.requests) == 1

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from adapters.triton.http import HttpStreams
+from adapters.triton.http import HttpCall, HttpStreams
 from tests.support.stream_server import read_request, serving, tokens_of, write_stream
 
 
@@ -139,16 +139,23 @@ async def _requests_seen(server: Server, count: int) -> None:
             await asyncio.sleep(0.01)
 
 
+async def _started_after_one(server: Server, spare: bool) -> tuple[HttpStreams, HttpCall]:
+    """After one call to ``server``, a second started on the spare (``spare``) or, the spare
+    too old to take, on a connection dialled for it."""
+    streams = HttpStreams(spare_max_age_s=2.0 if spare else 0.0)
+    assert await tokens_of(streams.call(server.url, "m", b"{}")) == [5, 6]
+    await _settle()
+    call = streams.call(server.url, "m", b"{}")
+    call.start()
+    return streams, call
+
+
 @pytest.mark.parametrize("spare", [True, False], ids=["spare", "no-spare"])
 async def test_a_started_call_is_sent_before_its_first_read(spare: bool) -> None:
     """``start`` sends the request at once: on the spare, or on a connection dialled for it;
     the first read then only reads the answer, and the request goes out once."""
     async with serving(Server()) as server:
-        streams = HttpStreams(spare_max_age_s=2.0 if spare else 0.0)
-        assert await tokens_of(streams.call(server.url, "m", b"{}")) == [5, 6]
-        await _settle()
-        call = streams.call(server.url, "m", b"{}")
-        call.start()
+        streams, call = await _started_after_one(server, spare)
         call.start()  # once only
         await _requests_seen(server, 2)
         assert await tokens_of(call) == [5, 6]
@@ -163,11 +170,7 @@ async def test_a_started_call_cancelled_before_any_read_closes_its_connection(sp
     """A request refused after it went ahead: closing the call closes the connection it went
     on (Triton cancels it), and a drain has nothing to wait for."""
     async with serving(Server()) as server:
-        streams = HttpStreams(spare_max_age_s=2.0 if spare else 0.0)
-        assert await tokens_of(streams.call(server.url, "m", b"{}")) == [5, 6]
-        await _settle()
-        call = streams.call(server.url, "m", b"{}")
-        call.start()
+        streams, call = await _started_after_one(server, spare)
         await _requests_seen(server, 2)
         call.cancel()
         assert await call.drain(0.5)

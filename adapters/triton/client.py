@@ -6,19 +6,16 @@ import asyncio
 import logging
 import secrets
 from collections import Counter
-from collections.abc import AsyncGenerator, Coroutine, Iterator, Mapping, Sequence
-from contextlib import aclosing, contextmanager
+from collections.abc import AsyncGenerator, Mapping, Sequence
+from contextlib import aclosing
 from dataclasses import replace
 from typing import Any
 
-import grpc  # type: ignore[import-untyped]
 import tritonclient.grpc.aio as triton_aio
-from tritonclient.grpc import MAX_GRPC_MESSAGE_SIZE, KeepAliveOptions, service_pb2
-from tritonclient.utils import InferenceServerException
+from tritonclient.grpc import service_pb2
 
 from adapters.contract import (
     BackendError,
-    BackendTimeout,
     GenerationRequest,
     LoraNotCached,
     ModelTarget,
@@ -26,17 +23,22 @@ from adapters.contract import (
 )
 from adapters.triton.beams import beam_inputs, beam_width_named
 from adapters.triton.config import ModelInputs, parse_model_config
-from adapters.triton.errors import classify
-from adapters.triton.grpc_stream import Call, GrpcCall, infer_request, open_stream
-from adapters.triton.http import HttpError, HttpStreams
+from adapters.triton.grpc_stream import (
+    Call,
+    GrpcCall,
+    infer_request,
+    map_triton_errors,
+    open_stream,
+    reconnecting_channel_args,
+)
+from adapters.triton.http import HttpStreams
 from adapters.triton.http_wire import carries, generate_body
 from adapters.triton.responses import Exchange
-from adapters.triton.tensors import build_inputs, stop_request_inputs
+from adapters.triton.stopping import Stopper
+from adapters.triton.tensors import build_inputs
 from adapters.triton.wire import WireTensor
 
 logger = logging.getLogger(__name__)
-_RESTOP_S = 0.5
-"""How long an abandoned ensemble call has to end after a stop request before it is sent again."""
 
 STOCK_BLS_WARNING = (
     "%s at %s is a stock TensorRT-LLM BLS: it gives its engine request an id of its own and "
@@ -47,49 +49,6 @@ STOCK_BLS_WARNING = (
     "tokens), or through triton-gateway's BLS (`triton-gateway deploy render`), which forwards "
     "cancellation and streams exact text."
 )
-
-
-@contextmanager
-def map_triton_errors(operation: str) -> Iterator[None]:
-    """Re-raise gRPC, tritonclient and timeout failures as the contract's ``BackendError``s."""
-    try:
-        yield
-    except BackendError:
-        raise
-    except grpc.RpcError as exc:
-        code = exc.code() if callable(getattr(exc, "code", None)) else None
-        details = exc.details() if callable(getattr(exc, "details", None)) else str(exc)
-        raise classify(f"{operation}: {details}", getattr(code, "name", None)) from exc
-    except InferenceServerException as exc:
-        raise classify(f"{operation}: {exc.message()}", exc.status()) from exc
-    except HttpError as exc:
-        raise classify(f"{operation}: {exc}", exc.status_name) from exc
-    except TimeoutError as exc:
-        raise BackendTimeout(f"{operation}: timed out") from exc
-    except (asyncio.IncompleteReadError, asyncio.LimitOverrunError) as exc:
-        raise classify(
-            f"{operation}: the connection ended mid-answer: {exc}", "UNAVAILABLE"
-        ) from exc
-    except OSError as exc:
-        raise classify(f"{operation}: failed to connect: {exc}", "UNAVAILABLE") from exc
-
-
-def reconnecting_channel_args(max_backoff_s: float) -> list[tuple[str, Any]]:
-    """tritonclient's channel options, plus reconnection attempts at most ``max_backoff_s``
-    apart (gRPC's default grows to two minutes), so a restarted server is reached again soon."""
-    keepalive = KeepAliveOptions()
-    backoff_ms = max(int(max_backoff_s * 1000), 100)
-    return [
-        ("grpc.max_send_message_length", MAX_GRPC_MESSAGE_SIZE),
-        ("grpc.max_receive_message_length", MAX_GRPC_MESSAGE_SIZE),
-        ("grpc.keepalive_time_ms", keepalive.keepalive_time_ms),
-        ("grpc.keepalive_timeout_ms", keepalive.keepalive_timeout_ms),
-        ("grpc.keepalive_permit_without_calls", keepalive.keepalive_permit_without_calls),
-        ("grpc.http2.max_pings_without_data", keepalive.http2_max_pings_without_data),
-        ("grpc.initial_reconnect_backoff_ms", min(backoff_ms, 1000)),
-        ("grpc.min_reconnect_backoff_ms", min(backoff_ms, 1000)),
-        ("grpc.max_reconnect_backoff_ms", backoff_ms),
-    ]
 
 
 class TritonBackend:
@@ -110,7 +69,6 @@ class TritonBackend:
         max_reconnect_backoff_s: float | None = None,
     ) -> None:
         self._connect_timeout_s = connect_timeout_s
-        self._stop_timeout_s = stop_timeout_s
         if channel_args is None and max_reconnect_backoff_s is not None:
             channel_args = reconnecting_channel_args(max_reconnect_backoff_s)
         self._channel_args = list(channel_args) if channel_args is not None else None
@@ -118,7 +76,7 @@ class TritonBackend:
         self._http = HttpStreams()
         self._models: dict[tuple[str, str], ModelInputs] = {}
         self._lora_sent: set[tuple[str, str, int]] = set()
-        self._background: set[asyncio.Task[None]] = set()
+        self._stopper = Stopper(self._open, stop_timeout_s)
         self.adapter_loads: Counter[tuple[str, str, str]] = Counter()
         """Requests that carried LoRA weights, by (URL, Triton model, ``first`` or ``evicted``):
         the adapter's first request to that server, or its resend after an eviction."""
@@ -235,12 +193,7 @@ class TritonBackend:
 
     async def close(self) -> None:
         """Finish pending stop requests and close every channel."""
-        if self._background:
-            await asyncio.wait(set(self._background), timeout=self._ending_s)
-        left = list(self._background)
-        for task in left:
-            task.cancel()
-        await asyncio.gather(*left, return_exceptions=True)
+        await self._stopper.close()
         await self._http.close()
         clients, self._clients = list(self._clients.values()), {}
         for client in clients:
@@ -304,8 +257,8 @@ class TritonBackend:
         logger.debug("%s: streaming=%s via %s", operation, exchange.streaming, type(call).__name__)
         try:
             if request.send_ahead:
-                # On its way while the admission is answered: a refusal stops it (``_release``)
-                # before anything of it is read.
+                # On its way while the admission is answered: a refusal stops it before anything
+                # of it is read (``Stopper.release``).
                 call.start()
                 await request.wait_admitted()
             with beam_width_named(request.params.beam), map_triton_errors(operation):
@@ -315,7 +268,7 @@ class TritonBackend:
                         yield chunk
                 await call.drain()
         finally:
-            self._release(call, exchange, target, request_id, operation)
+            self._stopper.release(call, exchange, target, request_id, operation)
 
     def _call(
         self,
@@ -331,13 +284,14 @@ class TritonBackend:
         gRPC ``ModelStreamInfer``. Triton notices a closed HTTP connection only when it writes,
         so a BLS request answered once (nothing written until the end, and no stop request to
         send) goes over gRPC, whose cancellation arrives at once. Both calls end at the
-        deadline, an ensemble's by its stop request (``_release``)."""
+        deadline, an ensemble's by its stop request (``Stopper.release``)."""
         outputs = exchange.outputs
         model = exchange.model
         stoppable = exchange.streaming or model.is_ensemble or model.is_engine
         # JSON flattens the beam axis of the outputs: beams go over gRPC.
         single = request.params.beam is None
-        # An ensemble's call outlives its deadline, for its stop request and drain (_release).
+        # An ensemble's call outlives its deadline, for its stop request and drain
+        # (Stopper.release).
         keep_open = model.is_ensemble
         if target.http_url is not None and stoppable and single and carries(tensors):
             body = generate_body(request_id, tensors, priority=request.priority)
@@ -348,106 +302,9 @@ class TritonBackend:
         message = infer_request(
             target.triton_model, request_id, tensors, outputs, priority=request.priority
         )
-        timeout = _remaining(deadline) + (self._ending_s if keep_open else 0.0)
+        timeout = _remaining(deadline) + (self._stopper.ending_s if keep_open else 0.0)
         call = self._open(target.url, message, timeout, request.trace_headers)
         return GrpcCall(call, outputs, shielded=keep_open, deadline=deadline if keep_open else None)
-
-    def _release(
-        self, call: Call, exchange: Exchange, target: ModelTarget, request_id: str, operation: str
-    ) -> None:
-        """The one place a call ends; an abandoned one is stopped at its engine.
-
-        An ensemble's call is left open until the engine ended its request and the call was read
-        to its end: a running ensemble request that is cancelled (its call closed) stays counted
-        in flight in Triton 2.51 for good, and the server's shutdown waits for it. Any other
-        abandoned call is closed at once, which cancels it.
-        """
-        if exchange.finished:
-            call.cancel()
-            return
-        logger.info("%s abandoned before its final response; stopping it", operation)
-        model = exchange.model
-        if not (model.is_ensemble or model.is_engine):
-            call.cancel()
-            return
-        engine_model = target.engine_model or model.engine_model
-        if engine_model is None:
-            logger.warning("no engine model known to stop request %s", request_id)
-            call.cancel()
-            return
-        if model.is_ensemble:
-            self._later(self._stop_and_drain(call, target.url, engine_model, request_id))
-            return
-        call.cancel()
-        self._later(self._stop_once(target.url, engine_model, request_id))
-
-    @property
-    def _ending_s(self) -> float:
-        """How long ending an abandoned ensemble call may take: its stop requests and the
-        drain of its call."""
-        return 2 * self._stop_timeout_s
-
-    def _later(self, work: Coroutine[Any, Any, None]) -> None:
-        """Run ``work`` in the background; ``close`` waits for it."""
-        task = asyncio.get_running_loop().create_task(work)
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
-
-    async def _stop_and_drain(
-        self, call: Call, url: str, engine_model: str, request_id: str
-    ) -> None:
-        """Stop an ensemble's engine request and read its call to the end, then close it.
-
-        The stop is sent again while the call has not ended: one can overtake its request (still
-        in the ensemble's preprocessing, its id unknown to the engine, which then ignores the
-        stop) or time out. The call's end is awaited for ``_ending_s`` in all."""
-        drained = asyncio.ensure_future(call.drain(self._ending_s))
-        failures = 0
-        try:
-            while not drained.done():
-                stop = asyncio.ensure_future(self._stop(url, engine_model, request_id))
-                # The call's end ends the wait, a stop still on its way included.
-                await asyncio.wait({drained, stop}, return_when=asyncio.FIRST_COMPLETED)
-                if not stop.done():
-                    stop.cancel()
-                    break
-                if (failed := stop.exception()) is not None:
-                    failures += 1
-                    log = logger.warning if failures == 1 else logger.debug
-                    log("stopping request %s failed: %s", request_id, failed)
-                await asyncio.wait({drained}, timeout=_RESTOP_S)
-            if not await drained:
-                logger.warning(
-                    "request %s did not end within %.1f s of its stop request, or its stream "
-                    "broke; closed",
-                    request_id,
-                    self._ending_s,
-                )
-        except Exception:
-            logger.warning("ending abandoned request %s failed", request_id, exc_info=True)
-        finally:
-            drained.cancel()
-            call.cancel()
-
-    async def _stop_once(self, url: str, engine_model: str, request_id: str) -> None:
-        """Stop an engine request whose call was closed (Triton cancelled it as well)."""
-        try:
-            await self._stop(url, engine_model, request_id)
-        except Exception as exc:
-            logger.warning("stopping request %s failed: %s", request_id, exc)
-
-    async def _stop(self, url: str, engine_model: str, request_id: str) -> None:
-        """One stop request; a failure is raised as the contract's ``BackendError``."""
-        message = infer_request(engine_model, request_id, stop_request_inputs(), None)
-        with map_triton_errors(f"stop request {request_id} to {engine_model}"):
-            call = self._open(url, message, self._stop_timeout_s)
-            try:
-                while (response := await call.read()) is not grpc.aio.EOF:
-                    if response.error_message:
-                        raise classify(response.error_message)
-            finally:
-                call.cancel()
-        logger.debug("stopped request %s on %s", request_id, engine_model)
 
 
 def _remaining(deadline: float) -> float:

@@ -12,6 +12,9 @@ from adapters.contract import (
     ModelNotFound,
 )
 
+_STATUS_NAMES = {400: "INVALID_ARGUMENT", 404: "NOT_FOUND", 503: "UNAVAILABLE"}
+"""The gRPC status names of Triton's HTTP error statuses."""
+
 BEAM_WIDTH = "beam_width"
 """The ``param`` of a refused beam width, which the request's own field then replaces."""
 
@@ -86,3 +89,16 @@ def classify(message: str, status: str | None = None) -> BackendError:
         if needle in lowered:
             return error(message)
     return _STATUS_RULES.get(code, InferenceFailed)(message)
+
+
+class HttpError(Exception):
+    """Triton answered the request with an HTTP error: its status and message."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+    @property
+    def status_name(self) -> str | None:
+        """The gRPC status name of the same failure, for the error classifier."""
+        return _STATUS_NAMES.get(self.status)

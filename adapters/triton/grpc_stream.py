@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import Any, Protocol
 
 import grpc  # type: ignore[import-untyped]
-from tritonclient.grpc import InferResult, service_pb2
+from tritonclient.grpc import MAX_GRPC_MESSAGE_SIZE, InferResult, KeepAliveOptions, service_pb2
+from tritonclient.utils import InferenceServerException
 
+from adapters.contract import BackendError, BackendTimeout
+from adapters.triton.errors import HttpError, classify
 from adapters.triton.responses import Reply
 from adapters.triton.wire import WireTensor, wire_array
 
@@ -41,6 +45,10 @@ def infer_request(
     if priority > 0:
         message.parameters["priority"].uint64_param = priority
     return message
+
+
+Opener = Callable[[str, service_pb2.ModelInferRequest, float], Any]
+"""Starts a ``ModelStreamInfer`` call carrying one request on the client of a URL."""
 
 
 def open_stream(
@@ -174,3 +182,46 @@ def _retrieve(read: asyncio.Future[Any]) -> None:
     """A read nobody awaits any more (its call was cancelled) is not reported as lost."""
     if not read.cancelled():
         read.exception()
+
+
+def reconnecting_channel_args(max_backoff_s: float) -> list[tuple[str, Any]]:
+    """tritonclient's channel options, plus reconnection attempts at most ``max_backoff_s``
+    apart (gRPC's default grows to two minutes), so a restarted server is reached again soon."""
+    keepalive = KeepAliveOptions()
+    backoff_ms = max(int(max_backoff_s * 1000), 100)
+    return [
+        ("grpc.max_send_message_length", MAX_GRPC_MESSAGE_SIZE),
+        ("grpc.max_receive_message_length", MAX_GRPC_MESSAGE_SIZE),
+        ("grpc.keepalive_time_ms", keepalive.keepalive_time_ms),
+        ("grpc.keepalive_timeout_ms", keepalive.keepalive_timeout_ms),
+        ("grpc.keepalive_permit_without_calls", keepalive.keepalive_permit_without_calls),
+        ("grpc.http2.max_pings_without_data", keepalive.http2_max_pings_without_data),
+        ("grpc.initial_reconnect_backoff_ms", min(backoff_ms, 1000)),
+        ("grpc.min_reconnect_backoff_ms", min(backoff_ms, 1000)),
+        ("grpc.max_reconnect_backoff_ms", backoff_ms),
+    ]
+
+
+@contextmanager
+def map_triton_errors(operation: str) -> Iterator[None]:
+    """Re-raise gRPC, tritonclient and timeout failures as the contract's ``BackendError``s."""
+    try:
+        yield
+    except BackendError:
+        raise
+    except grpc.RpcError as exc:
+        code = exc.code() if callable(getattr(exc, "code", None)) else None
+        details = exc.details() if callable(getattr(exc, "details", None)) else str(exc)
+        raise classify(f"{operation}: {details}", getattr(code, "name", None)) from exc
+    except InferenceServerException as exc:
+        raise classify(f"{operation}: {exc.message()}", exc.status()) from exc
+    except HttpError as exc:
+        raise classify(f"{operation}: {exc}", exc.status_name) from exc
+    except TimeoutError as exc:
+        raise BackendTimeout(f"{operation}: timed out") from exc
+    except (asyncio.IncompleteReadError, asyncio.LimitOverrunError) as exc:
+        raise classify(
+            f"{operation}: the connection ended mid-answer: {exc}", "UNAVAILABLE"
+        ) from exc
+    except OSError as exc:
+        raise classify(f"{operation}: failed to connect: {exc}", "UNAVAILABLE") from exc

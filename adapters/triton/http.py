@@ -26,6 +26,7 @@ import contextlib
 from collections.abc import Mapping
 from typing import Any
 
+from adapters.triton.errors import HttpError
 from adapters.triton.http_wire import (
     ChunkedEvents,
     error_text,
@@ -36,24 +37,10 @@ from adapters.triton.http_wire import (
 )
 from adapters.triton.responses import Reply
 
-_STATUS_NAMES = {400: "INVALID_ARGUMENT", 404: "NOT_FOUND", 503: "UNAVAILABLE"}
 _DRAIN_S = 1.0
 SPARE_MAX_AGE_S = 2.0
 _READ_BYTES = 1 << 16
 Connection = tuple[asyncio.StreamReader, asyncio.StreamWriter]
-
-
-class HttpError(Exception):
-    """Triton answered the request with an HTTP error: its status and message."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-
-    @property
-    def status_name(self) -> str | None:
-        """The gRPC status name of the same failure, for the error classifier."""
-        return _STATUS_NAMES.get(self.status)
 
 
 class HttpCall:

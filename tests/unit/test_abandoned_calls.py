@@ -8,7 +8,7 @@ import logging
 
 import pytest
 
-from adapters.triton import TritonBackend
+from adapters.triton.stopping import Stopper
 
 
 class EndingCall:
@@ -39,11 +39,15 @@ class EndingCall:
         self.cancelled = True
 
 
-class CountedStops(TritonBackend):
+def _never_opened(*_: object) -> None:
+    raise AssertionError("a counted stop opens no call")
+
+
+class CountedStops(Stopper):
     """Stop requests counted instead of sent; the call ends at the ``effective``-th (never if 0)."""
 
     def __init__(self, call: EndingCall, effective: int) -> None:
-        super().__init__(stop_timeout_s=1.0)
+        super().__init__(_never_opened, stop_timeout_s=1.0)
         self.call = call
         self.effective = effective
         self.sent: list[str] = []
@@ -70,7 +74,7 @@ async def test_a_call_that_never_ends_is_closed_after_the_budget(
     backend = CountedStops(call, effective=0)
     loop = asyncio.get_running_loop()
     started = loop.time()
-    with caplog.at_level(logging.WARNING, "adapters.triton.client"):
+    with caplog.at_level(logging.WARNING, "adapters.triton.stopping"):
         await backend._stop_and_drain(call, "url", "m_tensorrt_llm", "r-2")  # type: ignore[arg-type]
     took = loop.time() - started
     assert call.cancelled and not call.drained
@@ -101,7 +105,7 @@ async def test_a_failed_stop_is_sent_again_and_warned_of_once(
 ) -> None:
     call = EndingCall()
     backend = FailingThenEffective(call, effective=3)
-    with caplog.at_level(logging.WARNING, "adapters.triton.client"):
+    with caplog.at_level(logging.WARNING, "adapters.triton.stopping"):
         await backend._stop_and_drain(call, "url", "m_tensorrt_llm", "r-3")  # type: ignore[arg-type]
     assert len(backend.sent) == 3 and call.drained
     assert caplog.text.count("stopping request r-3 failed") == 1
@@ -114,4 +118,4 @@ async def test_a_stop_that_never_answers_holds_nothing_past_the_budget() -> None
     started = loop.time()
     await backend._stop_and_drain(call, "url", "m_tensorrt_llm", "r-4")  # type: ignore[arg-type]
     assert call.cancelled and backend.sent == ["r-4"]
-    assert loop.time() - started < backend._ending_s + 1.0
+    assert loop.time() - started < backend.ending_s + 1.0

@@ -5,6 +5,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import logging
+import math
 import os
 import re
 import signal
@@ -99,6 +100,7 @@ class Sidecar:
             orchestrator_gpus=orchestrator_gpus,
             log_verbose=log_verbose,
             extra_args=extra_args,
+            stub_timeout_s=max(1, math.ceil(startup_timeout_s)),
         )
         self._process: subprocess.Popen[bytes] | None = None
         self._spawned = threading.Event()

@@ -93,6 +93,11 @@ class ServerArgs:
     orchestrator_gpus: tuple[int, ...] | None = None
     log_verbose: int = 0
     extra_args: tuple[str, ...] = ()
+    stub_timeout_s: int = 300
+    """How long the Python backend waits for a model's stub to start and initialize (its own
+    default is 30 s). When that runs out while the stub still initializes, the server waits for
+    the stub to exit, which it never does, and the server never becomes ready: so this follows
+    the sidecar's startup timeout (a model loading for minutes is no error)."""
 
 
 def build_command(binary: TritonBinary, args: ServerArgs) -> list[str]:
@@ -108,6 +113,7 @@ def build_command(binary: TritonBinary, args: ServerArgs) -> list[str]:
         f"--metrics-port={args.metrics_port}",
         "--exit-timeout-secs=10",
         f"--backend-config=python,shm-region-prefix-name={args.shm_prefix}",
+        f"--backend-config=python,stub-timeout-seconds={args.stub_timeout_s}",
     ]
     if binary.backend_directory is not None:
         cmd.append(f"--backend-directory={binary.backend_directory}")

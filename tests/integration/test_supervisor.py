@@ -38,6 +38,7 @@ def test_command_binds_loopback_on_given_ports() -> None:
         "--metrics-port=3",
         "--backend-directory=/be",
         "--backend-config=python,shm-region-prefix-name=p_",
+        "--backend-config=python,stub-timeout-seconds=300",
     ):
         assert flag in cmd
     assert not any(c.startswith("--cuda-memory-pool") for c in cmd)
@@ -146,6 +147,22 @@ def test_model_that_fails_to_load_reports_log_tail(tiny_model_dir: Path, tmp_pat
     assert "errors logged" in str(info.value)
     assert "no-such-org/no-such-model" in sidecar.error_lines()
     assert sidecar.pid is None
+
+
+def test_a_stub_may_initialize_for_as_long_as_the_sidecar_may_start(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """The Python backend's own 30 s for a stub to initialize would hang a server whose model
+    loads longer; a sidecar gives its stubs its whole startup timeout."""
+    spec = parse_spec(
+        {
+            "models": [_load_test_pipeline("tiny", tiny_model_dir)],
+            "sidecars": [{"startup_timeout_s": 45.5}],
+        }
+    )
+    sidecar = sidecar_from_spec(spec, spec.sidecars[0], tmp_path)
+    cmd = build_command(find_tritonserver(), sidecar._args)
+    assert "--backend-config=python,stub-timeout-seconds=46" in cmd
 
 
 def _load_test_pipeline(name: str, tokenizer: Path) -> dict[str, object]:

@@ -7,6 +7,7 @@ import contextlib
 import logging
 import math
 import os
+import random
 import re
 import signal
 import socket
@@ -44,8 +45,30 @@ class SidecarError(RuntimeError):
     """A sidecar that did not start, or stopped serving for good."""
 
 
+PORT_FLOOR = 24000
+"""The lowest port a sidecar is given when its spec names none."""
+_PORT_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port nobody listens on right now."""
+    """A TCP port nobody uses right now, from ``PORT_FLOOR`` up to the kernel's ephemeral range.
+
+    Not one of that range (what binding port 0 gives): outgoing connections take their local
+    ports from it, and one of them could hold a sidecar's port in the moment it restarts.
+    """
+    try:
+        ephemeral = int(_PORT_RANGE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        ephemeral = 32768
+    if ephemeral - PORT_FLOOR >= 1000:
+        for _ in range(64):
+            port = random.randrange(PORT_FLOOR, ephemeral)
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+                try:
+                    sock.bind((host, port))
+                except OSError:
+                    continue
+                return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])

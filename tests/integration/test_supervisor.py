@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import time
 from pathlib import Path
 
@@ -12,7 +13,15 @@ import pytest
 
 from deploy.sidecar.render import RenderError
 from deploy.sidecar.spec import parse_spec
-from deploy.sidecar.supervisor import Sidecar, SidecarError, sidecar_from_spec, start_all, stop_all
+from deploy.sidecar.supervisor import (
+    PORT_FLOOR,
+    Sidecar,
+    SidecarError,
+    free_port,
+    sidecar_from_spec,
+    start_all,
+    stop_all,
+)
 from deploy.sidecar.tritonbin import (
     ServerArgs,
     TritonBinary,
@@ -147,6 +156,19 @@ def test_model_that_fails_to_load_reports_log_tail(tiny_model_dir: Path, tmp_pat
     assert "errors logged" in str(info.value)
     assert "no-such-org/no-such-model" in sidecar.error_lines()
     assert sidecar.pid is None
+
+
+def test_a_sidecar_port_is_free_and_outside_the_ephemeral_range() -> None:
+    """Outgoing connections take local ports from the ephemeral range; a sidecar's port must
+    not be one of them, or a connection could take it while the sidecar restarts."""
+    ephemeral = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    if ephemeral - PORT_FLOOR < 1000:
+        pytest.skip(f"the ephemeral range starts at {ephemeral}: sidecar ports come from it")
+    ports = {free_port() for _ in range(20)}
+    assert all(PORT_FLOOR <= port < ephemeral for port in ports)
+    for port in ports:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", port))
 
 
 def test_a_stub_may_initialize_for_as_long_as_the_sidecar_may_start(

@@ -12,6 +12,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from deploy.sidecar.supervisor import free_port
+
 
 def redis_binary() -> str:
     """The redis-server to run."""
@@ -24,9 +26,8 @@ def redis_binary() -> str:
 
 
 def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    # Not an ephemeral port: a connection could take it while the server is stopped.
+    return free_port("127.0.0.1")
 
 
 class RedisServer:

@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 
 from deploy.sidecar.spec import parse_spec
-from deploy.sidecar.supervisor import Sidecar, sidecar_from_spec
+from deploy.sidecar.supervisor import Sidecar, free_port, sidecar_from_spec
 from tests.support.sidecars import QUICK_STOP
 
 PIPELINE = "tiny"
@@ -26,9 +26,7 @@ SUCCESS = re.compile(
 def _free_everywhere(hosts: Sequence[str], taken: set[int]) -> int:
     """A port free on every one of ``hosts``."""
     for _ in range(200):
-        with socket.socket() as probe:
-            probe.bind((hosts[0], 0))
-            port = int(probe.getsockname()[1])
+        port = free_port(hosts[0])
         if port in taken:
             continue
         try:

@@ -3,14 +3,15 @@
 A sidecar that can never load makes ``serve`` exit non-zero with the reason. A signal delivered
 twice at once (to the process group and forwarded by ``make``) is one drain; a later second
 signal stops without waiting. Either way no traceback, no sidecar left running and no temporary
-model repository left behind."""
+model repository left behind. Each ``serve`` gets a temporary folder of its own (``TMPDIR``), so
+its leftovers are told apart from other processes' (tests run in parallel)."""
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -32,8 +33,29 @@ def _config(model_dir: Path, drain_delay_s: float) -> dict[str, Any]:
     }
 
 
-def _workdirs() -> set[Path]:
-    return set(Path(tempfile.gettempdir()).glob("triton-gateway-*"))
+def _own_tmp(tmp_path: Path) -> Path:
+    """The ``TMPDIR`` of a ``serve`` started by the test of ``tmp_path``."""
+    folder = tmp_path / "tmp"
+    folder.mkdir(exist_ok=True)
+    return folder
+
+
+def _workdirs(tmp: Path) -> set[Path]:
+    """The temporary model repositories a ``serve`` with ``TMPDIR=tmp`` made and left."""
+    return set(tmp.glob("triton-gateway-*"))
+
+
+def _tritonservers(tmp: Path) -> set[int]:
+    """The tritonservers serving a repository under ``tmp``."""
+    import psutil
+
+    found = set()
+    for process in psutil.process_iter(["name", "cmdline"]):
+        if process.info["name"] == "tritonserver" and str(tmp) in " ".join(
+            process.info["cmdline"] or ()
+        ):
+            found.add(process.pid)
+    return found
 
 
 def _stop(process: subprocess.Popen[bytes], gap_s: float) -> float:
@@ -54,9 +76,12 @@ def _stop(process: subprocess.Popen[bytes], gap_s: float) -> float:
 def test_two_signals(
     tiny_model_dir: Path, tmp_path: Path, gap_s: float, drain_delay_s: float, expected: str
 ) -> None:
-    servers, workdirs = _tritonservers(), _workdirs()
-    _, process = serve_process(_config(tiny_model_dir, drain_delay_s), tmp_path, "stop")
-    assert _workdirs() - workdirs, "serve made its temporary model repository"
+    tmp = _own_tmp(tmp_path)
+    _, process = serve_process(
+        _config(tiny_model_dir, drain_delay_s), tmp_path, "stop", env={"TMPDIR": str(tmp)}
+    )
+    assert _workdirs(tmp), "serve made its temporary model repository"
+    assert _tritonservers(tmp), "serve runs its sidecar from there"
 
     took = _stop(process, gap_s)
 
@@ -67,8 +92,8 @@ def test_two_signals(
         assert took >= drain_delay_s, "a repeated signal must not cut the drain short"
     else:
         assert took < 15, "a later second signal does not wait out the drain"
-    assert _workdirs() <= workdirs
-    assert _tritonservers() <= servers
+    assert not _workdirs(tmp)
+    assert not _tritonservers(tmp)
 
 
 def test_serve_exits_with_the_reason_when_a_sidecar_cannot_load(
@@ -86,19 +111,18 @@ def test_serve_exits_with_the_reason_when_a_sidecar_cannot_load(
     )
     command = [str(Path(sys.executable).parent / "triton-gateway"), "serve", "--config",
                str(config), "--port", "0"]  # fmt: skip
-    servers = _tritonservers()
-    workdirs = set(Path(tempfile.gettempdir()).glob("triton-gateway-*"))
-    done = subprocess.run(command, capture_output=True, text=True, timeout=180)
+    tmp = _own_tmp(tmp_path)
+    done = subprocess.run(
+        command,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env={**os.environ, "TMPDIR": str(tmp)},
+    )
 
     assert done.returncode == 1
     error = done.stderr[done.stderr.index("error: sidecar") :]
     assert error.startswith("error: sidecar 'main' could not start")
     assert f"cannot load model '{empty}'" in error
-    assert _tritonservers() <= servers
-    assert set(Path(tempfile.gettempdir()).glob("triton-gateway-*")) <= workdirs
-
-
-def _tritonservers() -> set[int]:
-    import psutil
-
-    return {p.pid for p in psutil.process_iter(["name"]) if p.info["name"] == "tritonserver"}
+    assert not _tritonservers(tmp)
+    assert not _workdirs(tmp)

@@ -37,16 +37,27 @@ ENGINE_MODEL = "tiny-engine"
 """The tiny pipeline's ``tensorrt_llm`` model itself: the gateway tokenizes and detokenizes."""
 
 
+def _worker_ports() -> range:
+    """This test process's share of ``PORTS``: under pytest-xdist each worker has its own, so
+    two workers never pick the same free port at the same moment."""
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
+    share = len(PORTS) // max(count, 1)
+    start = PORTS.start + int(worker or 0) * share
+    return range(start, start + share)
+
+
 def free_port() -> int:
-    """A port of the project's range that nobody listens on right now."""
-    for port in PORTS:
+    """A port of this process's share of the project's range that nobody listens on now."""
+    ports = _worker_ports()
+    for port in ports:
         with socket.socket() as sock:
             try:
                 sock.bind(("127.0.0.1", port))
             except OSError:
                 continue
             return port
-    raise RuntimeError("no free port in 23000-23989")
+    raise RuntimeError(f"no free port in {ports.start}-{ports.stop - 1}")
 
 
 def sidecar_settings(sidecar: Sidecar, tokenizer_dir: Path, **limits: float) -> Settings:
@@ -80,9 +91,14 @@ def sidecar_settings(sidecar: Sidecar, tokenizer_dir: Path, **limits: float) -> 
 
 
 def serve_process(
-    config: dict[str, Any], workdir: Path, name: str, timeout_s: float = 90.0
+    config: dict[str, Any],
+    workdir: Path,
+    name: str,
+    timeout_s: float = 90.0,
+    env: dict[str, str] | None = None,
 ) -> tuple[str, subprocess.Popen[bytes]]:
-    """`triton-gateway serve --config <name>.yaml` as its own process, once it is ready.
+    """`triton-gateway serve --config <name>.yaml` as its own process (``env`` added to this
+    one's), once it is ready.
 
     Returns its base URL and the process; the log is ``<workdir>/<name>.log``.
     """
@@ -93,7 +109,9 @@ def serve_process(
     command = [str(Path(sys.executable).parent / "triton-gateway"), "serve", "--config",
                str(path), "--port", str(port)]  # fmt: skip
     with log_path.open("wb") as log:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(
+            command, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}
+        )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + timeout_s
     while True:

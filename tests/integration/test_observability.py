@@ -147,7 +147,11 @@ def test_metrics_follow_a_streamed_request(traced: str) -> None:
     assert grew("gateway_time_to_first_token_seconds_count", **model) == 1
     assert grew("gateway_e2e_request_latency_seconds_count", **model) == 1
     assert grew("gateway_request_queue_seconds_count", **model) == 1
-    assert grew("gateway_inter_token_latency_seconds_count", **model) >= 1
+    # A gap is counted between two of the engine's text events; the client's chunks may join
+    # several events (backpressure), never split one.
+    texts = sum(1 for chunk in chunks if chunk.choices and chunk.choices[0].delta.content)
+    gaps = grew("gateway_inter_token_latency_seconds_count", **model)
+    assert texts - 1 <= gaps <= usage.completion_tokens - 1
     assert grew("gateway_prompt_tokens_total", **model) == usage.prompt_tokens
     assert grew("gateway_completion_tokens_total", **model) == usage.completion_tokens
     assert (

@@ -31,8 +31,12 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/triton-gateway demo
 
+# Two test processes (pytest-xdist) by default: one alone leaves a 2-core machine idle for more
+# than half the run while it waits on sidecars. Each process starts its own shared sidecars, so
+# more of them add memory and startup for little gain; TEST_WORKERS=0 runs the suite in one.
+TEST_WORKERS ?= 2
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadscope)
 
 bench: $(STAMP)
 	$(BIN)/python -m tests.benchmarks.serving --out $(BENCH_OUT)

@@ -48,13 +48,17 @@ class SidecarError(RuntimeError):
 PORT_FLOOR = 24000
 """The lowest port a sidecar is given when its spec names none."""
 _PORT_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+_GIVEN: set[int] = set()
+"""Ports this process has handed out: free when picked, but perhaps not yet bound by their
+server (a sidecar's three are picked before it starts)."""
 
 
 def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port nobody uses right now, from ``PORT_FLOOR`` up to the kernel's ephemeral range.
 
     Not one of that range (what binding port 0 gives): outgoing connections take their local
-    ports from it, and one of them could hold a sidecar's port in the moment it restarts.
+    ports from it, and one of them could hold a sidecar's port in the moment it restarts. Never
+    one this process handed out before.
     """
     try:
         ephemeral = int(_PORT_RANGE.read_text().split()[0])
@@ -63,12 +67,15 @@ def free_port(host: str = "127.0.0.1") -> int:
     if ephemeral - PORT_FLOOR >= 1000:
         for _ in range(64):
             port = random.randrange(PORT_FLOOR, ephemeral)
+            if port in _GIVEN:
+                continue
             with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
                 try:
                     sock.bind((host, port))
                 except OSError:
                     continue
-                return port
+            _GIVEN.add(port)
+            return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])

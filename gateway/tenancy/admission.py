@@ -5,9 +5,10 @@ hundred microseconds on an idle host. Its command is sent as soon as the plan is
 the answer is awaited only once the Triton request is built, just before anything is sent to
 Triton (``GenerationRequest.admitted``), so the two overlap, and a refused request never reaches
 Triton. For a tenant that its last answer left far from every limit (``quota.far_from_limits``)
-the request goes to Triton before the answer comes, which then overlaps the engine's first
-token too; should the answer refuse after all, the request is stopped there before any of its
-output is passed on. The memory store decides at once and has nothing to overlap.
+the request goes to Triton before its command is even written (``Tenancy.admission``), and the
+answer then overlaps the engine's first token; should the answer refuse after all, the request
+is stopped there before any of its output is passed on. The memory store decides at once and
+has nothing to overlap.
 """
 
 from __future__ import annotations

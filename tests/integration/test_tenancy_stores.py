@@ -7,6 +7,7 @@ import contextlib
 import time
 import uuid
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 import redis
@@ -268,6 +269,39 @@ async def test_an_admission_is_expected_only_once_an_answer_left_room(
         for admission in (second, third):
             await admission.admitted()
             await admission.settle(0)
+        await first.settle(0)
+    finally:
+        await tenancy.close()
+
+
+async def test_an_expected_admission_writes_its_command_once_the_request_is_on_its_way(
+    redis_server: RedisServer,
+) -> None:
+    """An admission that waits for its answer writes its command at once, to be answered while
+    the Triton request is built; one expected to admit writes it a turn of the event loop later,
+    so the request, sent in the turn it was built in, goes first."""
+    policy = TenantPolicy(name="ordered", tokens_per_minute=6000, burst=1.0)
+    tenancy = await redis_tenancy(redis_server, policy)
+    written: list[str] = []
+    admit = tenancy.store.admit
+
+    def recorded(tenant: str, *args: Any) -> Any:
+        written.append(tenant)
+        return admit(tenant, *args)
+
+    tenancy.store.admit = recorded  # type: ignore[method-assign]
+    try:
+        first = await tenancy.admission(policy, plan_of(20), {})
+        assert not first.expected
+        assert written == ["ordered"]
+        await first.admitted()
+        second = await tenancy.admission(policy, plan_of(20), {})
+        assert second.expected
+        assert written == ["ordered"]
+        await asyncio.sleep(0)
+        assert written == ["ordered", "ordered"]
+        await second.admitted()
+        await second.settle(0)
         await first.settle(0)
     finally:
         await tenancy.close()

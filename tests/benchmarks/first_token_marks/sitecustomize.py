@@ -65,6 +65,7 @@ if os.environ.get("FIRST_TOKEN_MARKS"):
     from gateway.observability import Observability
     from gateway.openai import pipeline as _pipeline
     from gateway.tenancy.admission import Admission
+    from gateway.tenancy.redis_store import RedisStore
     from gateway.tenancy.service import Tenancy
 
     _create_app = _app.create_app
@@ -90,14 +91,18 @@ if os.environ.get("FIRST_TOKEN_MARKS"):
                 nonlocal sent
                 if message["type"] == "http.response.start":
                     marks["response.start"] = _now()
-                elif message["type"] == "http.response.body" and sent == 0:
-                    sent = 1
-                    marks["first_body.send"] = _now()
+                elif message["type"] == "http.response.body":
+                    if sent == 0:
+                        sent = 1
+                        marks["first_body.send"] = _now()
+                    if not message.get("more_body", False):
+                        marks["last_body.send"] = _now()
                 await send(message)
 
             try:
                 await handler(scope, receive, send_marked)
             finally:
+                marks["asgi.exit"] = _now()
                 _out.write(json.dumps({"probe": probe, **marks}) + "\n")
 
         app.asgi_handler = marked
@@ -112,6 +117,7 @@ if os.environ.get("FIRST_TOKEN_MARKS"):
     _around(_prompts.PromptTokenizer, "text_prompt", "tokenize")
     _around(_prompts.PromptTokenizer, "chat_prompt", "tokenize")
     _around(Tenancy, "admission", "admission.send")
+    _around(RedisStore, "admit", "admission.write")
     _around(Admission, "admitted", "admission.wait")
     _around(_generation.GenerationService, "events", "events")
     _around(_client, "build_inputs", "triton.inputs")

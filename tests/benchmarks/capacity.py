@@ -121,8 +121,9 @@ def _client_main(job: dict[str, Any]) -> tuple[list[Result], float]:
 
         # A stream that never ends is an error of its own, not a hung level.
         samples, _ = await run_level(
-            connect, job["streams"], job["seconds"], 120.0, job["stagger_s"], job["phase"]
-        )
+            connect, job["streams"], job["seconds"], 120.0, job["stagger_s"], job["phase"],
+            job["think_s"],
+        )  # fmt: skip
         return samples
 
     cpu = time.process_time()
@@ -161,7 +162,7 @@ def measure(
     stagger_s = args.tokens / args.rate if args.arrivals == "staggered" else 0.0
     jobs = [
         {**job, "host": host, "port": int(port), "streams": share, "seconds": args.seconds,
-         "stagger_s": stagger_s, "phase": index / len(shares)}
+         "stagger_s": stagger_s, "phase": index / len(shares), "think_s": args.think_ms / 1e3}
         for index, share in enumerate(shares)
     ]  # fmt: skip
     context = multiprocessing.get_context("spawn")
@@ -381,6 +382,12 @@ def main() -> None:
         "report adds each row's median and range over the rounds",
     )
     parser.add_argument("--warmup", type=float, default=2.0)
+    parser.add_argument(
+        "--think-ms",
+        type=float,
+        default=0.0,
+        help="each stream's pause between an answer's end and its next request (default none)",
+    )
     parser.add_argument("--clients", type=int, default=max(1, (os.cpu_count() or 2) // 4))
     parser.add_argument(
         "--arrivals",

@@ -34,7 +34,8 @@ def render_markdown(report: dict[str, Any]) -> str:
         f"({c.get('chat_prompt_tokens', '?')} as a chat), "
         f"{c['engine_instances']} engine instances; {c['seconds_per_level']:g} s per level after "
         f"a warm-up; {c['client_processes']} load-generator processes; "
-        f"{_ARRIVALS[c.get('arrivals', 'burst')]}. `python -m tests.benchmarks.capacity`.",
+        f"{_ARRIVALS[c.get('arrivals', 'burst')]}{_think(c)}. "
+        "`python -m tests.benchmarks.capacity`.",
         "",
         "| target | endpoint | streams | tokens/s | of direct | TTFT p50 / p99 ms | added TTFT "
         "p50 ms | ITL p50 / p99 ms | added ITL p50 ms | errors | cores: triton / gateway / "
@@ -164,9 +165,17 @@ def report_of(
             "client_processes": args.clients,
             "rounds": rounds,
             "arrivals": args.arrivals,
+            "think_ms": args.think_ms,
         },
         "rows": rows,
     }
+
+
+def _think(conditions: dict[str, Any]) -> str:
+    think = conditions.get("think_ms") or 0
+    if not think:
+        return ""
+    return f"; each stream pauses {think:g} ms between an answer's end and its next request"
 
 
 def _cpu_model() -> str:

@@ -101,13 +101,15 @@ async def run_level(
     request_timeout_s: float | None = None,
     stagger_s: float = 0.0,
     phase: float = 0.0,
+    think_s: float = 0.0,
 ) -> tuple[list[Sample], float]:
     """``concurrency`` workers, each on its own connection, sending until ``seconds`` pass.
 
     With ``stagger_s``, worker ``k`` sends its first request ``stagger_s * (k + phase) /
     concurrency`` seconds in and every worker sends for ``seconds`` after that, so requests of
     equal length arrive spread over ``stagger_s`` instead of all at once (``phase`` in [0, 1)
-    interleaves the workers of several load-generator processes).
+    interleaves the workers of several load-generator processes). With ``think_s``, a worker
+    waits that long after each answer before it sends the next request.
 
     Returns every finished request and the time from the start to the last one's end.
     """
@@ -129,6 +131,8 @@ async def run_level(
                 sample.error = f"{type(exc).__name__}: {exc}"[:300]
             sample.end = time.perf_counter()
             samples.append(sample)
+            if think_s:
+                await asyncio.sleep(think_s)
 
     await asyncio.gather(*(worker(index, send) for index, send in enumerate(senders)))
     return samples, time.perf_counter() - started

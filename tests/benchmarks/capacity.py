@@ -41,29 +41,28 @@ import os
 import tempfile
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from deploy.sidecar.models import ensure_tiny_model
-from deploy.sidecar.spec import parse_spec
-from deploy.sidecar.supervisor import Sidecar, sidecar_from_spec
 from gateway.catalog.text.hub import load_tokenizer
-from gateway.catalog.text.prompts import PromptTokenizer
-from gateway.tenancy.keys import digest
 from tests.benchmarks.capacity_report import render_markdown, render_plot, report_of
+from tests.benchmarks.capacity_setup import (
+    ENGINE_MODEL,
+    KEY,
+    PROMPT,
+    chat_ids,
+    gateway_config,
+    start_triton,
+)
 from tests.benchmarks.loadgen import HttpClient, Sample, run_level
 from tests.benchmarks.relay import relay_process
 from tests.benchmarks.serving import cpu_seconds
 from tests.support.gateway import serve_process, stop_process
 
-KEY = "tgw-capacity-0123456789abcdef0123456789abcdef"
-PROMPT = "Write a short story about a lighthouse keeper who finds a message in a bottle."
 LEVELS = (1, 8, 32, 64, 128, 192, 256, 320, 384, 512, 768, 1024, 1536)
 CHAT_LEVELS = (64, 320, 1024)
-ENGINE_MODEL = "lt_tensorrt_llm"
-"""The paced engine as Triton serves it: model ``lt``'s ``tensorrt_llm``."""
 
 
 @dataclass(frozen=True)
@@ -106,7 +105,7 @@ def _arrivals(result: Result, since: float, until: float) -> int:
     return sum(1 for t in times if since <= t <= until)
 
 
-def _client_main(job: dict[str, Any]) -> tuple[list[Result], float]:
+def client_main(job: dict[str, Any]) -> tuple[list[Result], float]:
     """One load-generator process: ``job["streams"]`` clients for ``job["seconds"]``; its
     samples and the CPU seconds it spent."""
 
@@ -136,7 +135,7 @@ def _direct_token(data: bytes) -> bool:
     return b'"output_ids"' in data
 
 
-def _spread(total: int, parts: int) -> list[int]:
+def spread(total: int, parts: int) -> list[int]:
     share = [total // parts] * parts
     for index in range(total % parts):
         share[index] += 1
@@ -158,7 +157,7 @@ def measure(
     round_: int = 0,
 ) -> Row:
     host, port = url.removeprefix("http://").split(":")
-    shares = _spread(streams, args.clients)
+    shares = spread(streams, args.clients)
     stagger_s = args.tokens / args.rate if args.arrivals == "staggered" else 0.0
     jobs = [
         {**job, "host": host, "port": int(port), "streams": share, "seconds": args.seconds,
@@ -168,10 +167,10 @@ def measure(
     context = multiprocessing.get_context("spawn")
     with context.Pool(len(jobs)) as pool:
         warm = [{**j, "seconds": args.warmup, "stagger_s": 0.0} for j in jobs]
-        pool.map(_client_main, warm)
+        pool.map(client_main, warm)
         before = _cpu(trees)
         started = time.perf_counter()
-        results = pool.map(_client_main, jobs)
+        results = pool.map(client_main, jobs)
         wall = time.perf_counter() - started
         after = _cpu(trees)
     # Tokens/s counts the tokens that arrived while every stream was sending; latencies leave
@@ -236,58 +235,6 @@ def measure_round(targets: list[Target], args: argparse.Namespace, round_: int) 
                 rows.append(measure(target.name, "chat", target.url, target.chat, streams, args,
                                     target.trees, round_))  # fmt: skip
     return rows
-
-
-def start_triton(
-    args: argparse.Namespace, tokenizer: Path, workdir: Path, token_id: int
-) -> Sidecar:
-    """The paced engine answering ``token_id`` throughout: a word, so that every token is text
-    for every endpoint (the prompt's own ids would echo a chat template's special tokens, which
-    a chat stream rightly shows as nothing, a gap the direct path does not count)."""
-    engine = {
-        "kind": "loadtest",
-        "token_id": token_id,
-        "tokenizer_dir": str(tokenizer),
-        "token_s": 1.0 / args.rate,
-        "prompt_token_s": args.prompt_token_s,
-        "instances": args.instances,
-    }
-    model = {"name": "lt", "release": "latest", "engine": engine, "triton_max_batch_size": 256}
-    if args.text_env:
-        model["text_python_env"] = args.text_env
-    spec = parse_spec({"models": [model], "sidecars": [{"name": "capacity"}]})
-    sidecar = sidecar_from_spec(spec, spec.sidecars[0], workdir)
-    sidecar.start()
-    return sidecar
-
-
-def gateway_config(
-    sidecar: Sidecar, tokenizer: Path, workers: int, *, send_ahead: bool = True
-) -> dict[str, Any]:
-    model = {"name": "lt", "triton_url": sidecar.grpc_url, "triton_http_url": sidecar.http_url,
-             "triton_model": ENGINE_MODEL, "entry": "tensorrt_llm",
-             "tokenizer_dir": str(tokenizer), "context_length": 4096}  # fmt: skip
-    tenant = {"name": "bench", "requests_per_minute": 10_000_000, "tokens_per_minute": 10**12}
-    return {
-        "models": [model],
-        "tenancy": {
-            "tenants": [tenant],
-            "keys": [{"tenant": "bench", "sha256": digest(KEY)}],
-            "store": {"kind": "memory", "send_ahead": send_ahead},
-        },
-        "server": {"workers": workers},
-        "limits": {"request_timeout_s": 600},
-        "log_level": "WARNING",
-    }
-
-
-def chat_ids(vocabulary: Any) -> list[int]:
-    """The prompt's ids as the gateway sends a chat of it: templated and tokenized by the
-    gateway's own prompt tokenizer."""
-    with ThreadPoolExecutor(1) as executor:
-        prompts = PromptTokenizer(vocabulary, executor)
-        prompt = asyncio.run(prompts.chat_prompt([{"role": "user", "content": PROMPT}]))
-    return list(prompt.ids)
 
 
 def run(

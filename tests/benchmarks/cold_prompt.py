@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from deploy.sidecar.models import ensure_tiny_model
 from gateway.catalog.text.prompts import PromptTokenizer
-from tests.benchmarks.capacity import PROMPT
+from tests.benchmarks.capacity_setup import PROMPT
 
 
 def warm_us(work: Callable[[], object], number: int) -> float:

@@ -38,6 +38,7 @@ from typing import Any
 from deploy.sidecar.models import ensure_tiny_model
 from gateway.catalog.text.hub import load_tokenizer
 from tests.benchmarks import capacity
+from tests.benchmarks.capacity_setup import ENGINE_MODEL, KEY, PROMPT, gateway_config, start_triton
 from tests.support.gateway import serve_process, stop_process
 
 MARKS = Path(__file__).parent / "first_token_marks"
@@ -54,7 +55,7 @@ class Client:
         payload = json.dumps(body).encode()
         self._head = (
             f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
-            f"Authorization: Bearer {capacity.KEY}\r\nContent-Length: {len(payload)}\r\n"
+            f"Authorization: Bearer {KEY}\r\nContent-Length: {len(payload)}\r\n"
         ).encode()
         self._payload = payload
         self._address = (host, int(port))
@@ -107,7 +108,7 @@ def steps(marks: list[dict[str, int]]) -> list[tuple[str, float]]:
 def run(args: argparse.Namespace) -> str:
     tokenizer = Path(args.tokenizer) if args.tokenizer else ensure_tiny_model()
     vocabulary = load_tokenizer(str(tokenizer))
-    ids = vocabulary.encode(capacity.PROMPT, add_special_tokens=True)
+    ids = vocabulary.encode(PROMPT, add_special_tokens=True)
     word = vocabulary.encode(" the", add_special_tokens=False)[-1]
     engine = argparse.Namespace(
         rate=80.0, prompt_token_s=0.00005, instances=8, text_env=args.text_env
@@ -115,7 +116,7 @@ def run(args: argparse.Namespace) -> str:
     workdir = Path(tempfile.mkdtemp(prefix="first-token-"))
     marks_dir = workdir / "marks"
     marks_dir.mkdir()
-    sidecar = capacity.start_triton(engine, tokenizer, workdir, word)
+    sidecar = start_triton(engine, tokenizer, workdir, word)
     tokens = args.tokens
     direct = {"input_ids": list(ids), "input_lengths": [len(ids)],
               "request_output_len": [tokens], "streaming": [True]}  # fmt: skip
@@ -127,20 +128,20 @@ def run(args: argparse.Namespace) -> str:
         os.environ["PYTHONPATH"] = os.pathsep.join(
             [str(MARKS), *filter(None, [environment.get("PYTHONPATH")])]
         )
-        config = capacity.gateway_config(sidecar, tokenizer, args.workers)
+        config = gateway_config(sidecar, tokenizer, args.workers)
         url, process = serve_process(config, workdir, "gateway", timeout_s=180)
     finally:
         os.environ.clear()
         os.environ.update(environment)
     background: tuple[Any, Any, float] | None = None
     try:
-        engine_path = f"/v2/models/{capacity.ENGINE_MODEL}/generate_stream"
+        engine_path = f"/v2/models/{ENGINE_MODEL}/generate_stream"
         clients = {
             "direct": Client(sidecar.http_url, engine_path, direct, True),
             "completions": Client(url, "/v1/completions",
-                                  {**openai, "prompt": capacity.PROMPT}, False),
+                                  {**openai, "prompt": PROMPT}, False),
             "chat": Client(url, "/v1/chat/completions",
-                           {**openai, "messages": [{"role": "user", "content": capacity.PROMPT}]},
+                           {**openai, "messages": [{"role": "user", "content": PROMPT}]},
                            False),
         }  # fmt: skip
         background = _background(args, url)
@@ -183,13 +184,13 @@ def _background(args: argparse.Namespace, url: str) -> tuple[Any, Any, float] | 
     per_probe_s = args.pause + args.tokens / 80.0 + 0.05
     seconds = 1.5 * 3 * (args.warmup + args.requests) * per_probe_s + 10.0
     job = {"host": host, "port": int(port), "path": "/v1/completions", "direct": False,
-           "body": {"model": "lt", "prompt": capacity.PROMPT, "max_tokens": 128, "stream": True},
-           "seconds": seconds, "stagger_s": 128 / 80.0}  # fmt: skip
-    shares = [s for s in capacity._spread(args.background, args.clients) if s]
+           "body": {"model": "lt", "prompt": PROMPT, "max_tokens": 128, "stream": True},
+           "seconds": seconds, "stagger_s": 128 / 80.0, "think_s": 0.0}  # fmt: skip
+    shares = [s for s in capacity.spread(args.background, args.clients) if s]
     jobs = [{**job, "streams": share, "phase": i / len(shares)} for i, share in enumerate(shares)]
     pool = multiprocessing.get_context("spawn").Pool(len(jobs))
     try:
-        load = pool.map_async(capacity._client_main, jobs)
+        load = pool.map_async(capacity.client_main, jobs)
         time.sleep(5.0)
     except BaseException:
         pool.terminate()

@@ -119,6 +119,7 @@ if os.environ.get("FIRST_TOKEN_MARKS"):
     _around(Tenancy, "admission", "admission.send")
     _around(RedisStore, "admit", "admission.write")
     _around(Admission, "admitted", "admission.wait")
+    _around(Admission, "settle", "settle")
     _around(_generation.GenerationService, "events", "events")
     _around(_client, "build_inputs", "triton.inputs")
     _around(_http.HttpCall, "_send", "triton.send")

@@ -1,0 +1,72 @@
+"""What the capacity benchmark and its first-token probe run against: the paced engine's
+sidecar, the gateway's configuration for it, the prompt and its templated chat ids."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from deploy.sidecar.spec import parse_spec
+from deploy.sidecar.supervisor import Sidecar, sidecar_from_spec
+from gateway.catalog.text.prompts import PromptTokenizer
+from gateway.tenancy.keys import digest
+
+KEY = "tgw-capacity-0123456789abcdef0123456789abcdef"
+PROMPT = "Write a short story about a lighthouse keeper who finds a message in a bottle."
+ENGINE_MODEL = "lt_tensorrt_llm"
+"""The paced engine as Triton serves it: model ``lt``'s ``tensorrt_llm``."""
+
+
+def start_triton(
+    args: argparse.Namespace, tokenizer: Path, workdir: Path, token_id: int
+) -> Sidecar:
+    """The paced engine answering ``token_id`` throughout: a word, so that every token is text
+    for every endpoint (the prompt's own ids would echo a chat template's special tokens, which
+    a chat stream rightly shows as nothing, a gap the direct path does not count)."""
+    engine = {
+        "kind": "loadtest",
+        "token_id": token_id,
+        "tokenizer_dir": str(tokenizer),
+        "token_s": 1.0 / args.rate,
+        "prompt_token_s": args.prompt_token_s,
+        "instances": args.instances,
+    }
+    model = {"name": "lt", "release": "latest", "engine": engine, "triton_max_batch_size": 256}
+    if args.text_env:
+        model["text_python_env"] = args.text_env
+    spec = parse_spec({"models": [model], "sidecars": [{"name": "capacity"}]})
+    sidecar = sidecar_from_spec(spec, spec.sidecars[0], workdir)
+    sidecar.start()
+    return sidecar
+
+
+def gateway_config(
+    sidecar: Sidecar, tokenizer: Path, workers: int, *, send_ahead: bool = True
+) -> dict[str, Any]:
+    model = {"name": "lt", "triton_url": sidecar.grpc_url, "triton_http_url": sidecar.http_url,
+             "triton_model": ENGINE_MODEL, "entry": "tensorrt_llm",
+             "tokenizer_dir": str(tokenizer), "context_length": 4096}  # fmt: skip
+    tenant = {"name": "bench", "requests_per_minute": 10_000_000, "tokens_per_minute": 10**12}
+    return {
+        "models": [model],
+        "tenancy": {
+            "tenants": [tenant],
+            "keys": [{"tenant": "bench", "sha256": digest(KEY)}],
+            "store": {"kind": "memory", "send_ahead": send_ahead},
+        },
+        "server": {"workers": workers},
+        "limits": {"request_timeout_s": 600},
+        "log_level": "WARNING",
+    }
+
+
+def chat_ids(vocabulary: Any) -> list[int]:
+    """The prompt's ids as the gateway sends a chat of it: templated and tokenized by the
+    gateway's own prompt tokenizer."""
+    with ThreadPoolExecutor(1) as executor:
+        prompts = PromptTokenizer(vocabulary, executor)
+        prompt = asyncio.run(prompts.chat_prompt([{"role": "user", "content": PROMPT}]))
+    return list(prompt.ids)

@@ -88,20 +88,20 @@ class Client:
         return _TEXT.search(received) is not None
 
 
-def _median_us(values: list[int]) -> float:
+def median_us(values: list[int]) -> float:
     return statistics.median(values) / 1e3 if values else float("nan")
 
 
-def steps(marks: list[dict[str, int]]) -> list[tuple[str, float]]:
-    """The median gap before each mark, in the order of their median times."""
+def steps(marks: list[dict[str, int]], origin: str = "client.send") -> list[tuple[str, float]]:
+    """The median gap before each mark, in the order of their median times after ``origin``."""
     order = sorted(
         {name for m in marks for name in m},
-        key=lambda name: statistics.median(m[name] - m["client.send"] for m in marks if name in m),
+        key=lambda name: statistics.median(m[name] - m[origin] for m in marks if name in m),
     )
     gaps = []
     for before, after in itertools.pairwise(order):
         values = [m[after] - m[before] for m in marks if before in m and after in m]
-        gaps.append((f"{before} → {after}", _median_us(values)))
+        gaps.append((f"{before} → {after}", median_us(values)))
     return gaps
 
 
@@ -202,7 +202,7 @@ def report(
     args: argparse.Namespace, sent: dict[str, tuple[int, int]], marks: dict[str, dict[str, int]]
 ) -> str:
     ttft = {
-        name: _median_us([first - start for probe, (start, first) in sent.items()
+        name: median_us([first - start for probe, (start, first) in sent.items()
                           if probe.startswith(f"{name}-")])
         for name in ("direct", "completions", "chat")
     }  # fmt: skip

@@ -3,8 +3,10 @@
 Imported at the start of every Python process whose path holds this folder; it does nothing
 unless ``FIRST_TOKEN_MARKS`` names a folder, where each process then appends one JSON line per
 ``/v1`` request: the monotonic nanoseconds at which the request reached each step, keyed by
-the client's ``x-probe-id`` header. The steps are functions of the request path wrapped here by
-name, so a renamed one fails loudly.
+the client's ``x-probe-id`` header. With ``FIRST_TOKEN_MARKS_EVERY`` set every request is
+marked, one without the header as ``any-<pid>-<serial>-<client port>-<chat or text>``
+(``tests.benchmarks.marks_report`` reads those). The steps are functions of the request path
+wrapped here by name, so a renamed one fails loudly.
 """
 
 from __future__ import annotations
@@ -15,11 +17,15 @@ if os.environ.get("FIRST_TOKEN_MARKS"):
     import contextvars
     import functools
     import inspect
+    import itertools
     import json
     import time
     from typing import Any
 
     _now = time.monotonic_ns
+    _every = bool(os.environ.get("FIRST_TOKEN_MARKS_EVERY"))
+    """Mark every request, not only the probes'."""
+    _serial = itertools.count()
     _marks: contextvars.ContextVar[dict[str, int] | None] = contextvars.ContextVar(
         "first_token_marks", default=None
     )
@@ -79,11 +85,15 @@ if os.environ.get("FIRST_TOKEN_MARKS"):
                 await handler(scope, receive, send)
                 return
             probe = dict(scope["headers"]).get(b"x-probe-id", b"").decode()
-            if not probe:
+            if not probe and not _every:
                 # Background load (``--background``): not marked.
                 await handler(scope, receive, send)
                 return
             marks = {"asgi.entry": _now()}
+            if not probe:
+                client = scope.get("client") or ("", 0)
+                kind = "chat" if "chat" in scope["path"] else "text"
+                probe = f"any-{os.getpid()}-{next(_serial)}-{client[1]}-{kind}"
             _marks.set(marks)
             sent = 0
 

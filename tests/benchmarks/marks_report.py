@@ -1,0 +1,115 @@
+"""What every request a loaded gateway served went through, step by step: the marks of
+``first_token_marks`` on every request (``FIRST_TOKEN_MARKS_EVERY``), read back from their folder.
+
+The first-token probe marks its own requests, sent one at a time beside the load; this reads
+the load's own requests, those whose time to first token the capacity benchmark reports::
+
+    FIRST_TOKEN_MARKS=/tmp/marks FIRST_TOKEN_MARKS_EVERY=1 \\
+        PYTHONPATH=$PWD:$PWD/tests/benchmarks/first_token_marks \\
+        python -m tests.benchmarks.capacity --workers 8 --relay --levels 320
+    python -m tests.benchmarks.marks_report /tmp/marks
+
+Printed: the median gap before each step from a request's entry into the app to its end; the
+time in the app to its first write (p50, p90, p99) over all requests and per worker process
+(with the connections each held); and per kept-alive connection, the gap from an answer's last
+write to the next request's entry (the client's turn and the server's reading of it), and how
+often the next request entered while the one before was still in the app (its settlement,
+metrics and access line run after its last write).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+from collections import defaultdict
+from pathlib import Path
+
+from tests.benchmarks.first_token import median_us, steps
+
+Marks = dict[str, int]
+
+
+def load(folder: Path) -> dict[str, dict[str, Marks]]:
+    """Every marked request without a probe's id that was answered, by its endpoint (``text``,
+    ``chat``) and its ``any-<pid>-<serial>-<port>-<endpoint>`` key."""
+    marks: dict[str, dict[str, Marks]] = defaultdict(dict)
+    for path in folder.glob("marks-*.jsonl"):
+        for line in path.read_text().splitlines():
+            entry = json.loads(line)
+            key = entry.pop("probe")
+            if key.startswith("any-") and "first_body.send" in entry:
+                marks[key.rsplit("-", 1)[1]][key] = entry
+    return marks
+
+
+def _quantiles_us(values: list[int]) -> str:
+    if not values:
+        return "-"
+    ordered = sorted(values)
+
+    def at(q: float) -> float:
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))] / 1e3
+
+    return f"{at(0.5):,.0f} / {at(0.9):,.0f} / {at(0.99):,.0f}"
+
+
+def report(marks: dict[str, Marks]) -> str:
+    """The Markdown summary of ``marks``."""
+    by_connection: dict[tuple[str, str], list[Marks]] = defaultdict(list)
+    for key, entry in marks.items():
+        _, pid, _, port, _ = key.split("-")
+        by_connection[(pid, port)].append(entry)
+    in_app = [m["first_body.send"] - m["asgi.entry"] for m in marks.values()]
+    lines = [
+        f"{len(marks)} requests on {len(by_connection)} connections.",
+        "",
+        f"In the app to the first write, p50 / p90 / p99 µs: {_quantiles_us(in_app)}",
+        "",
+        "| step | µs |",
+        "|---|---:|",
+        *(f"| {name} | {us:,.0f} |" for name, us in steps(list(marks.values()), "asgi.entry")),
+        "",
+        "| worker | connections | requests | in the app to the first write, p50 / p90 / p99 µs |",
+        "|---|---:|---:|---:|",
+    ]
+    workers: dict[str, list[tuple[str, str]]] = defaultdict(list)
+    for connection in by_connection:
+        workers[connection[0]].append(connection)
+    for pid, connections in sorted(workers.items(), key=lambda item: -len(item[1])):
+        entries = [m for c in connections for m in by_connection[c]]
+        firsts = [m["first_body.send"] - m["asgi.entry"] for m in entries]
+        lines.append(f"| {pid} | {len(connections)} | {len(entries)} | {_quantiles_us(firsts)} |")
+    turns: list[int] = []
+    overlaps: list[int] = []
+    for entries in by_connection.values():
+        entries.sort(key=lambda m: m["asgi.entry"])
+        for before, after in itertools.pairwise(entries):
+            if "last_body.send" in before:
+                turns.append(after["asgi.entry"] - before["last_body.send"])
+            if "asgi.exit" in before and after["asgi.entry"] < before["asgi.exit"]:
+                overlaps.append(before["asgi.exit"] - after["asgi.entry"])
+    share = f"{100 * len(overlaps) / len(turns):.0f}%" if turns else "-"
+    lines += [
+        "",
+        f"From an answer's last write to the next request's entry on its connection, p50 / p90 / "
+        f"p99 µs: {_quantiles_us(turns)} ({len(turns)} requests).",
+        f"Next requests that entered while the one before was still in the app: {share}, by a "
+        f"median of {median_us(overlaps):,.0f} µs.",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("folder", type=Path, help="the FIRST_TOKEN_MARKS folder")
+    args = parser.parse_args()
+    endpoints = load(args.folder)
+    if not endpoints:
+        raise SystemExit(f"no marked requests in {args.folder}")
+    for endpoint, marks in sorted(endpoints.items(), reverse=True):
+        print(f"## {endpoint}\n\n{report(marks)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -90,12 +90,15 @@ def report(marks: dict[str, Marks]) -> str:
             if "asgi.exit" in before and after["asgi.entry"] < before["asgi.exit"]:
                 overlaps.append(before["asgi.exit"] - after["asgi.entry"])
     share = f"{100 * len(overlaps) / len(turns):.0f}%" if turns else "-"
+    dialled = sum(1 for m in marks.values() if "triton.dial.start" in m)
     lines += [
         "",
         f"From an answer's last write to the next request's entry on its connection, p50 / p90 / "
         f"p99 µs: {_quantiles_us(turns)} ({len(turns)} requests).",
         f"Next requests that entered while the one before was still in the app: {share}, by a "
         f"median of {median_us(overlaps):,.0f} µs.",
+        f"Requests that found no spare connection to Triton and dialled one on their way: "
+        f"{dialled} ({100 * dialled / len(marks):.1f}%).",
     ]
     return "\n".join(lines) + "\n"
 

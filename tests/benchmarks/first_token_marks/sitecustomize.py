@@ -133,5 +133,6 @@ if os.environ.get("FIRST_TOKEN_MARKS"):
     _around(_generation.GenerationService, "events", "events")
     _around(_client, "build_inputs", "triton.inputs")
     _around(_http.HttpCall, "_send", "triton.send")
+    _around(_http.HttpCall, "_dial_and_write", "triton.dial")
     _around(_http.ChunkedEvents, "feed", "triton.first_bytes")
     _around(_http, "reply_of", "triton.first_reply")

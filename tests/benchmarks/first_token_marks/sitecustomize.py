@@ -136,3 +136,54 @@ if os.environ.get("FIRST_TOKEN_MARKS"):
     _around(_http.HttpCall, "_dial_and_write", "triton.dial")
     _around(_http.ChunkedEvents, "feed", "triton.first_bytes")
     _around(_http, "reply_of", "triton.first_reply")
+
+    # When Triton's first bytes for a call reach the worker: the event loop's read callback
+    # (``triton.arrived``), run when the loop next polls its sockets, before the call's task is
+    # woken to read them (``triton.send.end`` and ``triton.first_bytes`` follow). Callbacks run
+    # outside the request's context, so the call's connection is tied to the request's marks
+    # when the request goes on it.
+    import asyncio
+    import weakref
+
+    _awaited: weakref.WeakKeyDictionary[asyncio.StreamReader, dict[str, int]]
+    _awaited = weakref.WeakKeyDictionary()
+
+    def _await_bytes(call: Any) -> None:
+        marks = _marks.get()
+        connection = call._connection
+        if marks is not None and connection is not None:
+            _awaited[connection[0]] = marks
+
+    _start = _http.HttpCall.start
+
+    def start(self: Any) -> None:
+        _start(self)
+        _await_bytes(self)
+
+    _dial_and_write = _http.HttpCall._dial_and_write
+
+    async def dial_and_write(self: Any) -> None:
+        await _dial_and_write(self)
+        _await_bytes(self)
+
+    _connect = _http.HttpStreams.connect
+
+    async def connect(self: Any, url: str) -> Any:
+        connection, spare = await _connect(self, url)
+        marks = _marks.get()
+        if marks is not None:
+            _awaited[connection[0]] = marks
+        return connection, spare
+
+    _feed_data = asyncio.StreamReader.feed_data
+
+    def feed_data(self: asyncio.StreamReader, data: bytes) -> None:
+        marks = _awaited.pop(self, None)
+        if marks is not None:
+            marks.setdefault("triton.arrived", _now())
+        _feed_data(self, data)
+
+    _http.HttpCall.start = start  # type: ignore[method-assign]
+    _http.HttpCall._dial_and_write = dial_and_write  # type: ignore[method-assign]
+    _http.HttpStreams.connect = connect  # type: ignore[method-assign]
+    asyncio.StreamReader.feed_data = feed_data  # type: ignore[method-assign]

@@ -235,15 +235,12 @@ class Tenancy:
         # hundred microseconds or more). Otherwise the command goes now, to be answered
         # while the Triton request is built.
         ticket = (
-            self._admit_later(tenant, limits, tokens)
+            self._sent_later(tenant, limits, tokens)
             if expected
-            else self._admit(tenant, limits, tokens)
+            else self._sent(tenant, limits, tokens)
         )
         counted = self._counted(name, tokens, ticket)
         return Admission.pending(counted, headers, bound_s, expected=expected)
-
-    async def _admit_later(self, tenant: TenantPolicy, limits: Limits, tokens: int) -> Ticket:
-        return await self._admit(tenant, limits, tokens)
 
     async def _counted(self, name: str, tokens: int, ticket: Awaitable[Ticket]) -> Ticket:
         """``ticket``, counted among the tenant's admissions waiting for their answer."""
@@ -262,10 +259,18 @@ class Tenancy:
 
     def _admit(self, tenant: TenantPolicy, limits: Limits, tokens: int) -> Awaitable[Ticket]:
         self._check_fits(limits, tokens)
+        return self._sent(tenant, limits, tokens)
+
+    def _sent(self, tenant: TenantPolicy, limits: Limits, tokens: int) -> Awaitable[Ticket]:
+        """The ticket of a reservation that fits, its store command written now."""
         lease = secrets.token_hex(16)
         return self._ticket(
             tenant, limits, tokens, lease, self.store.admit(tenant.name, limits, tokens, lease)
         )
+
+    async def _sent_later(self, tenant: TenantPolicy, limits: Limits, tokens: int) -> Ticket:
+        """``_sent``, its command written once this is first awaited."""
+        return await self._sent(tenant, limits, tokens)
 
     async def _ticket(
         self,

@@ -14,6 +14,8 @@ import httpx
 import numpy as np
 import pytest
 
+from adapters.contract import GenerationRequest, ModelTarget, SamplingParams
+from adapters.triton import TritonBackend
 from deploy.sidecar.render import RenderError, check_paths, render_config, render_model
 from deploy.sidecar.spec import LoadTestEngine, SpecError, parse_spec
 from deploy.sidecar.supervisor import Sidecar, sidecar_from_spec
@@ -166,6 +168,27 @@ def test_a_paced_stream_gets_its_tokens_on_schedule(lt_sidecar: Sidecar) -> None
     stream.close()
     assert len(tokens) == 10
     assert time.monotonic() - start >= 9 * 0.02  # one token each 20 ms, never sooner
+
+
+@pytest.mark.parametrize("transport", ["grpc", "http"])
+@pytest.mark.slow
+async def test_the_backend_passes_on_a_paced_streams_replies_as_they_come(
+    lt_sidecar: Sidecar, transport: str
+) -> None:
+    """A reader that keeps up gets a chunk a reply: the HTTP transport joins only the replies
+    that arrived while its reader was busy, and with one each 20 ms few wait at all."""
+    http = lt_sidecar.http_url if transport == "http" else None
+    where = ModelTarget(url=lt_sidecar.grpc_url, triton_model="paced_ensemble",
+                        kind="ensemble", http_url=http)  # fmt: skip
+    request = GenerationRequest(
+        request_id="paced", prompt="The quick brown fox",
+        params=SamplingParams(max_tokens=20), stream=True, timeout_s=30.0,
+    )  # fmt: skip
+    async with TritonBackend() as backend:
+        pieces = [chunk async for chunk in backend.generate(where, request)]
+    carrying = [chunk for chunk in pieces if chunk.text]
+    assert len(carrying) >= 5, pieces
+    assert sum(chunk.token_count or 0 for chunk in pieces) == 20
 
 
 def _output_ids(answer: httpx.Response) -> list[list[int]]:

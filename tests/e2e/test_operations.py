@@ -18,6 +18,7 @@ import httpx
 import pytest
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 
+from tests.support.curl_streams import CurlStreams
 from tests.support.gateway import serve_process
 from tests.support.prometheus import total
 
@@ -288,40 +289,46 @@ async def test_a_killed_sidecar_ends_its_streams_and_comes_back(
     assert _metric(url, "gateway_requests_in_flight") == 1  # the scrape itself
 
 
-async def test_sigterm_drains_sixteen_streams(gateway: tuple[str, Any, Path]) -> None:
+async def test_sigterm_drains_sixteen_streams(
+    gateway: tuple[str, Any, Path], tmp_path: Path
+) -> None:
     url, process, log = gateway
     children = _descendants(process.pid)
     assert children, "the gateway runs its sidecar"
-    started = asyncio.Event()
-    opened: list[int] = []
-    # Long enough to outlive the drain delay on a fast host too.
-    streams = [
-        asyncio.create_task(_stream(url, DRAINED_TOKENS, started, opened)) for _ in range(STREAMS)
-    ]
-    await asyncio.wait_for(started.wait(), 60)
-
-    process.send_signal(signal.SIGTERM)
-    async with httpx.AsyncClient(timeout=10) as client:
-        await asyncio.sleep(0.3)
-        ready = await client.get(f"{url}/health/ready")
-        assert ready.status_code == 503  # readiness off at once
-        during_delay = await client.post(
-            f"{url}/v1/completions", json={"model": "ops", "prompt": "x", "max_tokens": 2}
-        )
-        assert during_delay.status_code == 200  # still served during the delay
-        deadline = time.monotonic() + 10
-        refused = during_delay
-        while refused.status_code != 503 and time.monotonic() < deadline:
-            await asyncio.sleep(0.2)
-            refused = await client.post(
+    # Read by curl processes, so this test's event loop times the drain's requests on time on a
+    # busy machine. Long enough to outlive the drain delay on a fast host too.
+    body = {"model": "ops", "prompt": "def f(x):", "max_tokens": DRAINED_TOKENS,
+            "min_tokens": DRAINED_TOKENS, "stream": True,
+            "stream_options": {"include_usage": True}}  # fmt: skip
+    streams = CurlStreams(url, body, STREAMS, tmp_path / "streams")
+    try:
+        await streams.started(60)
+        process.send_signal(signal.SIGTERM)
+        signalled = time.monotonic()
+        async with httpx.AsyncClient(timeout=10) as client:
+            await asyncio.sleep(0.3)
+            ready = await client.get(f"{url}/health/ready")
+            assert ready.status_code == 503  # readiness off at once
+            during_delay = await client.post(
                 f"{url}/v1/completions", json={"model": "ops", "prompt": "x", "max_tokens": 2}
             )
-        assert refused.status_code == 503
-        assert refused.headers["retry-after"] == "3"
-        assert refused.json()["error"]["code"] == "shutting_down"
-        assert not all(task.done() for task in streams), "the streams outlived the delay"
-
-    results = await asyncio.gather(*streams)
+            took = time.monotonic() - signalled
+            # still served during the delay
+            assert during_delay.status_code == 200, (took, during_delay.text)
+            deadline = time.monotonic() + 10
+            refused = during_delay
+            while refused.status_code != 503 and time.monotonic() < deadline:
+                await asyncio.sleep(0.2)
+                refused = await client.post(
+                    f"{url}/v1/completions", json={"model": "ops", "prompt": "x", "max_tokens": 2}
+                )
+            assert refused.status_code == 503
+            assert refused.headers["retry-after"] == "3"
+            assert refused.json()["error"]["code"] == "shutting_down"
+            assert not all(streams.done()), "the streams outlived the delay"
+        results = await streams.results()
+    finally:
+        streams.kill()
     for result in results:
         assert result["status"] == 200 and result["done"]
         assert result["chunks"][-1]["usage"]["completion_tokens"] == DRAINED_TOKENS

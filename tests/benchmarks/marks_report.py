@@ -9,9 +9,12 @@ the load's own requests, those whose time to first token the capacity benchmark 
         python -m tests.benchmarks.capacity --workers 8 --relay --levels 320
     python -m tests.benchmarks.marks_report /tmp/marks
 
-Printed: the median gap before each step from a request's entry into the app to its end; the
-time in the app to its first write (p50, p90, p99) over all requests and per worker process
-(with the connections each held); and per kept-alive connection, the gap from an answer's last
+Printed: the median gap before each step from a request's entry into the app to its end, the
+engine's steps (``engine.accept``, ``engine.first_send``) among them where the Triton stubs
+marked them too (they do when Triton's environment has the same ``PYTHONPATH``); the time in
+the app to its first write (p50, p90, p99) over all requests and per worker process (with the
+connections each held, and how late its event loop ran what was ready); and per kept-alive
+connection, the gap from an answer's last
 write to the next request's entry (the client's turn and the server's reading of it), and how
 often the next request entered while the one before was still in the app (its settlement,
 metrics and access line run after its last write).
@@ -23,6 +26,7 @@ import argparse
 import itertools
 import json
 from collections import Counter, defaultdict
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from tests.benchmarks.first_token import median_us, steps
@@ -30,17 +34,37 @@ from tests.benchmarks.first_token import median_us, steps
 Marks = dict[str, int]
 
 
-def load(folder: Path) -> dict[str, dict[str, Marks]]:
+@dataclass
+class Run:
+    """What one run's marks folder holds."""
+
+    requests: dict[str, dict[str, Marks]] = field(default_factory=lambda: defaultdict(dict))
     """Every marked request without a probe's id that was answered, by its endpoint (``text``,
-    ``chat``) and its ``any-<pid>-<serial>-<port>-<endpoint>`` key."""
-    marks: dict[str, dict[str, Marks]] = defaultdict(dict)
+    ``chat``) and its ``any-<pid>-<serial>-<port>-<endpoint>`` key, with the engine's marks of
+    its Triton call where the stubs left them (``engine.*``)."""
+    loop_lags: dict[str, list[int]] = field(default_factory=lambda: defaultdict(list))
+    """Each worker's samples of its event loop's lateness (ns), by its pid."""
+
+
+def load(folder: Path) -> Run:
+    """The gateway's marks (``marks-*.jsonl``) and the engine stubs' (``engine-*.jsonl``)."""
+    engine: dict[str, Marks] = {}
+    for path in folder.glob("engine-*.jsonl"):
+        for line in path.read_text().splitlines():
+            entry = json.loads(line)
+            engine[entry.pop("triton_id")] = entry
+    run = Run()
     for path in folder.glob("marks-*.jsonl"):
         for line in path.read_text().splitlines():
             entry = json.loads(line)
+            if "loop" in entry:
+                run.loop_lags[str(entry["loop"])] += entry["lags"]
+                continue
             key = entry.pop("probe")
+            entry.update(engine.get(entry.pop("triton_id", None), {}))
             if key.startswith("any-") and "first_body.send" in entry:
-                marks[key.rsplit("-", 1)[1]][key] = entry
-    return marks
+                run.requests[key.rsplit("-", 1)[1]][key] = entry
+    return run
 
 
 def _quantiles_us(values: list[int]) -> str:
@@ -54,8 +78,9 @@ def _quantiles_us(values: list[int]) -> str:
     return f"{at(0.5):,.0f} / {at(0.9):,.0f} / {at(0.99):,.0f}"
 
 
-def report(marks: dict[str, Marks]) -> str:
-    """The Markdown summary of ``marks``."""
+def report(marks: dict[str, Marks], loop_lags: dict[str, list[int]] | None = None) -> str:
+    """The Markdown summary of ``marks`` (and of the workers' ``loop_lags``, where sampled)."""
+    lags = loop_lags or {}
     by_connection: dict[tuple[str, str], list[Marks]] = defaultdict(list)
     for key, entry in marks.items():
         _, pid, _, port, _ = key.split("-")
@@ -75,8 +100,9 @@ def report(marks: dict[str, Marks]) -> str:
         "|---|---:|",
         *(f"| {name} | {us:,.0f} |" for name, us in steps(common, "asgi.entry")),
         "",
-        "| worker | connections | requests | in the app to the first write, p50 / p90 / p99 µs |",
-        "|---|---:|---:|---:|",
+        "| worker | connections | requests | in the app to the first write, p50 / p90 / p99 µs "
+        "| event loop's lateness, p50 / p90 / p99 µs |",
+        "|---|---:|---:|---:|---:|",
     ]
     workers: dict[str, list[tuple[str, str]]] = defaultdict(list)
     for connection in by_connection:
@@ -84,7 +110,10 @@ def report(marks: dict[str, Marks]) -> str:
     for pid, connections in sorted(workers.items(), key=lambda item: -len(item[1])):
         entries = [m for c in connections for m in by_connection[c]]
         firsts = [m["first_body.send"] - m["asgi.entry"] for m in entries]
-        lines.append(f"| {pid} | {len(connections)} | {len(entries)} | {_quantiles_us(firsts)} |")
+        late = _quantiles_us(lags.get(pid, []))
+        lines.append(
+            f"| {pid} | {len(connections)} | {len(entries)} | {_quantiles_us(firsts)} | {late} |"
+        )
     turns: list[int] = []
     overlaps: list[int] = []
     for entries in by_connection.values():
@@ -112,11 +141,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("folder", type=Path, help="the FIRST_TOKEN_MARKS folder")
     args = parser.parse_args()
-    endpoints = load(args.folder)
-    if not endpoints:
+    run = load(args.folder)
+    if not run.requests:
         raise SystemExit(f"no marked requests in {args.folder}")
-    for endpoint, marks in sorted(endpoints.items(), reverse=True):
-        print(f"## {endpoint}\n\n{report(marks)}")
+    for endpoint, marks in sorted(run.requests.items(), reverse=True):
+        print(f"## {endpoint}\n\n{report(marks, run.loop_lags)}")
+    every = [lag for lags in run.loop_lags.values() for lag in lags]
+    print(
+        f"The event loops' lateness over all workers, p50 / p90 / p99 µs: {_quantiles_us(every)}"
+        f" ({len(every)} samples, one each 2 ms or later)."
+    )
 
 
 if __name__ == "__main__":

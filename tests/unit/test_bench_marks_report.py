@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from tests.benchmarks.marks_report import report
+import json
+from pathlib import Path
+
+from tests.benchmarks.marks_report import load, report
 
 
 def _request(
@@ -45,3 +48,26 @@ def test_turns_overlaps_dials_and_workers_are_counted() -> None:
     # Turns of 500 and 4,000 µs; one of the two next requests entered 500 µs before the exit.
     assert "p50 / p90 / p99 µs: 4,000 / 4,000 / 4,000 (2 requests)" in text
     assert "still in the app: 50%, by a median of 500 µs." in text
+
+
+def test_engine_marks_join_their_request_and_loop_lags_show_per_worker(tmp_path: Path) -> None:
+    request = {"probe": "any-7-0-5000-text", "triton_id": "cmpl-1",
+               **_request(0, first=5_000_000, last=9_000_000, exit_=9_500_000)}  # fmt: skip
+    request["triton.send.start"] = 400_000
+    unjoined = {"probe": "any-7-1-5001-text", "triton_id": "cmpl-2",
+                **_request(0, first=5_000_000, last=9_000_000, exit_=9_500_000)}  # fmt: skip
+    engine = {"triton_id": "cmpl-1", "engine.accept": 1_400_000,
+              "engine.first_send.start": 1_500_000, "engine.first_send.end": 1_600_000}  # fmt: skip
+    lags = {"loop": 7, "lags": [1_000, 2_000, 300_000]}
+    lines = [json.dumps(line) for line in (request, unjoined, lags)]
+    (tmp_path / "marks-7.jsonl").write_text("\n".join(lines) + "\n")
+    (tmp_path / "engine-99.jsonl").write_text(json.dumps(engine) + "\n")
+    run = load(tmp_path)
+    joined = run.requests["text"]["any-7-0-5000-text"]
+    assert joined["engine.accept"] - joined["triton.send.start"] == 1_000_000
+    assert "engine.accept" not in run.requests["text"]["any-7-1-5001-text"]
+    assert "triton_id" not in joined
+    assert run.loop_lags == {"7": [1_000, 2_000, 300_000]}
+    text = report(run.requests["text"], run.loop_lags)
+    assert "| triton.send.start → engine.accept | 1,000 |" in text
+    assert "| 7 | 2 | 2 | 5,000 / 5,000 / 5,000 | 2 / 300 / 300 |" in text

@@ -5,15 +5,29 @@ unless ``FIRST_TOKEN_MARKS`` names a folder, where each process then appends one
 ``/v1`` request: the monotonic nanoseconds at which the request reached each step, keyed by
 the client's ``x-probe-id`` header. With ``FIRST_TOKEN_MARKS_EVERY`` set every request is
 marked, one without the header as ``any-<pid>-<serial>-<client port>-<chat or text>``
-(``tests.benchmarks.marks_report`` reads those). The steps are functions of the request path
-wrapped here by name, so a renamed one fails loudly.
+(``tests.benchmarks.marks_report`` reads those), and each worker samples how late its event
+loop runs what is ready. The steps are functions of the request path wrapped here by name, so
+a renamed one fails loudly. In a Triton Python-backend stub it marks the engine's side instead
+(``first_token_engine_marks``).
 """
 
 from __future__ import annotations
 
 import os
 
-if os.environ.get("FIRST_TOKEN_MARKS"):
+
+def _in_triton_stub() -> bool:
+    try:
+        return os.path.basename(os.readlink("/proc/self/exe")) == "triton_python_backend_stub"
+    except OSError:
+        return False
+
+
+if os.environ.get("FIRST_TOKEN_MARKS") and _in_triton_stub():
+    from first_token_engine_marks import install
+
+    install(os.environ["FIRST_TOKEN_MARKS"])
+elif os.environ.get("FIRST_TOKEN_MARKS"):
     import contextvars
     import functools
     import inspect
@@ -90,6 +104,7 @@ if os.environ.get("FIRST_TOKEN_MARKS"):
                 await handler(scope, receive, send)
                 return
             marks = {"asgi.entry": _now()}
+            _sample_loop()
             if not probe:
                 client = scope.get("client") or ("", 0)
                 kind = "chat" if "chat" in scope["path"] else "text"
@@ -182,6 +197,40 @@ if os.environ.get("FIRST_TOKEN_MARKS"):
         if marks is not None:
             marks.setdefault("triton.arrived", _now())
         _feed_data(self, data)
+
+    # Triton's id of the request's call, by which marks_report finds the engine's marks of it
+    # (``first_token_engine_marks``).
+    _generate_body = _client.generate_body
+
+    def generate_body(request_id: str, *args: Any, **kwargs: Any) -> bytes:
+        marks = _marks.get()
+        if marks is not None:
+            marks["triton_id"] = request_id  # type: ignore[assignment]
+        return _generate_body(request_id, *args, **kwargs)
+
+    _client.generate_body = generate_body
+
+    # How late the worker's event loop runs what is ready: every 2 ms, the time from a
+    # callback's scheduling (``call_soon``) to its run, the loop's work of an iteration on the
+    # sockets that were ready ahead of it. A line of samples per worker every 500 of them.
+    _lags: list[int] = []
+
+    def _tick(loop: asyncio.AbstractEventLoop) -> None:
+        loop.call_soon(_tock, loop, _now())
+
+    def _tock(loop: asyncio.AbstractEventLoop, scheduled: int) -> None:
+        _lags.append(_now() - scheduled)
+        if len(_lags) >= 500:
+            _out.write(json.dumps({"loop": os.getpid(), "lags": _lags}) + "\n")
+            _lags.clear()
+        loop.call_later(0.002, _tick, loop)
+
+    _sampling: list[asyncio.AbstractEventLoop] = []
+
+    def _sample_loop() -> None:
+        if _every and not _sampling:
+            _sampling.append(asyncio.get_running_loop())
+            _tick(_sampling[0])
 
     _http.HttpCall.start = start  # type: ignore[method-assign]
     _http.HttpCall._dial_and_write = dial_and_write  # type: ignore[method-assign]

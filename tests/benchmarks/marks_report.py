@@ -26,6 +26,7 @@ import argparse
 import itertools
 import json
 from collections import Counter, defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -100,6 +101,7 @@ def report(marks: dict[str, Marks], loop_lags: dict[str, list[int]] | None = Non
         "|---|---:|",
         *(f"| {name} | {us:,.0f} |" for name, us in steps(common, "asgi.entry")),
         "",
+        *_triton_side(marks.values()),
         "| worker | connections | requests | in the app to the first write, p50 / p90 / p99 µs "
         "| event loop's lateness, p50 / p90 / p99 µs |",
         "|---|---:|---:|---:|---:|",
@@ -135,6 +137,33 @@ def report(marks: dict[str, Marks], loop_lags: dict[str, list[int]] | None = Non
         f"{dialled} ({100 * dialled / len(marks):.1f}%).",
     ]
     return "\n".join(lines) + "\n"
+
+
+TRITON_SIDE = (
+    ("triton.written", "engine.accept", "into the engine (Triton's frontend, queue and stub)"),
+    ("engine.accept", "engine.first_send.start", "the engine's prefill"),
+    ("engine.first_send.start", "triton.arrived", "out to the worker's read callback"),
+    ("triton.arrived", "first_body.send", "the worker, to the first write"),
+    ("triton.written", "triton.arrived", "the request written to the answer's arrival"),
+)
+
+
+def _triton_side(marks: Iterable[Marks]) -> list[str]:
+    """Where the engine marked the requests too: the time from the Triton request's write to its
+    first answer's arrival in the worker, split where the engine took and answered it."""
+    joined = [m for m in marks if all(a in m and b in m for a, b, _ in TRITON_SIDE)]
+    if not joined:
+        return []
+    lines = [
+        f"The Triton call of {len(joined)} requests, as the engine marked it:",
+        "",
+        "| from | to | what | p50 / p90 / p99 µs |",
+        "|---|---|---|---:|",
+    ]
+    for start, end, what in TRITON_SIDE:
+        values = [m[end] - m[start] for m in joined]
+        lines.append(f"| {start} | {end} | {what} | {_quantiles_us(values)} |")
+    return [*lines, ""]
 
 
 def main() -> None:

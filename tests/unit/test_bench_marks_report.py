@@ -53,7 +53,8 @@ def test_turns_overlaps_dials_and_workers_are_counted() -> None:
 def test_engine_marks_join_their_request_and_loop_lags_show_per_worker(tmp_path: Path) -> None:
     request = {"probe": "any-7-0-5000-text", "triton_id": "cmpl-1",
                **_request(0, first=5_000_000, last=9_000_000, exit_=9_500_000)}  # fmt: skip
-    request["triton.send.start"] = 400_000
+    request.update({"triton.send.start": 400_000, "triton.written": 500_000,
+                    "triton.arrived": 2_100_000})  # fmt: skip
     unjoined = {"probe": "any-7-1-5001-text", "triton_id": "cmpl-2",
                 **_request(0, first=5_000_000, last=9_000_000, exit_=9_500_000)}  # fmt: skip
     engine = {"triton_id": "cmpl-1", "engine.accept": 1_400_000,
@@ -64,10 +65,16 @@ def test_engine_marks_join_their_request_and_loop_lags_show_per_worker(tmp_path:
     (tmp_path / "engine-99.jsonl").write_text(json.dumps(engine) + "\n")
     run = load(tmp_path)
     joined = run.requests["text"]["any-7-0-5000-text"]
-    assert joined["engine.accept"] - joined["triton.send.start"] == 1_000_000
+    assert joined["engine.accept"] - joined["triton.written"] == 900_000
     assert "engine.accept" not in run.requests["text"]["any-7-1-5001-text"]
     assert "triton_id" not in joined
     assert run.loop_lags == {"7": [1_000, 2_000, 300_000]}
     text = report(run.requests["text"], run.loop_lags)
-    assert "| triton.send.start → engine.accept | 1,000 |" in text
+    assert "| triton.written → engine.accept | 900 |" in text
     assert "| 7 | 2 | 2 | 5,000 / 5,000 / 5,000 | 2 / 300 / 300 |" in text
+    # The Triton call split where the engine took it and answered, for the one request joined.
+    assert "The Triton call of 1 requests" in text
+    assert "| triton.written | engine.accept | into the engine" in text
+    assert "| 900 / 900 / 900 |" in text  # written to accepted
+    out = "| engine.first_send.start | triton.arrived | out to the worker's read callback | 600 /"
+    assert out in text

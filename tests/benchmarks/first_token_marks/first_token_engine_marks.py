@@ -1,11 +1,16 @@
 """Marks of the engine's side for ``tests.benchmarks.marks_report``: in a Triton Python-backend
 stub, when each request reached the engine model and when its first response went out.
 
-``sitecustomize`` installs it in the stubs when ``FIRST_TOKEN_MARKS`` names a folder: each stub
-appends a JSON line per request to ``engine-<pid>.jsonl`` there, keyed by Triton's request id
-(the gateway's, which its own marks record as ``triton_id``), in the host's monotonic
-nanoseconds as the gateway's marks are. The engine model's module is patched once imported, by
-its name, so a renamed method fails loudly.
+The stubs ignore ``PYTHONPATH``, so a ``.pth`` file in the site-packages of the environment
+they run (the sidecar's ``text_python_env``, or the gateway's own) installs it::
+
+    python tests/benchmarks/first_token_marks/first_token_engine_marks.py SITE_PACKAGES
+
+Then, whenever ``FIRST_TOKEN_MARKS`` names a folder, each stub appends a JSON line per request to
+``engine-<pid>.jsonl`` there, keyed by Triton's request id (the gateway's, which its own marks
+record as ``triton_id``), in the host's monotonic nanoseconds as the gateway's marks are; without
+it the file does nothing. ``--remove`` takes the ``.pth`` away. The engine model's module is
+patched once imported, by its name, so a renamed method fails loudly.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from __future__ import annotations
 import functools
 import importlib.abc
 import importlib.util
+import os
 import sys
 import threading
 import time
@@ -20,11 +26,42 @@ from types import ModuleType
 from typing import Any
 
 MODULE = "deploy.triton.engine.triton_model"
+PTH = "first_token_engine_marks.pth"
 
 
-def install(folder: str) -> None:
-    """Patch the engine model when its module is imported."""
-    sys.meta_path.insert(0, _AfterImport(folder))
+def boot(here: str) -> None:
+    """From the ``.pth``: out of the path again (the gateway's ``sitecustomize`` beside this file
+    is for processes that ask for it), and in a stub only, marks from the engine model."""
+    sys.path.remove(here)
+    try:
+        exe = os.path.basename(os.readlink("/proc/self/exe"))
+    except OSError:
+        return
+    # The stub may read the site's .pth files twice: one finder is enough.
+    if exe == "triton_python_backend_stub" and not any(
+        isinstance(finder, _AfterImport) for finder in sys.meta_path
+    ):
+        sys.meta_path.insert(0, _AfterImport(os.environ["FIRST_TOKEN_MARKS"]))
+
+
+def main() -> None:
+    import argparse
+    from pathlib import Path
+
+    parser = argparse.ArgumentParser(description="(Un)install the engine's marks in stubs.")
+    parser.add_argument("site_packages", type=Path)
+    parser.add_argument("--remove", action="store_true")
+    args = parser.parse_args()
+    pth = args.site_packages / PTH
+    if args.remove:
+        pth.unlink(missing_ok=True)
+        return
+    here = str(Path(__file__).resolve().parent)
+    pth.write_text(
+        f"import os, sys; os.environ.get('FIRST_TOKEN_MARKS') and (sys.path.insert(0, {here!r}) "
+        f"or __import__('first_token_engine_marks').boot({here!r}))\n"
+    )
+    print(f"wrote {pth}")
 
 
 class _AfterImport(importlib.abc.MetaPathFinder):
@@ -52,7 +89,6 @@ class _AfterImport(importlib.abc.MetaPathFinder):
 
 def _patch(module: Any, folder: str) -> None:
     import json
-    import os
 
     now = time.monotonic_ns
     out = open(f"{folder}/engine-{os.getpid()}.jsonl", "a", buffering=1)  # noqa: SIM115
@@ -82,3 +118,7 @@ def _patch(module: Any, folder: str) -> None:
 
     model._accept = marked_accept
     pending.send = marked_send
+
+
+if __name__ == "__main__":
+    main()

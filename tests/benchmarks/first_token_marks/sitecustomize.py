@@ -7,27 +7,15 @@ the client's ``x-probe-id`` header. With ``FIRST_TOKEN_MARKS_EVERY`` set every r
 marked, one without the header as ``any-<pid>-<serial>-<client port>-<chat or text>``
 (``tests.benchmarks.marks_report`` reads those), and each worker samples how late its event
 loop runs what is ready. The steps are functions of the request path wrapped here by name, so
-a renamed one fails loudly. In a Triton Python-backend stub it marks the engine's side instead
-(``first_token_engine_marks``).
+a renamed one fails loudly. Triton's Python-backend stubs ignore ``PYTHONPATH``: the engine's
+side is marked by ``first_token_engine_marks``, installed in their environment.
 """
 
 from __future__ import annotations
 
 import os
 
-
-def _in_triton_stub() -> bool:
-    try:
-        return os.path.basename(os.readlink("/proc/self/exe")) == "triton_python_backend_stub"
-    except OSError:
-        return False
-
-
-if os.environ.get("FIRST_TOKEN_MARKS") and _in_triton_stub():
-    from first_token_engine_marks import install
-
-    install(os.environ["FIRST_TOKEN_MARKS"])
-elif os.environ.get("FIRST_TOKEN_MARKS"):
+if os.environ.get("FIRST_TOKEN_MARKS"):
     import contextvars
     import functools
     import inspect
@@ -152,11 +140,12 @@ elif os.environ.get("FIRST_TOKEN_MARKS"):
     _around(_http.ChunkedEvents, "feed", "triton.first_bytes")
     _around(_http, "reply_of", "triton.first_reply")
 
-    # When Triton's first bytes for a call reach the worker: the event loop's read callback
-    # (``triton.arrived``), run when the loop next polls its sockets, before the call's task is
-    # woken to read them (``triton.send.end`` and ``triton.first_bytes`` follow). Callbacks run
-    # outside the request's context, so the call's connection is tied to the request's marks
-    # when the request goes on it.
+    # When the call's request was written (``triton.written``: by ``start`` on a spare
+    # connection, or once dialled), and when Triton's first bytes for it reach the worker: the
+    # event loop's read callback (``triton.arrived``), run when the loop next polls its sockets,
+    # before the call's task is woken to read them (``triton.send.end`` and
+    # ``triton.first_bytes`` follow). Callbacks run outside the request's context, so the call's
+    # connection is tied to the request's marks when the request goes on it.
     import asyncio
     import weakref
 
@@ -167,6 +156,7 @@ elif os.environ.get("FIRST_TOKEN_MARKS"):
         marks = _marks.get()
         connection = call._connection
         if marks is not None and connection is not None:
+            marks.setdefault("triton.written", _now())
             _awaited[connection[0]] = marks
 
     _start = _http.HttpCall.start
@@ -187,6 +177,7 @@ elif os.environ.get("FIRST_TOKEN_MARKS"):
         connection, spare = await _connect(self, url)
         marks = _marks.get()
         if marks is not None:
+            marks.setdefault("triton.written", _now())
             _awaited[connection[0]] = marks
         return connection, spare
 

@@ -185,3 +185,54 @@ def test_cache_discard() -> None:
     cache.discard("x")
     cache.discard("never")
     assert len(cache) == 0
+
+
+def _streamed_text(tokenizer: Any, ids: list[int], size: int, *, skip: bool = True) -> list[str]:
+    from deploy.triton.pipeline.tokenizer_folder import HubTokenizer
+
+    stream = HubTokenizer(tokenizer.backend_tokenizer, {}).text_stream(skip_special_tokens=skip)
+    return [*(stream.step(chunk) for chunk in _chunks(ids, size)), stream.flush()]
+
+
+@pytest.mark.parametrize("size", CHUNKINGS)
+@pytest.mark.parametrize("text", TEXTS)
+def test_the_rust_decoder_streams_what_the_window_streams(
+    tokenizer: Any, text: str, size: int
+) -> None:
+    """The Rust library's incremental decoder (the gateway's, for a tokenizer.json): deltas that
+    concatenate to the whole text, a token at a time the windowed decoder's own; of several
+    tokens at once it passes on the complete characters before an incomplete one, where the
+    window holds back the whole chunk."""
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    deltas = _streamed_text(tokenizer, ids, size)
+    assert "".join(deltas) == decode(tokenizer, ids, skip_special_tokens=True)
+    assert all("\ufffd" not in delta for delta in deltas)
+    assert deltas[-1] == ""
+    windowed = _stream(tokenizer, ids, size)
+    if size == 1:
+        assert deltas == windowed
+    for count in range(1, len(deltas)):
+        assert "".join(deltas[:count]).startswith("".join(windowed[:count])), "never later"
+
+
+@pytest.mark.parametrize("skip", [True, False])
+def test_the_rust_decoder_skips_special_tokens_as_asked(tokenizer: Any, skip: bool) -> None:
+    special = tokenizer.eos_token_id
+    ids = [special, *tokenizer.encode(TEXTS[1], add_special_tokens=False), special]
+    deltas = _streamed_text(tokenizer, ids, 1, skip=skip)
+    assert "".join(deltas) == decode(tokenizer, ids, skip_special_tokens=skip)
+    assert (tokenizer.eos_token in "".join(deltas)) is not skip
+
+
+def test_the_rust_decoder_holds_back_and_flushes_an_incomplete_tail(tiny_model_dir: Path) -> None:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    ids = tokenizer.encode("a🎉", add_special_tokens=False)
+    deltas = _streamed_text(tokenizer, ids, 1)
+    assert deltas[0] == "a" and deltas[-2] == "🎉" and deltas[-1] == ""
+    assert deltas[1:-2] == [""] * (len(ids) - 2)
+    cut = _streamed_text(tokenizer, ids[:-1], 1)
+    assert "\ufffd" not in "".join(cut[:-1])
+    assert "".join(cut) == decode(tokenizer, ids[:-1], skip_special_tokens=True)
+    assert cut[-1].endswith("\ufffd")

@@ -6,6 +6,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 REPLACEMENT_CHAR = "\ufffd"
 
@@ -55,6 +56,39 @@ class IncrementalDetokenizer:
     def flush(self, decode: Decode) -> str:
         """Whatever text is still held back (an incomplete character at the very end)."""
         return self.step((), decode, final=True)
+
+
+class IncrementalText(Protocol):
+    """The text of one generated sequence from its token ids, as they stream in."""
+
+    def step(self, ids: Sequence[int]) -> str:
+        """Text of the new tokens that is complete so far."""
+        ...
+
+    def flush(self) -> str:
+        """What is still held back, at the end of the sequence."""
+        ...
+
+
+class WindowedText:
+    """``IncrementalText`` by ``IncrementalDetokenizer``: a short window decoded at a time by any
+    ``decode`` function, holding back an incomplete UTF-8 character."""
+
+    __slots__ = ("_decode", "_detokenizer")
+
+    def __init__(self, decode: Decode) -> None:
+        self._detokenizer = IncrementalDetokenizer()
+        self._decode = decode
+
+    def step(self, ids: Sequence[int]) -> str:
+        """Text of the new tokens that is complete so far."""
+        return self._detokenizer.step(ids, self._decode)
+
+    def flush(self) -> str:
+        """What is still held back, at the end of the sequence."""
+        if not self._detokenizer.pending:
+            return ""
+        return self._detokenizer.flush(self._decode)
 
 
 @dataclass

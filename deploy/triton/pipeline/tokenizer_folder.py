@@ -9,6 +9,7 @@ folder without ``tokenizer.json`` (a slow, SentencePiece-only tokenizer) falls b
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import threading
@@ -17,6 +18,9 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from tokenizers import Tokenizer
+from tokenizers.decoders import DecodeStream
+
+from deploy.triton.pipeline.detokenizer import IncrementalText, WindowedText
 
 logger = logging.getLogger(__name__)
 SPECIAL_TOKEN_NAMES = (
@@ -55,6 +59,11 @@ class TextTokenizer(Protocol):
 
     def token_id(self, token: str | None) -> int | None:
         """The id of a special token's text, if the vocabulary has it."""
+        ...
+
+    def text_stream(self, *, skip_special_tokens: bool) -> IncrementalText:
+        """A fresh incremental decoder for one generated sequence: its deltas concatenate to
+        ``decode`` of all its ids."""
         ...
 
     def __len__(self) -> int: ...
@@ -104,6 +113,10 @@ class HubTokenizer:
         """Text of ``ids``."""
         return str(self._tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens))
 
+    def text_stream(self, *, skip_special_tokens: bool) -> StreamedText:
+        """A fresh incremental decoder for one generated sequence, in the Rust library."""
+        return StreamedText(self._tokenizer, skip_special_tokens=skip_special_tokens)
+
     def token_id(self, token: str | None) -> int | None:
         """The id of ``token``'s text."""
         if not token:
@@ -142,6 +155,10 @@ class TransformersTokenizer:
             )
         return str(text)
 
+    def text_stream(self, *, skip_special_tokens: bool) -> WindowedText:
+        """A fresh incremental decoder for one generated sequence, a window at a time."""
+        return WindowedText(functools.partial(self.decode, skip_special_tokens=skip_special_tokens))
+
     def token_id(self, token: str | None) -> int | None:
         """The id of ``token``'s text."""
         if not token:
@@ -151,6 +168,48 @@ class TransformersTokenizer:
 
     def __len__(self) -> int:
         return len(self._tokenizer)
+
+
+class StreamedText:
+    """``IncrementalText`` by the Rust library's own incremental decoder (``DecodeStream``: the
+    prefix and read offsets of ``IncrementalDetokenizer``, one call a token instead of two
+    decodes). An incomplete UTF-8 character is held back; ``flush`` releases it as the tail of
+    the whole sequence's text."""
+
+    __slots__ = ("_emitted", "_held", "_ids", "_skip", "_stream", "_tokenizer")
+
+    def __init__(self, tokenizer: Tokenizer, *, skip_special_tokens: bool) -> None:
+        self._tokenizer = tokenizer
+        self._skip = skip_special_tokens
+        self._stream = DecodeStream(skip_special_tokens=skip_special_tokens)
+        self._ids: list[int] = []
+        self._emitted = 0
+        """Characters of text given out so far."""
+        self._held = False
+        """Whether the last token's text is still held back."""
+
+    def step(self, ids: Sequence[int]) -> str:
+        """Text of the new tokens that is complete so far."""
+        pieces = []
+        for token in ids:
+            self._ids.append(token)
+            piece = self._stream.step(self._tokenizer, token)
+            self._held = piece is None
+            if piece:
+                pieces.append(piece)
+        text = pieces[0] if len(pieces) == 1 else "".join(pieces)
+        self._emitted += len(text)
+        return text
+
+    def flush(self) -> str:
+        """What is still held back, at the end of the sequence."""
+        if not self._held:
+            return ""
+        self._held = False
+        whole = self._tokenizer.decode(self._ids, skip_special_tokens=self._skip)
+        tail = whole[self._emitted :]
+        self._emitted = len(whole)
+        return str(tail)
 
 
 def load_folder(folder: Path) -> TextTokenizer:

@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 
 from jinja2 import TemplateError
 
-from deploy.triton.pipeline.detokenizer import IncrementalDetokenizer
+from deploy.triton.pipeline.detokenizer import IncrementalText
 from gateway.catalog.text.hub import TextTokenizer, load_tokenizer
 from gateway.catalog.text.template import pick_template, render_chat
 from gateway.core.plan import Prompt
@@ -41,30 +41,6 @@ def strip_leading_bos(text: str, bos_token: str | None) -> str:
     if bos_token and text.startswith(bos_token):
         return text[len(bos_token) :]
     return text
-
-
-class DecodedText:
-    """The text of one generated sequence, from its token ids as they stream in.
-
-    Decodes as the pipeline's postprocessing does (special tokens skipped or not, no clean-up of
-    spaces), a short window at a time, holding back an incomplete UTF-8 character.
-    """
-
-    __slots__ = ("_decode", "_detokenizer")
-
-    def __init__(self, decode: Callable[[Sequence[int]], str]) -> None:
-        self._detokenizer = IncrementalDetokenizer()
-        self._decode = decode
-
-    def step(self, ids: Sequence[int]) -> str:
-        """Text of the new tokens that is complete so far."""
-        return self._detokenizer.step(ids, self._decode)
-
-    def flush(self) -> str:
-        """What is still held back, at the end of the sequence."""
-        if not self._detokenizer.pending:
-            return ""
-        return self._detokenizer.flush(self._decode)
 
 
 class PromptTokenizer:
@@ -178,9 +154,9 @@ class PromptTokenizer:
         encoded = (self._tokenizer.encode(word, add_special_tokens=False) for word in words)
         return [ids for ids in encoded if ids]
 
-    def text_stream(self) -> DecodedText:
+    def text_stream(self) -> IncrementalText:
         """A fresh incremental decoder for one streamed sequence."""
-        return DecodedText(self.decode_ids)
+        return self._tokenizer.text_stream(skip_special_tokens=self._skip_special_tokens)
 
     async def _run(self, chars: int, function: Callable[..., T], *args: Any) -> T:
         """``function(*args)`` on the loop for an input of ``chars`` characters, or off it."""

@@ -9,10 +9,9 @@ from typing import Any
 from urllib.parse import SplitResult, urlsplit
 
 import msgspec
-import numpy as np
 
 from adapters.triton.responses import Reply
-from adapters.triton.wire import WireTensor
+from adapters.triton.wire import JsonOutputs, WireTensor
 
 _JSON_TYPES = frozenset({"BOOL", "INT8", "INT16", "INT32", "INT64", "UINT8", "UINT16", "UINT32",
                          "UINT64", "FP32", "FP64", "BYTES"})  # fmt: skip
@@ -38,22 +37,14 @@ def generate_body(request_id: str, tensors: Sequence[WireTensor], *, priority: i
 
 
 def reply_of(event: bytes) -> Reply:
-    """One event's outputs as arrays, shaped as the gRPC responses' (batch and beam dims)."""
+    """One event's outputs, read as arrays shaped as the gRPC responses' (batch and beam dims)."""
     data = _decoder.decode(event)
     error = data.pop("error", None)
     if error is not None:
         return Reply({}, error=str(error))
-    outputs = {}
-    for name, value in data.items():
-        if name in ("id", "model_name", "model_version"):
-            continue
-        if isinstance(value, str):
-            array = np.empty(1, dtype=object)
-            array[0] = value.encode()
-            outputs[name] = array.reshape(1, 1)
-        else:
-            outputs[name] = np.asarray(value).reshape(1, 1, -1)
-    return Reply(outputs)
+    for name in ("id", "model_name", "model_version"):
+        data.pop(name, None)
+    return Reply(JsonOutputs(data))
 
 
 class ChunkedEvents:

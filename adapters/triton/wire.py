@@ -6,6 +6,7 @@ needs one (gRPC's raw contents): a request sent as JSON over HTTP builds none.""
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -142,3 +143,58 @@ def scalar(spec: TensorSpec | None, param: str, value: float, default: str = "FP
     if bound is not None and not -bound <= value <= bound:
         raise InvalidRequest(f"'{param}' must be within [-{bound:g}, {bound:g}]", param=param)
     return WireTensor(name, datatype, [[value]])
+
+
+class JsonOutputs(Mapping[str, Array]):
+    """The outputs of one event of Triton's JSON ``generate_stream``, each read as an array shaped
+    as gRPC's (``[1, 1, n]``, a text ``[1, 1]``), built when first read; ``ints`` and
+    ``first_int`` read integers straight from the JSON values, without an array."""
+
+    __slots__ = ("_arrays", "raw")
+
+    def __init__(self, raw: dict[str, Any]) -> None:
+        self.raw = raw
+        self._arrays: dict[str, Array] = {}
+
+    def __getitem__(self, name: str) -> Array:
+        array = self._arrays.get(name)
+        if array is None:
+            array = self._arrays[name] = _json_array(self.raw[name])
+        return array
+
+    def get(self, name: str, default: Any = None) -> Any:
+        return self[name] if name in self.raw else default
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.raw
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.raw)
+
+    def __len__(self) -> int:
+        return len(self.raw)
+
+    def ints(self, name: str) -> list[int] | None:
+        """An integer output of one value or one flat list, as ints; ``None`` otherwise."""
+        value = self.raw.get(name)
+        if type(value) is int:
+            return [value]
+        if type(value) is list and all(type(item) is int for item in value):
+            return value
+        return None
+
+    def first_int(self, name: str) -> int | None:
+        """The first value of an integer output; ``None`` where it is absent or empty."""
+        value = self.raw.get(name)
+        if type(value) is int:
+            return value
+        array = self.get(name)
+        return None if array is None or array.size == 0 else int(array.reshape(-1)[0])
+
+
+def _json_array(value: Any) -> Array:
+    if isinstance(value, str):
+        array = np.empty(1, dtype=object)
+        array[0] = value.encode()
+        return array.reshape(1, 1)
+    return np.asarray(value).reshape(1, 1, -1)

@@ -15,9 +15,9 @@ from hypothesis import strategies as st
 from adapters.contract import GenerationRequest, SamplingParams
 from adapters.triton.config import parse_model_config
 from adapters.triton.http_wire import ChunkedEvents, carries, generate_body, reply_of
-from adapters.triton.responses import Exchange, Reply
+from adapters.triton.responses import Exchange, Reply, _first_int, _ids
 from adapters.triton.tensors import build_inputs
-from adapters.triton.wire import WireTensor
+from adapters.triton.wire import JsonOutputs, WireTensor
 from tests.support.stock_configs import stock
 
 SETTINGS = settings(max_examples=150, deadline=None)
@@ -69,6 +69,28 @@ def test_replies_are_shaped_as_the_grpc_outputs() -> None:
     assert text.outputs["text_output"].reshape(-1)[0] == "héllo".encode()
     failed = reply_of(b'{"error": "request_output_len must be at least 1"}')
     assert failed.error == "request_output_len must be at least 1" and failed.outputs == {}
+
+
+@SETTINGS
+@given(
+    ids=st.one_of(st.integers(0, 2**31 - 1), st.lists(st.integers(0, 2**31 - 1), max_size=6),
+                  st.lists(st.lists(st.integers(0, 99), min_size=2, max_size=2), min_size=1,
+                           max_size=3)),
+    length=st.one_of(st.none(), st.integers(0, 6), st.lists(st.integers(0, 6), min_size=1,
+                                                            max_size=1)),
+)  # fmt: skip
+def test_json_outputs_read_the_same_ids_as_their_arrays(ids: Any, length: Any) -> None:
+    """The ids of an event read straight from its JSON values are those its arrays give (a
+    nested list, which JSON flattens only for arrays, goes the arrays' way)."""
+    event: dict[str, Any] = {"model_name": "m", "output_ids": ids}
+    if length is not None:
+        event["sequence_length"] = length
+    outputs = reply_of(json.dumps(event).encode()).outputs
+    as_arrays = {name: outputs[name] for name in outputs}
+    assert isinstance(outputs, JsonOutputs) and not isinstance(as_arrays, JsonOutputs)
+    assert _ids(outputs) == _ids(as_arrays)
+    assert outputs.first_int("sequence_length") == _first_int(as_arrays.get("sequence_length"))
+    assert outputs.get("num_output_tokens") is None and "model_name" not in outputs
 
 
 def _chunked(events: list[bytes], sizes: list[int]) -> bytes:

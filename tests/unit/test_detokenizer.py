@@ -236,3 +236,19 @@ def test_the_rust_decoder_holds_back_and_flushes_an_incomplete_tail(tiny_model_d
     assert "\ufffd" not in "".join(cut[:-1])
     assert "".join(cut) == decode(tokenizer, ids[:-1], skip_special_tokens=True)
     assert cut[-1].endswith("\ufffd")
+
+
+def test_without_the_rust_decoder_the_window_streams(
+    tokenizer: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A tokenizers release without ``DecodeStream`` (older Triton containers run the pipeline
+    models on one) still loads the module and streams a window at a time."""
+    from deploy.triton.pipeline import tokenizer_folder
+
+    monkeypatch.setattr(tokenizer_folder, "DecodeStream", None)
+    ids = tokenizer.encode(TEXTS[0], add_special_tokens=False)
+    hub = tokenizer_folder.HubTokenizer(tokenizer.backend_tokenizer, {})
+    stream = hub.text_stream(skip_special_tokens=True)
+    assert not isinstance(stream, tokenizer_folder.StreamedText)
+    deltas = [stream.step([token]) for token in ids] + [stream.flush()]
+    assert deltas == _stream(tokenizer, ids, 1)

@@ -18,9 +18,13 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from tokenizers import Tokenizer
-from tokenizers.decoders import DecodeStream
 
 from deploy.triton.pipeline.detokenizer import IncrementalText, WindowedText
+
+try:
+    from tokenizers.decoders import DecodeStream
+except ImportError:  # tokenizers < 0.21, as older Triton containers have for the pipeline models
+    DecodeStream = None
 
 logger = logging.getLogger(__name__)
 SPECIAL_TOKEN_NAMES = (
@@ -113,8 +117,13 @@ class HubTokenizer:
         """Text of ``ids``."""
         return str(self._tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens))
 
-    def text_stream(self, *, skip_special_tokens: bool) -> StreamedText:
-        """A fresh incremental decoder for one generated sequence, in the Rust library."""
+    def text_stream(self, *, skip_special_tokens: bool) -> IncrementalText:
+        """A fresh incremental decoder for one generated sequence, in the Rust library (a window
+        at a time where the library has no incremental decoder)."""
+        if DecodeStream is None:
+            return WindowedText(
+                functools.partial(self.decode, skip_special_tokens=skip_special_tokens)
+            )
         return StreamedText(self._tokenizer, skip_special_tokens=skip_special_tokens)
 
     def token_id(self, token: str | None) -> int | None:

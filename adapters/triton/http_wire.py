@@ -58,20 +58,27 @@ class ChunkedEvents:
 
     def feed(self, data: bytes) -> None:
         """Add received bytes; complete chunks become events."""
-        self._raw += data
+        raw = self._raw + data if self._raw else data
+        at = 0
         while not self.ended:
-            line_end = self._raw.find(b"\r\n")
+            line_end = raw.find(b"\r\n", at)
             if line_end < 0:
-                return
-            size = int(self._raw[:line_end].split(b";")[0], 16)
+                break
+            extension = raw.find(b";", at, line_end)
+            size = int(raw[at : line_end if extension < 0 else extension], 16)
             end = line_end + 2 + size + 2
-            if len(self._raw) < end:
-                return
-            self._text += self._raw[line_end + 2 : end - 2]
-            self._raw = self._raw[end:]
+            if len(raw) < end:
+                break
+            payload = raw[line_end + 2 : end - 2]
+            at = end
             self.ended = size == 0
-            *events, self._text = self._text.split(b"\n\n")
+            text = self._text + payload if self._text else payload
+            if b"\n\n" not in text:
+                self._text = text
+                continue
+            *events, self._text = text.split(b"\n\n")
             self._events.extend(event.removeprefix(b"data: ") for event in events if event)
+        self._raw = raw[at:]
 
     def take(self) -> list[bytes]:
         """The events completed so far, each once."""

@@ -19,6 +19,8 @@ class StopMatcher:
         """Add generated text; returns the part that can be emitted now."""
         if self.stopped:
             return ""
+        if not self._stops:
+            return text
         pending = self._held + text
         cut = self._first_stop(pending)
         if cut is not None:

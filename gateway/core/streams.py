@@ -114,9 +114,9 @@ async def single(stream: AsyncGenerator[E, None], timeout_s: float) -> AsyncGene
     """One choice's events under the deadline, in the caller's task (no queue, no task)."""
     deadline = _Deadline(timeout_s)
     try:
+        task = asyncio.current_task()
         async with aclosing(stream):
             while True:
-                task = asyncio.current_task()
                 deadline.waiting, deadline.cancelling = task, task.cancelling() if task else 0
                 try:
                     event = await anext(stream)

@@ -102,12 +102,14 @@ class InProcessClient:
         return len(sent) - 1
 
 
-async def measure(client: InProcessClient, requests: int) -> dict[tuple[str, str, bool], float]:
+async def measure(
+    client: InProcessClient, requests: int, tokens: int = TOKENS
+) -> dict[tuple[str, str, bool], float]:
     """CPU µs per request of every case (the best of ``ROUNDS``), after a warm-up each."""
     figures = {}
     for endpoint, model, stream in CASES:
         path = "/v1/chat/completions" if endpoint == "chat" else "/v1/completions"
-        body = http_body(endpoint, model, stream)
+        body = http_body(endpoint, model, stream, tokens)
         for _ in range(100):
             await client.post(path, body)
         rounds = []
@@ -124,13 +126,13 @@ async def measure(client: InProcessClient, requests: int) -> dict[tuple[str, str
     return figures
 
 
-def report(figures: dict[tuple[str, str, bool], float], requests: int) -> str:
+def report(figures: dict[tuple[str, str, bool], float], requests: int, tokens: int = TOKENS) -> str:
     """The Markdown table."""
     lines = [
         "# The gateway's own CPU, Triton's responses replayed",
         "",
         f"{time.strftime('%Y-%m-%d')}; `python -m tests.benchmarks.gateway_cpu`; "
-        f"{requests} requests per case, one at a time, {TOKENS} tokens each, the best of "
+        f"{requests} requests per case, one at a time, {tokens} tokens each, the best of "
         f"{ROUNDS} rounds; auth, rate limiter, metrics and access log on; no HTTP server, "
         "no Triton server (see the module's docstring).",
         "",
@@ -144,7 +146,7 @@ def report(figures: dict[tuple[str, str, bool], float], requests: int) -> str:
             streamed = figures[(endpoint, model, True)]
             lines.append(
                 f"| {endpoint} | {entry} | {whole:,.0f} µs | {streamed:,.0f} µs "
-                f"| {(streamed - whole) / TOKENS:,.1f} µs |"
+                f"| {(streamed - whole) / tokens:,.1f} µs |"
             )
     return "\n".join(lines) + "\n"
 
@@ -154,6 +156,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=3000, help="measured requests per case")
     parser.add_argument("--out", type=Path, default=RESULTS, help="folder of the report")
+    parser.add_argument(
+        "--tokens",
+        type=int,
+        default=TOKENS,
+        help="tokens a request (more put the per-token figure less under each streamed "
+        "request's own cost)",
+    )
     args = parser.parse_args(argv)
     import uvloop
 
@@ -190,15 +199,15 @@ def main(argv: list[str] | None = None) -> int:
                 try:
                     for endpoint, model, stream in CASES:
                         path = "/v1/chat/completions" if endpoint == "chat" else "/v1/completions"
-                        await client.post(path, http_body(endpoint, model, stream))
+                        await client.post(path, http_body(endpoint, model, stream, args.tokens))
                     backend.replaying = True
-                    return await measure(client, args.requests)
+                    return await measure(client, args.requests, args.tokens)
                 finally:
                     await inbox.put({"type": "lifespan.shutdown"})
                     await task
 
             figures = uvloop.run(run())
-    text = report(figures, args.requests)
+    text = report(figures, args.requests, args.tokens)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "bench-gateway-cpu.md").write_text(text)
     print(text)

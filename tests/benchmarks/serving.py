@@ -139,9 +139,9 @@ def rss_mib(pid: int) -> float:
     return total / 2**20
 
 
-def http_body(endpoint: str, model: str, stream: bool) -> dict[str, Any]:
-    """The same request for every HTTP target: 16 tokens of a short prompt."""
-    body: dict[str, Any] = {"model": model, "max_tokens": TOKENS, "stream": stream}
+def http_body(endpoint: str, model: str, stream: bool, tokens: int = TOKENS) -> dict[str, Any]:
+    """The same request for every HTTP target: 16 tokens (or ``tokens``) of a short prompt."""
+    body: dict[str, Any] = {"model": model, "max_tokens": tokens, "stream": stream}
     if stream:
         # Tokens joined into one chunk under backpressure are counted from the usage.
         body["stream_options"] = {"include_usage": True}

@@ -4,6 +4,8 @@
 The first-token probe marks its own requests, sent one at a time beside the load; this reads
 the load's own requests, those whose time to first token the capacity benchmark reports::
 
+    # the engine's side too: a .pth in the site-packages of the stubs' environment
+    python tests/benchmarks/first_token_marks/first_token_engine_marks.py SITE_PACKAGES
     FIRST_TOKEN_MARKS=/tmp/marks FIRST_TOKEN_MARKS_EVERY=1 \\
         PYTHONPATH=$PWD:$PWD/tests/benchmarks/first_token_marks \\
         python -m tests.benchmarks.capacity --workers 8 --relay --levels 320
@@ -11,13 +13,13 @@ the load's own requests, those whose time to first token the capacity benchmark 
 
 Printed: the median gap before each step from a request's entry into the app to its end, the
 engine's steps (``engine.accept``, ``engine.first_send``) among them where the Triton stubs
-marked them too (they do when Triton's environment has the same ``PYTHONPATH``); the time in
-the app to its first write (p50, p90, p99) over all requests and per worker process (with the
-connections each held, and how late its event loop ran what was ready); and per kept-alive
-connection, the gap from an answer's last
-write to the next request's entry (the client's turn and the server's reading of it), and how
-often the next request entered while the one before was still in the app (its settlement,
-metrics and access line run after its last write).
+marked them too, and the Triton call of those requests split where the engine took and answered
+it; the time in the app to its first write (p50, p90, p99) over all requests and per worker
+process (with the connections each held, and how late its event loop ran what was ready); and
+per kept-alive connection, the gap from an answer's last write to the next request's entry (the
+client's turn and the server's reading of it), and how often the next request entered while the
+one before was still in the app (its settlement, metrics and access line run after its last
+write).
 """
 
 from __future__ import annotations

@@ -103,37 +103,42 @@ class InProcessClient:
 
 
 async def measure(
-    client: InProcessClient, requests: int, tokens: int = TOKENS
+    client: InProcessClient, requests: int, tokens: int = TOKENS, rounds: int = ROUNDS
 ) -> dict[tuple[str, str, bool], float]:
-    """CPU µs per request of every case (the best of ``ROUNDS``), after a warm-up each."""
+    """CPU µs per request of every case (the best of ``rounds``), after a warm-up each."""
     figures = {}
     for endpoint, model, stream in CASES:
         path = "/v1/chat/completions" if endpoint == "chat" else "/v1/completions"
         body = http_body(endpoint, model, stream, tokens)
         for _ in range(100):
             await client.post(path, body)
-        rounds = []
-        for _ in range(ROUNDS):
+        taken = []
+        for _ in range(rounds):
             start = time.process_time()
-            for _ in range(requests // ROUNDS):
+            for _ in range(requests // rounds):
                 await client.post(path, body)
-            rounds.append(1e6 * (time.process_time() - start) / (requests // ROUNDS))
+            taken.append(1e6 * (time.process_time() - start) / (requests // rounds))
         # The quietest round, as timeit does: what the code costs, not what the machine did.
-        figures[(endpoint, model, stream)] = min(rounds)
+        figures[(endpoint, model, stream)] = min(taken)
         mode = "stream" if stream else "whole"
         cpu = figures[(endpoint, model, stream)]
         print(f"{endpoint:11} {model:16} {mode:6} {cpu:8.1f} µs/request", flush=True)
     return figures
 
 
-def report(figures: dict[tuple[str, str, bool], float], requests: int, tokens: int = TOKENS) -> str:
+def report(
+    figures: dict[tuple[str, str, bool], float],
+    requests: int,
+    tokens: int = TOKENS,
+    rounds: int = ROUNDS,
+) -> str:
     """The Markdown table."""
     lines = [
         "# The gateway's own CPU, Triton's responses replayed",
         "",
         f"{time.strftime('%Y-%m-%d')}; `python -m tests.benchmarks.gateway_cpu`; "
         f"{requests} requests per case, one at a time, {tokens} tokens each, the best of "
-        f"{ROUNDS} rounds; auth, rate limiter, metrics and access log on; no HTTP server, "
+        f"{rounds} rounds; auth, rate limiter, metrics and access log on; no HTTP server, "
         "no Triton server (see the module's docstring).",
         "",
         "| endpoint | entry | CPU per request, whole | CPU per request, streamed "
@@ -156,6 +161,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=3000, help="measured requests per case")
     parser.add_argument("--out", type=Path, default=RESULTS, help="folder of the report")
+    parser.add_argument(
+        "--rounds", type=int, default=ROUNDS, help="rounds a case; the quietest is reported"
+    )
     parser.add_argument(
         "--tokens",
         type=int,
@@ -201,13 +209,13 @@ def main(argv: list[str] | None = None) -> int:
                         path = "/v1/chat/completions" if endpoint == "chat" else "/v1/completions"
                         await client.post(path, http_body(endpoint, model, stream, args.tokens))
                     backend.replaying = True
-                    return await measure(client, args.requests, args.tokens)
+                    return await measure(client, args.requests, args.tokens, args.rounds)
                 finally:
                     await inbox.put({"type": "lifespan.shutdown"})
                     await task
 
             figures = uvloop.run(run())
-    text = report(figures, args.requests, args.tokens)
+    text = report(figures, args.requests, args.tokens, args.rounds)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "bench-gateway-cpu.md").write_text(text)
     print(text)

@@ -17,7 +17,7 @@ from adapters.triton.beams import beam_rows
 from adapters.triton.config import REUSED_BLOCKS, ModelInputs
 from adapters.triton.errors import classify
 from adapters.triton.tensors import requested_outputs, streams
-from adapters.triton.wire import JsonOutputs
+from adapters.triton.wire import JsonOutputs, first_bytes, first_int
 
 logger = logging.getLogger(__name__)
 
@@ -65,7 +65,7 @@ class ResponseDecoder:
         if self._beams:
             return self._beam_texts(outputs, final=final)
         text = self._text(outputs, final=final)
-        reported = _first_int(outputs.get("num_output_tokens"))
+        reported = first_int(outputs, "num_output_tokens")
         logprobs = self._logprobs.new(outputs.get("output_log_probs"), reported)
         count: int | None = None
         if self._counts == "reported":
@@ -75,7 +75,7 @@ class ResponseDecoder:
         return TokenChunk(
             text=text,
             token_count=count,
-            prompt_tokens=_first_int(outputs.get("num_input_tokens")),
+            prompt_tokens=first_int(outputs, "num_input_tokens"),
             logprobs=logprobs if self._keep_logprobs else (),
             final=final,
             cached_tokens=cached_tokens(outputs, self._tokens_per_block),
@@ -99,14 +99,14 @@ class ResponseDecoder:
         return TokenChunk(
             text=texts[0] if texts else "",
             token_count=None,
-            prompt_tokens=_first_int(outputs.get("num_input_tokens")),
+            prompt_tokens=first_int(outputs, "num_input_tokens"),
             final=final,
             cached_tokens=cached_tokens(outputs, self._tokens_per_block),
             beams=tuple(Beam(text) for text in texts),
         )
 
     def _text(self, outputs: Outputs, *, final: bool) -> str:
-        raw = _first_bytes(outputs.get("text_output"))
+        raw = first_bytes(outputs, "text_output")
         if self._cumulative and raw is not None:
             raw = self._delta(raw)
         text = self._utf8.decode(raw or b"", final=final)
@@ -229,7 +229,7 @@ class EngineDecoder:
 
 def cached_tokens(outputs: Outputs, tokens_per_block: int | None) -> int | None:
     """Prompt tokens the engine found cached: its reused KV-cache blocks, in tokens."""
-    blocks = _first_int(outputs.get(REUSED_BLOCKS))
+    blocks = first_int(outputs, REUSED_BLOCKS)
     if blocks is None or tokens_per_block is None:
         return None
     return max(0, blocks) * tokens_per_block
@@ -244,7 +244,7 @@ def _ids(outputs: Outputs) -> list[int]:
     if tokens is None or tokens.size == 0:
         return []
     row = tokens.reshape(-1, tokens.shape[-1])[0]
-    length = _first_int(outputs.get("sequence_length"))
+    length = first_int(outputs, "sequence_length")
     return list(row[: len(row) if length is None else length].tolist())
 
 
@@ -269,19 +269,6 @@ def join_chunks(chunks: Sequence[TokenChunk]) -> TokenChunk:
         cached_tokens=cached[0] if cached else None,
         beams=beams[-1] if beams else (),
     )
-
-
-def _first_bytes(array: npt.NDArray[Any] | None) -> bytes | None:
-    if array is None or array.size == 0:
-        return None
-    item = array.reshape(-1)[0]
-    return item if isinstance(item, bytes) else str(item).encode()
-
-
-def _first_int(array: npt.NDArray[Any] | None) -> int | None:
-    if array is None or array.size == 0:
-        return None
-    return int(array.reshape(-1)[0])
 
 
 def _first_row(array: npt.NDArray[Any] | None) -> npt.NDArray[np.float64]:

@@ -192,6 +192,25 @@ class JsonOutputs(Mapping[str, Array]):
         return None if array is None or array.size == 0 else int(array.reshape(-1)[0])
 
 
+def first_int(outputs: Mapping[str, Array], name: str) -> int | None:
+    """The first value of an integer output; ``None`` where it is absent or empty."""
+    if isinstance(outputs, JsonOutputs):
+        return outputs.first_int(name)
+    array = outputs.get(name)
+    return None if array is None or array.size == 0 else int(array.reshape(-1)[0])
+
+
+def first_bytes(outputs: Mapping[str, Array], name: str) -> bytes | None:
+    """The first value of a text output; ``None`` where it is absent or empty."""
+    if isinstance(outputs, JsonOutputs) and type(value := outputs.raw.get(name)) is str:
+        return value.encode()
+    array = outputs.get(name)
+    if array is None or array.size == 0:
+        return None
+    item = array.reshape(-1)[0]
+    return item if isinstance(item, bytes) else str(item).encode()
+
+
 def _json_array(value: Any) -> Array:
     if isinstance(value, str):
         array = np.empty(1, dtype=object)

@@ -15,9 +15,9 @@ from hypothesis import strategies as st
 from adapters.contract import GenerationRequest, SamplingParams
 from adapters.triton.config import parse_model_config
 from adapters.triton.http_wire import ChunkedEvents, carries, generate_body, reply_of
-from adapters.triton.responses import Exchange, Reply, _first_int, _ids
+from adapters.triton.responses import Exchange, Reply, _ids
 from adapters.triton.tensors import build_inputs
-from adapters.triton.wire import JsonOutputs, WireTensor
+from adapters.triton.wire import JsonOutputs, WireTensor, first_bytes, first_int
 from tests.support.stock_configs import stock
 
 SETTINGS = settings(max_examples=150, deadline=None)
@@ -78,19 +78,29 @@ def test_replies_are_shaped_as_the_grpc_outputs() -> None:
                            max_size=3)),
     length=st.one_of(st.none(), st.integers(0, 6), st.lists(st.integers(0, 6), min_size=1,
                                                             max_size=1)),
+    text=st.one_of(st.none(), st.text(st.characters(exclude_categories=["Cs"]), max_size=8)),
+    count=st.one_of(st.none(), st.integers(0, 9), st.lists(st.integers(0, 9), max_size=1)),
 )  # fmt: skip
-def test_json_outputs_read_the_same_ids_as_their_arrays(ids: Any, length: Any) -> None:
-    """The ids of an event read straight from its JSON values are those its arrays give (a
-    nested list, which JSON flattens only for arrays, goes the arrays' way)."""
+def test_json_outputs_read_the_same_values_as_their_arrays(
+    ids: Any, length: Any, text: str | None, count: Any
+) -> None:
+    """The ids, counts and text of an event read straight from its JSON values are those its
+    arrays give (a nested list, which JSON flattens only for arrays, goes the arrays' way)."""
     event: dict[str, Any] = {"model_name": "m", "output_ids": ids}
-    if length is not None:
-        event["sequence_length"] = length
+    for name, value in (("sequence_length", length), ("text_output", text),
+                        ("num_output_tokens", count)):  # fmt: skip
+        if value is not None:
+            event[name] = value
     outputs = reply_of(json.dumps(event).encode()).outputs
     as_arrays = {name: outputs[name] for name in outputs}
     assert isinstance(outputs, JsonOutputs) and not isinstance(as_arrays, JsonOutputs)
     assert _ids(outputs) == _ids(as_arrays)
-    assert outputs.first_int("sequence_length") == _first_int(as_arrays.get("sequence_length"))
-    assert outputs.get("num_output_tokens") is None and "model_name" not in outputs
+    for name in ("sequence_length", "num_output_tokens", "num_input_tokens"):
+        assert first_int(outputs, name) == first_int(as_arrays, name)
+    assert first_bytes(outputs, "text_output") == first_bytes(as_arrays, "text_output")
+    if text is not None:
+        assert first_bytes(outputs, "text_output") == text.encode()
+    assert outputs.get("num_input_tokens") is None and "model_name" not in outputs
 
 
 def _chunked(events: list[bytes], sizes: list[int]) -> bytes:

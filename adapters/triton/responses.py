@@ -238,7 +238,7 @@ def cached_tokens(outputs: Outputs, tokens_per_block: int | None) -> int | None:
 def _ids(outputs: Outputs) -> list[int]:
     """The first beam's ids of a response, cut to its ``sequence_length``."""
     if isinstance(outputs, JsonOutputs) and (ids := outputs.ints("output_ids")) is not None:
-        length = outputs.first_int("sequence_length")
+        length = first_int(outputs, "sequence_length")
         return ids if length is None else ids[:length]
     tokens = outputs.get("output_ids")
     if tokens is None or tokens.size == 0:

@@ -147,8 +147,9 @@ def scalar(spec: TensorSpec | None, param: str, value: float, default: str = "FP
 
 class JsonOutputs(Mapping[str, Array]):
     """The outputs of one event of Triton's JSON ``generate_stream``, each read as an array shaped
-    as gRPC's (``[1, 1, n]``, a text ``[1, 1]``), built when first read; ``ints`` and
-    ``first_int`` read integers straight from the JSON values, without an array."""
+    as gRPC's (``[1, 1, n]``, a text ``[1, 1]``), built when first read; ``ints`` (and the
+    module's ``first_int`` and ``first_bytes``) read the JSON values themselves, without an
+    array."""
 
     __slots__ = ("_arrays", "raw")
 
@@ -183,19 +184,11 @@ class JsonOutputs(Mapping[str, Array]):
             return value
         return None
 
-    def first_int(self, name: str) -> int | None:
-        """The first value of an integer output; ``None`` where it is absent or empty."""
-        value = self.raw.get(name)
-        if type(value) is int:
-            return value
-        array = self.get(name)
-        return None if array is None or array.size == 0 else int(array.reshape(-1)[0])
-
 
 def first_int(outputs: Mapping[str, Array], name: str) -> int | None:
     """The first value of an integer output; ``None`` where it is absent or empty."""
-    if isinstance(outputs, JsonOutputs):
-        return outputs.first_int(name)
+    if isinstance(outputs, JsonOutputs) and type(value := outputs.raw.get(name)) is int:
+        return value
     array = outputs.get(name)
     return None if array is None or array.size == 0 else int(array.reshape(-1)[0])
 

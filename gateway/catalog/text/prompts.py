@@ -70,9 +70,6 @@ class PromptTokenizer:
         """The engine's default end id: the eos token (None when the tokenizer has none)."""
         self.pad_id = end_id if pad_id is None else pad_id
         self._bos_added = self._adds_bos()
-        self.decode_ids = functools.partial(
-            tokenizer.decode, skip_special_tokens=skip_special_tokens
-        )
 
     @classmethod
     def load(

@@ -152,9 +152,8 @@ if os.environ.get("FIRST_TOKEN_MARKS"):
     _awaited: weakref.WeakKeyDictionary[asyncio.StreamReader, dict[str, int]]
     _awaited = weakref.WeakKeyDictionary()
 
-    def _await_bytes(call: Any) -> None:
+    def _await_bytes(connection: Any) -> None:
         marks = _marks.get()
-        connection = call._connection
         if marks is not None and connection is not None:
             marks.setdefault("triton.written", _now())
             _awaited[connection[0]] = marks
@@ -163,22 +162,19 @@ if os.environ.get("FIRST_TOKEN_MARKS"):
 
     def start(self: Any) -> None:
         _start(self)
-        _await_bytes(self)
+        _await_bytes(self._connection)
 
     _dial_and_write = _http.HttpCall._dial_and_write
 
     async def dial_and_write(self: Any) -> None:
         await _dial_and_write(self)
-        _await_bytes(self)
+        _await_bytes(self._connection)
 
     _connect = _http.HttpStreams.connect
 
     async def connect(self: Any, url: str) -> Any:
         connection, spare = await _connect(self, url)
-        marks = _marks.get()
-        if marks is not None:
-            marks.setdefault("triton.written", _now())
-            _awaited[connection[0]] = marks
+        _await_bytes(connection)
         return connection, spare
 
     _feed_data = asyncio.StreamReader.feed_data

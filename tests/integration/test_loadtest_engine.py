@@ -176,7 +176,9 @@ async def test_the_backend_passes_on_a_paced_streams_replies_as_they_come(
     lt_sidecar: Sidecar, transport: str
 ) -> None:
     """A reader that keeps up gets a chunk a reply: the HTTP transport joins only the replies
-    that arrived while its reader was busy, and with one each 20 ms few wait at all."""
+    that arrived while its reader was busy, and with one each 20 ms few wait at all (a loaded
+    machine's reader may be late a few times; a transport that held them back would give one
+    or two chunks)."""
     http = lt_sidecar.http_url if transport == "http" else None
     where = ModelTarget(url=lt_sidecar.grpc_url, triton_model="paced_ensemble",
                         kind="ensemble", http_url=http)  # fmt: skip
@@ -187,7 +189,7 @@ async def test_the_backend_passes_on_a_paced_streams_replies_as_they_come(
     async with TritonBackend() as backend:
         pieces = [chunk async for chunk in backend.generate(where, request)]
     carrying = [chunk for chunk in pieces if chunk.text]
-    assert len(carrying) >= 5, pieces
+    assert len(carrying) >= 4, pieces
     assert sum(chunk.token_count or 0 for chunk in pieces) == 20
 
 

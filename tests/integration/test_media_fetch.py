@@ -83,7 +83,7 @@ async def test_a_stalled_server_runs_into_the_deadline(server: ImageServer) -> N
     started = time.monotonic()
     with pytest.raises(ImageError, match=r"longer than the limit of 0\.3 s"):
         await check_image_url(server.url("/stall"), policy)
-    assert time.monotonic() - started < 2
+    assert time.monotonic() - started < 10
 
 
 async def test_redirects_are_followed_up_to_the_limit(server: ImageServer) -> None:

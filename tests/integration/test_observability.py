@@ -38,7 +38,7 @@ def traced(sidecar: Sidecar, tiny_model_dir: Path, exporter: InMemorySpanExporte
 
 
 def _spans_of(exporter: InMemorySpanExporter, trace_id: int) -> dict[str, ReadableSpan]:
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
         spans = {s.name: s for s in exporter.get_finished_spans() if s.context.trace_id == trace_id}
         if "POST /v1/chat/completions" in spans or "POST /v1/completions" in spans:

@@ -209,7 +209,7 @@ def test_bls_serves_others_while_streaming_and_cancellation_stops_the_engine(
     started = time.monotonic()
     short = generate(sidecar, "tiny_tensorrt_llm_bls", {"text_input": "Hi", "max_tokens": 4})
     assert short["status"] == 200 and short["text_output"]
-    assert time.monotonic() - started < 10
+    assert time.monotonic() - started < 30
     assert long.next()[1] is False, "the long stream is still going"
     busy = _busy_ticks(sidecar, "tiny_tensorrt_llm")
     long.close(cancel=True)

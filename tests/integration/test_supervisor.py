@@ -124,7 +124,7 @@ def test_missing_model_dir_fails_fast(tmp_path: Path) -> None:
     started = time.monotonic()
     with pytest.raises(RenderError, match=str(missing)):
         start_all(spec, tmp_path / "work")
-    assert time.monotonic() - started < 5
+    assert time.monotonic() - started < 30  # a sidecar started first would wait for minutes
 
 
 def _tritonservers() -> list[psutil.Process]:

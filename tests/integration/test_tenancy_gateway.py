@@ -166,7 +166,7 @@ def test_429_says_which_limit_and_when_and_the_sdk_retry_succeeds(gateway: Gatew
     started = time.monotonic()
     with gateway.client("slow", max_retries=1) as client:
         client.completions.create(model="tiny", prompt="The cat", max_tokens=2)
-    assert time.monotonic() - started < 3
+    assert time.monotonic() - started < 10
     # Another tenant's budget is untouched by all this.
     assert gateway.post("/v1/completions", body, KEYS["alpha"]).status_code == 200
 
@@ -288,7 +288,7 @@ def test_leases_return_to_zero_after_clients_hang_up_mid_stream(gateway: Gateway
                 assert reply.status_code == 200
                 next(line for line in reply.iter_lines() if line.startswith("data: "))
             client.close()  # hang up mid-stream
-        deadline = time.monotonic() + 5
+        deadline = time.monotonic() + 20
         while gateway.metric("gateway_tenant_requests_in_flight", tenant="pair") > 0:
             assert time.monotonic() < deadline, "a lease was not released"
             time.sleep(0.05)

@@ -143,7 +143,10 @@ def test_a_named_tool_is_called(client: openai.OpenAI, model: str) -> None:
 @pytest.mark.parametrize("choice", ["required", "named"])
 @pytest.mark.parametrize("model", [ENSEMBLE_MODEL, BLS_MODEL, ACCUMULATING_BLS_MODEL])
 def test_streamed_tool_call_deltas(client: openai.OpenAI, model: str, choice: str) -> None:
-    """Name first, then argument fragments; the SDK's helper and a plain fold agree."""
+    """Name first, then argument fragments; the SDK's helper and a plain fold agree.
+
+    How many fragments depends on timing: over HTTP a reader that fell behind gets the replies
+    that wait as one (the paced engine's tests check that replies pass on as they come)."""
     tool_choice: Any = "required"
     if choice == "named":
         tool_choice = {"type": "function", "function": {"name": "get_weather"}}
@@ -161,7 +164,8 @@ def test_streamed_tool_call_deltas(client: openai.OpenAI, model: str, choice: st
     deltas = [c.choices[0].delta for c in chunks if c.choices and c.choices[0].delta.tool_calls]
     first = deltas[0].tool_calls[0]  # type: ignore[index]
     assert first.id and first.function and first.function.name and first.function.arguments == ""
-    assert len(deltas) > 2, "arguments should arrive in several fragments"
+    assert len(deltas) >= 2, "the arguments come after the name"
+    assert all(not d.tool_calls[0].function.name for d in deltas[1:])  # type: ignore
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
     with client.chat.completions.stream(**params) as stream:
         final = stream.get_final_completion()

@@ -107,7 +107,7 @@ async def test_unreachable_server_is_unavailable_quickly() -> None:
         with pytest.raises(BackendUnavailable):
             await collect(backend, nowhere, greedy(4, stream=True))
         assert not await backend.is_ready(nowhere)
-    assert time.monotonic() - started < 3.0
+    assert time.monotonic() - started < 10.0
 
 
 @pytest.mark.slow
@@ -229,7 +229,7 @@ async def test_deadline_raises_backend_timeout_and_frees_the_engine(
         await asyncio.sleep(0.5)
         after = await engine.busy_seconds(1.0)
 
-    assert 1.0 <= elapsed < 3.0
+    assert 1.0 <= elapsed < 8.0
     assert after < 0.15, f"the engine kept generating after the deadline ({after:.2f} CPU s)"
 
 

@@ -84,7 +84,10 @@ def collector() -> Iterator[str]:
     server.shutdown()
 
 
-DRAINED_TOKENS = 600
+DRAINED_TOKENS = 1000
+DRAIN_DELAY_S = 5.0
+"""Long enough that a loaded machine's test still sends a request within it; the drained
+streams (``DRAINED_TOKENS`` each) last longer on a fast host too."""
 SPAN_QUEUE = (
     "bsp_max_queue_size=262144",
     "bsp_max_export_batch_size=4096",
@@ -170,7 +173,7 @@ def gateway(
     tiny_model_dir: Path, collector: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[str, Any, Path]]:
     """``triton-gateway serve`` supervising its own sidecar; the last test stops it."""
-    config = _config(tiny_model_dir, collector, drain_delay_s=3.0, shutdown_grace_s=60)
+    config = _config(tiny_model_dir, collector, drain_delay_s=DRAIN_DELAY_S, shutdown_grace_s=60)
     workdir = tmp_path_factory.mktemp("ops")
     config["sidecars"]["workdir"] = str(workdir / "sidecars")
     url, process = serve_process(config, workdir, "ops", timeout_s=120)
@@ -306,16 +309,16 @@ async def test_sigterm_drains_sixteen_streams(
         process.send_signal(signal.SIGTERM)
         signalled = time.monotonic()
         async with httpx.AsyncClient(timeout=10) as client:
-            await asyncio.sleep(0.3)
-            ready = await client.get(f"{url}/health/ready")
-            assert ready.status_code == 503  # readiness off at once
+            await asyncio.sleep(0.1)
             during_delay = await client.post(
                 f"{url}/v1/completions", json={"model": "ops", "prompt": "x", "max_tokens": 2}
             )
             took = time.monotonic() - signalled
             # still served during the delay
             assert during_delay.status_code == 200, (took, during_delay.text)
-            deadline = time.monotonic() + 10
+            ready = await client.get(f"{url}/health/ready")
+            assert ready.status_code == 503  # readiness off from the signal on
+            deadline = time.monotonic() + 2 * DRAIN_DELAY_S + 10
             refused = during_delay
             while refused.status_code != 503 and time.monotonic() < deadline:
                 await asyncio.sleep(0.2)

@@ -47,6 +47,11 @@ async def sample_in_flight(
     return samples
 
 
+EACH = 8
+"""Requests each of the uniform load's twelve clients sends (a count, not a time: a loaded
+machine serves fewer in a given time)."""
+
+
 async def test_uniform_load_is_spread_evenly(replicas: Replicas) -> None:
     before = replicas.served()
     stop = asyncio.Event()
@@ -56,17 +61,19 @@ async def test_uniform_load_is_spread_evenly(replicas: Replicas) -> None:
             client,
             lambda w, i: (body("tiny", f"{WORDS[w]} {WORDS[i % 18]}", 32), {}),
             clients=12,
-            seconds=4,
+            each=EACH,
         )
         stop.set()
         samples = await sampler
+    assert len(answers) == 12 * EACH
     assert {a.status_code for a in answers} == {200}
     means = {name: sum(values) / len(values) for name, values in samples.items()}
     assert set(means) == {"r1", "r2", "r3"}
     assert max(means.values()) / min(means.values()) <= 1.5, means
     after = replicas.served()
-    # Every replica of the model took its share (how fast each ran is the machine's doing).
-    assert all(after[name] > before[name] + 20 for name in ("r1", "r2", "r3"))
+    # Every replica of the model took at least half its share (a third of the requests).
+    served = {name: after[name] - before[name] for name in ("r1", "r2", "r3")}
+    assert all(count >= 12 * EACH / 6 for count in served.values()), served
     assert after["r4"] == before["r4"]
 
 

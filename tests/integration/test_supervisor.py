@@ -215,7 +215,7 @@ def test_restart_after_kill_and_clean_stop(tiny_model_dir: Path, tmp_path: Path)
     finally:
         stop_all([sidecar])
     assert sidecar.pid is None
-    _, alive = psutil.wait_procs([second, *children], timeout=5)
+    _, alive = psutil.wait_procs([second, *children], timeout=15)
     assert not alive
     assert not list(Path("/dev/shm").glob(f"{sidecar._args.shm_prefix}*"))
     # Stopped gracefully: every model unloaded, no stub crashed on its way out.

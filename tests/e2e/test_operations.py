@@ -143,29 +143,10 @@ def _alive(pid: int) -> bool:
     return state != "Z"
 
 
-async def _stream(
-    url: str, tokens: int, started: asyncio.Event, opened: list[int]
-) -> dict[str, Any]:
-    body = {"model": "ops", "prompt": "def f(x):", "max_tokens": tokens, "min_tokens": tokens,
+def _long_body(tokens: int) -> dict[str, Any]:
+    """A streamed completion of exactly ``tokens`` tokens, its usage in the last chunk."""
+    return {"model": "ops", "prompt": "def f(x):", "max_tokens": tokens, "min_tokens": tokens,
             "stream": True, "stream_options": {"include_usage": True}}  # fmt: skip
-    chunks: list[dict[str, Any]] = []
-    done = False
-    async with (
-        httpx.AsyncClient(timeout=120) as client,
-        client.stream("POST", f"{url}/v1/completions", json=body) as response,
-    ):
-        async for line in response.aiter_lines():
-            if not line.startswith("data: "):
-                continue
-            if line == "data: [DONE]":
-                done = True
-                continue
-            chunks.append(json.loads(line[6:]))
-            if len(chunks) == 1:
-                opened.append(1)
-                if len(opened) == STREAMS:
-                    started.set()
-    return {"status": response.status_code, "chunks": chunks, "done": done}
 
 
 @pytest.fixture(scope="module")
@@ -260,16 +241,17 @@ def test_json_logs_carry_request_ids_and_no_prompts(gateway: tuple[str, Any, Pat
 
 
 async def test_a_killed_sidecar_ends_its_streams_and_comes_back(
-    gateway: tuple[str, Any, Path],
+    gateway: tuple[str, Any, Path], tmp_path: Path
 ) -> None:
     url, process, _ = gateway
-    started = asyncio.Event()
-    opened: list[int] = []
-    streams = [asyncio.create_task(_stream(url, 3000, started, opened)) for _ in range(STREAMS)]
-    await asyncio.wait_for(started.wait(), 60)
-    os.kill(_tritonserver(process.pid), signal.SIGKILL)
-    killed = time.monotonic()
-    results = await asyncio.wait_for(asyncio.gather(*streams), 60)
+    streams = CurlStreams(url, _long_body(3000), STREAMS, tmp_path / "streams")
+    try:
+        await streams.started(60)
+        os.kill(_tritonserver(process.pid), signal.SIGKILL)
+        killed = time.monotonic()
+        results = await streams.results(60)
+    finally:
+        streams.kill()
     assert time.monotonic() - killed < 30, "streams must end promptly"
     for result in results:
         assert result["status"] == 200 and result["done"]
@@ -300,10 +282,7 @@ async def test_sigterm_drains_sixteen_streams(
     assert children, "the gateway runs its sidecar"
     # Read by curl processes, so this test's event loop times the drain's requests on time on a
     # busy machine. Long enough to outlive the drain delay on a fast host too.
-    body = {"model": "ops", "prompt": "def f(x):", "max_tokens": DRAINED_TOKENS,
-            "min_tokens": DRAINED_TOKENS, "stream": True,
-            "stream_options": {"include_usage": True}}  # fmt: skip
-    streams = CurlStreams(url, body, STREAMS, tmp_path / "streams")
+    streams = CurlStreams(url, _long_body(DRAINED_TOKENS), STREAMS, tmp_path / "streams")
     try:
         await streams.started(60)
         process.send_signal(signal.SIGTERM)

@@ -47,8 +47,8 @@ async def sample_in_flight(
     return samples
 
 
-EACH = 8
-"""Requests each of the uniform load's twelve clients sends (a count, not a time: a loaded
+CLIENTS, EACH = 12, 8
+"""The uniform load: clients, and the requests each sends (a count, not a time: a loaded
 machine serves fewer in a given time)."""
 
 
@@ -60,12 +60,12 @@ async def test_uniform_load_is_spread_evenly(replicas: Replicas) -> None:
         answers = await closed_loop(
             client,
             lambda w, i: (body("tiny", f"{WORDS[w]} {WORDS[i % 18]}", 32), {}),
-            clients=12,
+            clients=CLIENTS,
             each=EACH,
         )
         stop.set()
         samples = await sampler
-    assert len(answers) == 12 * EACH
+    assert len(answers) == CLIENTS * EACH
     assert {a.status_code for a in answers} == {200}
     means = {name: sum(values) / len(values) for name, values in samples.items()}
     assert set(means) == {"r1", "r2", "r3"}
@@ -73,7 +73,7 @@ async def test_uniform_load_is_spread_evenly(replicas: Replicas) -> None:
     after = replicas.served()
     # Every replica of the model took at least half its share (a third of the requests).
     served = {name: after[name] - before[name] for name in ("r1", "r2", "r3")}
-    assert all(count >= 12 * EACH / 6 for count in served.values()), served
+    assert all(count >= CLIENTS * EACH / 6 for count in served.values()), served
     assert after["r4"] == before["r4"]
 
 

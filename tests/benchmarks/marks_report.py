@@ -14,12 +14,15 @@ the load's own requests, those whose time to first token the capacity benchmark 
 Printed: the median gap before each step from a request's entry into the app to its end, the
 engine's steps (``engine.accept``, ``engine.first_send``) among them where the Triton stubs
 marked them too, and the Triton call of those requests split where the engine took and answered
-it; the time in the app to its first write (p50, p90, p99) over all requests and per worker
-process (with the connections each held, and how late its event loop ran what was ready); and
-per kept-alive connection, the gap from an answer's last write to the next request's entry (the
-client's turn and the server's reading of it), and how often the next request entered while the
-one before was still in the app (its settlement, metrics and access line run after its last
-write).
+it; the engine's own steps (reading the request, its prefill to the first output, the
+response's turn to go, its send) for those requests and for direct Triton's of the same level
+(the capacity benchmark measures direct first, so a direct request is counted with the endpoint
+the gateway measured next); the time in the app to its first write (p50, p90, p99) over all
+requests and per worker process (with the connections each held, and how late its event loop
+ran what was ready); and per kept-alive connection, the gap from an answer's last write to the
+next request's entry (the client's turn and the server's reading of it), and how often the next
+request entered while the one before was still in the app (its settlement, metrics and access
+line run after its last write).
 """
 
 from __future__ import annotations
@@ -47,15 +50,23 @@ class Run:
     its Triton call where the stubs left them (``engine.*``)."""
     loop_lags: dict[str, list[int]] = field(default_factory=lambda: defaultdict(list))
     """Each worker's samples of its event loop's lateness (ns), by its pid."""
+    direct: dict[str, list[Marks]] = field(default_factory=lambda: defaultdict(list))
+    """The engine's marks of requests without a Triton id (direct Triton's), by the endpoint of
+    the gateway's requests that came next (the capacity benchmark measures direct first)."""
 
 
 def load(folder: Path) -> Run:
     """The gateway's marks (``marks-*.jsonl``) and the engine stubs' (``engine-*.jsonl``)."""
     engine: dict[str, Marks] = {}
+    anonymous: list[Marks] = []
     for path in folder.glob("engine-*.jsonl"):
         for line in path.read_text().splitlines():
             entry = json.loads(line)
-            engine[entry.pop("triton_id")] = entry
+            triton_id = entry.pop("triton_id")
+            if triton_id:
+                engine[triton_id] = entry
+            else:
+                anonymous.append(entry)
     run = Run()
     for path in folder.glob("marks-*.jsonl"):
         for line in path.read_text().splitlines():
@@ -67,6 +78,14 @@ def load(folder: Path) -> Run:
             entry.update(engine.get(entry.pop("triton_id", None), {}))
             if key.startswith("any-") and "first_body.send" in entry:
                 run.requests[key.rsplit("-", 1)[1]][key] = entry
+    starts = sorted(
+        (min(m["asgi.entry"] for m in marks.values()), endpoint)
+        for endpoint, marks in run.requests.items()
+    )
+    for entry in anonymous:
+        following = [endpoint for start, endpoint in starts if start > entry["engine.accept"]]
+        if following:
+            run.direct[following[0]].append(entry)
     return run
 
 
@@ -168,6 +187,34 @@ def _triton_side(marks: Iterable[Marks]) -> list[str]:
     return [*lines, ""]
 
 
+ENGINE_STEPS = (
+    ("engine.accept", "engine.parsed", "reading and checking the request"),
+    ("engine.parsed", "engine.first_output", "the engine's prefill, to its first output"),
+    ("engine.first_output", "engine.first_send.start", "the response built, its turn to go"),
+    ("engine.first_send.start", "engine.first_send.end", "sending it (the stub's IPC)"),
+)
+
+
+def engine_steps(gateway: Iterable[Marks], direct: list[Marks]) -> list[str]:
+    """The engine's steps from a request's arrival in the model to its first response, for the
+    gateway's requests and for direct Triton's of the same endpoint and load."""
+    joined = [m for m in gateway if all(b in m for _, b, _ in ENGINE_STEPS)]
+    direct = [m for m in direct if all(b in m for _, b, _ in ENGINE_STEPS)]
+    if not joined and not direct:
+        return []
+    lines = [
+        f"In the engine, {len(direct)} direct requests and {len(joined)} through the gateway, "
+        "p50 / p90 / p99 µs:",
+        "",
+        "| from | to | what | direct | gateway |",
+        "|---|---|---|---:|---:|",
+    ]
+    for start, end, what in ENGINE_STEPS:
+        cells = [_quantiles_us([m[end] - m[start] for m in ms]) for ms in (direct, joined)]
+        lines.append(f"| {start} | {end} | {what} | {cells[0]} | {cells[1]} |")
+    return [*lines, ""]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("folder", type=Path, help="the FIRST_TOKEN_MARKS folder")
@@ -177,6 +224,7 @@ def main() -> None:
         raise SystemExit(f"no marked requests in {args.folder}")
     for endpoint, marks in sorted(run.requests.items(), reverse=True):
         print(f"## {endpoint}\n\n{report(marks, run.loop_lags)}")
+        print("\n".join(engine_steps(marks.values(), run.direct.get(endpoint, []))))
     every = [lag for lags in run.loop_lags.values() for lag in lags]
     print(
         f"The event loops' lateness over all workers, p50 / p90 / p99 µs: {_quantiles_us(every)}"

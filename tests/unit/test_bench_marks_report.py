@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tests.benchmarks.marks_report import load, report
+from tests.benchmarks.marks_report import engine_steps, load, report
 
 
 def _request(
@@ -78,3 +78,45 @@ def test_engine_marks_join_their_request_and_loop_lags_show_per_worker(tmp_path:
     assert "| 900 / 900 / 900 |" in text  # written to accepted
     out = "| engine.first_send.start | triton.arrived | out to the worker's read callback | 600 /"
     assert out in text
+
+
+def _engine(triton_id: str, accept: int, prefill: int) -> dict[str, int | str]:
+    return {"triton_id": triton_id, "engine.accept": accept, "engine.parsed": accept + 200_000,
+            "engine.first_output": accept + 200_000 + prefill,
+            "engine.first_send.start": accept + 300_000 + prefill,
+            "engine.first_send.end": accept + 400_000 + prefill}  # fmt: skip
+
+
+def test_direct_requests_engine_marks_go_with_the_gateway_requests_that_followed(
+    tmp_path: Path,
+) -> None:
+    # Direct text at 0-1 s, the gateway's text at 2 s, direct chat at 3 s, the gateway's chat at
+    # 5 s: each direct request belongs to the endpoint the gateway measured next.
+    gateway = []
+    for key, entry, triton_id in (("any-7-0-5000-text", 2_000_000_000, "t"),
+                                  ("any-7-1-5001-chat", 5_000_000_000, "c")):  # fmt: skip
+        request = {"probe": key, "triton_id": triton_id,
+                   **_request(entry, first=5_000_000, last=9_000_000, exit_=9_500_000)}  # fmt: skip
+        gateway.append(request)
+    engine = [
+        _engine("", 0, 2_000_000),
+        _engine("", 1_000_000_000, 4_000_000),
+        _engine("t", 2_000_100_000, 3_000_000),
+        _engine("", 3_000_000_000, 5_000_000),
+        _engine("c", 5_000_100_000, 6_000_000),
+        _engine("", 6_000_000_000, 1_000_000),  # after every gateway request: no endpoint
+    ]
+    (tmp_path / "marks-7.jsonl").write_text("\n".join(map(json.dumps, gateway)) + "\n")
+    (tmp_path / "engine-99.jsonl").write_text("\n".join(map(json.dumps, engine)) + "\n")
+    run = load(tmp_path)
+    prefills = {
+        endpoint: sorted(m["engine.first_output"] - m["engine.parsed"] for m in marks)
+        for endpoint, marks in run.direct.items()
+    }
+    assert prefills == {"text": [2_000_000, 4_000_000], "chat": [5_000_000]}
+    lines = engine_steps(run.requests["text"].values(), run.direct["text"])
+    assert lines[0].startswith("In the engine, 2 direct requests and 1 through the gateway")
+    prefill = next(line for line in lines if line.startswith("| engine.parsed |"))
+    # Direct's p50 of two values is the higher one (as _quantiles_us takes it).
+    assert prefill.endswith("| 4,000 / 4,000 / 4,000 | 3,000 / 3,000 / 3,000 |")
+    assert engine_steps([], []) == []

@@ -1,5 +1,7 @@
 """Marks of the engine's side for ``tests.benchmarks.marks_report``: in a Triton Python-backend
-stub, when each request reached the engine model and when its first response went out.
+stub, when each request reached the engine model (``engine.accept``), was read and checked
+(``engine.parsed``), had its first output from the engine (``engine.first_output``) and when its
+first response went out (``engine.first_send``).
 
 The stubs ignore ``PYTHONPATH``, so a ``.pth`` file in the site-packages of the environment
 they run (the sidecar's ``text_python_env``, or the gateway's own) installs it::
@@ -7,10 +9,11 @@ they run (the sidecar's ``text_python_env``, or the gateway's own) installs it::
     python tests/benchmarks/first_token_marks/first_token_engine_marks.py SITE_PACKAGES
 
 Then, whenever ``FIRST_TOKEN_MARKS`` names a folder, each stub appends a JSON line per request to
-``engine-<pid>.jsonl`` there, keyed by Triton's request id (the gateway's, which its own marks
-record as ``triton_id``), in the host's monotonic nanoseconds as the gateway's marks are; without
-it the file does nothing. ``--remove`` takes the ``.pth`` away. The engine model's module is
-patched once imported, by its name, so a renamed method fails loudly.
+``engine-<pid>.jsonl`` there with Triton's request id (the gateway's, which its own marks
+record as ``triton_id``; empty for direct Triton's requests), in the host's monotonic
+nanoseconds as the gateway's marks are; without it the file does nothing. ``--remove`` takes
+the ``.pth`` away. The engine model's module is patched once imported, by its name, so a renamed
+method fails loudly.
 """
 
 from __future__ import annotations
@@ -93,30 +96,51 @@ def _patch(module: Any, folder: str) -> None:
     now = time.monotonic_ns
     out = open(f"{folder}/engine-{os.getpid()}.jsonl", "a", buffering=1)  # noqa: SIM115
     lock = threading.Lock()
-    accepted: dict[str, int] = {}
+    # By the request object, not Triton's id: requests sent without an id (direct Triton's) are
+    # marked too. Entries live until the request's first response went out.
+    started: dict[int, dict[str, int]] = {}
+    current = threading.local()
     model = module.TritonPythonModel
     pending = module._Pending
-    accept = model._accept
+    accept, checked, on_output, send = model._accept, model._checked, model._on_output, pending.send
 
     @functools.wraps(accept)
     def marked_accept(self: Any, request: Any, sender: Any) -> None:
-        accepted.setdefault(request.request_id(), now())
-        accept(self, request, sender)
+        current.marks = started.setdefault(id(request), {"engine.accept": now()})
+        try:
+            accept(self, request, sender)
+        finally:
+            current.marks = None
 
-    send = pending.send
+    @functools.wraps(checked)
+    def marked_checked(self: Any, items: Any) -> Any:
+        result = checked(self, items)
+        marks = getattr(current, "marks", None)
+        if marks is not None:
+            marks["engine.parsed"] = now()
+        return result
+
+    @functools.wraps(on_output)
+    def marked_on_output(self: Any, state: Any, output: Any) -> None:
+        marks = started.get(id(state.request))
+        if marks is not None:
+            marks.setdefault("engine.first_output", now())
+        on_output(self, state, output)
 
     @functools.wraps(send)
     def marked_send(self: Any, response: Any, *, final: bool) -> None:
         start = now()
         send(self, response, final=final)
-        entered = accepted.pop(self.triton_id, None)
-        if entered is not None:
-            line = {"triton_id": self.triton_id, "engine.accept": entered,
+        marks = started.pop(id(self.request), None)
+        if marks is not None:
+            line = {"triton_id": self.triton_id, **marks,
                     "engine.first_send.start": start, "engine.first_send.end": now()}  # fmt: skip
             with lock:
                 out.write(json.dumps(line) + "\n")
 
     model._accept = marked_accept
+    model._checked = marked_checked
+    model._on_output = marked_on_output
     pending.send = marked_send
 
 

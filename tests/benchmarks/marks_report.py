@@ -83,9 +83,10 @@ def load(folder: Path) -> Run:
         for endpoint, marks in run.requests.items()
     )
     for entry in anonymous:
-        following = [endpoint for start, endpoint in starts if start > entry["engine.accept"]]
-        if following:
-            run.direct[following[0]].append(entry)
+        after = entry["engine.accept"]
+        following = next((endpoint for start, endpoint in starts if start > after), None)
+        if following is not None:
+            run.direct[following].append(entry)
     return run
 
 
@@ -169,10 +170,22 @@ TRITON_SIDE = (
 )
 
 
+Steps = tuple[tuple[str, str, str], ...]
+
+
+def _marked(marks: Iterable[Marks], steps: Steps) -> list[Marks]:
+    """The requests that carry both marks of every step."""
+    return [m for m in marks if all(a in m and b in m for a, b, _ in steps)]
+
+
+def _durations_us(marks: list[Marks], start: str, end: str) -> str:
+    return _quantiles_us([m[end] - m[start] for m in marks])
+
+
 def _triton_side(marks: Iterable[Marks]) -> list[str]:
     """Where the engine marked the requests too: the time from the Triton request's write to its
     first answer's arrival in the worker, split where the engine took and answered it."""
-    joined = [m for m in marks if all(a in m and b in m for a, b, _ in TRITON_SIDE)]
+    joined = _marked(marks, TRITON_SIDE)
     if not joined:
         return []
     lines = [
@@ -182,8 +195,7 @@ def _triton_side(marks: Iterable[Marks]) -> list[str]:
         "|---|---|---|---:|",
     ]
     for start, end, what in TRITON_SIDE:
-        values = [m[end] - m[start] for m in joined]
-        lines.append(f"| {start} | {end} | {what} | {_quantiles_us(values)} |")
+        lines.append(f"| {start} | {end} | {what} | {_durations_us(joined, start, end)} |")
     return [*lines, ""]
 
 
@@ -195,23 +207,22 @@ ENGINE_STEPS = (
 )
 
 
-def engine_steps(gateway: Iterable[Marks], direct: list[Marks]) -> list[str]:
+def engine_steps(gateway: Iterable[Marks], direct: Iterable[Marks]) -> list[str]:
     """The engine's steps from a request's arrival in the model to its first response, for the
     gateway's requests and for direct Triton's of the same endpoint and load."""
-    joined = [m for m in gateway if all(b in m for _, b, _ in ENGINE_STEPS)]
-    direct = [m for m in direct if all(b in m for _, b, _ in ENGINE_STEPS)]
-    if not joined and not direct:
+    through, straight = _marked(gateway, ENGINE_STEPS), _marked(direct, ENGINE_STEPS)
+    if not through and not straight:
         return []
     lines = [
-        f"In the engine, {len(direct)} direct requests and {len(joined)} through the gateway, "
+        f"In the engine, {len(straight)} direct requests and {len(through)} through the gateway, "
         "p50 / p90 / p99 µs:",
         "",
         "| from | to | what | direct | gateway |",
         "|---|---|---|---:|---:|",
     ]
     for start, end, what in ENGINE_STEPS:
-        cells = [_quantiles_us([m[end] - m[start] for m in ms]) for ms in (direct, joined)]
-        lines.append(f"| {start} | {end} | {what} | {cells[0]} | {cells[1]} |")
+        cells = " | ".join(_durations_us(ms, start, end) for ms in (straight, through))
+        lines.append(f"| {start} | {end} | {what} | {cells} |")
     return [*lines, ""]
 
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
-from typing import TypeVar
+import types
+from collections.abc import AsyncGenerator, Awaitable, Callable, Generator, Mapping, Sequence
+from typing import Any, TypeVar
 
 import anyio
 import msgspec
@@ -73,10 +74,16 @@ async def _disconnected(receive: Receive) -> None:
 async def until_disconnect(receive: Receive, work: Awaitable[T]) -> T:
     """Await ``work``, cancelling it when the client disconnects first (vLLM's pattern).
 
-    ``work`` runs in the calling task, so work that never waits (templating a short prompt)
-    takes no extra turn of the event loop; a watcher task reading ``receive`` cancels the
+    ``work`` runs in the calling task. Its first step runs at once: work that never waits
+    (templating a short prompt) is done then, with no watcher and no extra turn of the event
+    loop. Work that waits goes on under a watcher task reading ``receive``, which cancels the
     calling task if the client leaves.
     """
+    steps = work.__await__()
+    try:
+        first = steps.send(None)
+    except StopIteration as done:
+        return done.value  # type: ignore[no-any-return]
     task = asyncio.current_task()
     assert task is not None
     left = False
@@ -91,7 +98,7 @@ async def until_disconnect(receive: Receive, work: Awaitable[T]) -> T:
     watcher = asyncio.ensure_future(_disconnected(receive))
     watcher.add_done_callback(on_disconnect)
     try:
-        result = await work
+        result: T = await _resumed(steps, first)
     except asyncio.CancelledError:
         if not left:
             raise
@@ -107,6 +114,29 @@ async def until_disconnect(receive: Receive, work: Awaitable[T]) -> T:
         task.uncancel()
         raise ClientDisconnected(_LEFT)
     return result
+
+
+@types.coroutine
+def _resumed(steps: Generator[Any, Any, T], yielded: Any) -> Generator[Any, Any, T]:
+    """The rest of an awaitable whose first step already ran and yielded ``yielded``: what
+    ``yield from`` does, from its second step on (each value the task sends or throws goes to
+    the awaitable, each value it yields to the task)."""
+    while True:
+        try:
+            sent = yield yielded
+        except GeneratorExit:
+            steps.close()
+            raise
+        except BaseException as exc:
+            try:
+                yielded = steps.throw(exc)
+            except StopIteration as done:
+                return done.value  # type: ignore[no-any-return]
+        else:
+            try:
+                yielded = steps.send(sent)
+            except StopIteration as done:
+                return done.value  # type: ignore[no-any-return]
 
 
 def _raw_headers(headers: Mapping[str, str], content_type: bytes) -> list[tuple[bytes, bytes]]:

@@ -14,7 +14,6 @@ from typing import Any, Generic, Protocol, TypeVar
 
 import msgspec
 from litestar import asgi
-from litestar.datastructures import Headers
 from litestar.exceptions import HTTPException
 from litestar.handlers import ASGIRouteHandler
 from litestar.types import ASGIApp, HTTPResponseStartEvent, HTTPScope, Receive, Scope, Send
@@ -109,7 +108,7 @@ class CompletionPipeline:
         self, scope: Scope, receive: Receive, endpoint: Endpoint[Body], headers: dict[str, str]
     ) -> ASGIApp:
         self.lifecycle.refuse_if_draining(self.retry_after_s)
-        tenant = self.caller(Headers.from_scope(scope))
+        tenant = self.caller(credentials(scope))
         headers.update(self.tenancy.known_headers(tenant))
         body = decode_body(await read_body(scope, receive, self.max_body_bytes), endpoint.schema)
         model = self.registry.get(body.model, tenant.allows_model, tenant.allows_adapter)
@@ -171,6 +170,20 @@ class CompletionPipeline:
         planning = endpoint.planner(model, body, max_tokens_cap=tenant.max_tokens)
         with self.observability.step("gateway.template"):
             return await until_disconnect(receive, planning)
+
+
+_CREDENTIALS = (b"authorization", b"api-key")
+
+
+def credentials(scope: Scope) -> dict[str, str]:
+    """The request's credentials headers (``presented_key`` reads them), the first of each
+    name: all that authentication needs, without a mapping of every header."""
+    found: dict[str, str] = {}
+    for name, value in scope["headers"]:
+        name = name.lower()
+        if name in _CREDENTIALS:
+            found.setdefault(name.decode("latin-1"), value.decode("latin-1"))
+    return found
 
 
 _OPTIONS: HTTPResponseStartEvent = {

@@ -25,6 +25,7 @@ import uvicorn
 from litestar import Litestar
 from litestar.types import ASGIApp
 
+from gateway.http.protocol import HeadWithBodyProtocol
 from gateway.runtime import Runtime
 from gateway.settings import Settings, SettingsError
 
@@ -137,6 +138,8 @@ def uvicorn_config(app: Litestar, settings: Settings, **overrides: Any) -> uvico
         "log_config": None,
         "timeout_graceful_shutdown": int(settings.limits.shutdown_grace_s),
         "timeout_keep_alive": server.keep_alive_s,
+        # httptools, each response's head written with its first body (one send, one packet).
+        "http": HeadWithBodyProtocol,
     }
     return uvicorn.Config(app, **{**options, **overrides})
 

@@ -34,6 +34,7 @@ from gateway.openai.protocol import SamplingFields
 from gateway.openai.shaping import Header
 from gateway.ops.drain import Lifecycle
 from gateway.tenancy import TenantPolicy
+from gateway.tenancy.keys import credentials_headers
 from gateway.tenancy.service import Tenancy
 
 Body = TypeVar("Body", bound=SamplingFields)
@@ -108,7 +109,7 @@ class CompletionPipeline:
         self, scope: Scope, receive: Receive, endpoint: Endpoint[Body], headers: dict[str, str]
     ) -> ASGIApp:
         self.lifecycle.refuse_if_draining(self.retry_after_s)
-        tenant = self.caller(credentials(scope))
+        tenant = self.caller(credentials_headers(scope["headers"]))
         headers.update(self.tenancy.known_headers(tenant))
         body = decode_body(await read_body(scope, receive, self.max_body_bytes), endpoint.schema)
         model = self.registry.get(body.model, tenant.allows_model, tenant.allows_adapter)
@@ -170,20 +171,6 @@ class CompletionPipeline:
         planning = endpoint.planner(model, body, max_tokens_cap=tenant.max_tokens)
         with self.observability.step("gateway.template"):
             return await until_disconnect(receive, planning)
-
-
-_CREDENTIALS = (b"authorization", b"api-key")
-
-
-def credentials(scope: Scope) -> dict[str, str]:
-    """The request's credentials headers (``presented_key`` reads them), the first of each
-    name: all that authentication needs, without a mapping of every header."""
-    found: dict[str, str] = {}
-    for name, value in scope["headers"]:
-        name = name.lower()
-        if name in _CREDENTIALS:
-            found.setdefault(name.decode("latin-1"), value.decode("latin-1"))
-    return found
 
 
 _OPTIONS: HTTPResponseStartEvent = {

@@ -11,6 +11,8 @@ from gateway.tenancy.config import KeyEntry
 
 KEY_PREFIX = "tgw-"
 MAX_KEY_LENGTH = 256
+_AUTHORIZATION, _AZURE = "authorization", "api-key"
+_CREDENTIALS = (_AUTHORIZATION.encode(), _AZURE.encode())
 
 
 def new_key() -> str:
@@ -33,14 +35,25 @@ def presented_key(headers: Mapping[str, str]) -> str | None:
     Returns None when neither header is present; raises ``MalformedKey`` for a header that is
     there but holds no usable key.
     """
-    authorization = headers.get("authorization")
+    authorization = headers.get(_AUTHORIZATION)
     if authorization is not None:
         scheme, _, key = authorization.strip().partition(" ")
         if scheme.lower() != "bearer" or not key.strip():
             raise MalformedKey("the Authorization header must be `Bearer <key>`")
         return _checked(key.strip())
-    azure = headers.get("api-key")
+    azure = headers.get(_AZURE)
     return None if azure is None else _checked(azure.strip())
+
+
+def credentials_headers(raw: Iterable[tuple[bytes, bytes]]) -> dict[str, str]:
+    """The headers ``presented_key`` reads, out of an ASGI scope's raw headers (the first of each
+    name): all that authentication needs, without a mapping of every header."""
+    found: dict[str, str] = {}
+    for name, value in raw:
+        name = name.lower()
+        if name in _CREDENTIALS:
+            found.setdefault(name.decode("latin-1"), value.decode("latin-1"))
+    return found
 
 
 def _checked(key: str) -> str:

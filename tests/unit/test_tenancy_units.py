@@ -18,7 +18,15 @@ from gateway.tenancy.config import (
     check_tenancy,
 )
 from gateway.tenancy.gcra import Limit
-from gateway.tenancy.keys import KeyRing, MalformedKey, digest, matches, new_key, presented_key
+from gateway.tenancy.keys import (
+    KeyRing,
+    MalformedKey,
+    credentials_headers,
+    digest,
+    matches,
+    new_key,
+    presented_key,
+)
 from gateway.tenancy.quota import HEADROOM, Limits, Quota, far_from_limits
 from gateway.tenancy.service import duration, rate_limit_headers, reservation
 
@@ -276,3 +284,17 @@ def test_a_beam_search_reserves_every_beam_of_each_prompt() -> None:
         include_usage=False,
     )
     assert reservation(plan) == 10 + 7 + 2 * 4 * 6
+
+
+def test_credentials_headers_are_the_first_of_each_name_presented_key_reads() -> None:
+    raw = [
+        (b"content-type", b"application/json"),
+        (b"Authorization", b"Bearer tgw-one"),
+        (b"authorization", b"Bearer tgw-two"),
+        (b"api-key", b"azure-key"),
+    ]
+    found = credentials_headers(raw)
+    assert found == {"authorization": "Bearer tgw-one", "api-key": "azure-key"}
+    assert presented_key(found) == "tgw-one"
+    assert presented_key(credentials_headers(raw[3:])) == "azure-key"
+    assert credentials_headers([]) == {}

@@ -1,6 +1,6 @@
 """Work raced against the client's disconnect: work that never waits is done with no watcher,
 work that waits is cancelled when the client leaves, its own result, error or cancellation
-otherwise goes through unchanged; and the credentials headers the pipeline authenticates with."""
+otherwise goes through unchanged."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ import pytest
 
 from gateway.http.answers import until_disconnect
 from gateway.http.errors import ClientDisconnected
-from gateway.openai.pipeline import credentials
 
 
 class Client:
@@ -94,16 +93,3 @@ async def test_the_callers_own_cancellation_goes_through() -> None:
     waiting.cancel()
     with pytest.raises(asyncio.CancelledError):
         await waiting
-
-
-def test_credentials_are_the_first_of_each_credentials_header_only() -> None:
-    scope: Any = {
-        "headers": [
-            (b"content-type", b"application/json"),
-            (b"Authorization", b"Bearer tgw-one"),
-            (b"authorization", b"Bearer tgw-two"),
-            (b"api-key", b"azure-key"),
-        ]
-    }
-    assert credentials(scope) == {"authorization": "Bearer tgw-one", "api-key": "azure-key"}
-    assert credentials({"headers": []}) == {}  # type: ignore[typeddict-item]

@@ -200,9 +200,30 @@ def link_distribution(dist: Any, folder: Path) -> None:
     root = Path(dist.locate_file(""))
     tops = {Path(str(file)).parts[0] for file in dist.files or ()}
     for top in sorted(tops - {"..", "__pycache__"}):
-        link = folder / top
-        if (root / top).exists() and not link.exists():
-            link.symlink_to(root / top)
+        if (root / top).exists():
+            _link(root / top, folder / top)
+
+
+def _link(source: Path, link: Path) -> None:
+    """Link ``source`` at ``link``. A namespace folder (no ``__init__.py``) that several
+    distributions fill, as protobuf and googleapis-common-protos fill ``google``, becomes a
+    folder of links to what each of them holds; elsewhere the first distribution's entry stays."""
+    if not link.is_symlink() and not link.exists():
+        link.symlink_to(source)
+        return
+    regular = (source / "__init__.py").exists() or (link / "__init__.py").exists()
+    if not source.is_dir() or not link.is_dir() or regular:
+        return
+    if link.is_symlink():
+        first = link.resolve()
+        if first == source.resolve():
+            return
+        link.unlink()
+        link.mkdir()
+        for child in first.iterdir():
+            (link / child.name).symlink_to(child)
+    for child in source.iterdir():
+        _link(child, link / child.name)
 
 
 def _text_view(view: Path, closure: dict[str, Any], project: Path = SOURCE) -> Path:

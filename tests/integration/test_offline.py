@@ -10,7 +10,13 @@ from pathlib import Path
 import httpx
 import pytest
 
-from deploy.devtools.offline import _names, _server_members, _text_view, runtime_closure
+from deploy.devtools.offline import (
+    _names,
+    _server_members,
+    _text_view,
+    link_distribution,
+    runtime_closure,
+)
 from deploy.sidecar.spec import parse_spec
 from deploy.sidecar.supervisor import Sidecar, sidecar_from_spec
 from tests.support.engine_probe import EngineProcess
@@ -56,6 +62,40 @@ def test_text_view_links_the_runtime_packages_without_numpy_or_torch(tmp_path: P
     assert {"transformers", "tokenizers", "jinja2", "deploy", "gateway"} <= entries
     assert not {"numpy", "torch"} & entries
     assert all(path.resolve().exists() for path in view.iterdir())
+    # protobuf and googleapis-common-protos both fill the `google` namespace.
+    assert (view / "google" / "protobuf" / "__init__.py").exists()
+    assert (view / "google" / "api").is_dir()
+
+
+class _Dist:
+    """What ``link_distribution`` reads of an installed distribution."""
+
+    def __init__(self, root: Path, files: list[str]) -> None:
+        self.root, self.files = root, files
+        for name in files:
+            (root / name).parent.mkdir(parents=True, exist_ok=True)
+            (root / name).write_text("")
+
+    def locate_file(self, name: str) -> Path:
+        return self.root / name
+
+
+def test_a_namespace_shared_by_distributions_holds_what_each_brings(tmp_path: Path) -> None:
+    view = tmp_path / "view"
+    view.mkdir()
+    first = _Dist(
+        tmp_path / "a", ["google/api/__init__.py", "google/type/x.py", "alpha/__init__.py"]
+    )
+    second = _Dist(tmp_path / "b", ["google/protobuf/__init__.py", "google/api/other.py"])
+    third = _Dist(tmp_path / "c", ["alpha/__init__.py", "alpha/extra.py"])
+    for dist in (first, second, third):
+        link_distribution(dist, view)
+    assert (view / "google" / "protobuf" / "__init__.py").exists()
+    assert (view / "google" / "type" / "x.py").exists()
+    # A regular package is the first distribution's, as on sys.path.
+    assert (view / "google" / "api").resolve() == tmp_path / "a" / "google" / "api"
+    assert (view / "alpha").resolve() == tmp_path / "a" / "alpha"
+    assert not (view / "alpha" / "extra.py").exists()
 
 
 @pytest.fixture(scope="module")

@@ -221,6 +221,7 @@ def _model_parameters(model: ModelSpec, name: str) -> dict[str, str]:
             "loadtest_token_s": repr(paced.token_s),
             "loadtest_prompt_token_s": repr(paced.prompt_token_s),
             "loadtest_max_batch_size": str(paced.max_batch_size),
+            "loadtest_senders": str(paced.senders),
         } | _optional({"loadtest_token_id": paced.token_id})
     return {}
 

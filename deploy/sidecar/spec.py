@@ -140,6 +140,11 @@ class LoadTestEngine(
     """Streams paced at once per instance; more wait their turn."""
     instances: int = 1
     """Instances of the model (each a Python-backend process) that share the requests."""
+    senders: int = 4
+    """Threads of each instance that send its responses, a request's all from the same one.
+    Each send waits for tritonserver to take the response (a round trip between processes),
+    where the C++ backend's sends cost it next to nothing: with one thread, a stream's first
+    response waits behind every response due before it."""
 
 
 Engine = TorchEngine | TensorRTLLMEngine | LoadTestEngine
@@ -354,8 +359,10 @@ def _check_load_test(name: str, engine: LoadTestEngine) -> None:
         raise SpecError(f"model {name!r}: engine token_id must be >= 0")
     if engine.token_s < 0 or engine.prompt_token_s < 0:
         raise SpecError(f"model {name!r}: engine token_s and prompt_token_s must be >= 0")
-    if engine.max_batch_size < 1 or engine.instances < 1:
-        raise SpecError(f"model {name!r}: engine max_batch_size and instances must be >= 1")
+    if min(engine.max_batch_size, engine.instances, engine.senders) < 1:
+        raise SpecError(
+            f"model {name!r}: engine max_batch_size, instances and senders must be >= 1"
+        )
 
 
 def _check(spec: Spec) -> None:

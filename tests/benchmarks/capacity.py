@@ -304,6 +304,9 @@ def main() -> None:
     parser.add_argument("--prompt-token-s", type=float, default=0.00005)
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--instances", type=int, default=8, help="engine instances")
+    parser.add_argument(
+        "--senders", type=int, default=4, help="threads of each engine instance sending responses"
+    )
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 8])
     parser.add_argument(
         "--relay",

@@ -33,6 +33,7 @@ def start_triton(
         "token_s": 1.0 / args.rate,
         "prompt_token_s": args.prompt_token_s,
         "instances": args.instances,
+        "senders": args.senders,
     }
     model = {"name": "lt", "release": "latest", "engine": engine, "triton_max_batch_size": 256}
     if args.text_env:

@@ -57,7 +57,7 @@ def _lt_spec(tokenizer: str = "tiny", **engine: Any) -> dict[str, Any]:
 def test_spec_defaults_the_tokenizer_to_the_engine(tmp_path: Path) -> None:
     model = parse_spec(_lt_spec("./tok", token_id=7), base_dir=tmp_path).models[0]
     assert model.engine == LoadTestEngine(tokenizer_dir=str(tmp_path / "tok"), token_id=7)
-    assert (model.engine.token_s, model.engine.instances) == (0.0, 1)
+    assert (model.engine.token_s, model.engine.instances, model.engine.senders) == (0.0, 1, 4)
     assert model.tokenizer == str(tmp_path / "tok")
     with pytest.raises(SpecError, match="token_id"):
         parse_spec(_lt_spec(token_id=-1))
@@ -67,7 +67,7 @@ def test_spec_defaults_the_tokenizer_to_the_engine(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("release", RELEASES)
 def test_renders_the_engine_model_with_the_load_test_parameters(release: str) -> None:
-    data = _lt_spec(token_id=7, token_s=0.0125, prompt_token_s=0.0005, instances=4)
+    data = _lt_spec(token_id=7, token_s=0.0125, prompt_token_s=0.0005, instances=4, senders=2)
     data["models"][0]["release"] = release
     model = parse_spec(data).models[0]
     config = render_config(model, "tensorrt_llm")
@@ -76,14 +76,17 @@ def test_renders_the_engine_model_with_the_load_test_parameters(release: str) ->
     assert '"loadtest_token_id"' in config and '"load_test_model"' in config
     assert re.search(r'"loadtest_token_s"\s*value:\s*\{\s*string_value:\s*"0.0125"', config)
     assert re.search(r"instance_group\s*\[\s*\{\s*count:\s*4\b", config)
+    assert re.search(r'"loadtest_senders"\s*value:\s*\{\s*string_value:\s*"2"', config)
     model_py = render_model(model)["lt_tensorrt_llm/1/model.py"]
     assert "from deploy.triton.engine.triton_model import TritonPythonModel" in model_py
     check_paths(model)
 
 
 @pytest.mark.parametrize(
-    "engine", [{"token_s": -1.0}, {"prompt_token_s": -0.1}, {"instances": 0}, {"token_id": -1}]
-)
+    "engine",
+    [{"token_s": -1.0}, {"prompt_token_s": -0.1}, {"instances": 0}, {"token_id": -1},
+     {"senders": 0}],
+)  # fmt: skip
 def test_load_test_settings_out_of_range_are_refused(engine: dict[str, Any]) -> None:
     with pytest.raises(SpecError):
         parse_spec(_lt_spec(**engine))
@@ -147,6 +150,33 @@ def test_pipeline_over_the_load_test_model(lt_sidecar: Sidecar) -> None:
     # transformers, and numpy (< 2) carries the engine stub's tensors.
     for step in ("preprocessing", "tensorrt_llm", "postprocessing", "tensorrt_llm_bls"):
         assert not EngineProcess(lt_sidecar, f"lt_{step}").maps_torch(), step
+
+
+@pytest.mark.slow
+def test_responses_of_concurrent_streams_keep_their_order_across_sender_threads(
+    lt_sidecar: Sidecar,
+) -> None:
+    """The unpaced engine makes a stream's 48 tokens at once, so its 48 responses wait for the
+    instance's four sender threads together: they go out in order, from one thread."""
+    streams = []
+    for index in range(8):
+        prompt = [10 + index, 20 + index, 30 + index]
+        request = {
+            "input_ids": np.array([prompt], np.int32),
+            "input_lengths": np.array([[3]], np.int32),
+            "request_output_len": np.array([[48]], np.int32),
+            "streaming": np.array([[True]]),
+        }
+        streams.append((prompt, Stream(lt_sidecar, "lt_tensorrt_llm", request, f"order-{index}")))
+    for prompt, stream in streams:
+        tokens = []
+        while True:
+            outputs, final = stream.next()
+            tokens += outputs["output_ids"].reshape(-1).tolist() if "output_ids" in outputs else []
+            if final:
+                break
+        stream.close()
+        assert tokens == (prompt * 16)[:48], tokens
 
 
 @pytest.mark.slow

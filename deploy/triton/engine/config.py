@@ -138,9 +138,11 @@ def _paced(model_config: Mapping[str, Any]) -> PacedConfig:
     if min(values.values()) < 0:
         raise EngineError("parameters loadtest_token_s and loadtest_prompt_token_s must be >= 0")
     batch = _int(model_config, "loadtest_max_batch_size", PacedConfig.max_batch_size)
+    senders = _int(model_config, "loadtest_senders", PacedConfig.senders)
     return PacedConfig(
         token_id=_int(model_config, "loadtest_token_id", None),
         max_batch_size=max(1, batch or 1),
+        senders=max(1, senders or 1),
         **values,
     )
 

@@ -46,6 +46,9 @@ _SEQUENCES_NEED_DECOUPLED = (
     "transaction policy: each sequence is a response of its own"
 )
 
+Outgoing = tuple["_Pending", Any, bool]
+"""A response on its way: its request, the response, and whether it is the final one."""
+
 
 @dataclass(eq=False)
 class _Pending:
@@ -57,6 +60,8 @@ class _Pending:
     requested: frozenset[str]
     contexts: dict[str, ItemContext]
     remaining: int
+    outbox: queue.SimpleQueue[Outgoing | None]
+    """Where its responses wait for their sender thread (the same for all of them: in order)."""
     closed: bool = False
     cancel_sent: bool = False
     # Triton frees a request once its final response is out; asking it `is_cancelled()` then,
@@ -84,6 +89,12 @@ class _Pending:
 
 def _error_response(message: str) -> Any:
     return pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(message))
+
+
+def senders_of(settings: ModelParameters) -> int:
+    """Threads sending responses: the load-test engine's setting; one for the torch engine,
+    whose step loop would lose the GIL to more (measured: slower at every load)."""
+    return settings.engine.senders if isinstance(settings.engine, PacedConfig) else 1
 
 
 def load_engine(settings: ModelParameters) -> ServingEngine:
@@ -120,13 +131,22 @@ class TritonPythonModel:
         self._pending: dict[str, _Pending] = {}
         self._keys = itertools.count()
         self._stopping = threading.Event()
-        self._outbox: queue.SimpleQueue[tuple[_Pending, Any, bool] | None] = queue.SimpleQueue()
+        self._outboxes: list[queue.SimpleQueue[Outgoing | None]] = [
+            queue.SimpleQueue() for _ in range(senders_of(self._settings))
+        ]
+        self._lanes = itertools.cycle(self._outboxes)
         self._tensors = OutputTensors()
-        self._sender = threading.Thread(target=self._send_loop, name="engine-sender", daemon=True)
+        self._senders = [
+            threading.Thread(
+                target=self._send_loop, args=(outbox,), name=f"engine-sender-{index}", daemon=True
+            )
+            for index, outbox in enumerate(self._outboxes)
+        ]
         self._watcher = threading.Thread(
             target=self._watch_cancellation, name="engine-cancellation", daemon=True
         )
-        self._sender.start()
+        for sender in self._senders:
+            sender.start()
         self._watcher.start()
         self._metrics = EngineMetrics(
             args.get("model_name", "tensorrt_llm"),
@@ -158,8 +178,10 @@ class TritonPythonModel:
         self._stopping.set()
         self._metrics.stop()
         self._engine.shutdown()
-        self._outbox.put(None)
-        self._sender.join(timeout=10)
+        for outbox in self._outboxes:
+            outbox.put(None)
+        for sender in self._senders:
+            sender.join(timeout=10)
         self._watcher.join(timeout=5)
         self._tensors.clear()
 
@@ -174,7 +196,7 @@ class TritonPythonModel:
 
     def _accept(self, request: Any, sender: Any) -> None:
         triton_id = request.request_id()
-        state = _Pending(request, triton_id, sender, frozenset(), {}, remaining=0)
+        state = _Pending(request, triton_id, sender, frozenset(), {}, 0, next(self._lanes))
         try:
             inputs = inputs_of(request)
             if is_stop_request(inputs):
@@ -285,11 +307,12 @@ class TritonPythonModel:
         self._deliver(state, response, final=final)
 
     def _deliver(self, state: _Pending, response: Any, *, final: bool) -> None:
-        self._outbox.put((state, response, final))
+        state.outbox.put((state, response, final))
 
-    def _send_loop(self) -> None:
-        """Send responses in order, off the engine thread: each send is an IPC round trip."""
-        while (item := self._outbox.get()) is not None:
+    def _send_loop(self, outbox: queue.SimpleQueue[Outgoing | None]) -> None:
+        """Send the responses of one outbox in order, off the engine thread: each send is an IPC
+        round trip to tritonserver, which the thread waits out without the GIL."""
+        while (item := outbox.get()) is not None:
             state, response, final = item
             try:
                 state.send(response, final=final)

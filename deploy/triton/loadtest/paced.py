@@ -54,6 +54,8 @@ class PacedConfig:
     """Every output token's id; by default the prompt's ids in a cycle."""
     max_batch_size: int = 4096
     """Sequences paced at once; more wait for a place."""
+    senders: int = 4
+    """Threads sending the responses (``deploy.sidecar.spec.LoadTestEngine.senders``)."""
 
 
 def fake_tokens(

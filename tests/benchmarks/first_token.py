@@ -111,7 +111,7 @@ def run(args: argparse.Namespace) -> str:
     ids = vocabulary.encode(PROMPT, add_special_tokens=True)
     word = vocabulary.encode(" the", add_special_tokens=False)[-1]
     engine = argparse.Namespace(
-        rate=80.0, prompt_token_s=0.00005, instances=8, text_env=args.text_env
+        rate=80.0, prompt_token_s=0.00005, instances=8, senders=4, text_env=args.text_env
     )
     workdir = Path(tempfile.mkdtemp(prefix="first-token-"))
     marks_dir = workdir / "marks"
@@ -166,12 +166,27 @@ def run(args: argparse.Namespace) -> str:
             background[0].terminate()
         stop_process(process)
         sidecar.stop()
-    marks: dict[str, dict[str, int]] = {}
-    for path in marks_dir.glob("marks-*.jsonl"):
+    return report(args, sent, probe_marks(marks_dir))
+
+
+def probe_marks(folder: Path) -> dict[str, dict[str, int]]:
+    """Each probe's marks, with the engine's marks of its Triton call where the stubs left them
+    (``engine-*.jsonl``, joined by the Triton request id); the event loops' samples left out."""
+    engine: dict[str, dict[str, int]] = {}
+    for path in folder.glob("engine-*.jsonl"):
         for line in path.read_text().splitlines():
             entry = json.loads(line)
-            marks[entry.pop("probe")] = entry
-    return report(args, sent, marks)
+            triton_id = entry.pop("triton_id")
+            if triton_id:
+                engine[triton_id] = entry
+    marks: dict[str, dict[str, int]] = {}
+    for path in folder.glob("marks-*.jsonl"):
+        for line in path.read_text().splitlines():
+            entry = json.loads(line)
+            if "probe" in entry:
+                entry.update(engine.get(entry.pop("triton_id", None), {}))
+                marks[entry.pop("probe")] = entry
+    return marks
 
 
 def _background(args: argparse.Namespace, url: str) -> tuple[Any, Any, float] | None:

@@ -169,16 +169,26 @@ def run(args: argparse.Namespace) -> str:
     return report(args, sent, probe_marks(marks_dir))
 
 
-def probe_marks(folder: Path) -> dict[str, dict[str, int]]:
-    """Each probe's marks, with the engine's marks of its Triton call where the stubs left them
-    (``engine-*.jsonl``, joined by the Triton request id); the event loops' samples left out."""
-    engine: dict[str, dict[str, int]] = {}
+def engine_marks(folder: Path) -> tuple[dict[str, dict[str, int]], list[dict[str, int]]]:
+    """The engine stubs' marks (``engine-*.jsonl``): those of requests with a Triton id, by it,
+    and those of requests without one (direct Triton's)."""
+    by_id: dict[str, dict[str, int]] = {}
+    anonymous: list[dict[str, int]] = []
     for path in folder.glob("engine-*.jsonl"):
         for line in path.read_text().splitlines():
             entry = json.loads(line)
             triton_id = entry.pop("triton_id")
             if triton_id:
-                engine[triton_id] = entry
+                by_id[triton_id] = entry
+            else:
+                anonymous.append(entry)
+    return by_id, anonymous
+
+
+def probe_marks(folder: Path) -> dict[str, dict[str, int]]:
+    """Each probe's marks, with the engine's marks of its Triton call where the stubs left them
+    (joined by the Triton request id); the event loops' samples left out."""
+    engine, _ = engine_marks(folder)
     marks: dict[str, dict[str, int]] = {}
     for path in folder.glob("marks-*.jsonl"):
         for line in path.read_text().splitlines():

@@ -35,7 +35,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.benchmarks.first_token import median_us, steps
+from tests.benchmarks.first_token import engine_marks, median_us, steps
 
 Marks = dict[str, int]
 
@@ -57,16 +57,7 @@ class Run:
 
 def load(folder: Path) -> Run:
     """The gateway's marks (``marks-*.jsonl``) and the engine stubs' (``engine-*.jsonl``)."""
-    engine: dict[str, Marks] = {}
-    anonymous: list[Marks] = []
-    for path in folder.glob("engine-*.jsonl"):
-        for line in path.read_text().splitlines():
-            entry = json.loads(line)
-            triton_id = entry.pop("triton_id")
-            if triton_id:
-                engine[triton_id] = entry
-            else:
-                anonymous.append(entry)
+    engine, anonymous = engine_marks(folder)
     run = Run()
     for path in folder.glob("marks-*.jsonl"):
         for line in path.read_text().splitlines():

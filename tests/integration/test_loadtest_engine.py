@@ -152,6 +152,17 @@ def test_pipeline_over_the_load_test_model(lt_sidecar: Sidecar) -> None:
         assert not EngineProcess(lt_sidecar, f"lt_{step}").maps_torch(), step
 
 
+def _streamed_ids(stream: Stream) -> list[int]:
+    """Every output id of a stream's responses, in order, read to its final one."""
+    tokens: list[int] = []
+    while True:
+        outputs, final = stream.next()
+        tokens += outputs["output_ids"].reshape(-1).tolist() if "output_ids" in outputs else []
+        if final:
+            stream.close()
+            return tokens
+
+
 @pytest.mark.slow
 def test_responses_of_concurrent_streams_keep_their_order_across_sender_threads(
     lt_sidecar: Sidecar,
@@ -169,13 +180,7 @@ def test_responses_of_concurrent_streams_keep_their_order_across_sender_threads(
         }
         streams.append((prompt, Stream(lt_sidecar, "lt_tensorrt_llm", request, f"order-{index}")))
     for prompt, stream in streams:
-        tokens = []
-        while True:
-            outputs, final = stream.next()
-            tokens += outputs["output_ids"].reshape(-1).tolist() if "output_ids" in outputs else []
-            if final:
-                break
-        stream.close()
+        tokens = _streamed_ids(stream)
         assert tokens == (prompt * 16)[:48], tokens
 
 
@@ -188,14 +193,7 @@ def test_a_paced_stream_gets_its_tokens_on_schedule(lt_sidecar: Sidecar) -> None
         "streaming": np.array([[True]]),
     }
     start = time.monotonic()
-    stream = Stream(lt_sidecar, "paced_tensorrt_llm", request, "paced-1")
-    tokens = []
-    while True:
-        outputs, final = stream.next()
-        tokens += outputs["output_ids"].reshape(-1).tolist() if "output_ids" in outputs else []
-        if final:
-            break
-    stream.close()
+    tokens = _streamed_ids(Stream(lt_sidecar, "paced_tensorrt_llm", request, "paced-1"))
     assert len(tokens) == 10
     assert time.monotonic() - start >= 9 * 0.02  # one token each 20 ms, never sooner
 

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from tests.benchmarks.first_token import steps
+import json
+from pathlib import Path
+
+from tests.benchmarks.first_token import probe_marks, steps
 
 
 def test_steps_are_ordered_by_when_requests_reach_them_and_gaps_are_medians() -> None:
@@ -27,3 +30,21 @@ def test_a_step_some_requests_skip_counts_only_those_that_reached_it() -> None:
         ("client.send → images.start", 0.1),
         ("images.start → client.first_token", 0.9),
     ]
+
+
+def test_probe_marks_take_the_engine_marks_of_their_triton_call(tmp_path: Path) -> None:
+    probes = [
+        {"probe": "completions-0", "triton_id": "cmpl-1", "asgi.entry": 100},
+        {"probe": "chat-0", "triton_id": "cmpl-2", "asgi.entry": 200},
+        {"loop": 7, "lags": [10, 20]},
+    ]
+    engine = [
+        {"triton_id": "cmpl-1", "engine.accept": 150, "engine.first_send.end": 900},
+        {"triton_id": "", "engine.accept": 160},
+    ]
+    (tmp_path / "marks-7.jsonl").write_text("\n".join(map(json.dumps, probes)) + "\n")
+    (tmp_path / "engine-9.jsonl").write_text("\n".join(map(json.dumps, engine)) + "\n")
+    assert probe_marks(tmp_path) == {
+        "completions-0": {"asgi.entry": 100, "engine.accept": 150, "engine.first_send.end": 900},
+        "chat-0": {"asgi.entry": 200},
+    }

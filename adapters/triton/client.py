@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
-import secrets
+import os
 from collections import Counter
 from collections.abc import AsyncGenerator, Mapping, Sequence
 from contextlib import aclosing
@@ -77,6 +78,10 @@ class TritonBackend:
         self._models: dict[tuple[str, str], ModelInputs] = {}
         self._lora_sent: set[tuple[str, str, int]] = set()
         self._stopper = Stopper(self._open, stop_timeout_s)
+        # A call's Triton id: its request's id (random) or this backend's, and the count of
+        # calls so far (unique in this process without reading the kernel's random bytes).
+        self._calls = itertools.count()
+        self._unnamed = f"gen{os.urandom(4).hex()}"
         self.adapter_loads: Counter[tuple[str, str, str]] = Counter()
         """Requests that carried LoRA weights, by (URL, Triton model, ``first`` or ``evicted``):
         the adapter's first request to that server, or its resend after an eviction."""
@@ -238,7 +243,7 @@ class TritonBackend:
         try:
             with map_triton_errors(f"describing {target.triton_model}"):
                 model = await self.describe(target, deadline=deadline)
-            request_id = f"{request.request_id or 'gen'}-{secrets.token_hex(6)}"
+            request_id = f"{request.request_id or self._unnamed}-{next(self._calls):x}"
             exchange = Exchange.of(request, model)
             tensors = build_inputs(request, model, lora_weights=send_weights)
             if request.params.beam is not None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import secrets
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass, field
@@ -16,6 +15,7 @@ from gateway.catalog.registry import ServedModel
 from gateway.core.plan import ChoiceSpec, Plan
 from gateway.core.stops import StopMatcher
 from gateway.core.streams import CLEANUP_GRACE_S, merge, single
+from gateway.ids import random_hex
 from gateway.observability import GenerationWatch, Observability, ObservabilitySettings
 from gateway.replicas.router import Router
 
@@ -295,7 +295,7 @@ class GenerationService:
         send_ahead: bool,
     ) -> AsyncGenerator[Event, None]:
         # Everything starts at the first iteration, so an unconsumed generator leaves no span.
-        request_id = secrets.token_hex(16)
+        request_id = random_hex(16)
         watch = self._observability.generation(
             {
                 "gen_ai.request.model": model.name,

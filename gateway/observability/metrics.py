@@ -13,7 +13,7 @@ from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Protocol
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, values
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
@@ -25,6 +25,29 @@ TOKEN_GAP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.
 MODEL_LABELS = ["model", "adapter", "tenant"]
 GAP_BATCH = 32
 """Token gaps a request counts before adding them to the histogram (and at its end)."""
+
+
+class _ProcessId:
+    """This process's id, read from the kernel once, and again in a forked child."""
+
+    def __init__(self) -> None:
+        self._pid = os.getpid()
+        os.register_at_fork(after_in_child=self._read)
+
+    def _read(self) -> None:
+        self._pid = os.getpid()
+
+    def __call__(self) -> int:
+        return self._pid
+
+
+if values.ValueClass is not values.MutexValue:
+    # Several workers: prometheus_client's multiprocess values ask the kernel for the process id
+    # at every change, to notice a fork. That is a system call per counter, some fifteen a
+    # request, each costly in a sandboxed kernel (gVisor); the id read once per process tells
+    # a fork as well.
+    _identified = values.MultiProcessValue
+    values.ValueClass = _identified(process_identifier=_ProcessId())  # type: ignore[no-untyped-call]
 
 
 class SidecarState(Protocol):

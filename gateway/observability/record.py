@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import secrets
 import time
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
+
+from gateway.ids import random_hex
 
 REQUEST_ID_HEADER = "x-request-id"
 _MAX_REQUEST_ID = 128
@@ -72,4 +73,4 @@ def request_id_from(headers: dict[str, str]) -> str:
     given = headers.get(REQUEST_ID_HEADER, "")
     if given and len(given) <= _MAX_REQUEST_ID and given.isprintable() and given.isascii():
         return given
-    return secrets.token_hex(16)
+    return random_hex(16)

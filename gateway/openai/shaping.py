@@ -4,7 +4,6 @@ each event makes together, to be written at once."""
 
 from __future__ import annotations
 
-import secrets
 import time
 from collections.abc import AsyncGenerator, Callable, Iterable
 from contextlib import aclosing
@@ -15,6 +14,7 @@ from msgspec import UNSET, UnsetType
 
 from gateway.core.generation import ChoiceEnd, ChoiceResult, Event, TextDelta
 from gateway.core.plan import Plan
+from gateway.ids import random_hex
 from gateway.openai.protocol import PromptTokensDetails, Usage
 
 
@@ -29,7 +29,7 @@ class Header:
     @classmethod
     def new(cls, prefix: str, model: str) -> Header:
         """A fresh id (``chatcmpl-...``, ``cmpl-...``) stamped now."""
-        return cls(id=f"{prefix}-{secrets.token_hex(16)}", created=int(time.time()), model=model)
+        return cls(id=f"{prefix}-{random_hex(16)}", created=int(time.time()), model=model)
 
 
 def usage_of(ends: Iterable[ChoiceEnd]) -> Usage:

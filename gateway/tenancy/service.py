@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import secrets
 from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass, field
 
@@ -26,6 +25,7 @@ from gateway.http.errors import (
     RateLimitError,
     ServiceUnavailableError,
 )
+from gateway.ids import random_hex
 from gateway.observability.metrics import GatewayMetrics
 from gateway.tenancy import gcra
 from gateway.tenancy.admission import Admission
@@ -263,7 +263,7 @@ class Tenancy:
 
     def _sent(self, tenant: TenantPolicy, limits: Limits, tokens: int) -> Awaitable[Ticket]:
         """The ticket of a reservation that fits, its store command written now."""
-        lease = secrets.token_hex(16)
+        lease = random_hex(16)
         return self._ticket(
             tenant, limits, tokens, lease, self.store.admit(tenant.name, limits, tokens, lease)
         )

@@ -3,7 +3,6 @@ tokens, fan out ``n`` choices."""
 
 from __future__ import annotations
 
-import random
 from typing import Any
 
 import msgspec
@@ -11,6 +10,7 @@ import msgspec
 from gateway.catalog.registry import ServedModel
 from gateway.core.plan import Plan
 from gateway.http.errors import InvalidRequestError
+from gateway.ids import BufferedRandom
 from gateway.openai.beams import beam_choices, beam_search
 from gateway.openai.chat.images import IMAGE_PART, chat_images, counted_images
 from gateway.openai.protocol import (
@@ -29,7 +29,7 @@ from gateway.openai.sampling import (
 )
 from gateway.tools import conversation, output_rules
 
-_rng = random.SystemRandom()
+_rng = BufferedRandom()
 
 
 async def plan_chat(

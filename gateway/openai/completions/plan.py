@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import random
 from collections.abc import Awaitable
 from typing import Any
 
@@ -11,6 +10,7 @@ from gateway.catalog.registry import ServedModel
 from gateway.catalog.vision import VisionInputs
 from gateway.core.plan import Plan, Prompt
 from gateway.http.errors import InvalidRequestError
+from gateway.ids import BufferedRandom
 from gateway.openai.beams import beam_choices, beam_search
 from gateway.openai.protocol import (
     CompletionRequest,
@@ -25,7 +25,7 @@ from gateway.openai.sampling import (
 )
 from gateway.tools import response_guide
 
-_rng = random.SystemRandom()
+_rng = BufferedRandom()
 
 
 def check_completion(request: CompletionRequest, max_n: int) -> None:

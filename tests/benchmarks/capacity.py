@@ -11,7 +11,9 @@ closed-loop load then rises from one stream to thousands against:
 - ``gateway-N``: the same with ``--workers`` worker processes (limits in the embedded Redis);
 - ``relay-N``: the floor of a Python hop (``tests/benchmarks/relay.py``): ``N`` uvicorn workers
   served as the gateway's are, relaying the direct request and Triton's events untouched, so the
-  gateway's own cost is its distance from this row rather than from direct Triton.
+  gateway's own cost is its distance from this row rather than from direct Triton;
+- ``gateway-N@baseline``: with ``--baseline DIR``, the gateway of another checkout, so that a
+  change is measured beside the code before it, on one host, in the same rounds.
 
 The load comes from ``--clients`` processes, each an event loop of raw HTTP/1.1 clients. The
 streams' first requests are spread over one request's paced length (``--arrivals staggered``),
@@ -278,10 +280,13 @@ def run(
             variants = [(w, True) for w in args.workers]
             # One worker counts limits in its own memory, answered at once: nothing to wait for.
             variants += [(w, False) for w in args.workers if args.waiting_admission and w > 1]
-            for workers, ahead in variants:
-                name = f"gateway-{workers}" + ("" if ahead else "-waiting")
+            # A baseline checkout's gateway runs beside this tree's, with the same settings.
+            trees = [("", None)] + ([("@baseline", str(args.baseline))] if args.baseline else [])
+            for (workers, ahead), (tree, code) in itertools.product(variants, trees):
+                name = f"gateway-{workers}" + ("" if ahead else "-waiting") + tree
                 config = gateway_config(sidecar, tokenizer, workers, send_ahead=ahead)
-                url, process = serve_process(config, workdir, name, timeout_s=180)
+                env = {"PYTHONPATH": code} if code else None
+                url, process = serve_process(config, workdir, name, timeout_s=180, env=env)
                 running.callback(stop_process, process)
                 targets.append(Target(name, url, completion, chat,
                                       {**triton, "gateway": process.pid}))  # fmt: skip
@@ -321,6 +326,12 @@ def main() -> None:
         help="also every gateway of several workers (their embedded Redis counts the limits) "
         "with tenancy.store.send_ahead off (gateway-N-waiting): each request waits for its "
         "Redis admission before it goes to Triton",
+    )
+    parser.add_argument(
+        "--baseline",
+        type=Path,
+        help="another checkout of this project: each gateway also runs from its code "
+        "(gateway-N@baseline), measured in the same rounds, a change's before beside its after",
     )
     parser.add_argument("--levels", type=int, nargs="+", default=list(LEVELS))
     parser.add_argument("--seconds", type=float, default=10.0)

@@ -35,6 +35,8 @@ class Sample:
     error: str | None = None
     ramp: bool = False
     """The first request of a staggered worker, sent while the others were still starting."""
+    request_id: str | None = None
+    """The answer's ``x-request-id`` (the gateway's), by which its logs find the request."""
 
     def token(self) -> None:
         """A token arrived now."""
@@ -127,6 +129,8 @@ async def run_level(
             try:
                 async with asyncio.timeout(request_timeout_s):
                     await send(sample)
+            except TimeoutError:
+                sample.error = stalled(sample, request_timeout_s)
             except Exception as exc:
                 sample.error = f"{type(exc).__name__}: {exc}"[:300]
             sample.end = time.perf_counter()
@@ -136,6 +140,17 @@ async def run_level(
 
     await asyncio.gather(*(worker(index, send) for index, send in enumerate(senders)))
     return samples, time.perf_counter() - started
+
+
+def stalled(sample: Sample, timeout_s: float | None) -> str:
+    """The error of a request that did not end in time: how far it came (no first token, or
+    where its tokens stopped), and its request id."""
+    if not sample.tokens:
+        came = "no token"
+    else:
+        came = f"{sample.tokens} tokens, the last {time.perf_counter() - sample.end:.1f} s before"
+    named = f", x-request-id {sample.request_id}" if sample.request_id else ""
+    return f"TimeoutError: no end in {timeout_s:g} s: {came}{named}"
 
 
 class HttpClient:
@@ -175,6 +190,8 @@ class HttpClient:
         try:
             writer.write(self._request)
             status, headers = await read_head(reader)
+            if b"x-request-id" in headers:
+                sample.request_id = headers[b"x-request-id"].decode(errors="replace")
             if self._stream and status == 200:
                 await self._events(reader, headers, sample)
             else:

@@ -1,11 +1,14 @@
 """The response head held for the exchange's next write: one write for a head and its first
 body, a head alone sent at the next turn of the loop, an interim ``100 Continue`` never held; and
 under uvicorn, a streamed answer's head and first chunk in one read, and a head whose body is
-late sent ahead of it."""
+late sent ahead of it. Where asyncio starts tasks eagerly (3.12 on), a request read whole starts
+its app while its bytes are being handled, its body in; pipelined and late bodies still arrive
+whole, and what an app sets in its context stays in its request."""
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import socket
 import threading
 import time
@@ -13,7 +16,7 @@ from typing import Any
 
 import uvicorn
 
-from gateway.http.protocol import HeadWithBody, HeadWithBodyProtocol
+from gateway.http.protocol import EAGER, HeadWithBody, HeadWithBodyProtocol
 from tests.support.gateway import free_port
 
 HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\r\n"
@@ -72,10 +75,12 @@ async def test_continue_is_never_held_and_close_sends_a_held_head_first() -> Non
 class _Server:
     """uvicorn on a free port with ``HeadWithBodyProtocol``, in a thread."""
 
-    def __init__(self, app: Any) -> None:
+    def __init__(
+        self, app: Any, protocol: type[HeadWithBodyProtocol] = HeadWithBodyProtocol
+    ) -> None:
         self.port = free_port()
         config = uvicorn.Config(
-            app, host="127.0.0.1", port=self.port, http=HeadWithBodyProtocol, log_config=None
+            app, host="127.0.0.1", port=self.port, http=protocol, log_config=None
         )
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
@@ -141,3 +146,87 @@ def test_under_uvicorn_a_head_whose_body_is_late_is_sent_ahead_of_it() -> None:
         while not rest.endswith(b"0\r\n\r\n"):
             rest += client.recv(65536)
         assert rest == b"4\r\nlate\r\n0\r\n\r\n"
+
+
+class _Watched(HeadWithBodyProtocol):
+    """Marks while the protocol handles bytes that arrived."""
+
+    handling = False
+
+    def data_received(self, data: bytes) -> None:
+        _Watched.handling = True
+        try:
+            super().data_received(data)
+        finally:
+            _Watched.handling = False
+
+
+_SEEN: contextvars.ContextVar[str] = contextvars.ContextVar("seen", default="-")
+
+
+async def _echo(scope: Any, receive: Any, send: Any) -> None:
+    """Answers with whether it started while its bytes were handled, what its context held
+    (``-``: nothing another request set), and its body as it read it."""
+    if scope["type"] != "http":
+        return
+    inside = _Watched.handling
+    before = _SEEN.get()
+    _SEEN.set(scope["path"])
+    body, more = b"", True
+    while more:
+        message = await receive()
+        body += message.get("body", b"")
+        more = message.get("more_body", False)
+    answer = b"%d %s %s" % (inside, before.encode(), body)
+    await send({"type": "http.response.start", "status": 200,
+                "headers": [(b"content-length", str(len(answer)).encode())]})  # fmt: skip
+    await send({"type": "http.response.body", "body": answer, "more_body": False})
+
+
+def _post(path: str, body: bytes) -> bytes:
+    return b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s" % (
+        path.encode(), len(body), body,
+    )  # fmt: skip
+
+
+def _answers(client: socket.socket, count: int) -> list[bytes]:
+    raw = b""
+    while raw.count(b"HTTP/1.1 200") < count or not raw.endswith(tuple(b"0123456789-abcdef")):
+        raw += client.recv(65536)
+        answers = [part.partition(b"\r\n\r\n")[2] for part in raw.split(b"HTTP/1.1 200")[1:]]
+        if len(answers) == count and all(answers):
+            lengths = [int(part.split(b"content-length: ")[1].split(b"\r\n")[0])
+                       for part in raw.split(b"HTTP/1.1 200")[1:]]  # fmt: skip
+            if all(len(a) == n for a, n in zip(answers, lengths, strict=True)):
+                return answers
+    raise AssertionError(raw)
+
+
+def test_a_request_read_whole_starts_its_app_at_once_where_asyncio_can() -> None:
+    with (
+        _Server(_echo, _Watched) as server,
+        socket.create_connection(("127.0.0.1", server.port), timeout=10) as client,
+    ):
+        client.sendall(_post("/a", b"hello"))
+        assert _answers(client, 1) == [b"%d - hello" % EAGER]
+        # The next request on the connection: what the first set in its context stayed there.
+        client.sendall(_post("/b", b"again"))
+        assert _answers(client, 1) == [b"%d - again" % EAGER]
+
+
+def test_pipelined_and_late_bodies_arrive_whole() -> None:
+    with _Server(_echo, _Watched) as server:
+        with socket.create_connection(("127.0.0.1", server.port), timeout=10) as client:
+            # Two requests in one packet: the second waits in uvicorn's pipeline.
+            client.sendall(_post("/one", b"first") + _post("/two", b"second"))
+            first, second = _answers(client, 2)
+            assert first == b"%d - first" % EAGER
+            assert second.startswith(b"0 ") and second.endswith(b" second")
+        with socket.create_connection(("127.0.0.1", server.port), timeout=10) as client:
+            # The head first, its body later: the app waits for it.
+            request = _post("/late", b"body after head")
+            head_end = request.index(b"\r\n\r\n") + 4
+            client.sendall(request[:head_end])
+            time.sleep(0.1)
+            client.sendall(request[head_end:])
+            assert _answers(client, 1) == [b"%d - body after head" % EAGER]

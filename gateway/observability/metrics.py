@@ -43,9 +43,9 @@ class _ProcessId:
 
 if values.ValueClass is not values.MutexValue:
     # Several workers: prometheus_client's multiprocess values ask the kernel for the process id
-    # at every change, to notice a fork. That is a system call per counter, some fifteen a
-    # request, each costly in a sandboxed kernel (gVisor); the id read once per process tells
-    # a fork as well.
+    # at every change, to notice a fork: some fifteen system calls a request, dearer where a
+    # sandbox serves them (gVisor). The id read once per process, and again in a forked child,
+    # tells a fork as well.
     _identified = values.MultiProcessValue
     values.ValueClass = _identified(process_identifier=_ProcessId())  # type: ignore[no-untyped-call]
 

@@ -229,7 +229,10 @@ async def test_deadline_raises_backend_timeout_and_frees_the_engine(
         await asyncio.sleep(0.5)
         after = await engine.busy_seconds(1.0)
 
-    assert 1.0 <= elapsed < 8.0
+    # gRPC's deadline is its own (grpc.aio turns the timeout into a wall-clock time, and its
+    # timers may fire a few milliseconds early against this monotonic clock): the call ends at its
+    # deadline, not before it by more than that.
+    assert 0.99 <= elapsed < 8.0
     assert after < 0.15, f"the engine kept generating after the deadline ({after:.2f} CPU s)"
 
 

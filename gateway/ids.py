@@ -64,3 +64,7 @@ class BufferedRandom(random.SystemRandom):
 
     def randbytes(self, n: int) -> bytes:
         return _random_bytes.take(n)
+
+
+rng = BufferedRandom()
+"""The one ``BufferedRandom`` of the gateway (it keeps no state of its own)."""

@@ -46,8 +46,9 @@ if values.ValueClass is not values.MutexValue:
     # at every change, to notice a fork: some fifteen system calls a request, dearer where a
     # sandbox serves them (gVisor). The id read once per process, and again in a forked child,
     # tells a fork as well.
-    _identified = values.MultiProcessValue
-    values.ValueClass = _identified(process_identifier=_ProcessId())  # type: ignore[no-untyped-call]
+    values.ValueClass = values.MultiProcessValue(  # type: ignore[no-untyped-call]
+        process_identifier=_ProcessId()
+    )
 
 
 class SidecarState(Protocol):

@@ -12,15 +12,14 @@ import string
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from gateway.ids import BufferedRandom
+from gateway.ids import rng
 
 _ID_ALPHABET = string.ascii_letters + string.digits
-_random = BufferedRandom()
 
 
 def call_id() -> str:
     """An OpenAI-style tool call id (``call_`` and 24 random letters and digits)."""
-    return "call_" + "".join(_random.choice(_ID_ALPHABET) for _ in range(24))
+    return "call_" + "".join(rng.choice(_ID_ALPHABET) for _ in range(24))
 
 
 @dataclass(frozen=True, slots=True)

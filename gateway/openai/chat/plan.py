@@ -10,7 +10,7 @@ import msgspec
 from gateway.catalog.registry import ServedModel
 from gateway.core.plan import Plan
 from gateway.http.errors import InvalidRequestError
-from gateway.ids import BufferedRandom
+from gateway.ids import rng
 from gateway.openai.beams import beam_choices, beam_search
 from gateway.openai.chat.images import IMAGE_PART, chat_images, counted_images
 from gateway.openai.protocol import (
@@ -28,8 +28,6 @@ from gateway.openai.sampling import (
     sampling_params,
 )
 from gateway.tools import conversation, output_rules
-
-_rng = BufferedRandom()
 
 
 async def plan_chat(
@@ -68,7 +66,7 @@ async def plan_chat(
     n = given(request.n) or 1
     beam = beam_search(request)
     choices = (
-        fan_out([prompt], n, [params], _rng)
+        fan_out([prompt], n, [params], rng)
         if beam is None
         else beam_choices([prompt], n, [params], beam)
     )

@@ -10,7 +10,7 @@ from gateway.catalog.registry import ServedModel
 from gateway.catalog.vision import VisionInputs
 from gateway.core.plan import Plan, Prompt
 from gateway.http.errors import InvalidRequestError
-from gateway.ids import BufferedRandom
+from gateway.ids import rng
 from gateway.openai.beams import beam_choices, beam_search
 from gateway.openai.protocol import (
     CompletionRequest,
@@ -24,8 +24,6 @@ from gateway.openai.sampling import (
     sampling_params,
 )
 from gateway.tools import response_guide
-
-_rng = BufferedRandom()
 
 
 def check_completion(request: CompletionRequest, max_n: int) -> None:
@@ -108,9 +106,7 @@ async def plan_completion(
     n = given(request.n) or 1
     beam = beam_search(request)
     choices = (
-        fan_out(prompts, n, params, _rng)
-        if beam is None
-        else beam_choices(prompts, n, params, beam)
+        fan_out(prompts, n, params, rng) if beam is None else beam_choices(prompts, n, params, beam)
     )
     return Plan(
         model=model.name,

@@ -190,16 +190,23 @@ def _post(path: str, body: bytes) -> bytes:
 
 
 def _answers(client: socket.socket, count: int) -> list[bytes]:
+    """The bodies of the next ``count`` answers (each with a ``content-length``) on ``client``."""
     raw = b""
-    while raw.count(b"HTTP/1.1 200") < count or not raw.endswith(tuple(b"0123456789-abcdef")):
-        raw += client.recv(65536)
-        answers = [part.partition(b"\r\n\r\n")[2] for part in raw.split(b"HTTP/1.1 200")[1:]]
-        if len(answers) == count and all(answers):
-            lengths = [int(part.split(b"content-length: ")[1].split(b"\r\n")[0])
-                       for part in raw.split(b"HTTP/1.1 200")[1:]]  # fmt: skip
-            if all(len(a) == n for a, n in zip(answers, lengths, strict=True)):
-                return answers
-    raise AssertionError(raw)
+    while True:
+        answers, rest = [], raw
+        while b"\r\n\r\n" in rest:
+            head, _, rest = rest.partition(b"\r\n\r\n")
+            length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+            if len(rest) < length:
+                break
+            answers.append(rest[:length])
+            rest = rest[length:]
+        if len(answers) >= count:
+            return answers
+        piece = client.recv(65536)
+        if not piece:
+            raise AssertionError(f"the connection closed after {raw!r}")
+        raw += piece
 
 
 def test_a_request_read_whole_starts_its_app_at_once_where_asyncio_can() -> None:

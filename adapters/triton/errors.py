@@ -24,6 +24,7 @@ _MESSAGE_RULES: tuple[tuple[str, type[BackendError]], ...] = (
     ("has no available versions", BackendUnavailable),
     ("request for unknown model", ModelNotFound),
     ("is not ready", BackendUnavailable),
+    ("is not healthy", BackendUnavailable),  # a Python model's stub process died
     ("failed to connect", BackendUnavailable),
     ("maximum queue size", BackendUnavailable),
     ("server is shutting down", BackendUnavailable),

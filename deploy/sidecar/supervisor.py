@@ -7,10 +7,8 @@ import contextlib
 import logging
 import math
 import os
-import random
 import re
 import signal
-import socket
 import subprocess
 import threading
 import time
@@ -19,12 +17,15 @@ import urllib.request
 import uuid
 import weakref
 from collections import deque
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
 from deploy.sidecar.parentdeath import dying_with_parent
+from deploy.sidecar.ports import free_port
 from deploy.sidecar.render import render_files, write_repository
 from deploy.sidecar.spec import SidecarSpec, Spec, TensorRTLLMEngine
+from deploy.sidecar.stubs import StubWatch, python_models
 from deploy.sidecar.tritonbin import (
     ServerArgs,
     TritonBinary,
@@ -45,41 +46,18 @@ class SidecarError(RuntimeError):
     """A sidecar that did not start, or stopped serving for good."""
 
 
-PORT_FLOOR = 24000
-"""The lowest port a sidecar is given when its spec names none."""
-_PORT_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
-_GIVEN: set[int] = set()
-"""Ports this process has handed out: free when picked, but perhaps not yet bound by their
-server (a sidecar's three are picked before it starts)."""
+EXIT_LOG_LINES = 40
+"""Lines of the server log kept with each unplanned exit."""
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port nobody uses right now, from ``PORT_FLOOR`` up to the kernel's ephemeral range.
+@dataclass(frozen=True, slots=True)
+class SidecarExit:
+    """tritonserver ended without being asked to: its exit code (negative: the signal), why,
+    and the last lines it logged."""
 
-    Not one of that range (what binding port 0 gives): outgoing connections take their local
-    ports from it, and one of them could hold a sidecar's port in the moment it restarts. The
-    kernel's choice where that leaves too little room, or no random pick was free. Never one
-    this process handed out before.
-    """
-    try:
-        ephemeral = int(_PORT_RANGE.read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        ephemeral = 32768
-    roomy = ephemeral - PORT_FLOOR >= 1000
-    for attempt in range(128):
-        port = random.randrange(PORT_FLOOR, ephemeral) if roomy and attempt < 64 else 0
-        if port in _GIVEN:
-            continue
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            try:
-                sock.bind((host, port))
-            except OSError:
-                continue
-            port = int(sock.getsockname()[1])
-        if port not in _GIVEN:
-            _GIVEN.add(port)
-            return port
-    raise OSError(f"no free port on {host}")
+    code: int | None
+    reason: str
+    log_tail: str
 
 
 class Sidecar:
@@ -118,6 +96,8 @@ class Sidecar:
         self.backoff_s = backoff_s
         self.log_path = log_path or self.repository.parent / f"{name}.log"
         self.restarts = 0
+        self.exits: list[SidecarExit] = []
+        """Every time tritonserver ended without being stopped, oldest first."""
         self._env = {**binary.env, **(orchestrator_env() if orchestrator_gpus is not None else {})}
         self._env[GRPC_URL_ENV] = local_grpc_url(host, self.grpc_port)
         self._env.update(env or {})
@@ -292,13 +272,14 @@ class Sidecar:
                     self._process = self._spawn(log)
                 self._spawned.set()
                 # Read after the watch: a caller may have seen it ready while it ran.
-                was_ready = self._watch(self._process)
+                was_ready, broken = self._watch(self._process)
                 self._ever_ready = self._ever_ready or was_ready
                 if self._stopping.is_set():
                     return
                 code = self._process.returncode
                 self._kill_group()
                 self._remove_shm()
+                self._record_exit(log, code, broken)
                 if not self._ever_ready:
                     self._give_up(
                         f"tritonserver of sidecar {self.name!r} exited with code {code} "
@@ -316,21 +297,54 @@ class Sidecar:
                 self.restarts += 1
                 delay = min(delay * 2, self.backoff_s[1])
 
+    def _record_exit(self, log: IO[bytes], code: int | None, broken: str | None) -> None:
+        """Remember an unplanned exit with the log lines before it, and mark it in the log."""
+        if broken is not None:
+            reason = (
+                f"the Python stub of model {broken} died while Triton still called the model "
+                "ready; tritonserver was killed to start it again"
+            )
+        else:
+            reason = f"tritonserver exited with code {code}"
+        self.exits.append(SidecarExit(code, reason, self.log_tail(EXIT_LOG_LINES)))
+        log.write(f"--- sidecar {self.name}: {reason}\n".encode())
+        log.flush()
+
     def _give_up(self, reason: str) -> None:
         self._failed = reason
         logger.error("%s; giving up", reason)
         self.failed.set()
 
-    def _watch(self, process: subprocess.Popen[bytes]) -> bool:
-        """Wait for the process to exit; report whether it had become ready."""
+    def _watch(self, process: subprocess.Popen[bytes]) -> tuple[bool, str | None]:
+        """Wait for the process to exit: whether it had become ready, and the model whose Python
+        stub died (the server is then killed: nothing else would make that model serve again)."""
         was_ready = False
+        stubs: StubWatch | None = None
         while process.poll() is None:
             if not was_ready and self.is_ready(timeout=1.0):
                 was_ready = True
+            if was_ready and stubs is None:
+                stubs = StubWatch(process.pid, self._model_ready, python_models(self.repository))
+            elif stubs is not None and (broken := stubs.check()) is not None:
+                logger.error(
+                    "sidecar %s: the Python stub of model %s died; restarting tritonserver",
+                    self.name,
+                    broken,
+                )
+                self._kill_group()
+                return was_ready, broken
             if self._stopping.wait(0.2 if not was_ready else 0.5):
                 process.wait()
                 break
-        return was_ready
+        return was_ready, None
+
+    def _model_ready(self, model: str) -> bool:
+        url = f"{self.http_url}/v2/models/{model}/ready"
+        try:
+            with urllib.request.urlopen(url, timeout=2.0) as response:
+                return bool(response.status == 200)
+        except (urllib.error.URLError, OSError):
+            return False
 
     def _kill_group(self) -> None:
         process = self._process

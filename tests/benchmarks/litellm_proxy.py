@@ -16,7 +16,8 @@ from pathlib import Path
 import httpx
 import yaml
 
-from deploy.sidecar.supervisor import Sidecar, free_port
+from deploy.sidecar.ports import free_port
+from deploy.sidecar.supervisor import Sidecar
 from tests.support import REPO
 from tests.support.gateway import stop_process
 

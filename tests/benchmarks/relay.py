@@ -30,7 +30,8 @@ from typing import Any
 import httpx
 import uvicorn
 
-from deploy.sidecar.supervisor import Sidecar, free_port
+from deploy.sidecar.ports import free_port
+from deploy.sidecar.supervisor import Sidecar
 from gateway.server import reuse_port_socket
 from tests.support.gateway import stop_process
 

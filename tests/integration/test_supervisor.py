@@ -11,13 +11,13 @@ from pathlib import Path
 import psutil
 import pytest
 
+from deploy.sidecar.ports import PORT_FLOOR, free_port
 from deploy.sidecar.render import RenderError
 from deploy.sidecar.spec import parse_spec
+from deploy.sidecar.stubs import stub_models
 from deploy.sidecar.supervisor import (
-    PORT_FLOOR,
     Sidecar,
     SidecarError,
-    free_port,
     sidecar_from_spec,
     start_all,
     stop_all,
@@ -208,6 +208,9 @@ def test_restart_after_kill_and_clean_stop(tiny_model_dir: Path, tmp_path: Path)
             time.sleep(0.1)
         sidecar.wait_ready(240)
         assert sidecar.restarts == 1
+        assert [(e.code, e.reason) for e in sidecar.exits] == [
+            (-signal.SIGKILL, "tritonserver exited with code -9")
+        ]
         assert sidecar.pid is not None and sidecar.pid != first.pid
         assert not any(p.is_running() and p.status() != "zombie" for p in stubs)
         second = psutil.Process(sidecar.pid)
@@ -222,6 +225,40 @@ def test_restart_after_kill_and_clean_stop(tiny_model_dir: Path, tmp_path: Path)
     log = sidecar.log_path.read_text(errors="replace")
     assert "successfully unloaded 'tiny_tensorrt_llm'" in log
     assert "Segfault" not in log and "ignored SIGTERM" not in log
+
+
+@pytest.mark.slow
+def test_a_dead_python_stub_restarts_tritonserver(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """Triton keeps calling a model whose stub died ready and fails its every request; the
+    supervisor notices the missing stub and starts tritonserver again."""
+    spec = parse_spec({"models": [_load_test_pipeline("tiny", tiny_model_dir)]})
+    [sidecar] = start_all(spec, tmp_path)
+    try:
+        first = sidecar.pid
+        assert first is not None
+        before = stub_models(first)
+        assert before["tiny_tensorrt_llm"] == 1 and before["tiny_preprocessing"] >= 1
+        [stub] = [
+            p
+            for p in psutil.Process(first).children()
+            if "/tiny_tensorrt_llm/" in " ".join(p.cmdline())
+        ]
+        stub.kill()
+        deadline = time.monotonic() + 30
+        while sidecar.restarts == 0 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert sidecar.restarts == 1, "the supervisor did not notice the dead stub"
+        sidecar.wait_ready(240)
+        assert sidecar.pid not in (None, first)
+        assert stub_models(sidecar.pid or 0) == before
+        [gone] = sidecar.exits
+        assert gone.code == -signal.SIGKILL
+        assert "stub of model tiny_tensorrt_llm died" in gone.reason
+        assert "--- sidecar main: the Python stub of model tiny_tensorrt_llm" in (
+            sidecar.log_path.read_text(errors="replace")
+        )
+    finally:
+        stop_all([sidecar])
 
 
 @pytest.mark.slow

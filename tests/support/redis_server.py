@@ -12,7 +12,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from deploy.sidecar.supervisor import free_port
+from deploy.sidecar.ports import free_port
 
 
 def redis_binary() -> str:

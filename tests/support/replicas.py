@@ -11,8 +11,9 @@ from pathlib import Path
 
 import httpx
 
+from deploy.sidecar.ports import free_port
 from deploy.sidecar.spec import parse_spec
-from deploy.sidecar.supervisor import Sidecar, free_port, sidecar_from_spec
+from deploy.sidecar.supervisor import Sidecar, sidecar_from_spec
 from tests.support.sidecars import QUICK_STOP
 
 PIPELINE = "tiny"

@@ -48,6 +48,11 @@ BLS_TRACEBACK = (
         ("Socket closed", "UNAVAILABLE", BackendUnavailable),
         ("Exceeds maximum queue size", None, BackendUnavailable),
         ("Server is shutting down", None, BackendUnavailable),
+        # A dead stub, as an ensemble answers over HTTP (400) and as a BLS passes it on.
+        ("in ensemble 'tiny_ensemble', Stub process 'tiny_tensorrt_llm_0_0' is not healthy.",
+         "INVALID_ARGUMENT", BackendUnavailable),
+        ("tiny_tensorrt_llm: Stub process 'tiny_tensorrt_llm_0_0' is not healthy.",
+         "StatusCode.INTERNAL", BackendUnavailable),
         ("Deadline Exceeded", "StatusCode.DEADLINE_EXCEEDED", BackendTimeout),
         ("Request timeout expired", None, BackendTimeout),
         ("[request id: r] unexpected inference input 'foo' for model 'm'", None, InvalidRequest),

@@ -11,9 +11,25 @@ import pytest
 
 from deploy.sidecar.supervisor import Sidecar, sidecar_from_spec
 from tests.support.redis_server import RedisServer
+from tests.support.shared_sidecars import SharedSidecars, controller_configure, controller_report
 from tests.support.sidecars import tiny_spec
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+SHARED = SharedSidecars()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    controller_configure(config)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    controller_report(config)
+
+
+@pytest.fixture(autouse=True)
+def _shared_sidecars_serve(request: pytest.FixtureRequest) -> None:
+    """A shared sidecar that crashed serves again before the next test starts."""
+    SHARED.before_test(request.node.nodeid)
 
 
 @pytest.fixture(scope="session")
@@ -46,7 +62,9 @@ def sidecar(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> I
     spec = tiny_spec(tiny_model_dir)
     server = sidecar_from_spec(spec, spec.sidecars[0], tmp_path_factory.mktemp("sidecar"))
     server.start()
+    SHARED.add(server)
     yield server
+    SHARED.remove(server)
     server.stop()
 
 

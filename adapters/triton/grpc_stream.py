@@ -114,6 +114,10 @@ class Call(Protocol):
         """End the call; Triton cancels the request if it still runs."""
         ...
 
+    def ended(self) -> bool:
+        """Whether the call has ended (read to its end, failed or cancelled)."""
+        ...
+
 
 class GrpcCall:
     """A ``ModelStreamInfer`` call, its responses read as replies.
@@ -165,6 +169,10 @@ class GrpcCall:
     def cancel(self) -> None:
         """Cancel the gRPC call."""
         self._call.cancel()
+
+    def ended(self) -> bool:
+        """Whether the call has its status (read to its end, failed or cancelled)."""
+        return bool(self._call.done())
 
     async def _next(self, deadline: float | None) -> Any:
         if not self._shielded:

@@ -181,6 +181,10 @@ class HttpCall:
             self._streams.release(self._connection)
             self._connection = None
 
+    def ended(self) -> bool:
+        """Whether the connection is closed, or was never opened."""
+        return self._connection is None and self._sending is None
+
     async def _receive(self) -> None:
         """Send the request (at the first read, unless ``start`` did), then read what Triton
         streams. Sending and

@@ -24,12 +24,15 @@ class _Replay:
 
     def __init__(self, responses: list[Any]) -> None:
         self._responses = iter(responses)
+        self._done = False
 
     async def read(self) -> Any:
-        return next(self._responses, grpc.aio.EOF)
+        response = next(self._responses, grpc.aio.EOF)
+        self._done = response is grpc.aio.EOF
+        return response
 
     def done(self) -> bool:
-        return False
+        return self._done
 
     def cancel(self) -> None:
         pass

@@ -51,7 +51,11 @@ class Stopper:
         abandoned call is closed at once, which cancels it.
         """
         if exchange.finished:
-            call.cancel()
+            if not call.ended():
+                # The final response (an error's, as a rule) came before the call's end: the
+                # call is read to its end rather than cancelled while Triton completes it, a
+                # race in which Triton before 24.12 can crash (server#7840, server#8034).
+                self._later(self._finish(call))
             return
         logger.info("%s abandoned before its final response; stopping it", operation)
         model = exchange.model
@@ -115,6 +119,13 @@ class Stopper:
             logger.warning("ending abandoned request %s failed", request_id, exc_info=True)
         finally:
             drained.cancel()
+            call.cancel()
+
+    async def _finish(self, call: Call) -> None:
+        """Read a call whose request ended to its end; one that does not end is cancelled."""
+        try:
+            await call.drain(self._stop_timeout_s)
+        finally:
             call.cancel()
 
     async def _stop_once(self, url: str, engine_model: str, request_id: str) -> None:

@@ -15,20 +15,20 @@ class EndingCall:
     """A call that ends once ``end`` is called; what was done to it."""
 
     def __init__(self) -> None:
-        self.ended = asyncio.Event()
+        self.ended_ = asyncio.Event()
         self.cancelled = False
         self.drained = False
 
     def end(self) -> None:
-        self.ended.set()
+        self.ended_.set()
 
     async def read(self) -> None:
-        await self.ended.wait()
+        await self.ended_.wait()
 
     async def drain(self, timeout_s: float) -> bool:
         try:
             async with asyncio.timeout(timeout_s):
-                await self.ended.wait()
+                await self.ended_.wait()
         except TimeoutError:
             self.cancel()
             return False
@@ -37,6 +37,9 @@ class EndingCall:
 
     def cancel(self) -> None:
         self.cancelled = True
+
+    def ended(self) -> bool:
+        return self.ended_.is_set() or self.cancelled
 
 
 def _never_opened(*_: object) -> None:
@@ -119,3 +122,29 @@ async def test_a_stop_that_never_answers_holds_nothing_past_the_budget() -> None
     await backend._stop_and_drain(call, "url", "m_tensorrt_llm", "r-4")  # type: ignore[arg-type]
     assert call.cancelled and backend.sent == ["r-4"]
     assert loop.time() - started < backend.ending_s + 5.0  # unbounded: waits for good
+
+
+class Finished:
+    """An exchange that read its request's final response."""
+
+    finished = True
+
+
+async def test_a_call_whose_request_ended_is_read_to_its_end_not_cancelled() -> None:
+    """An error's final response comes before the call's end: the call is read to its end,
+    a cancellation never racing Triton's completion of it."""
+    call = EndingCall()
+    stopper = Stopper(_never_opened, stop_timeout_s=1.0)
+    stopper.release(call, Finished(), None, "r-5", "op")  # type: ignore[arg-type]
+    assert not call.cancelled
+    asyncio.get_running_loop().call_later(0.05, call.end)
+    await stopper.close()
+    assert call.drained
+
+
+async def test_a_call_read_to_its_end_is_left_alone() -> None:
+    call = EndingCall()
+    call.end()
+    stopper = Stopper(_never_opened, stop_timeout_s=1.0)
+    stopper.release(call, Finished(), None, "r-6", "op")  # type: ignore[arg-type]
+    assert not stopper._background and not call.cancelled

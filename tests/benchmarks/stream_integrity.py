@@ -1,0 +1,167 @@
+"""Whether every streamed response arrives: Triton's HTTP ``generate_stream`` against gRPC.
+
+One tritonserver serves the zero-compute load-test engine as the ``tensorrt_llm`` model. The
+same streamed requests (``--tokens`` responses each, ``--streams`` at once, for ``--seconds``)
+go through the gateway's two transports to Triton: ``http``, ``generate_stream`` on a connection
+per request (``adapters.triton.http``), and ``grpc``, ``ModelStreamInfer`` on one channel
+(``adapters.triton.grpc_stream``). Each request is counted as
+
+- ``complete``: it ended with exactly ``--tokens`` responses;
+- ``short``: it ended normally with fewer (responses the engine sent were never written);
+- ``stalled``: no end within ``--timeout`` seconds;
+- ``broken``: the transport failed (a reset, or bytes that are not the answer's).
+
+``--http-threads`` sets tritonserver's ``--http-thread-count`` (Triton's default is 8): fewer
+threads, or cores shared with other work, make the HTTP frontend's event threads fall behind.
+``python -m tests.benchmarks.stream_integrity``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import tritonclient.grpc.aio as triton_aio
+
+from adapters.triton.grpc_stream import Call, GrpcCall, infer_request, open_stream
+from adapters.triton.http import HttpStreams
+from adapters.triton.http_wire import generate_body
+from adapters.triton.wire import WireTensor
+from deploy.sidecar.models import ensure_tiny_model
+from deploy.sidecar.spec import parse_spec
+from deploy.sidecar.supervisor import Sidecar, sidecar_from_spec
+
+MODEL = "lt_tensorrt_llm"
+OUTPUTS = ["output_ids", "sequence_length"]
+PROMPT = [5, 7, 9, 10, 11, 12, 13, 14]
+Opener = Callable[[str], Call]
+
+
+def _tensors(tokens: int) -> list[WireTensor]:
+    arrays = {
+        "input_ids": np.array([PROMPT], np.int32),
+        "input_lengths": np.array([[len(PROMPT)]], np.int32),
+        "request_output_len": np.array([[tokens]], np.int32),
+        "streaming": np.array([[True]]),
+    }
+    return [
+        WireTensor(name, "BOOL" if a.dtype == bool else "INT32", a) for name, a in arrays.items()
+    ]
+
+
+async def _one(open_call: Opener, request_id: str, tokens: int, timeout_s: float) -> str:
+    """One request's outcome: complete, short, stalled or broken."""
+    call = open_call(request_id)
+    responses = 0
+    try:
+        async with asyncio.timeout(timeout_s):
+            while (replies := await call.read()) is not None:
+                for reply in replies:
+                    if reply.error:
+                        return "broken"
+                    responses += bool(reply.outputs.get("output_ids") is not None)
+                    if reply.final:
+                        return "complete" if responses == tokens else "short"
+    except TimeoutError:
+        return "stalled"
+    except Exception:
+        return "broken"
+    finally:
+        call.cancel()
+    return "complete" if responses == tokens else "short"
+
+
+async def _run(open_call: Opener, streams: int, tokens: int, seconds: float,
+               timeout_s: float) -> Counter[str]:  # fmt: skip
+    outcomes: Counter[str] = Counter()
+    stop_at = time.monotonic() + seconds
+    count = 0
+
+    async def client(index: int) -> None:
+        nonlocal count
+        while time.monotonic() < stop_at:
+            count += 1
+            outcomes[await _one(open_call, f"s{index}-{count}", tokens, timeout_s)] += 1
+
+    await asyncio.gather(*(client(index) for index in range(streams)))
+    return outcomes
+
+
+async def _transport(name: str, sidecar: Sidecar, args: argparse.Namespace) -> Counter[str]:
+    tensors = _tensors(args.tokens)
+    deadline_s = args.timeout + 5.0
+    if name == "http":
+        streams = HttpStreams()
+
+        def open_http(request_id: str) -> Call:
+            body = generate_body(request_id, tensors)
+            deadline = asyncio.get_running_loop().time() + deadline_s
+            return streams.call(sidecar.http_url, MODEL, body, {}, deadline)
+
+        try:
+            return await _run(open_http, args.streams, args.tokens, args.seconds, args.timeout)
+        finally:
+            await streams.close()
+    client = triton_aio.InferenceServerClient(sidecar.grpc_url)
+
+    def open_grpc(request_id: str) -> Call:
+        message = infer_request(MODEL, request_id, tensors, OUTPUTS)
+        return GrpcCall(open_stream(client._client_stub, message, deadline_s), OUTPUTS)
+
+    try:
+        return await _run(open_grpc, args.streams, args.tokens, args.seconds, args.timeout)
+    finally:
+        await client.close()
+
+
+def _report(name: str, outcomes: Counter[str], args: argparse.Namespace) -> None:
+    kinds = ("complete", "short", "stalled", "broken")
+    cells = "  ".join(f"{kind} {outcomes[kind]}" for kind in kinds)
+    print(
+        f"{name:<5} http threads {args.http_threads}  streams {args.streams}  tokens "
+        f"{args.tokens}  requests {sum(outcomes.values())}  {cells}",
+        flush=True,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--streams", type=int, default=64)
+    parser.add_argument("--tokens", type=int, default=256)
+    parser.add_argument("--seconds", type=float, default=40.0)
+    parser.add_argument("--timeout", type=float, default=10.0, help="a stream's end, at most")
+    parser.add_argument("--http-threads", type=int, default=1)
+    parser.add_argument("--transports", default="http,grpc")
+    args = parser.parse_args(argv)
+    tokenizer = ensure_tiny_model()
+    spec = parse_spec(
+        {
+            "models": [
+                {
+                    "name": "lt",
+                    "engine": {"kind": "loadtest", "tokenizer_dir": str(tokenizer)},
+                    "triton_max_batch_size": 256,
+                }
+            ],
+            "sidecars": [
+                {"name": "integrity", "extra_args": [f"--http-thread-count={args.http_threads}"]}
+            ],
+        }
+    )
+    with (
+        tempfile.TemporaryDirectory(prefix="stream-integrity-") as scratch,
+        sidecar_from_spec(spec, spec.sidecars[0], Path(scratch)) as sidecar,
+    ):
+        for name in args.transports.split(","):
+            _report(name, asyncio.run(_transport(name, sidecar, args)), args)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

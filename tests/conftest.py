@@ -29,7 +29,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 @pytest.fixture(autouse=True)
 def _shared_sidecars_serve(request: pytest.FixtureRequest) -> None:
     """A shared sidecar that crashed serves again before the next test starts."""
-    SHARED.before_test(request.node.nodeid)
+    SHARED.before_test(request.node.nodeid, "sidecar" in request.fixturenames)
 
 
 @pytest.fixture(scope="session")

@@ -125,6 +125,8 @@ class Stopper:
         """Read a call whose request ended to its end; one that does not end is cancelled."""
         try:
             await call.drain(self._stop_timeout_s)
+        except Exception:
+            logger.debug("reading an ended call to its end failed", exc_info=True)
         finally:
             call.cancel()
 

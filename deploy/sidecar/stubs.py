@@ -19,15 +19,22 @@ STUB_COMM = "triton_python_b"
 """``triton_python_backend_stub`` as ``/proc/<pid>/stat`` names it (15 characters)."""
 PROC = Path("/proc")
 _PYTHON_BACKEND = re.compile(r'^\s*backend\s*:\s*"python"', re.MULTILINE)
+_DECOUPLED = re.compile(r"^\s*decoupled\s*:\s*true", re.MULTILINE | re.IGNORECASE)
 
 
-def python_models(repository: Path) -> list[str]:
-    """The models of a Triton model repository that run on the Python backend."""
-    return sorted(
-        config.parent.name
-        for config in Path(repository).glob("*/config.pbtxt")
-        if _PYTHON_BACKEND.search(config.read_text(errors="replace"))
-    )
+def decoupled_python_models(repository: Path) -> list[str]:
+    """The decoupled models of a Triton model repository that run on the Python backend: the
+    ones whose dead stub Triton never starts again (it does for the others, at their next
+    request)."""
+    models = []
+    for config in Path(repository).glob("*/config.pbtxt"):
+        try:
+            text = config.read_text(errors="replace")
+        except OSError:
+            continue
+        if _PYTHON_BACKEND.search(text) and _DECOUPLED.search(text):
+            models.append(config.parent.name)
+    return sorted(models)
 
 
 def stub_models(server_pid: int, proc: Path = PROC) -> Counter[str]:
@@ -57,8 +64,10 @@ def stub_models(server_pid: int, proc: Path = PROC) -> Counter[str]:
 class StubWatch:
     """Notices a model of one tritonserver whose stub died while the model is still loaded.
 
-    Each of ``models`` (the repository's Python models) has at least one stub once the server
-    is ready, and as many as were ever seen at once. ``check`` compares the stubs now with
+    Each of ``models`` (the repository's decoupled Python models) has at least one stub once
+    the server is ready, and as many as were ever seen at once; where no stub of the server is
+    to be seen at all (a ``tritonserver`` that is a wrapper, its stubs not its children), the
+    watch expects nothing. ``check`` compares the stubs now with
     that; a shortfall seen on
     ``confirm`` checks in a row (tritonserver may be starting a stub again) on a model that
     ``model_ready`` still calls ready names the model. A model that is no longer ready (unloaded
@@ -78,15 +87,20 @@ class StubWatch:
         self.model_ready = model_ready
         self.confirm = confirm
         self.proc = proc
-        self.expected: Counter[str] = Counter(dict.fromkeys(models, 1))
+        seen = stub_models(server_pid, proc)
+        self.expected: Counter[str] = Counter(dict.fromkeys(models, 1) if seen else {})
+        self.watched = frozenset(models) if seen else frozenset()
         self._short: Counter[str] = Counter()
 
     def check(self) -> str | None:
         """The model whose stub died (its count confirmed short, and Triton calls it ready),
         or None."""
+        if not self.watched:
+            return None
         now = stub_models(self.server_pid, self.proc)
         for model, count in now.items():
-            self.expected[model] = max(self.expected[model], count)
+            if model in self.watched:
+                self.expected[model] = max(self.expected[model], count)
         for model, wanted in list(self.expected.items()):
             if now[model] >= wanted:
                 self._short.pop(model, None)

@@ -25,7 +25,7 @@ from deploy.sidecar.parentdeath import dying_with_parent
 from deploy.sidecar.ports import free_port
 from deploy.sidecar.render import render_files, write_repository
 from deploy.sidecar.spec import SidecarSpec, Spec, TensorRTLLMEngine
-from deploy.sidecar.stubs import StubWatch, python_models
+from deploy.sidecar.stubs import StubWatch, decoupled_python_models
 from deploy.sidecar.tritonbin import (
     ServerArgs,
     TritonBinary,
@@ -323,27 +323,46 @@ class Sidecar:
         while process.poll() is None:
             if not was_ready and self.is_ready(timeout=1.0):
                 was_ready = True
-            if was_ready and stubs is None:
-                stubs = StubWatch(process.pid, self._model_ready, python_models(self.repository))
-            elif stubs is not None and (broken := stubs.check()) is not None:
-                logger.error(
-                    "sidecar %s: the Python stub of model %s died; restarting tritonserver",
-                    self.name,
-                    broken,
-                )
-                self._kill_group()
+                stubs = self._stub_watch(process.pid)
+            elif stubs is not None and (broken := self._dead_stub(stubs)) is not None:
+                with self._spawn_lock:
+                    if self._stopping.is_set():
+                        break
+                    logger.error(
+                        "sidecar %s: the Python stub of model %s died; restarting tritonserver",
+                        self.name,
+                        broken,
+                    )
+                    self._kill_group()
+                process.wait()
                 return was_ready, broken
             if self._stopping.wait(0.2 if not was_ready else 0.5):
                 process.wait()
                 break
         return was_ready, None
 
+    def _stub_watch(self, pid: int) -> StubWatch | None:
+        try:
+            return StubWatch(pid, self._model_ready, decoupled_python_models(self.repository))
+        except Exception:
+            logger.warning(
+                "sidecar %s: its Python stubs cannot be watched", self.name, exc_info=True
+            )
+            return None
+
+    def _dead_stub(self, stubs: StubWatch) -> str | None:
+        try:
+            return stubs.check()
+        except Exception:
+            logger.debug("sidecar %s: checking its Python stubs failed", self.name, exc_info=True)
+            return None
+
     def _model_ready(self, model: str) -> bool:
         url = f"{self.http_url}/v2/models/{model}/ready"
         try:
             with urllib.request.urlopen(url, timeout=2.0) as response:
                 return bool(response.status == 200)
-        except (urllib.error.URLError, OSError):
+        except Exception:
             return False
 
     def _kill_group(self) -> None:

@@ -69,11 +69,15 @@ async def _one(open_call: Opener, request_id: str, tokens: int, timeout_s: float
                     if reply.final:
                         return "complete" if responses == tokens else "short"
     except TimeoutError:
+        call.cancel()
         return "stalled"
     except Exception:
+        call.cancel()
         return "broken"
     finally:
-        call.cancel()
+        # Read to its end (a cancellation racing Triton's completion of the call can crash
+        # Triton before 24.12); one that does not end soon is cancelled.
+        await call.drain(1.0)
     return "complete" if responses == tokens else "short"
 
 

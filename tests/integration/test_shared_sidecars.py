@@ -33,7 +33,7 @@ def test_the_next_test_waits_for_a_crashed_sidecar_and_the_crash_is_told(
     shared = SharedSidecars()
     try:
         shared.add(sidecar)
-        shared.before_test("test_one")
+        shared.before_test("test_one", True)
         first = sidecar.pid
         assert first is not None
         os.kill(first, signal.SIGKILL)
@@ -41,10 +41,10 @@ def test_the_next_test_waits_for_a_crashed_sidecar_and_the_crash_is_told(
         deadline = time.monotonic() + 10
         while sidecar.pid == first and time.monotonic() < deadline:
             time.sleep(0.05)
-        shared.before_test("test_two")
+        shared.before_test("test_two", True)
         assert sidecar.is_ready()
         assert sidecar.pid not in (None, first)
-        shared.before_test("test_three")
+        shared.before_test("test_three", True)
         shared.remove(sidecar)
     finally:
         stop_all([sidecar])

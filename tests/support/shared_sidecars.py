@@ -20,6 +20,7 @@ from deploy.sidecar.supervisor import Sidecar
 EXITS_DIR_ENV = "TGW_TEST_SIDECAR_EXITS"
 """Where every process of the run writes the exits it saw (set by the controlling process,
 inherited by xdist's workers)."""
+_OWNS_EXITS_DIR = pytest.StashKey[bool]()
 
 
 class SharedSidecars:
@@ -36,14 +37,17 @@ class SharedSidecars:
     def remove(self, sidecar: Sidecar) -> None:
         self._note_exits(sidecar)
         self._seen.pop(sidecar, None)
-        self._write()
 
-    def before_test(self, nodeid: str) -> None:
-        """Wait for a shared sidecar that exited since the last test to serve again."""
-        for sidecar in list(self._seen):
-            if sidecar.pid is None or len(sidecar.exits) != self._seen[sidecar]:
-                sidecar.wait_ready(sidecar.startup_timeout_s)
-                self._note_exits(sidecar)
+    def before_test(self, nodeid: str, uses_sidecar: bool) -> None:
+        """Before a test that uses a shared sidecar: wait for one that exited since the last
+        test to serve again (one that will not, the supervisor gave up, fails the test)."""
+        if uses_sidecar:
+            for sidecar in list(self._seen):
+                if sidecar.pid is None or len(sidecar.exits) != self._seen[sidecar]:
+                    try:
+                        sidecar.wait_ready(sidecar.startup_timeout_s)
+                    finally:
+                        self._note_exits(sidecar)
         self._last_test = nodeid
 
     def _note_exits(self, sidecar: Sidecar) -> None:
@@ -53,6 +57,7 @@ class SharedSidecars:
                 f"its log before that:\n{gone.log_tail}"
             )
         self._seen[sidecar] = len(sidecar.exits)
+        self._write()
 
     def _write(self) -> None:
         where = os.environ.get(EXITS_DIR_ENV)
@@ -69,11 +74,12 @@ def controller_configure(config: pytest.Config) -> None:
     if hasattr(config, "workerinput") or EXITS_DIR_ENV in os.environ:
         return
     os.environ[EXITS_DIR_ENV] = tempfile.mkdtemp(prefix="tgw-sidecar-exits-")
+    config.stash[_OWNS_EXITS_DIR] = True
 
 
 def controller_report(config: pytest.Config) -> None:
     """In the controlling process, after pytest's summary: the exits, if any."""
-    if hasattr(config, "workerinput"):
+    if not config.stash.get(_OWNS_EXITS_DIR, False):
         return
     where = os.environ.pop(EXITS_DIR_ENV, None)
     if where is None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from deploy.sidecar.stubs import StubWatch, python_models, stub_models
+from deploy.sidecar.stubs import StubWatch, decoupled_python_models, stub_models
 
 SERVER = 100
 
@@ -95,16 +95,29 @@ def test_an_unloaded_model_lowers_what_is_expected(tmp_path: Path) -> None:
     assert watch.expected["engine"] == 0
 
 
-def test_a_python_model_that_never_started_a_stub_is_missed(tmp_path: Path) -> None:
-    watch = StubWatch(SERVER, lambda model: True, ["pre"], proc=tmp_path)
+def test_a_model_whose_stub_was_gone_before_the_first_check_is_missed(tmp_path: Path) -> None:
+    FakeProc(tmp_path).add("engine")
+    watch = StubWatch(SERVER, lambda model: True, ["engine", "bls"], proc=tmp_path)
     watch.check()
-    assert watch.check() == "pre"
+    assert watch.check() == "bls"
 
 
-def test_python_models_are_read_from_the_repository(tmp_path: Path) -> None:
-    for name, backend in [("pre", "python"), ("engine", "tensorrtllm"), ("bls", "python")]:
+def test_no_stub_of_the_server_in_sight_watches_nothing(tmp_path: Path) -> None:
+    """A ``tritonserver`` that is a wrapper script: its stubs are not its children."""
+    FakeProc(tmp_path).add("engine", parent=SERVER + 1)
+    watch = StubWatch(SERVER, lambda model: True, ["engine"], proc=tmp_path)
+    assert [watch.check() for _ in range(4)] == [None] * 4
+
+
+def test_decoupled_python_models_are_read_from_the_repository(tmp_path: Path) -> None:
+    models = [
+        ("pre", 'backend: "python"\n'),
+        ("engine", 'backend: "tensorrtllm"\nmodel_transaction_policy {\n  decoupled: True\n}\n'),
+        ("bls", 'backend: "python"\nmodel_transaction_policy {\n  decoupled: True\n}\n'),
+        ("bls_once", 'backend: "python"\nmodel_transaction_policy {\n  decoupled: False\n}\n'),
+        ("ensemble", 'platform: "ensemble"\n'),
+    ]
+    for name, config in models:
         (tmp_path / name).mkdir()
-        (tmp_path / name / "config.pbtxt").write_text(f'name: "{name}"\nbackend: "{backend}"\n')
-    (tmp_path / "ensemble").mkdir()
-    (tmp_path / "ensemble" / "config.pbtxt").write_text('platform: "ensemble"\n')
-    assert python_models(tmp_path) == ["bls", "pre"]
+        (tmp_path / name / "config.pbtxt").write_text(f'name: "{name}"\n{config}')
+    assert decoupled_python_models(tmp_path) == ["bls"]

@@ -11,6 +11,7 @@ while Triton still calls it ready, is broken until tritonserver restarts.
 from __future__ import annotations
 
 import re
+import urllib.request
 from collections import Counter
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -92,6 +93,15 @@ class StubWatch:
         self.watched = frozenset(models) if seen else frozenset()
         self._short: Counter[str] = Counter()
 
+    @classmethod
+    def of_server(cls, server_pid: int, repository: Path, http_url: str) -> StubWatch:
+        """The watch of a tritonserver serving ``repository`` at ``http_url``."""
+        return cls(
+            server_pid,
+            lambda model: model_ready(http_url, model),
+            decoupled_python_models(repository),
+        )
+
     def check(self) -> str | None:
         """The model whose stub died (its count confirmed short, and Triton calls it ready),
         or None."""
@@ -113,3 +123,12 @@ class StubWatch:
             self.expected[model] = now[model]
             self._short.pop(model, None)
         return None
+
+
+def model_ready(http_url: str, model: str) -> bool:
+    """Whether Triton at ``http_url`` calls ``model`` ready; a server that does not answer, no."""
+    try:
+        with urllib.request.urlopen(f"{http_url}/v2/models/{model}/ready", timeout=2.0) as answer:
+            return bool(answer.status == 200)
+    except Exception:
+        return False

@@ -25,7 +25,7 @@ from deploy.sidecar.parentdeath import dying_with_parent
 from deploy.sidecar.ports import free_port
 from deploy.sidecar.render import render_files, write_repository
 from deploy.sidecar.spec import SidecarSpec, Spec, TensorRTLLMEngine
-from deploy.sidecar.stubs import StubWatch, decoupled_python_models
+from deploy.sidecar.stubs import StubWatch
 from deploy.sidecar.tritonbin import (
     ServerArgs,
     TritonBinary,
@@ -343,11 +343,9 @@ class Sidecar:
 
     def _stub_watch(self, pid: int) -> StubWatch | None:
         try:
-            return StubWatch(pid, self._model_ready, decoupled_python_models(self.repository))
+            return StubWatch.of_server(pid, self.repository, self.http_url)
         except Exception:
-            logger.warning(
-                "sidecar %s: its Python stubs cannot be watched", self.name, exc_info=True
-            )
+            logger.warning("sidecar %s: stubs cannot be watched", self.name, exc_info=True)
             return None
 
     def _dead_stub(self, stubs: StubWatch) -> str | None:
@@ -356,14 +354,6 @@ class Sidecar:
         except Exception:
             logger.debug("sidecar %s: checking its Python stubs failed", self.name, exc_info=True)
             return None
-
-    def _model_ready(self, model: str) -> bool:
-        url = f"{self.http_url}/v2/models/{model}/ready"
-        try:
-            with urllib.request.urlopen(url, timeout=2.0) as response:
-                return bool(response.status == 200)
-        except Exception:
-            return False
 
     def _kill_group(self) -> None:
         process = self._process

@@ -3,9 +3,10 @@
 Each instance of a Python model runs in a stub process that tritonserver starts. When a stub
 dies (killed for memory, a crash in native code, its watchdog), tritonserver answers the model's
 requests with "Stub process '<model>_0_0' is not healthy." and goes on reporting the model and
-itself ready; a decoupled model's stub is never started again. Neither readiness nor a request
-that fails tells the supervisor, so it counts the stubs: a model with fewer stubs than it had,
-while Triton still calls it ready, is broken until tritonserver restarts.
+itself ready; Triton 2.51 never starts the stub again, for a decoupled model (the BLS, the
+engine) or not (the pre- and postprocessing). Neither readiness nor a request that fails tells
+the supervisor, so it counts the stubs: a model with fewer stubs than it had, while Triton
+still calls it ready, is broken until tritonserver restarts.
 """
 
 from __future__ import annotations
@@ -20,20 +21,17 @@ STUB_COMM = "triton_python_b"
 """``triton_python_backend_stub`` as ``/proc/<pid>/stat`` names it (15 characters)."""
 PROC = Path("/proc")
 _PYTHON_BACKEND = re.compile(r'^\s*backend\s*:\s*"python"', re.MULTILINE)
-_DECOUPLED = re.compile(r"^\s*decoupled\s*:\s*true", re.MULTILINE | re.IGNORECASE)
 
 
-def decoupled_python_models(repository: Path) -> list[str]:
-    """The decoupled models of a Triton model repository that run on the Python backend: the
-    ones whose dead stub Triton never starts again (it does for the others, at their next
-    request)."""
+def python_models(repository: Path) -> list[str]:
+    """The models of a Triton model repository that run on the Python backend."""
     models = []
     for config in Path(repository).glob("*/config.pbtxt"):
         try:
             text = config.read_text(errors="replace")
         except OSError:
             continue
-        if _PYTHON_BACKEND.search(text) and _DECOUPLED.search(text):
+        if _PYTHON_BACKEND.search(text):
             models.append(config.parent.name)
     return sorted(models)
 
@@ -65,7 +63,7 @@ def stub_models(server_pid: int, proc: Path = PROC) -> Counter[str]:
 class StubWatch:
     """Notices a model of one tritonserver whose stub died while the model is still loaded.
 
-    Each of ``models`` (the repository's decoupled Python models) has at least one stub once
+    Each of ``models`` (the repository's Python models) has at least one stub once
     the server is ready, and as many as were ever seen at once; where no stub of the server is
     to be seen at all (a ``tritonserver`` that is a wrapper, its stubs not its children), the
     watch expects nothing. ``check`` compares the stubs now with
@@ -99,7 +97,7 @@ class StubWatch:
         return cls(
             server_pid,
             lambda model: model_ready(http_url, model),
-            decoupled_python_models(repository),
+            python_models(repository),
         )
 
     def check(self) -> str | None:

@@ -228,9 +228,13 @@ def test_restart_after_kill_and_clean_stop(tiny_model_dir: Path, tmp_path: Path)
 
 
 @pytest.mark.slow
-def test_a_dead_python_stub_restarts_tritonserver(tiny_model_dir: Path, tmp_path: Path) -> None:
-    """Triton keeps calling a model whose stub died ready and fails its every request; the
-    supervisor notices the missing stub and starts tritonserver again."""
+@pytest.mark.parametrize("model", ["tiny_tensorrt_llm", "tiny_preprocessing"])
+def test_a_dead_python_stub_restarts_tritonserver(
+    tiny_model_dir: Path, tmp_path: Path, model: str
+) -> None:
+    """Triton keeps calling a model whose stub died ready, fails its every request and never
+    starts the stub again, decoupled (the engine) or not (the preprocessing); the supervisor
+    notices the missing stub and starts tritonserver again."""
     spec = parse_spec({"models": [_load_test_pipeline("tiny", tiny_model_dir)]})
     [sidecar] = start_all(spec, tmp_path)
     try:
@@ -238,11 +242,9 @@ def test_a_dead_python_stub_restarts_tritonserver(tiny_model_dir: Path, tmp_path
         assert first is not None
         before = stub_models(first)
         assert before["tiny_tensorrt_llm"] == 1 and before["tiny_preprocessing"] >= 1
-        [stub] = [
-            p
-            for p in psutil.Process(first).children()
-            if "/tiny_tensorrt_llm/" in " ".join(p.cmdline())
-        ]
+        stub = next(
+            p for p in psutil.Process(first).children() if f"/{model}/" in " ".join(p.cmdline())
+        )
         stub.kill()
         deadline = time.monotonic() + 30
         while sidecar.restarts == 0 and time.monotonic() < deadline:
@@ -253,8 +255,8 @@ def test_a_dead_python_stub_restarts_tritonserver(tiny_model_dir: Path, tmp_path
         assert stub_models(sidecar.pid or 0) == before
         [gone] = sidecar.exits
         assert gone.code == -signal.SIGKILL
-        assert "stub of model tiny_tensorrt_llm died" in gone.reason
-        assert "--- sidecar main: the Python stub of model tiny_tensorrt_llm" in (
+        assert f"stub of model {model} died" in gone.reason
+        assert f"--- sidecar main: the Python stub of model {model} died" in (
             sidecar.log_path.read_text(errors="replace")
         )
     finally:

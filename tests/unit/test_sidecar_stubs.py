@@ -5,7 +5,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from deploy.sidecar.stubs import StubWatch, decoupled_python_models, stub_models
+from deploy.sidecar.stubs import StubWatch, python_models, stub_models
 
 SERVER = 100
 
@@ -109,7 +109,7 @@ def test_no_stub_of_the_server_in_sight_watches_nothing(tmp_path: Path) -> None:
     assert [watch.check() for _ in range(4)] == [None] * 4
 
 
-def test_decoupled_python_models_are_read_from_the_repository(tmp_path: Path) -> None:
+def test_python_models_are_read_from_the_repository(tmp_path: Path) -> None:
     models = [
         ("pre", 'backend: "python"\n'),
         ("engine", 'backend: "tensorrtllm"\nmodel_transaction_policy {\n  decoupled: True\n}\n'),
@@ -120,4 +120,4 @@ def test_decoupled_python_models_are_read_from_the_repository(tmp_path: Path) ->
     for name, config in models:
         (tmp_path / name).mkdir()
         (tmp_path / name / "config.pbtxt").write_text(f'name: "{name}"\n{config}')
-    assert decoupled_python_models(tmp_path) == ["bls"]
+    assert python_models(tmp_path) == ["bls", "bls_once", "pre"]

@@ -63,14 +63,13 @@ def stub_models(server_pid: int, proc: Path = PROC) -> Counter[str]:
 class StubWatch:
     """Notices a model of one tritonserver whose stub died while the model is still loaded.
 
-    Each of ``models`` (the repository's Python models) has at least one stub once
-    the server is ready, and as many as were ever seen at once; where no stub of the server is
-    to be seen at all (a ``tritonserver`` that is a wrapper, its stubs not its children), the
-    watch expects nothing. ``check`` compares the stubs now with
-    that; a shortfall seen on
-    ``confirm`` checks in a row (tritonserver may be starting a stub again) on a model that
-    ``model_ready`` still calls ready names the model. A model that is no longer ready (unloaded
-    through the repository API) lowers its count instead: its stubs left on purpose.
+    Each of ``models`` (the repository's Python models) has at least one stub once the server
+    is ready, and as many as were ever seen at once; where no stub of the server is to be seen
+    at all (a ``tritonserver`` that is a wrapper, its stubs not its children), the watch expects
+    nothing. ``check`` compares the stubs now with that: a shortfall seen on ``confirm`` checks
+    in a row (tritonserver may be starting a stub again) on a model that ``model_ready`` still
+    calls ready names the model. A model that is no longer ready (unloaded through the
+    repository API) lowers its count instead: its stubs left on purpose.
     """
 
     def __init__(
@@ -88,7 +87,7 @@ class StubWatch:
         self.proc = proc
         seen = stub_models(server_pid, proc)
         self.expected: Counter[str] = Counter(dict.fromkeys(models, 1) if seen else {})
-        self.watched = frozenset(models) if seen else frozenset()
+        """The stubs each watched model should have (its key stays while it is watched)."""
         self._short: Counter[str] = Counter()
 
     @classmethod
@@ -103,11 +102,11 @@ class StubWatch:
     def check(self) -> str | None:
         """The model whose stub died (its count confirmed short, and Triton calls it ready),
         or None."""
-        if not self.watched:
+        if not self.expected:
             return None
         now = stub_models(self.server_pid, self.proc)
         for model, count in now.items():
-            if model in self.watched:
+            if model in self.expected:
                 self.expected[model] = max(self.expected[model], count)
         for model, wanted in list(self.expected.items()):
             if now[model] >= wanted:

@@ -36,10 +36,9 @@ from adapters.triton.wire import WireTensor
 from deploy.sidecar.models import ensure_tiny_model
 from deploy.sidecar.spec import parse_spec
 from deploy.sidecar.supervisor import Sidecar, sidecar_from_spec
+from tests.benchmarks.transports import MODEL, PROMPT
 
-MODEL = "lt_tensorrt_llm"
 OUTPUTS = ["output_ids", "sequence_length"]
-PROMPT = [5, 7, 9, 10, 11, 12, 13, 14]
 Opener = Callable[[str], Call]
 
 

@@ -29,7 +29,6 @@ class SharedSidecars:
     def __init__(self) -> None:
         self._seen: dict[Sidecar, int] = {}
         self._last_test = "(before any test)"
-        self._told: list[str] = []
 
     def add(self, sidecar: Sidecar) -> None:
         self._seen[sidecar] = len(sidecar.exits)
@@ -51,22 +50,17 @@ class SharedSidecars:
         self._last_test = nodeid
 
     def _note_exits(self, sidecar: Sidecar) -> None:
-        for gone in sidecar.exits[self._seen.get(sidecar, 0) :]:
-            self._told.append(
-                f"sidecar {sidecar.name}: {gone.reason}, during or after {self._last_test}; "
-                f"its log before that:\n{gone.log_tail}"
-            )
+        """Write the exits not told yet where the controlling process reads them."""
+        told = [
+            f"sidecar {sidecar.name}: {gone.reason}, during or after {self._last_test}; "
+            f"its log before that:\n{gone.log_tail}"
+            for gone in sidecar.exits[self._seen.get(sidecar, 0) :]
+        ]
         self._seen[sidecar] = len(sidecar.exits)
-        self._write()
-
-    def _write(self) -> None:
         where = os.environ.get(EXITS_DIR_ENV)
-        if not self._told or where is None:
-            return
-        path = Path(where) / f"{os.getpid()}.txt"
-        with path.open("a") as out:
-            out.write("\n".join(self._told) + "\n")
-        self._told.clear()
+        if told and where is not None:
+            with (Path(where) / f"{os.getpid()}.txt").open("a") as out:
+                out.write("\n".join(told) + "\n")
 
 
 def controller_configure(config: pytest.Config) -> None:

@@ -104,7 +104,8 @@ class ModelTarget:
     """The engine's KV-cache block size where its config does not state it (the C++ backend
     keeps it in the engine): reused blocks times this are the prompt's cached tokens."""
     http_url: str | None = None
-    """The same Triton's HTTP address; streams go there (``generate_stream``) when known."""
+    """The same Triton's HTTP address, set where the model's transport is HTTP: streams go
+    there (``generate_stream``)."""
 
 
 class TextStream(Protocol):

@@ -69,6 +69,7 @@ def serve(settings: Settings) -> int:
     names = ", ".join(model.name for model in settings.models) or "every pipeline of the spec"
     waits = " once its sidecars have loaded" if settings.sidecars is not None else ""
     print(f"  models: {names}; ready{waits} (/health/ready); Ctrl-C stops", flush=True)
+    _say_transports(settings)
     if server.workers > 1:
         return _serve_workers(settings)
     from gateway.app import create_app
@@ -84,6 +85,31 @@ def serve(settings: Settings) -> int:
         print(f"error: {failure}", file=sys.stderr, flush=True)
         return 1
     return 0
+
+
+def _say_transports(settings: Settings) -> None:
+    """How the supervised sidecars' models reach Triton, and a warning where a model takes
+    Triton's HTTP transport on a host whose buffer loses its responses."""
+    from deploy.sidecar import frontend
+
+    queue = frontend.queue_bytes()
+    safe = frontend.keeps_responses(queue)
+    fix = f"sysctl -w net.core.wmem_default={frontend.SAFE_QUEUE_BYTES}"
+    http = [model.name for model in settings.models if model.transport == "http"]
+    if http and not safe:
+        print(
+            f"  warning: {', '.join(http)} take Triton's HTTP transport, and this host's "
+            f"net.core.wmem_default is {queue} bytes: Triton's HTTP frontend loses responses "
+            f"when it falls that far behind. On Triton's host: {fix} before it starts "
+            "(README, Transports to Triton)",
+            file=sys.stderr,
+            flush=True,
+        )
+    auto = not settings.models or any(model.transport == "auto" for model in settings.models)
+    if settings.sidecars is not None and auto:
+        way = "Triton's HTTP generate_stream" if safe else "gRPC"
+        why = "" if safe else f" (HTTP, cheaper, once this host has {fix}; README)"
+        print(f"  sidecar models stream over {way}{why}", flush=True)
 
 
 def _serve_workers(settings: Settings) -> int:

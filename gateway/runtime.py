@@ -15,6 +15,7 @@ from typing import Protocol, runtime_checkable
 import httpx
 
 from adapters.contract import Backend, ModelTarget
+from deploy.sidecar import frontend
 from deploy.sidecar.spec import Spec, SpecError, load_spec, parse_spec
 from deploy.sidecar.supervisor import Sidecar, sidecar_from_spec
 from gateway.catalog.lora import AdapterError, AdapterExists
@@ -152,7 +153,10 @@ class Runtime:
     async def _start(self) -> None:
         await self.tenancy.start()
         spec, grpc_urls, http_urls, hosts = await self._prepare_sidecars()
-        routes = resolve_routes(self.settings, spec, grpc_urls, http_urls, hosts)
+        # The supervised sidecars run on this host: their HTTP frontend is safe where its
+        # buffer is (deploy/sidecar/frontend.py).
+        sidecar_http = frontend.keeps_responses(frontend.queue_bytes())
+        routes = resolve_routes(self.settings, spec, grpc_urls, http_urls, hosts, sidecar_http)
         # One thread, one model after another: transformers' lazy imports are not thread-safe.
         models = await asyncio.to_thread(
             lambda: [load_model(route, self._executor) for route in routes]

@@ -12,6 +12,8 @@ from gateway.observability import ObservabilitySettings
 from gateway.replicas.settings import EndpointSettings, RoutingSettings, check_routing
 from gateway.tenancy.config import TenancyConfigError, TenancySettings, check_tenancy
 
+Transport = Literal["auto", "grpc", "http"]
+
 ToolCallFormat = Literal["hermes", "llama3_json", "mistral", "pythonic"]
 
 
@@ -82,10 +84,17 @@ class ModelSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     request and per streamed chunk)."""
     triton_url: str | None = None
     """Triton gRPC ``host:port``; defaults to the pipeline's sidecar, else 127.0.0.1:8001."""
+    transport: Transport = "auto"
+    """How requests reach Triton. ``grpc``: ``ModelStreamInfer``. ``http``: Triton's HTTP
+    ``generate_stream``, about a third of gRPC's CPU per token in the gateway and a shorter way
+    to the first token, but Triton's HTTP frontend drops responses when an event thread falls
+    behind by more than its host's ``net.core.wmem_default`` holds: take it for a Triton whose
+    host has that raised to 8 MiB (README, "Transports to Triton"). ``auto``: HTTP for a model
+    of a supervised sidecar when this host's ``net.core.wmem_default`` is at least 8 MiB, else
+    gRPC. Requests with LoRA weights, beams, or a BLS answering once go over gRPC either way."""
     triton_http_url: str | None = None
-    """The same Triton's HTTP ``host:port``: requests stream over its ``generate_stream``,
-    which costs the gateway a third of gRPC's CPU per token; the pipeline's sidecar's by
-    default. Unset with ``triton_url`` set: gRPC only."""
+    """The same Triton's HTTP address (``http://host:port``) for ``transport: http``; the
+    pipeline's sidecar's by default."""
     triton_model: str | None = None
     """Triton model to call, e.g. ``tiny_ensemble``; defaults to ``<pipeline>_<entry>``."""
     engine_model: str | None = None
@@ -205,6 +214,9 @@ def check_settings(settings: Settings) -> None:
             raise SettingsError(
                 f"model {model.name!r}: set triton_url (one Triton) or replicas (several), not both"
             )
+        problem = _transport_problem(model)
+        if problem is not None:
+            raise SettingsError(f"model {model.name!r}: {problem}")
     try:
         check_tenancy(settings.tenancy)
     except TenancyConfigError as exc:
@@ -219,6 +231,37 @@ def check_settings(settings: Settings) -> None:
             f"observability.metrics.port {metrics.port} is the API's port (server.port): "
             "leave it unset to serve the metrics there, or pick another port"
         )
+
+
+def _transport_problem(model: ModelSettings) -> str | None:
+    """Why the model's HTTP addresses do not fit its ``transport`` (None when they do)."""
+    listed = () if isinstance(model.replicas, str) else model.replicas
+    endpoint_urls = [e.url for e in listed if isinstance(e, EndpointSettings) and e.http_url]
+    if model.transport != "http":
+        given = [
+            name
+            for name, value in (
+                ("triton_http_url", model.triton_http_url),
+                ("routing.http_port", model.routing.http_port),
+            )
+            if value
+        ]
+        given += [f"http_url of replica {url}" for url in endpoint_urls]
+        if given:
+            return f"{', '.join(given)} is used only with transport: http"
+        return None
+    if model.replicas:
+        if model.routing.http_port is not None:
+            return None
+        missing = [e if isinstance(e, str) else e.url for e in listed
+                   if isinstance(e, str) or not e.http_url]  # fmt: skip
+        if isinstance(model.replicas, str) or missing:
+            where = model.replicas if isinstance(model.replicas, str) else ", ".join(missing)
+            return f"transport: http needs routing.http_port (or http_url) for {where}"
+        return None
+    if model.triton_http_url is None and (model.triton_url is not None or model.pipeline is None):
+        return "transport: http needs triton_http_url (a pipeline's sidecar gives its own)"
+    return None
 
 
 def parse_settings(data: Any, *, base_dir: Path | None = None) -> Settings:

@@ -285,7 +285,8 @@ class TritonBackend:
         deadline: float,
     ) -> Call:
         """The request on its way: over HTTP ``generate_stream`` where the target has an HTTP
-        address, JSON carries every input and an abandoned request is still stopped; else over
+        address (its model's transport is HTTP), JSON carries every input and an abandoned
+        request is still stopped; else over
         gRPC ``ModelStreamInfer``. Triton notices a closed HTTP connection only when it writes,
         so a BLS request answered once (nothing written until the end, and no stop request to
         send) goes over gRPC, whose cancellation arrives at once. Both calls end at the

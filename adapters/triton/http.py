@@ -17,6 +17,13 @@ opened ahead, while the current request runs, and a request takes it if it is at
 ``SPARE_MAX_AGE_S`` old and Triton has not closed it. A spare that fails before Triton answered
 anything is replaced by a new connection and the request sent once more: a connection that
 carried nothing before cannot have started a generation that Triton then dropped.
+
+Triton's HTTP frontend hands every response to the connection's event thread through a
+non-blocking socket pair (libevhtp's ``evthr_defer``) and ignores a failed hand-over: a thread
+more responses behind than the socket's buffer holds loses the next ones, and streams end short
+or never end. The buffer is the host's ``net.core.wmem_default`` (about 278 responses at the
+usual 212,992 bytes); at 8 MiB nothing was lost (README, "Transports to Triton";
+``deploy.sidecar.frontend``).
 """
 
 from __future__ import annotations

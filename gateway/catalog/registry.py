@@ -81,18 +81,25 @@ def resolve_routes(
     grpc_urls: Mapping[str, str],
     http_urls: Mapping[str, str] | None = None,
     sidecar_replicas: Mapping[str, Sequence[Endpoint]] | None = None,
+    sidecar_http: bool = False,
 ) -> tuple[ModelRoute, ...]:
     """Decide every model's Triton address (or replicas), model names and tokenizer (pure).
 
     ``grpc_urls`` and ``http_urls`` map a pipeline to the addresses of the sidecar hosting it;
-    ``sidecar_replicas`` to every sidecar hosting it, for pipelines hosted by several.
+    ``sidecar_replicas`` to every sidecar hosting it, for pipelines hosted by several. A target
+    has an HTTP address only where its model's ``transport`` is ``http``, or ``auto`` with
+    ``sidecar_http`` (Triton's HTTP frontend keeps every response on this host) for a model of
+    a supervised sidecar.
     """
     models = settings.models
     if not models and spec is not None:
         models = tuple(ModelSettings(name=m.name, pipeline=m.name) for m in spec.models)
     routes = tuple(
         _with_replicas(
-            _route(model, spec, grpc_urls, http_urls or {}), model, sidecar_replicas or {}
+            _route(model, spec, grpc_urls, http_urls or {}, sidecar_http),
+            model,
+            sidecar_replicas or {},
+            sidecar_http,
         )
         for model in models
     )
@@ -108,6 +115,7 @@ def _route(
     spec: Spec | None,
     grpc_urls: Mapping[str, str],
     http_urls: Mapping[str, str],
+    sidecar_http: bool,
 ) -> ModelRoute:
     pipeline = _pipeline(model, spec)
     prefix = f"{model.pipeline}_" if model.pipeline else ""
@@ -117,9 +125,11 @@ def _route(
         pipeline.triton_name("tensorrt_llm") if pipeline is not None else None
     )
     url = model.triton_url or (grpc_urls.get(pipeline.name) if pipeline else None)
-    http_url = model.triton_http_url
-    if http_url is None and model.triton_url is None and pipeline is not None:
-        http_url = http_urls.get(pipeline.name)
+    http_url = None
+    if _takes_http(model, sidecar_http):
+        http_url = model.triton_http_url
+        if http_url is None and model.triton_url is None and pipeline is not None:
+            http_url = http_urls.get(pipeline.name)
     tokenizer_dir = model.tokenizer_dir or (pipeline.tokenizer if pipeline else None)
     if tokenizer_dir is None:
         raise SettingsError(f"model {model.name!r}: tokenizer_dir is required without a pipeline")
@@ -156,7 +166,10 @@ def _route(
 
 
 def _with_replicas(
-    route: ModelRoute, model: ModelSettings, sidecar_replicas: Mapping[str, Sequence[Endpoint]]
+    route: ModelRoute,
+    model: ModelSettings,
+    sidecar_replicas: Mapping[str, Sequence[Endpoint]],
+    sidecar_http: bool,
 ) -> ModelRoute:
     """The route with its replicas: configured ones, or the sidecars hosting its pipeline."""
     source: ReplicaSource | None = None
@@ -172,11 +185,23 @@ def _with_replicas(
     if source is None:
         return route
     if isinstance(source, tuple):
+        if not _takes_http(model, sidecar_http):
+            source = tuple(dataclasses.replace(endpoint, http_url=None) for endpoint in source)
         first, http_url = source[0].url, source[0].http_url
     else:
         first, http_url = f"dns:{source.host}:{source.port}", None
     target = dataclasses.replace(route.target, url=first, http_url=http_url)
     return dataclasses.replace(route, target=target, replicas=source, routing=model.routing)
+
+
+def _takes_http(model: ModelSettings, sidecar_http: bool) -> bool:
+    """Whether the model's requests stream over Triton's HTTP ``generate_stream``: asked for,
+    or left to ``auto`` for a model of a supervised sidecar on a host where it is safe. Settings
+    that give an HTTP address to a model of another transport were refused before."""
+    if model.transport != "auto":
+        return model.transport == "http"
+    supervised = model.pipeline is not None and model.triton_url is None and not model.replicas
+    return supervised and sidecar_http
 
 
 def _pipeline(model: ModelSettings, spec: Spec | None) -> ModelSpec | None:

@@ -19,9 +19,8 @@ class EndpointSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown
     name: str | None = None
     """The replica's name in metrics and traces; defaults to ``url``."""
     http_url: str | None = None
-    """Triton's HTTP address (``http://host:port``); defaults to ``routing.http_port`` on the
-    replica's host when that is set. Requests take Triton's HTTP ``generate_stream`` where it is
-    known (a third of gRPC's CPU per token in the gateway), else gRPC."""
+    """Triton's HTTP address (``http://host:port``) for the model's ``transport: http``;
+    defaults to ``routing.http_port`` on the replica's host."""
 
 
 class ScoreWeights(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -90,8 +89,8 @@ class RoutingSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     """Triton metrics port of replicas given by address (``dns:`` names, endpoints without
     ``metrics_url``)."""
     http_port: int | None = None
-    """Triton HTTP port of replicas given by address (Triton's default is 8000): requests then
-    take Triton's HTTP ``generate_stream``; unset, gRPC. Sidecar replicas always use HTTP."""
+    """Triton HTTP port of replicas given by address (Triton's default is 8000), for the
+    model's ``transport: http``."""
 
 
 def check_routing(routing: RoutingSettings) -> list[str]:

@@ -63,7 +63,6 @@ def gateway(
         return ModelSettings(
             name=name,
             triton_url=sidecar.grpc_url,
-            triton_http_url=sidecar.http_url,
             triton_model=triton_model,
             entry=entry,  # type: ignore[arg-type]
             tokenizer_dir=str(extra.pop("tokenizer_dir", vision_dir)),

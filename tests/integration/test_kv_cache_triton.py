@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import msgspec
 import numpy as np
 import pytest
 
@@ -156,11 +155,10 @@ ENTRIES = [ENSEMBLE_MODEL, BLS_MODEL, ENGINE_MODEL, "tiny2-bls"]
 
 
 @pytest.fixture(scope="module")
-def grpc_gateway_url(sidecar: Sidecar, tiny_model_dir: Path) -> Iterator[str]:
-    """A gateway serving the same models with no HTTP address: every request goes over gRPC."""
-    settings = sidecar_settings(sidecar, tiny_model_dir)
-    models = tuple(msgspec.structs.replace(m, triton_http_url=None) for m in settings.models)
-    gateway = LiveGateway(msgspec.structs.replace(settings, models=models)).start()
+def http_gateway_url(sidecar: Sidecar, tiny_model_dir: Path) -> Iterator[str]:
+    """A gateway serving the same models with ``transport: http``: streams go over Triton's
+    HTTP ``generate_stream``."""
+    gateway = LiveGateway(sidecar_settings(sidecar, tiny_model_dir, transport="http")).start()
     yield gateway.url
     gateway.stop()
 
@@ -176,7 +174,7 @@ def transport(request: pytest.FixtureRequest) -> str:
 @pytest.fixture(scope="module")
 def client(request: pytest.FixtureRequest, transport: str) -> Iterator[httpx.Client]:
     """A client of the gateway that streams over ``transport``."""
-    url: str = request.getfixturevalue("gateway_url" if transport == "http" else "grpc_gateway_url")
+    url: str = request.getfixturevalue("http_gateway_url" if transport == "http" else "gateway_url")
     with httpx.Client(base_url=url, timeout=120) as client:
         yield client
 

@@ -24,7 +24,7 @@ from deploy.sidecar.supervisor import Sidecar
 from gateway.app import create_app
 from gateway.replicas.sources import Resolver, resolve_addresses
 from gateway.server import uvicorn_config
-from gateway.settings import LimitSettings, ModelSettings, Settings
+from gateway.settings import LimitSettings, ModelSettings, Settings, Transport
 from gateway.tenancy import TenancySettings
 
 PORTS = range(23000, 23990)
@@ -60,15 +60,18 @@ def free_port() -> int:
     raise RuntimeError(f"no free port in {ports.start}-{ports.stop - 1}")
 
 
-def sidecar_settings(sidecar: Sidecar, tokenizer_dir: Path, **limits: float) -> Settings:
-    """The tiny pipelines of the test sidecar as served models, streamed over HTTP as a
-    supervised sidecar's are (requests with LoRA weights go over gRPC)."""
+def sidecar_settings(
+    sidecar: Sidecar, tokenizer_dir: Path, transport: Transport = "grpc", **limits: float
+) -> Settings:
+    """The tiny pipelines of the test sidecar as served models, reached over ``transport``
+    (gRPC by default, as a supervised sidecar's are)."""
 
     def model(name: str, triton_model: str, entry: str) -> ModelSettings:
         return ModelSettings(
             name=name,
             triton_url=sidecar.grpc_url,
-            triton_http_url=sidecar.http_url,
+            transport=transport,
+            triton_http_url=sidecar.http_url if transport == "http" else None,
             triton_model=triton_model,
             entry=entry,  # type: ignore[arg-type]
             tokenizer_dir=str(tokenizer_dir),

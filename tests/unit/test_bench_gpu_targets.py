@@ -56,6 +56,6 @@ def test_every_way_is_a_gateway_model_calling_its_entry_over_its_transport() -> 
         "m-http-engine": "tensorrt_llm",
         "m-grpc-engine": "tensorrt_llm",
     }
-    over_grpc = {name for name, model in models.items() if "triton_url" in model}
+    over_grpc = {name for name, model in models.items() if model["transport"] == "grpc"}
     assert over_grpc == {"m-grpc-ensemble", "m-grpc-engine"}
     assert all(model["pipeline"] == "m" for model in models.values())

@@ -182,8 +182,6 @@ def test_routes_with_replicas(model: ModelSettings, url: str, replicas: object) 
 @pytest.mark.parametrize(
     ("replicas", "routing", "expected"),
     [
-        # Without an HTTP port the replicas are reached over gRPC only.
-        (("a:8001", "b:8001"), RoutingSettings(), (None, None)),
         (("a:8001", "b:8001"), RoutingSettings(http_port=8000), ("http://a:8000", "http://b:8000")),
         (
             (EndpointSettings(url="a:8001", http_url="http://a:9000"), "b:8001"),
@@ -192,12 +190,14 @@ def test_routes_with_replicas(model: ModelSettings, url: str, replicas: object) 
         ),
     ],
 )
-def test_replicas_take_http_where_its_port_is_known(
+def test_replicas_of_an_http_model_take_their_http_addresses(
     replicas: tuple[str | EndpointSettings, ...],
     routing: RoutingSettings,
     expected: tuple[str | None, ...],
 ) -> None:
-    model = ModelSettings(name="t", tokenizer_dir="/t", replicas=replicas, routing=routing)
+    model = ModelSettings(
+        name="t", tokenizer_dir="/t", replicas=replicas, routing=routing, transport="http"
+    )
     (route,) = resolve_routes(Settings(models=(model,)), None, {})
     assert isinstance(route.replicas, tuple)
     assert tuple(endpoint.http_url for endpoint in route.replicas) == expected

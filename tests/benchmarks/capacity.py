@@ -122,7 +122,7 @@ def client_main(job: dict[str, Any]) -> tuple[list[Result], float]:
 
         # A stream that never ends is an error of its own, not a hung level.
         samples, _ = await run_level(
-            connect, job["streams"], job["seconds"], 120.0, job["stagger_s"], job["phase"],
+            connect, job["streams"], job["seconds"], job["stall_s"], job["stagger_s"], job["phase"],
             job["think_s"],
         )  # fmt: skip
         return samples
@@ -163,7 +163,8 @@ def measure(
     stagger_s = args.tokens / args.rate if args.arrivals == "staggered" else 0.0
     jobs = [
         {**job, "host": host, "port": int(port), "streams": share, "seconds": args.seconds,
-         "stagger_s": stagger_s, "phase": index / len(shares), "think_s": args.think_ms / 1e3}
+         "stagger_s": stagger_s, "phase": index / len(shares), "think_s": args.think_ms / 1e3,
+         "stall_s": args.stall_s}
         for index, share in enumerate(shares)
     ]  # fmt: skip
     context = multiprocessing.get_context("spawn")
@@ -180,8 +181,11 @@ def measure(
     window = (started + stagger_s, started + stagger_s + args.seconds)
     arrived = sum(_arrivals(s, *window) for part, _ in results for s in part if s[5] is None)
     every = [s for part, _ in results for s in part]
-    good = [s for s in every if s[5] is None and not s[6]]
-    errors = [s[5] for s in every if s[5] is not None]
+    # The paced engine sends every token asked for: an answer that ended with fewer lost some.
+    short = [f"short: {s[3]} of {args.tokens} tokens" for s in every
+             if s[5] is None and s[3] < args.tokens]  # fmt: skip
+    good = [s for s in every if s[5] is None and not s[6] and s[3] >= args.tokens]
+    errors = [s[5] for s in every if s[5] is not None] + short
     cpu = {name: (after[name] - before[name]) / wall for name in trees}
     cpu["load generator"] = sum(spent for _, spent in results) / wall
     gaps = [gap for s in good for gap in s[4]]
@@ -282,9 +286,14 @@ def run(
             variants += [(w, False) for w in args.workers if args.waiting_admission and w > 1]
             # A baseline checkout's gateway runs beside this tree's, with the same settings.
             trees = [("", None)] + ([("@baseline", str(args.baseline))] if args.baseline else [])
-            for (workers, ahead), (tree, code) in itertools.product(variants, trees):
-                name = f"gateway-{workers}" + ("" if ahead else "-waiting") + tree
-                config = gateway_config(sidecar, tokenizer, workers, send_ahead=ahead)
+            for (workers, ahead), transport, (tree, code) in itertools.product(
+                variants, args.transports, trees
+            ):
+                name = (f"gateway-{workers}" + ("" if ahead else "-waiting")
+                        + ("-http" if transport == "http" else "") + tree)  # fmt: skip
+                config = gateway_config(
+                    sidecar, tokenizer, workers, send_ahead=ahead, transport=transport
+                )
                 env = {"PYTHONPATH": code} if code else None
                 url, process = serve_process(config, workdir, name, timeout_s=180, env=env)
                 running.callback(stop_process, process)
@@ -328,6 +337,14 @@ def main() -> None:
         "Redis admission before it goes to Triton",
     )
     parser.add_argument(
+        "--transports",
+        nargs="+",
+        choices=("grpc", "http"),
+        default=["grpc"],
+        help="the gateway's transports to Triton, each a gateway of its own (gateway-N over gRPC, "
+        "gateway-N-http over Triton's HTTP generate_stream)",
+    )
+    parser.add_argument(
         "--baseline",
         type=Path,
         help="another checkout of this project: each gateway also runs from its code "
@@ -343,6 +360,13 @@ def main() -> None:
         "report adds each row's median and range over the rounds",
     )
     parser.add_argument("--warmup", type=float, default=2.0)
+    parser.add_argument(
+        "--stall-s",
+        type=float,
+        default=120.0,
+        help="how long after a level's end an unfinished stream is waited for before it counts "
+        "as an error (stalled)",
+    )
     parser.add_argument(
         "--think-ms",
         type=float,

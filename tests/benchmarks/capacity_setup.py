@@ -45,11 +45,18 @@ def start_triton(
 
 
 def gateway_config(
-    sidecar: Sidecar, tokenizer: Path, workers: int, *, send_ahead: bool = True
+    sidecar: Sidecar,
+    tokenizer: Path,
+    workers: int,
+    *,
+    send_ahead: bool = True,
+    transport: str = "grpc",
 ) -> dict[str, Any]:
-    model = {"name": "lt", "triton_url": sidecar.grpc_url, "triton_http_url": sidecar.http_url,
-             "triton_model": ENGINE_MODEL, "entry": "tensorrt_llm",
-             "tokenizer_dir": str(tokenizer), "context_length": 4096}  # fmt: skip
+    model = {"name": "lt", "triton_url": sidecar.grpc_url, "triton_model": ENGINE_MODEL,
+             "entry": "tensorrt_llm", "tokenizer_dir": str(tokenizer), "context_length": 4096,
+             "transport": transport}  # fmt: skip
+    if transport == "http":
+        model["triton_http_url"] = sidecar.http_url
     tenant = {"name": "bench", "requests_per_minute": 10_000_000, "tokens_per_minute": 10**12}
     return {
         "models": [model],

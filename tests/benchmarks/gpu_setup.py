@@ -92,11 +92,14 @@ def gateway_config(
             }
         )
     return {
-        # One gateway model per way to Triton, all served by the same pipeline. A model given
-        # its Triton's gRPC address (and no HTTP one) is reached over gRPC.
+        # One gateway model per way to Triton, all served by the same pipeline.
         "models": [
-            {"name": gateway_model(name, way, ways), "pipeline": name, "entry": way.entry}
-            | ({"triton_url": f"127.0.0.1:{grpc_port}"} if way.transport == "grpc" else {})
+            {
+                "name": gateway_model(name, way, ways),
+                "pipeline": name,
+                "entry": way.entry,
+                "transport": way.transport,
+            }
             for name in models
             for way in ways
         ],

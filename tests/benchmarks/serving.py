@@ -81,14 +81,18 @@ def bench_spec(tokenizer_dir: Path) -> Any:
     )
 
 
-def gateway_config(sidecar: Sidecar, tokenizer_dir: Path) -> dict[str, Any]:
-    """Every pipeline through both entries; auth on and a rate limiter that admits everything."""
+def gateway_config(
+    sidecar: Sidecar, tokenizer_dir: Path, transport: str = "grpc"
+) -> dict[str, Any]:
+    """Every pipeline through both entries; auth on and a rate limiter that admits everything.
+    ``transport``: how the gateway reaches Triton, ``http`` (``generate_stream``) or ``grpc``."""
 
     def model(name: str, pipeline: str, entry: str) -> dict[str, Any]:
         return {
             "name": name,
             "triton_url": sidecar.grpc_url,
-            "triton_http_url": sidecar.http_url,
+            "transport": transport,
+            **({"triton_http_url": sidecar.http_url} if transport == "http" else {}),
             "triton_model": f"{pipeline}_{entry}",
             "engine_model": f"{pipeline}_tensorrt_llm",
             "entry": entry,
@@ -266,6 +270,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--levels", default=",".join(map(str, LEVELS)), help="concurrencies")
     parser.add_argument("--no-litellm", action="store_true", help="leave LiteLLM out")
     parser.add_argument("--out", type=Path, default=RESULTS, help="folder of the report")
+    parser.add_argument(
+        "--transport", choices=("grpc", "http"), default="grpc", help="the gateway's to Triton"
+    )
     args = parser.parse_args(argv)
     levels = tuple(int(level) for level in args.levels.split(","))
     try:
@@ -283,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
         with sidecar:
             sidecar.wait_ready(300, first_start=True)
             bench = Bench(sidecar, args.seconds, levels)
-            config = gateway_config(sidecar, tokenizer_dir)
+            config = gateway_config(sidecar, tokenizer_dir, args.transport)
             url, gateway = serve_process(config, workdir, "gateway")
             try:
                 gateway_rss = rss_mib(gateway.pid)
@@ -298,6 +305,7 @@ def main(argv: list[str] | None = None) -> int:
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, {platform.python_version()}",
         "seconds_per_level": args.seconds,
         "tokens": TOKENS,
+        "transport": args.transport,
         "gateway_rss_mib": round(gateway_rss, 1),
         "litellm_rss_mib": None if litellm_rss is None else round(litellm_rss, 1),
         "litellm_version": litellm_proxy.VERSION,

@@ -13,6 +13,8 @@ per request (``adapters.triton.http``), and ``grpc``, ``ModelStreamInfer`` on on
 
 ``--http-threads`` sets tritonserver's ``--http-thread-count`` (Triton's default is 8): fewer
 threads, or cores shared with other work, make the HTTP frontend's event threads fall behind.
+The host's ``net.core.wmem_default`` (printed) bounds how far behind a thread may fall before
+Triton drops responses (README, "Transports to Triton").
 ``python -m tests.benchmarks.stream_integrity``.
 """
 
@@ -127,10 +129,19 @@ def _report(name: str, outcomes: Counter[str], args: argparse.Namespace) -> None
     kinds = ("complete", "short", "stalled", "broken")
     cells = "  ".join(f"{kind} {outcomes[kind]}" for kind in kinds)
     print(
-        f"{name:<5} http threads {args.http_threads}  streams {args.streams}  tokens "
-        f"{args.tokens}  requests {sum(outcomes.values())}  {cells}",
+        f"{name:<5} http threads {args.http_threads}  wmem_default {_wmem_default()}  streams "
+        f"{args.streams}  tokens {args.tokens}  requests {sum(outcomes.values())}  {cells}",
         flush=True,
     )
+
+
+def _wmem_default() -> str:
+    """The host's ``net.core.wmem_default``: the buffer of the socket through which Triton's
+    HTTP frontend hands each response to its event thread (a full one drops the response)."""
+    try:
+        return Path("/proc/sys/net/core/wmem_default").read_text().strip()
+    except OSError:
+        return "unknown"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -58,7 +58,6 @@ def main() -> None:
         model = ModelSettings(
             name="vis",
             triton_url=sidecar.grpc_url,
-            triton_http_url=sidecar.http_url,
             triton_model=f"{PIPELINE}_ensemble",
             tokenizer_dir=str(model_dir),
         )

@@ -19,6 +19,7 @@ from gateway.settings import (
     SidecarSettings,
     check_settings,
     load_settings,
+    sidecar_served,
 )
 from gateway.tenancy import TenancySettings
 from gateway.tenancy.keys import digest, new_key
@@ -88,28 +89,39 @@ def serve(settings: Settings) -> int:
 
 
 def _say_transports(settings: Settings) -> None:
-    """How the supervised sidecars' models reach Triton, and a warning where a model takes
-    Triton's HTTP transport on a host whose buffer loses its responses."""
+    """How the supervised sidecars' models reach Triton, and a warning where one takes Triton's
+    HTTP transport on this host's buffer that loses responses. A Triton elsewhere runs on a
+    buffer this process cannot read: its ``transport: http`` is the operator's word."""
     from deploy.sidecar import frontend
 
+    if settings.sidecars is None:
+        return
+    served = [model for model in settings.models if sidecar_served(model)]
     queue = frontend.queue_bytes()
     safe = frontend.keeps_responses(queue)
+    buffer = "could not be read" if queue is None else f"is {queue} bytes"
     fix = f"sysctl -w net.core.wmem_default={frontend.SAFE_QUEUE_BYTES}"
-    http = [model.name for model in settings.models if model.transport == "http"]
+    http = [model.name for model in served if model.transport == "http"]
     if http and not safe:
         print(
             f"  warning: {', '.join(http)} take Triton's HTTP transport, and this host's "
-            f"net.core.wmem_default is {queue} bytes: Triton's HTTP frontend loses responses "
-            f"when it falls that far behind. On Triton's host: {fix} before it starts "
+            f"net.core.wmem_default {buffer}: Triton's HTTP frontend loses responses when it "
+            f"falls behind by more than that holds. {fix} before the sidecars start "
             "(README, Transports to Triton)",
             file=sys.stderr,
             flush=True,
         )
-    auto = not settings.models or any(model.transport == "auto" for model in settings.models)
-    if settings.sidecars is not None and auto:
-        way = "Triton's HTTP generate_stream" if safe else "gRPC"
-        why = "" if safe else f" (HTTP, cheaper, once this host has {fix}; README)"
-        print(f"  sidecar models stream over {way}{why}", flush=True)
+    auto = [model.name for model in served if model.transport == "auto"]
+    if auto or not settings.models:
+        which = ", ".join(auto) or "every pipeline"
+        if safe:
+            print(f"  {which}: over Triton's HTTP generate_stream", flush=True)
+        else:
+            print(
+                f"  {which}: over gRPC, since this host's net.core.wmem_default {buffer}; "
+                f"HTTP, cheaper, once it has {fix} (README, Transports to Triton)",
+                flush=True,
+            )
 
 
 def _serve_workers(settings: Settings) -> int:

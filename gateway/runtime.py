@@ -153,9 +153,7 @@ class Runtime:
     async def _start(self) -> None:
         await self.tenancy.start()
         spec, grpc_urls, http_urls, hosts = await self._prepare_sidecars()
-        # The supervised sidecars run on this host: their HTTP frontend is safe where its
-        # buffer is (deploy/sidecar/frontend.py).
-        sidecar_http = frontend.keeps_responses(frontend.queue_bytes())
+        sidecar_http = frontend.keeps_responses(self._sidecar_queue_bytes())
         routes = resolve_routes(self.settings, spec, grpc_urls, http_urls, hosts, sidecar_http)
         # One thread, one model after another: transformers' lazy imports are not thread-safe.
         models = await asyncio.to_thread(
@@ -212,6 +210,14 @@ class Runtime:
         await _bounded("the HTTP client", self.http.aclose())
         self._executor.shutdown(wait=False, cancel_futures=True)
         await _bounded("observability", asyncio.to_thread(self.observability.close))
+
+    def _sidecar_queue_bytes(self) -> int | None:
+        """The buffer of the supervised sidecars' HTTP frontends (deploy/sidecar/frontend.py):
+        as this worker's parent read it when it started them, or this host's now, just before
+        this process starts them."""
+        if self._shared is not None:
+            return read_state(self._shared).queue_bytes
+        return frontend.queue_bytes()
 
     async def _prepare_sidecars(self) -> tuple[Spec | None, *SidecarAddresses]:
         """The sidecars built (not started), or those of this worker's parent, and their

@@ -233,33 +233,39 @@ def check_settings(settings: Settings) -> None:
         )
 
 
+def sidecar_served(model: ModelSettings) -> bool:
+    """Whether the model runs on the sidecars this gateway supervises: its pipeline's, with no
+    other Triton named."""
+    return model.pipeline is not None and model.triton_url is None and not model.replicas
+
+
 def _transport_problem(model: ModelSettings) -> str | None:
     """Why the model's HTTP addresses do not fit its ``transport`` (None when they do)."""
     listed = () if isinstance(model.replicas, str) else model.replicas
-    endpoint_urls = [e.url for e in listed if isinstance(e, EndpointSettings) and e.http_url]
+    endpoints = [e for e in listed if isinstance(e, EndpointSettings)]
     if model.transport != "http":
-        given = [
-            name
-            for name, value in (
-                ("triton_http_url", model.triton_http_url),
-                ("routing.http_port", model.routing.http_port),
-            )
-            if value
-        ]
-        given += [f"http_url of replica {url}" for url in endpoint_urls]
+        given = [f"http_url of replica {e.url}" for e in endpoints if e.http_url is not None]
+        if model.routing.http_port is not None:
+            given.insert(0, "routing.http_port")
+        if model.triton_http_url is not None:
+            given.insert(0, "triton_http_url")
         if given:
             return f"{', '.join(given)} is used only with transport: http"
         return None
+    if model.triton_http_url == "" or any(e.http_url == "" for e in endpoints):
+        return "an empty HTTP address"
     if model.replicas:
+        if model.triton_http_url is not None:
+            return "triton_http_url names one Triton: replicas take routing.http_port or http_url"
         if model.routing.http_port is not None:
             return None
         missing = [e if isinstance(e, str) else e.url for e in listed
-                   if isinstance(e, str) or not e.http_url]  # fmt: skip
+                   if isinstance(e, str) or e.http_url is None]  # fmt: skip
         if isinstance(model.replicas, str) or missing:
             where = model.replicas if isinstance(model.replicas, str) else ", ".join(missing)
             return f"transport: http needs routing.http_port (or http_url) for {where}"
         return None
-    if model.triton_http_url is None and (model.triton_url is not None or model.pipeline is None):
+    if model.triton_http_url is None and not sidecar_served(model):
         return "transport: http needs triton_http_url (a pipeline's sidecar gives its own)"
     return None
 

@@ -17,8 +17,15 @@ from gateway.catalog.text.prompts import PromptTokenizer
 from gateway.catalog.vision import VisionInputs, read_vision
 from gateway.http.errors import unknown_model
 from gateway.replicas.settings import RoutingSettings
-from gateway.replicas.sources import Endpoint, ReplicaSource, SourceError, parse_source
-from gateway.settings import ImageSettings, ModelSettings, SamplingDefaults, Settings, SettingsError
+from gateway.replicas.sources import DnsName, Endpoint, ReplicaSource, SourceError, parse_source
+from gateway.settings import (
+    ImageSettings,
+    ModelSettings,
+    SamplingDefaults,
+    Settings,
+    SettingsError,
+    sidecar_served,
+)
 
 logger = logging.getLogger(__name__)
 DEFAULT_TRITON_URL = "127.0.0.1:8001"
@@ -182,10 +189,18 @@ def _with_replicas(
     elif model.triton_url is None and model.pipeline is not None:
         hosts = sidecar_replicas.get(model.pipeline)
         source = tuple(hosts) if hosts else None
+        if source and model.triton_http_url is not None:
+            raise SettingsError(
+                f"model {model.name!r}: triton_http_url names one Triton, and pipeline "
+                f"{model.pipeline!r} runs on several sidecars: leave it to theirs"
+            )
     if source is None:
         return route
+    over_http = _takes_http(model, sidecar_http)
+    if isinstance(source, DnsName) and not over_http:
+        source = dataclasses.replace(source, http_port=None)
     if isinstance(source, tuple):
-        if not _takes_http(model, sidecar_http):
+        if not over_http:
             source = tuple(dataclasses.replace(endpoint, http_url=None) for endpoint in source)
         first, http_url = source[0].url, source[0].http_url
     else:
@@ -200,8 +215,7 @@ def _takes_http(model: ModelSettings, sidecar_http: bool) -> bool:
     that give an HTTP address to a model of another transport were refused before."""
     if model.transport != "auto":
         return model.transport == "http"
-    supervised = model.pipeline is not None and model.triton_url is None and not model.replicas
-    return supervised and sidecar_http
+    return sidecar_served(model) and sidecar_http
 
 
 def _pipeline(model: ModelSettings, spec: Spec | None) -> ModelSpec | None:

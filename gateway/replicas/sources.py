@@ -22,7 +22,7 @@ class SourceError(ValueError):
 @dataclass(frozen=True, slots=True)
 class Endpoint:
     """One Triton replica: its name in metrics and traces, gRPC address and metrics URL, and
-    its HTTP address where known (requests then take Triton's HTTP ``generate_stream``)."""
+    its HTTP address where its model's requests take Triton's HTTP ``generate_stream``."""
 
     name: str
     url: str

@@ -17,6 +17,7 @@ from types import FrameType
 import msgspec
 from prometheus_client import multiprocess
 
+from deploy.sidecar import frontend
 from deploy.sidecar.supervisor import Sidecar, sidecar_from_spec
 from gateway.runtime import read_spec
 from gateway.server import REPEAT_WINDOW_S
@@ -60,6 +61,8 @@ class Pool:
         self.metrics_dir = folder / "metrics"
         self.redis = EmbeddedRedis(folder) if needs_embedded_redis(settings) else None
         self.sidecars: list[Sidecar] = []
+        self.queue_bytes: int | None = None
+        """This host's ``net.core.wmem_default`` as the sidecars started."""
         self.ready = False
         self.failure: str | None = None
         self.stopping = threading.Event()
@@ -98,7 +101,9 @@ class Pool:
         self.sidecars = [
             sidecar_from_spec(spec, sidecar_spec, workdir) for sidecar_spec in spec.sidecars
         ]
-        write_state(self.state_file, self.sidecars, ready=False)
+        # Read once, as the sidecars start: every worker takes the transport it allows.
+        self.queue_bytes = frontend.queue_bytes()
+        write_state(self.state_file, self.sidecars, ready=False, queue_bytes=self.queue_bytes)
 
     def _start_sidecars(self) -> None:
         for sidecar in self.sidecars:
@@ -123,7 +128,9 @@ class Pool:
 
     def _watch(self, payload: bytes) -> None:
         if self.sidecars:
-            write_state(self.state_file, self.sidecars, ready=self.ready)
+            write_state(
+                self.state_file, self.sidecars, ready=self.ready, queue_bytes=self.queue_bytes
+            )
         if self.redis is not None:
             self.redis.watch()
         for index, process in enumerate(self._workers):

@@ -48,15 +48,24 @@ class SharedState:
     sidecars: tuple[SidecarView, ...]
     ready: bool
     """Every sidecar has started once (its models loaded)."""
+    queue_bytes: int | None = None
+    """The host's ``net.core.wmem_default`` when the parent last wrote this, at a sidecar's
+    (re)start: the buffer of their HTTP frontends (``deploy.sidecar.frontend``)."""
 
 
-def write_state(path: Path, sidecars: Iterable[SidecarLike], *, ready: bool) -> None:
+def write_state(
+    path: Path, sidecars: Iterable[SidecarLike], *, ready: bool, queue_bytes: int | None = None
+) -> None:
     """Replace the state file at once (readers never see half of it)."""
     views = [
         SidecarView(s.name, s.grpc_url, s.http_url, s.metrics_url, s.pid, s.restarts)
         for s in sidecars
     ]
-    data = {"ready": ready, "sidecars": [asdict(view) for view in views]}
+    data = {
+        "ready": ready,
+        "sidecars": [asdict(view) for view in views],
+        "queue_bytes": queue_bytes,
+    }
     temporary = path.with_suffix(f".{os.getpid()}.tmp")
     temporary.write_text(json.dumps(data))
     os.replace(temporary, path)
@@ -69,4 +78,4 @@ def read_state(path: Path) -> SharedState:
     except FileNotFoundError:
         return SharedState((), ready=False)
     views = tuple(SidecarView(**view) for view in data["sidecars"])
-    return SharedState(views, ready=bool(data["ready"]))
+    return SharedState(views, ready=bool(data["ready"]), queue_bytes=data.get("queue_bytes"))

@@ -9,6 +9,8 @@ closed-loop load then rises from one stream to thousands against:
 - ``gateway-1``: ``triton-gateway serve`` with one worker, ``/v1/completions`` streamed, the
   engine entry (the gateway tokenizes and detokenizes), auth and the rate limiter on;
 - ``gateway-N``: the same with ``--workers`` worker processes (limits in the embedded Redis);
+  it reaches Triton over gRPC, and ``gateway-N-http`` over Triton's HTTP ``generate_stream``
+  (``--transports``);
 - ``relay-N``: the floor of a Python hop (``tests/benchmarks/relay.py``): ``N`` uvicorn workers
   served as the gateway's are, relaying the direct request and Triton's events untouched, so the
   gateway's own cost is its distance from this row rather than from direct Triton;
@@ -20,7 +22,8 @@ streams' first requests are spread over one request's paced length (``--arrivals
 as requests of varied lengths arrive; ``--arrivals burst`` starts them all at once, and with
 equal lengths they then arrive together after every request. Per level: tokens/s (the tokens
 that arrived in the ``--seconds`` while every stream was sending), time to first token and
-inter-token latency p50/p99 (without the staggered first requests), errors, and the CPU of
+inter-token latency p50/p99 (without the staggered first requests), errors (an answer short of
+its ``--tokens`` among them: the paced engine sends them all), and the CPU of
 each process tree (Triton, the gateway, the load generator itself, whose ceiling shows in its
 own row). Every target runs from the start and each level measures them one after the other,
 direct first; ``--rounds`` repeats the whole for a median and range per row, each round against
@@ -292,8 +295,9 @@ def run(
                 name = (f"gateway-{workers}" + ("" if ahead else "-waiting")
                         + ("-http" if transport == "http" else "") + tree)  # fmt: skip
                 config = gateway_config(
-                    sidecar, tokenizer, workers, send_ahead=ahead, transport=transport
-                )
+                    sidecar, tokenizer, workers, send_ahead=ahead, transport=transport,
+                    before_transports=code is not None,
+                )  # fmt: skip
                 env = {"PYTHONPATH": code} if code else None
                 url, process = serve_process(config, workdir, name, timeout_s=180, env=env)
                 running.callback(stop_process, process)
@@ -364,8 +368,8 @@ def main() -> None:
         "--stall-s",
         type=float,
         default=120.0,
-        help="how long after a level's end an unfinished stream is waited for before it counts "
-        "as an error (stalled)",
+        help="how long one request may take before it counts as an error (stalled) and its "
+        "stream is closed",
     )
     parser.add_argument(
         "--think-ms",

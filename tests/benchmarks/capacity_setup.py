@@ -51,10 +51,20 @@ def gateway_config(
     *,
     send_ahead: bool = True,
     transport: str = "grpc",
+    before_transports: bool = False,
 ) -> dict[str, Any]:
-    model = {"name": "lt", "triton_url": sidecar.grpc_url, "triton_model": ENGINE_MODEL,
-             "entry": "tensorrt_llm", "tokenizer_dir": str(tokenizer), "context_length": 4096,
-             "transport": transport}  # fmt: skip
+    """The gateway's settings; ``before_transports`` for a checkout that knows no
+    ``transport`` setting (``--baseline``), where an HTTP address alone meant HTTP."""
+    model: dict[str, Any] = {
+        "name": "lt",
+        "triton_url": sidecar.grpc_url,
+        "triton_model": ENGINE_MODEL,
+        "entry": "tensorrt_llm",
+        "tokenizer_dir": str(tokenizer),
+        "context_length": 4096,
+    }
+    if not before_transports:
+        model["transport"] = transport
     if transport == "http":
         model["triton_http_url"] = sidecar.http_url
     tenant = {"name": "bench", "requests_per_minute": 10_000_000, "tokens_per_minute": 10**12}

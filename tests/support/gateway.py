@@ -64,7 +64,7 @@ def sidecar_settings(
     sidecar: Sidecar, tokenizer_dir: Path, transport: Transport = "grpc", **limits: float
 ) -> Settings:
     """The tiny pipelines of the test sidecar as served models, reached over ``transport``
-    (gRPC by default, as a supervised sidecar's are)."""
+    (gRPC by default, as a supervised sidecar's are on a host at the usual socket buffer)."""
 
     def model(name: str, triton_model: str, entry: str) -> ModelSettings:
         return ModelSettings(

@@ -12,8 +12,9 @@ from deploy.sidecar import frontend
 from deploy.sidecar.spec import parse_spec
 from gateway import cli
 from gateway.catalog.registry import resolve_routes
+from gateway.replicas.settings import RoutingSettings
 from gateway.replicas.sources import Endpoint
-from gateway.settings import SettingsError, check_settings, parse_settings
+from gateway.settings import ModelSettings, Settings, SettingsError, check_settings, parse_settings
 
 SPEC = parse_spec(
     {
@@ -87,8 +88,23 @@ def test_dns_replicas_over_http_take_the_http_port() -> None:
     (route,) = _routes({"name": "m", "tokenizer_dir": "/t", "replicas": "dns:triton:8001",
                         "routing": {"http_port": 8000}, "transport": "http"})  # fmt: skip
     assert route.replicas.http_port == 8000
-    (plain,) = _routes({"name": "m", "tokenizer_dir": "/t", "replicas": "dns:triton:8001"})
-    assert plain.replicas.http_port is None
+
+
+def test_dns_replicas_not_over_http_keep_no_http_port() -> None:
+    # Unchecked settings (resolve_routes alone) still give a gRPC model no HTTP address.
+    model = ModelSettings(name="m", tokenizer_dir="/t", replicas="dns:triton:8001",
+                          routing=RoutingSettings(http_port=0), transport="grpc")  # fmt: skip
+    (route,) = resolve_routes(Settings(models=(model,)), None, {}, {}, None, True)
+    assert route.replicas.http_port is None
+
+
+def test_a_triton_http_url_on_a_pipeline_of_several_sidecars_is_refused() -> None:
+    hosts = {
+        "tiny": [Endpoint("a", "h:1", None, "http://h:2"), Endpoint("b", "k:1", None, "http://k:2")]
+    }
+    model = {"name": "m", "pipeline": "tiny", "transport": "http", "triton_http_url": "http://x:1"}
+    with pytest.raises(SettingsError, match="runs on several sidecars"):
+        _routes(model, hosts=hosts)
 
 
 @pytest.mark.parametrize(
@@ -112,6 +128,16 @@ def test_dns_replicas_over_http_take_the_http_port() -> None:
                                             "b:8001"]},
          "needs routing.http_port .* for b:8001"),
         ({"transport": "udp"}, "invalid settings"),
+        # A port of 0 is still given; an empty address is none.
+        ({"replicas": ["a:8001"], "routing": {"http_port": 0}},
+         "routing.http_port is used only with transport: http"),
+        ({"transport": "http", "triton_url": "t:8001", "triton_http_url": ""},
+         "an empty HTTP address"),
+        ({"transport": "http", "replicas": [{"url": "a:8001", "http_url": ""}],
+          "routing": {"http_port": 8000}}, "an empty HTTP address"),
+        # One HTTP address for several Tritons would be ignored for theirs.
+        ({"transport": "http", "replicas": ["a:8001"], "triton_http_url": "http://a:8000",
+          "routing": {"http_port": 8000}}, "triton_http_url names one Triton"),
     ],
 )  # fmt: skip
 def test_transport_contradictions_are_refused(model: dict[str, Any], match: str) -> None:
@@ -130,31 +156,50 @@ def test_the_host_buffer_is_read_and_judged(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    ("wmem", "transport", "said", "warned"),
+    ("wmem", "transports", "said", "warned"),
     [
-        ("212992", "auto", "sidecar models stream over gRPC (HTTP, cheaper, once", False),
-        ("8388608", "auto", "sidecar models stream over Triton's HTTP generate_stream", False),
-        ("212992", "http", "", True),
-        ("8388608", "http", "", False),
+        ("212992", ["auto"], "m0: over gRPC, since this host's net.core.wmem_default is 212992",
+         False),
+        ("8388608", ["auto"], "m0: over Triton's HTTP generate_stream", False),
+        ("212992", ["http"], None, True),
+        ("8388608", ["http"], None, False),
+        # Only the sidecar's models are named, each by what it takes.
+        ("212992", ["http", "remote"], None, True),
+        ("212992", ["auto", "http"], "m0: over gRPC", True),
+        ("unreadable", ["auto"], "net.core.wmem_default could not be read", False),
     ],
-)
+)  # fmt: skip
 def test_serve_says_which_transport_and_warns_of_an_unsafe_http(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
     wmem: str,
-    transport: str,
-    said: str,
+    transports: list[str],
+    said: str | None,
     warned: bool,
 ) -> None:
     path = tmp_path / "wmem_default"
-    path.write_text(wmem)
+    if wmem != "unreadable":
+        path.write_text(wmem)
     monkeypatch.setattr(frontend, "WMEM_DEFAULT", path)
+    models: list[dict[str, Any]] = []
+    for index, transport in enumerate(transports):
+        if transport == "remote":
+            models.append({"name": f"m{index}", "tokenizer_dir": "/t", "triton_url": "t:8001"})
+        else:
+            models.append({"name": f"m{index}", "pipeline": "tiny", "transport": transport})
     settings = parse_settings(
-        {"sidecars": {"spec": str(tmp_path / "deploy.yaml")},
-         "models": [{"name": "m", "pipeline": "tiny", "transport": transport}]}
-    )  # fmt: skip
+        {"sidecars": {"spec": str(tmp_path / "deploy.yaml")}, "models": models}
+    )
     cli._say_transports(settings)
     out, err = capsys.readouterr()
-    assert said in out
-    assert ("net.core.wmem_default is 212992 bytes" in err) == warned
+    if said is None:
+        assert "over" not in out
+    else:
+        assert said in out
+        assert "m1" not in out
+    assert ("take Triton's HTTP transport" in err) == warned
+    if warned:
+        assert err.split(" take ")[0].strip() == "warning: " + ", ".join(
+            f"m{i}" for i, t in enumerate(transports) if t == "http"
+        )

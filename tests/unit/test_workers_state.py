@@ -1,0 +1,26 @@
+"""The state a gateway's parent writes for its workers: sidecar addresses and the host buffer."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from gateway.workers.shared import SidecarView, read_state, write_state
+
+SIDECAR = SidecarView("a", "127.0.0.1:1", "http://127.0.0.1:2", "http://127.0.0.1:3/metrics", 7, 0)
+
+
+def test_workers_read_the_buffer_the_sidecars_started_with(tmp_path: Path) -> None:
+    path = tmp_path / "sidecars.json"
+    write_state(path, [SIDECAR], ready=True, queue_bytes=8388608)
+    state = read_state(path)
+    assert state.sidecars == (SIDECAR,)
+    assert state.ready
+    assert state.queue_bytes == 8388608
+
+
+def test_a_state_without_the_buffer_reads_as_unknown(tmp_path: Path) -> None:
+    path = tmp_path / "sidecars.json"
+    path.write_text(json.dumps({"ready": False, "sidecars": []}))
+    assert read_state(path).queue_bytes is None
+    assert read_state(tmp_path / "absent.json").queue_bytes is None

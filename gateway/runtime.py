@@ -16,8 +16,9 @@ import httpx
 
 from adapters.contract import Backend, ModelTarget
 from deploy.sidecar import frontend
+from deploy.sidecar.fleet import sidecar_from_spec
 from deploy.sidecar.spec import Spec, SpecError, load_spec, parse_spec
-from deploy.sidecar.supervisor import Sidecar, sidecar_from_spec
+from deploy.sidecar.supervisor import Sidecar
 from gateway.catalog.lora import AdapterError, AdapterExists
 from gateway.catalog.lora.board import AdapterBoard
 from gateway.catalog.registry import ModelRegistry, ModelRoute, load_model, resolve_routes

@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from deploy.sidecar.supervisor import Sidecar, sidecar_from_spec
+from deploy.sidecar.fleet import sidecar_from_spec
+from deploy.sidecar.supervisor import Sidecar
 from tests.support.redis_server import RedisServer
 from tests.support.shared_sidecars import SharedSidecars, controller_configure, controller_report
 from tests.support.sidecars import tiny_spec

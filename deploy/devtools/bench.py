@@ -15,8 +15,9 @@ import urllib.parse
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from deploy.sidecar.fleet import sidecar_from_spec
 from deploy.sidecar.spec import Spec, parse_spec
-from deploy.sidecar.supervisor import Sidecar, sidecar_from_spec
+from deploy.sidecar.supervisor import Sidecar
 
 logger = logging.getLogger(__name__)
 

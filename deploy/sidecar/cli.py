@@ -10,10 +10,11 @@ import tempfile
 import threading
 from pathlib import Path
 
+from deploy.sidecar.fleet import start_all, stop_all
 from deploy.sidecar.models import resolve_aliases
 from deploy.sidecar.render import render_spec
 from deploy.sidecar.spec import SpecError, load_spec
-from deploy.sidecar.supervisor import SidecarError, start_all, stop_all
+from deploy.sidecar.supervisor import SidecarError
 
 logger = logging.getLogger(__name__)
 

@@ -23,16 +23,12 @@ from typing import IO
 
 from deploy.sidecar.parentdeath import dying_with_parent
 from deploy.sidecar.ports import free_port
-from deploy.sidecar.render import render_files, write_repository
-from deploy.sidecar.spec import SidecarSpec, Spec, TensorRTLLMEngine
 from deploy.sidecar.stubs import StubWatch
 from deploy.sidecar.tritonbin import (
     ServerArgs,
     TritonBinary,
     build_command,
-    find_tritonserver,
     orchestrator_env,
-    parse_gpu_ids,
 )
 from deploy.triton.params import GRPC_URL_ENV, local_grpc_url
 
@@ -368,55 +364,6 @@ class Sidecar:
         for leftover in SHM_DIR.glob(f"{self._args.shm_prefix}*"):
             with contextlib.suppress(OSError):
                 leftover.unlink()
-
-
-def sidecar_from_spec(spec: Spec, sidecar: SidecarSpec, workdir: Path) -> Sidecar:
-    """Render the repository of one sidecar of a spec and build (not start) its supervisor."""
-    repository = write_repository(
-        render_files(spec, sidecar), Path(workdir) / sidecar.name / "repo"
-    )
-    binary = find_tritonserver(sidecar.tritonserver, sidecar.backend_directory)
-    trtllm = [m for m in spec.models_of(sidecar) if isinstance(m.engine, TensorRTLLMEngine)]
-    gpus = None
-    if trtllm:
-        gpus = tuple(
-            sorted({g for m in trtllm for g in parse_gpu_ids(m.engine.gpu_device_ids)})  # type: ignore[union-attr]
-        )
-    return Sidecar(
-        sidecar.name,
-        repository,
-        binary,
-        host=sidecar.host,
-        http_port=sidecar.http_port,
-        grpc_port=sidecar.grpc_port,
-        metrics_port=sidecar.metrics_port,
-        env=dict(sidecar.env),
-        orchestrator_gpus=gpus,
-        startup_timeout_s=sidecar.startup_timeout_s,
-        max_restarts=sidecar.max_restarts,
-        log_path=Path(workdir) / f"{sidecar.name}.log",
-        log_verbose=sidecar.log_verbose,
-        extra_args=tuple(sidecar.extra_args),
-        stop_grace_s=sidecar.stop_grace_s,
-    )
-
-
-def start_all(spec: Spec, workdir: Path) -> list[Sidecar]:
-    """Start every sidecar of a spec; on failure stop the ones already running."""
-    started: list[Sidecar] = []
-    try:
-        for sidecar in spec.sidecars:
-            started.append(sidecar_from_spec(spec, sidecar, workdir).start())
-    except BaseException:
-        stop_all(started)
-        raise
-    return started
-
-
-def stop_all(sidecars: list[Sidecar]) -> None:
-    """Stop sidecars, last started first."""
-    for sidecar in reversed(sidecars):
-        sidecar.stop()
 
 
 @atexit.register

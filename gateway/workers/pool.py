@@ -18,7 +18,8 @@ import msgspec
 from prometheus_client import multiprocess
 
 from deploy.sidecar import frontend
-from deploy.sidecar.supervisor import Sidecar, sidecar_from_spec
+from deploy.sidecar.fleet import sidecar_from_spec
+from deploy.sidecar.supervisor import Sidecar
 from gateway.runtime import read_spec
 from gateway.server import REPEAT_WINDOW_S
 from gateway.settings import Settings, SettingsError

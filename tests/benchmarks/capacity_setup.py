@@ -9,8 +9,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from deploy.sidecar.fleet import sidecar_from_spec
 from deploy.sidecar.spec import parse_spec
-from deploy.sidecar.supervisor import Sidecar, sidecar_from_spec
+from deploy.sidecar.supervisor import Sidecar
 from gateway.catalog.text.prompts import PromptTokenizer
 from gateway.tenancy.keys import digest
 

@@ -29,9 +29,9 @@ import msgspec
 from litestar.types import Message
 
 from adapters.triton.replay import ReplayingTritonBackend
+from deploy.sidecar.fleet import sidecar_from_spec
 from deploy.sidecar.models import ensure_tiny_model
 from deploy.sidecar.spec import parse_spec
-from deploy.sidecar.supervisor import sidecar_from_spec
 from gateway.app import create_app
 from gateway.observability.logs import configure_logging
 from gateway.settings import parse_settings

@@ -39,9 +39,10 @@ import psutil
 
 from adapters.triton.grpc_stream import infer_request
 from adapters.triton.wire import WireTensor
+from deploy.sidecar.fleet import sidecar_from_spec
 from deploy.sidecar.models import ensure_tiny_model
 from deploy.sidecar.spec import parse_spec
-from deploy.sidecar.supervisor import Sidecar, sidecar_from_spec
+from deploy.sidecar.supervisor import Sidecar
 from gateway.catalog.text.hub import load_tokenizer
 from gateway.tenancy.keys import digest
 from tests.benchmarks import litellm_proxy

@@ -35,9 +35,10 @@ from adapters.triton.grpc_stream import Call, GrpcCall, infer_request, open_stre
 from adapters.triton.http import HttpStreams
 from adapters.triton.http_wire import generate_body
 from adapters.triton.wire import WireTensor
+from deploy.sidecar.fleet import sidecar_from_spec
 from deploy.sidecar.models import ensure_tiny_model
 from deploy.sidecar.spec import parse_spec
-from deploy.sidecar.supervisor import Sidecar, sidecar_from_spec
+from deploy.sidecar.supervisor import Sidecar
 from tests.benchmarks.transports import MODEL, PROMPT
 
 OUTPUTS = ["output_ids", "sequence_length"]

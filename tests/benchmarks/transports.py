@@ -32,9 +32,10 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from adapters.triton.grpc_stream import infer_request
 from adapters.triton.wire import WireTensor
+from deploy.sidecar.fleet import sidecar_from_spec
 from deploy.sidecar.models import ensure_tiny_model
 from deploy.sidecar.spec import parse_spec
-from deploy.sidecar.supervisor import Sidecar, sidecar_from_spec
+from deploy.sidecar.supervisor import Sidecar
 
 MODEL = "lt_tensorrt_llm"
 PROMPT = [5, 7, 9, 10, 11, 12, 13, 14]

@@ -23,8 +23,9 @@ from pathlib import Path
 
 import pytest
 
+from deploy.sidecar.fleet import sidecar_from_spec
 from deploy.sidecar.spec import parse_spec
-from deploy.sidecar.supervisor import Sidecar, sidecar_from_spec
+from deploy.sidecar.supervisor import Sidecar
 from tests.support.sidecars import QUICK_STOP
 
 pytestmark = pytest.mark.slow

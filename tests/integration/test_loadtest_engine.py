@@ -16,9 +16,10 @@ import pytest
 
 from adapters.contract import GenerationRequest, ModelTarget, SamplingParams
 from adapters.triton import TritonBackend
+from deploy.sidecar.fleet import sidecar_from_spec
 from deploy.sidecar.render import RenderError, check_paths, render_config, render_model
 from deploy.sidecar.spec import LoadTestEngine, SpecError, parse_spec
-from deploy.sidecar.supervisor import Sidecar, sidecar_from_spec
+from deploy.sidecar.supervisor import Sidecar
 from tests.benchmarks.relay import relay_process
 from tests.support.engine_probe import EngineProcess
 from tests.support.pipeline_calls import Stream, generate, texts

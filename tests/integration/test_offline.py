@@ -17,8 +17,9 @@ from deploy.devtools.offline import (
     link_distribution,
     runtime_closure,
 )
+from deploy.sidecar.fleet import sidecar_from_spec
 from deploy.sidecar.spec import parse_spec
-from deploy.sidecar.supervisor import Sidecar, sidecar_from_spec
+from deploy.sidecar.supervisor import Sidecar
 from tests.support.engine_probe import EngineProcess
 from tests.support.sidecars import QUICK_STOP
 from tests.support.text_env import VERSION

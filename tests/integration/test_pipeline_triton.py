@@ -257,9 +257,9 @@ def test_concurrent_streams_each_get_their_own_text(sidecar: Sidecar, reference:
 @pytest.fixture(scope="module")
 def smollm_sidecar(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sidecar]:
     """A sidecar serving SmolLM2-135M-Instruct (converted from the PyPI GGUF) as ``smol``."""
+    from deploy.sidecar.fleet import sidecar_from_spec
     from deploy.sidecar.models import ensure_smollm2
     from deploy.sidecar.spec import parse_spec
-    from deploy.sidecar.supervisor import sidecar_from_spec
 
     try:
         model_dir = str(ensure_smollm2())

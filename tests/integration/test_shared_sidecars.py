@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from deploy.sidecar.fleet import start_all, stop_all
 from deploy.sidecar.spec import parse_spec
-from deploy.sidecar.supervisor import start_all, stop_all
 from tests.support.shared_sidecars import EXITS_DIR_ENV, SharedSidecars
 
 pytestmark = pytest.mark.slow

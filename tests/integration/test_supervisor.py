@@ -11,17 +11,12 @@ from pathlib import Path
 import psutil
 import pytest
 
+from deploy.sidecar.fleet import sidecar_from_spec, start_all, stop_all
 from deploy.sidecar.ports import PORT_FLOOR, free_port
 from deploy.sidecar.render import RenderError
 from deploy.sidecar.spec import parse_spec
 from deploy.sidecar.stubs import stub_models
-from deploy.sidecar.supervisor import (
-    Sidecar,
-    SidecarError,
-    sidecar_from_spec,
-    start_all,
-    stop_all,
-)
+from deploy.sidecar.supervisor import Sidecar, SidecarError
 from deploy.sidecar.tritonbin import (
     ServerArgs,
     TritonBinary,

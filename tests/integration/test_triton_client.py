@@ -27,10 +27,11 @@ from adapters.contract import (
     TokenChunk,
 )
 from adapters.triton import TritonBackend
+from deploy.sidecar.fleet import sidecar_from_spec
 from deploy.sidecar.models import ensure_tiny_model
 from deploy.sidecar.ports import free_port
 from deploy.sidecar.spec import parse_spec
-from deploy.sidecar.supervisor import Sidecar, sidecar_from_spec
+from deploy.sidecar.supervisor import Sidecar
 from gateway.catalog.text.prompts import PromptTokenizer
 from tests.support.engine_probe import EngineProcess
 

@@ -11,9 +11,10 @@ from pathlib import Path
 
 import httpx
 
+from deploy.sidecar.fleet import sidecar_from_spec
 from deploy.sidecar.ports import free_port
 from deploy.sidecar.spec import parse_spec
-from deploy.sidecar.supervisor import Sidecar, sidecar_from_spec
+from deploy.sidecar.supervisor import Sidecar
 from tests.support.sidecars import QUICK_STOP
 
 PIPELINE = "tiny"

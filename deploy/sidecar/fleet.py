@@ -1,0 +1,59 @@
+"""A spec's sidecars as a fleet: each rendered and built, started together, stopped together."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from deploy.sidecar.render import render_files, write_repository
+from deploy.sidecar.spec import SidecarSpec, Spec, TensorRTLLMEngine
+from deploy.sidecar.supervisor import Sidecar
+from deploy.sidecar.tritonbin import find_tritonserver, parse_gpu_ids
+
+
+def sidecar_from_spec(spec: Spec, sidecar: SidecarSpec, workdir: Path) -> Sidecar:
+    """Render the repository of one sidecar of a spec and build (not start) its supervisor."""
+    repository = write_repository(
+        render_files(spec, sidecar), Path(workdir) / sidecar.name / "repo"
+    )
+    binary = find_tritonserver(sidecar.tritonserver, sidecar.backend_directory)
+    trtllm = [m for m in spec.models_of(sidecar) if isinstance(m.engine, TensorRTLLMEngine)]
+    gpus = None
+    if trtllm:
+        gpus = tuple(
+            sorted({g for m in trtllm for g in parse_gpu_ids(m.engine.gpu_device_ids)})  # type: ignore[union-attr]
+        )
+    return Sidecar(
+        sidecar.name,
+        repository,
+        binary,
+        host=sidecar.host,
+        http_port=sidecar.http_port,
+        grpc_port=sidecar.grpc_port,
+        metrics_port=sidecar.metrics_port,
+        env=dict(sidecar.env),
+        orchestrator_gpus=gpus,
+        startup_timeout_s=sidecar.startup_timeout_s,
+        max_restarts=sidecar.max_restarts,
+        log_path=Path(workdir) / f"{sidecar.name}.log",
+        log_verbose=sidecar.log_verbose,
+        extra_args=tuple(sidecar.extra_args),
+        stop_grace_s=sidecar.stop_grace_s,
+    )
+
+
+def start_all(spec: Spec, workdir: Path) -> list[Sidecar]:
+    """Start every sidecar of a spec; on failure stop the ones already running."""
+    started: list[Sidecar] = []
+    try:
+        for sidecar in spec.sidecars:
+            started.append(sidecar_from_spec(spec, sidecar, workdir).start())
+    except BaseException:
+        stop_all(started)
+        raise
+    return started
+
+
+def stop_all(sidecars: list[Sidecar]) -> None:
+    """Stop sidecars, last started first."""
+    for sidecar in reversed(sidecars):
+        sidecar.stop()

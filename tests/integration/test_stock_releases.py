@@ -353,9 +353,10 @@ def test_requests_share_engine_steps_and_a_dropped_request_frees_its_slot(stack:
         thread.join(timeout=120)
     time.sleep(0.3)
     iterations = stack.engine_metric(steps, general_type="iteration_counter") - before
-    # Without in-flight batching this is 8 x 48; requests that reach the engine a step or two
-    # apart (arrival spread on a loaded two-core machine) add a few iterations.
-    assert 47 <= iterations < 3 * 48
+    # Without in-flight batching this is 8 x 48 = 384. Requests that reach the engine apart add
+    # iterations: on a two-core machine with the other test process beside it the spread has
+    # reached 100 steps (148 iterations), so the bound is half of serial.
+    assert 47 <= iterations < 4 * 48
     assert _slot_freed_after_hangup(stack) < 1.0
 
 

@@ -244,11 +244,10 @@ def _transport_problem(model: ModelSettings) -> str | None:
     listed = () if isinstance(model.replicas, str) else model.replicas
     endpoints = [e for e in listed if isinstance(e, EndpointSettings)]
     if model.transport != "http":
-        given = [f"http_url of replica {e.url}" for e in endpoints if e.http_url is not None]
-        if model.routing.http_port is not None:
-            given.insert(0, "routing.http_port")
-        if model.triton_http_url is not None:
-            given.insert(0, "triton_http_url")
+        addresses = {"triton_http_url": model.triton_http_url,
+                     "routing.http_port": model.routing.http_port}  # fmt: skip
+        addresses |= {f"http_url of replica {e.url}": e.http_url for e in endpoints}
+        given = [name for name, value in addresses.items() if value is not None]
         if given:
             return f"{', '.join(given)} is used only with transport: http"
         return None

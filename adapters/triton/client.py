@@ -286,11 +286,11 @@ class TritonBackend:
     ) -> Call:
         """The request on its way: over HTTP ``generate_stream`` where the target has an HTTP
         address (its model's transport is HTTP), JSON carries every input and an abandoned
-        request is still stopped; else over
-        gRPC ``ModelStreamInfer``. Triton notices a closed HTTP connection only when it writes,
-        so a BLS request answered once (nothing written until the end, and no stop request to
-        send) goes over gRPC, whose cancellation arrives at once. Both calls end at the
-        deadline, an ensemble's by its stop request (``Stopper.release``)."""
+        request is still stopped; else over gRPC ``ModelStreamInfer``. Triton notices a closed
+        HTTP connection only when it writes, so a BLS request answered once (nothing written
+        until the end, and no stop request to send) goes over gRPC, whose cancellation arrives
+        at once. Both calls end at the deadline, an ensemble's by its stop request
+        (``Stopper.release``)."""
         outputs = exchange.outputs
         model = exchange.model
         stoppable = exchange.streaming or model.is_ensemble or model.is_engine

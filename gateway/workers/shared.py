@@ -49,8 +49,8 @@ class SharedState:
     ready: bool
     """Every sidecar has started once (its models loaded)."""
     queue_bytes: int | None = None
-    """The host's ``net.core.wmem_default`` when the parent last wrote this, at a sidecar's
-    (re)start: the buffer of their HTTP frontends (``deploy.sidecar.frontend``)."""
+    """The host's ``net.core.wmem_default`` as the parent read it when it built the sidecars:
+    the buffer of their HTTP frontends (``deploy.sidecar.frontend``)."""
 
 
 def write_state(

@@ -15,6 +15,10 @@ BENCH_OUT ?= .bench/results
 .PHONY: install demo test bench capacity soak lint clean gpu-bundle
 
 $(STAMP): pyproject.toml
+	# A C compiler builds the response keeper that sidecars preload (README, Transports to Triton).
+	command -v cc >/dev/null 2>&1 || command -v gcc >/dev/null 2>&1 \
+	|| { [ "$$(id -u)" = 0 ] && apt-get update -q && apt-get install -y -q gcc libc6-dev; } \
+	|| echo "no C compiler: sidecars will run without the response keeper" >&2
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	# torch first, from TORCH_INDEX, so that nothing later pulls another build of it.

@@ -90,24 +90,42 @@ def serve(settings: Settings) -> int:
 
 def _say_transports(settings: Settings) -> None:
     """How the supervised sidecars' models reach Triton, and a warning where one takes Triton's
-    HTTP transport on this host's buffer that loses responses. A Triton elsewhere runs on a
-    buffer this process cannot read: its ``transport: http`` is the operator's word."""
+    HTTP transport on a sidecar that may lose responses: without the response keeper, on this
+    host's buffer. A Triton elsewhere is out of sight: its ``transport: http`` is the operator's
+    word."""
     from deploy.sidecar import frontend
+    from deploy.sidecar.frontend import keeper
+    from deploy.sidecar.spec import SpecError, load_spec, parse_spec
 
-    if settings.sidecars is None:
+    sidecars = settings.sidecars
+    if sidecars is None:
         return
+    try:
+        spec = load_spec(sidecars.spec) if sidecars.spec else parse_spec(sidecars.inline or {})
+    except SpecError:
+        return  # the start reports it
     served = [model for model in settings.models if sidecar_served(model)]
+    wanted = all(sidecar.keep_responses for sidecar in spec.sidecars)
+    kept = wanted and keeper.build() is not None
     queue = frontend.queue_bytes()
-    safe = frontend.keeps_responses(queue)
-    buffer = "could not be read" if queue is None else f"is {queue} bytes"
-    fix = f"sysctl -w net.core.wmem_default={frontend.SAFE_QUEUE_BYTES}"
+    safe = frontend.keeps_responses(queue, keeper=kept)
+    if kept:
+        why = "the response keeper is preloaded into tritonserver"
+    elif safe:
+        why = f"this host's net.core.wmem_default is {queue} bytes"
+    else:
+        buffer = "could not be read" if queue is None else f"is {queue} bytes"
+        lacks = "is off in the spec" if not wanted else "could not be built (no C compiler)"
+        why = f"the response keeper {lacks} and this host's net.core.wmem_default {buffer}"
+    fix = (
+        f"a C compiler (cc), or sysctl -w net.core.wmem_default={frontend.SAFE_QUEUE_BYTES}, "
+        "before the sidecars start (README, Transports to Triton)"
+    )
     http = [model.name for model in served if model.transport == "http"]
     if http and not safe:
         print(
-            f"  warning: {', '.join(http)} take Triton's HTTP transport, and this host's "
-            f"net.core.wmem_default {buffer}: Triton's HTTP frontend loses responses when it "
-            f"falls behind by more than that holds. {fix} before the sidecars start "
-            "(README, Transports to Triton)",
+            f"  warning: {', '.join(http)} take Triton's HTTP transport, and {why}: Triton's "
+            f"HTTP frontend loses responses when it falls behind. Give this host {fix}",
             file=sys.stderr,
             flush=True,
         )
@@ -115,13 +133,9 @@ def _say_transports(settings: Settings) -> None:
     if auto or not settings.models:
         which = ", ".join(auto) or "every pipeline"
         if safe:
-            print(f"  {which}: over Triton's HTTP generate_stream", flush=True)
+            print(f"  {which}: over Triton's HTTP generate_stream ({why})", flush=True)
         else:
-            print(
-                f"  {which}: over gRPC, since this host's net.core.wmem_default {buffer}; "
-                f"HTTP, cheaper, once it has {fix} (README, Transports to Triton)",
-                flush=True,
-            )
+            print(f"  {which}: over gRPC, since {why}; HTTP, cheaper, with {fix}", flush=True)
 
 
 def _serve_workers(settings: Settings) -> int:

@@ -154,7 +154,7 @@ class Runtime:
     async def _start(self) -> None:
         await self.tenancy.start()
         spec, grpc_urls, http_urls, hosts = await self._prepare_sidecars()
-        sidecar_http = frontend.keeps_responses(self._sidecar_queue_bytes())
+        sidecar_http = self._sidecars_keep_responses()
         routes = resolve_routes(self.settings, spec, grpc_urls, http_urls, hosts, sidecar_http)
         # One thread, one model after another: transformers' lazy imports are not thread-safe.
         models = await asyncio.to_thread(
@@ -212,13 +212,19 @@ class Runtime:
         self._executor.shutdown(wait=False, cancel_futures=True)
         await _bounded("observability", asyncio.to_thread(self.observability.close))
 
-    def _sidecar_queue_bytes(self) -> int | None:
-        """The buffer of the supervised sidecars' HTTP frontends (deploy/sidecar/frontend.py):
-        as this worker's parent read it when it started them, or this host's now, just before
-        this process starts them."""
+    def _sidecars_keep_responses(self) -> bool:
+        """Whether the supervised sidecars' HTTP frontends keep every streamed response
+        (``deploy.sidecar.frontend``): each runs with the response keeper, or the host's buffer
+        is large enough, as this worker's parent read it when it built them, or as it is now,
+        just before this process starts them."""
         if self._shared is not None:
-            return read_state(self._shared).queue_bytes
-        return frontend.queue_bytes()
+            state = read_state(self._shared)
+            kept = [sidecar.keeps_responses for sidecar in state.sidecars]
+            queue = state.queue_bytes
+        else:
+            kept = [sidecar.keeps_responses for sidecar in self._sidecars]
+            queue = frontend.queue_bytes()
+        return frontend.keeps_responses(queue, keeper=bool(kept) and all(kept))
 
     async def _prepare_sidecars(self) -> tuple[Spec | None, *SidecarAddresses]:
         """The sidecars built (not started), or those of this worker's parent, and their

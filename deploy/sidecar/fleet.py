@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from deploy.sidecar.frontend import keeper
 from deploy.sidecar.render import render_files, write_repository
 from deploy.sidecar.spec import SidecarSpec, Spec, TensorRTLLMEngine
 from deploy.sidecar.supervisor import Sidecar
@@ -38,6 +39,7 @@ def sidecar_from_spec(spec: Spec, sidecar: SidecarSpec, workdir: Path) -> Sideca
         log_verbose=sidecar.log_verbose,
         extra_args=tuple(sidecar.extra_args),
         stop_grace_s=sidecar.stop_grace_s,
+        keeper=keeper.build() if sidecar.keep_responses else None,
     )
 
 

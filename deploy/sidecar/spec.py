@@ -243,6 +243,10 @@ class SidecarSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """Further tritonserver arguments."""
     env: dict[str, str] = {}
     """Further environment variables for tritonserver."""
+    keep_responses: bool = True
+    """Preload the response keeper (``deploy.sidecar.frontend.keeper``) into tritonserver, so
+    that its HTTP frontend waits instead of losing a streamed response when it falls behind.
+    Built on this host with its C compiler; without one the sidecar runs without it."""
 
 
 class Spec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
+from deploy.sidecar.frontend import keeper as response_keeper
 from deploy.sidecar.parentdeath import dying_with_parent
 from deploy.sidecar.ports import free_port
 from deploy.sidecar.stubs import StubWatch
@@ -78,6 +79,7 @@ class Sidecar:
         log_verbose: int = 0,
         extra_args: tuple[str, ...] = (),
         stop_grace_s: float = 15.0,
+        keeper: Path | None = None,
     ) -> None:
         self.name = name
         self.repository = Path(repository)
@@ -97,6 +99,11 @@ class Sidecar:
         self._env = {**binary.env, **(orchestrator_env() if orchestrator_gpus is not None else {})}
         self._env[GRPC_URL_ENV] = local_grpc_url(host, self.grpc_port)
         self._env.update(env or {})
+        self.keeper = keeper
+        """The response keeper preloaded into tritonserver (``deploy.sidecar.frontend.keeper``)."""
+        if keeper is not None:
+            current = self._env.get("LD_PRELOAD") or os.environ.get("LD_PRELOAD")
+            self._env["LD_PRELOAD"] = response_keeper.preload_value(keeper, current)
         self._args = ServerArgs(
             repository=self.repository,
             host=host,
@@ -140,6 +147,12 @@ class Sidecar:
         return f"http://{self.host}:{self.metrics_port}/metrics"
 
     @property
+    def keeps_responses(self) -> bool:
+        """Whether tritonserver runs with the response keeper: its HTTP frontend loses no
+        streamed response (``start`` checks that it was loaded)."""
+        return self.keeper is not None
+
+    @property
     def pid(self) -> int | None:
         """PID of the running tritonserver, if any."""
         process = self._process
@@ -169,11 +182,22 @@ class Sidecar:
         self._thread.start()
         try:
             self.wait_ready(self.startup_timeout_s, first_start=True)
+            self._check_keeper()
         except BaseException:
             self.stop()
             raise
         logger.info("sidecar %s ready (pid %s, grpc %s)", self.name, self.pid, self.grpc_url)
         return self
+
+    def _check_keeper(self) -> None:
+        pid = self.pid
+        if self.keeper is None or pid is None or response_keeper.loaded_by(pid, self.keeper):
+            return
+        raise SidecarError(
+            f"tritonserver of sidecar {self.name!r} did not load the response keeper "
+            f"{self.keeper}; keep_responses: false in its spec runs it without; "
+            f"{self._diagnosis()}"
+        )
 
     def wait_ready(self, timeout: float, *, first_start: bool = False) -> None:
         """Block until tritonserver is ready, it exits for good, or ``timeout`` passes."""

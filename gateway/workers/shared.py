@@ -28,6 +28,9 @@ class SidecarLike(Protocol):
     @property
     def metrics_url(self) -> str: ...
 
+    @property
+    def keeps_responses(self) -> bool: ...
+
 
 @dataclass(frozen=True)
 class SidecarView:
@@ -39,6 +42,8 @@ class SidecarView:
     metrics_url: str
     pid: int | None
     restarts: int
+    keeps_responses: bool = False
+    """Its tritonserver runs with the response keeper (``deploy.sidecar.frontend.keeper``)."""
 
 
 @dataclass(frozen=True)
@@ -58,7 +63,9 @@ def write_state(
 ) -> None:
     """Replace the state file at once (readers never see half of it)."""
     views = [
-        SidecarView(s.name, s.grpc_url, s.http_url, s.metrics_url, s.pid, s.restarts)
+        SidecarView(
+            s.name, s.grpc_url, s.http_url, s.metrics_url, s.pid, s.restarts, s.keeps_responses
+        )
         for s in sidecars
     ]
     data = {

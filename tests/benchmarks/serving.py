@@ -39,6 +39,7 @@ import psutil
 
 from adapters.triton.grpc_stream import infer_request
 from adapters.triton.wire import WireTensor
+from deploy.sidecar import frontend
 from deploy.sidecar.fleet import sidecar_from_spec
 from deploy.sidecar.models import ensure_tiny_model
 from deploy.sidecar.spec import parse_spec
@@ -272,7 +273,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-litellm", action="store_true", help="leave LiteLLM out")
     parser.add_argument("--out", type=Path, default=RESULTS, help="folder of the report")
     parser.add_argument(
-        "--transport", choices=("grpc", "http"), default="grpc", help="the gateway's to Triton"
+        "--transport",
+        choices=("auto", "grpc", "http"),
+        default="auto",
+        help="the gateway's to Triton; auto: what it takes for a sidecar it supervises",
     )
     args = parser.parse_args(argv)
     levels = tuple(int(level) for level in args.levels.split(","))
@@ -291,6 +295,11 @@ def main(argv: list[str] | None = None) -> int:
         with sidecar:
             sidecar.wait_ready(300, first_start=True)
             bench = Bench(sidecar, args.seconds, levels)
+            if args.transport == "auto":
+                keeps = frontend.keeps_responses(
+                    frontend.queue_bytes(), keeper=sidecar.keeps_responses
+                )
+                args.transport = "http" if keeps else "grpc"
             config = gateway_config(sidecar, tokenizer_dir, args.transport)
             url, gateway = serve_process(config, workdir, "gateway")
             try:

@@ -11,6 +11,8 @@ per request (``adapters.triton.http``), and ``grpc``, ``ModelStreamInfer`` on on
 - ``stalled``: no end within ``--timeout`` seconds;
 - ``broken``: the transport failed (a reset, or bytes that are not the answer's).
 
+``--keeper`` runs tritonserver without the response keeper (``deploy.sidecar.frontend.keeper``),
+with it, or both one after the other (the default).
 ``--http-threads`` sets tritonserver's ``--http-thread-count`` (Triton's default is 8): fewer
 threads, or cores shared with other work, make the HTTP frontend's event threads fall behind.
 The host's ``net.core.wmem_default`` (printed) bounds how far behind a thread may fall before
@@ -126,11 +128,12 @@ async def _transport(name: str, sidecar: Sidecar, args: argparse.Namespace) -> C
         await client.close()
 
 
-def _report(name: str, outcomes: Counter[str], args: argparse.Namespace) -> None:
+def _report(name: str, keeper: str, outcomes: Counter[str], args: argparse.Namespace) -> None:
     kinds = ("complete", "short", "stalled", "broken")
     cells = "  ".join(f"{kind} {outcomes[kind]}" for kind in kinds)
     print(
-        f"{name:<5} http threads {args.http_threads}  wmem_default {_wmem_default()}  streams "
+        f"{name:<5} keeper {keeper:<3}  http threads {args.http_threads}  wmem_default "
+        f"{_wmem_default()}  streams "
         f"{args.streams}  tokens {args.tokens}  requests {sum(outcomes.values())}  {cells}",
         flush=True,
     )
@@ -153,28 +156,39 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=10.0, help="a stream's end, at most")
     parser.add_argument("--http-threads", type=int, default=1)
     parser.add_argument("--transports", default="http,grpc")
+    parser.add_argument(
+        "--keeper",
+        default="off,on",
+        help="tritonserver without the response keeper, with it, or one after the other",
+    )
     args = parser.parse_args(argv)
     tokenizer = ensure_tiny_model()
-    spec = parse_spec(
-        {
-            "models": [
-                {
-                    "name": "lt",
-                    "engine": {"kind": "loadtest", "tokenizer_dir": str(tokenizer)},
-                    "triton_max_batch_size": 256,
-                }
-            ],
-            "sidecars": [
-                {"name": "integrity", "extra_args": [f"--http-thread-count={args.http_threads}"]}
-            ],
-        }
-    )
-    with (
-        tempfile.TemporaryDirectory(prefix="stream-integrity-") as scratch,
-        sidecar_from_spec(spec, spec.sidecars[0], Path(scratch)) as sidecar,
-    ):
-        for name in args.transports.split(","):
-            _report(name, asyncio.run(_transport(name, sidecar, args)), args)
+    for keeper in args.keeper.split(","):
+        spec = parse_spec(
+            {
+                "models": [
+                    {
+                        "name": "lt",
+                        "engine": {"kind": "loadtest", "tokenizer_dir": str(tokenizer)},
+                        "triton_max_batch_size": 256,
+                    }
+                ],
+                "sidecars": [
+                    {
+                        "name": "integrity",
+                        "extra_args": [f"--http-thread-count={args.http_threads}"],
+                        "keep_responses": keeper == "on",
+                    }
+                ],
+            }
+        )
+        with (
+            tempfile.TemporaryDirectory(prefix="stream-integrity-") as scratch,
+            sidecar_from_spec(spec, spec.sidecars[0], Path(scratch)) as sidecar,
+        ):
+            kept = "on" if sidecar.keeps_responses else "off"
+            for name in args.transports.split(","):
+                _report(name, kept, asyncio.run(_transport(name, sidecar, args)), args)
     return 0
 
 

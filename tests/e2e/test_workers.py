@@ -21,6 +21,7 @@ import httpx
 import psutil
 import pytest
 
+from deploy.sidecar.frontend import keeper
 from gateway.tenancy.keys import digest, new_key
 from tests.support.gateway import serve_process, stop_process
 from tests.support.prometheus import total
@@ -38,6 +39,7 @@ class Gateway:
     process: subprocess.Popen[bytes]
     store: str
     """``embedded`` (the gateway runs its own Redis) or ``configured``."""
+    workdir: Path
 
     @property
     def port(self) -> int:
@@ -76,7 +78,7 @@ def gateway(
     workdir = tmp_path_factory.mktemp(f"workers-{request.param}")
     url, process = serve_process(_config(tiny_model_dir, store), workdir, "workers", 120)
     try:
-        yield Gateway(url, process, request.param)
+        yield Gateway(url, process, request.param, workdir)
     finally:
         if process.poll() is None:
             stop_process(process)
@@ -150,6 +152,47 @@ def test_a_lora_load_reaches_every_worker(gateway: Gateway, adapters: dict[str, 
         for _ in range(12)
     ]
     assert not any("run-time" in found for found in names)
+
+
+def test_workers_stream_over_the_http_of_a_sidecar_with_the_response_keeper(
+    gateway: Gateway,
+) -> None:
+    if keeper.compiler() is None:
+        pytest.skip("no C compiler on this host: sidecars run without the response keeper")
+    (server,) = [c for c in psutil.Process(gateway.process.pid).children() if _is_triton(c)]
+    assert any("keep-responses" in m.path for m in server.memory_maps())
+    flags = dict(arg.split("=", 1) for arg in server.cmdline() if arg.startswith("--"))
+    http_port, grpc_port = int(flags["--http-port"]), int(flags["--grpc-port"])
+    log = (gateway.workdir / "workers.log").read_text()
+    assert "lt: over Triton's HTTP generate_stream (the response keeper is preloaded" in log
+    body = {"model": "lt", "prompt": "hello", "max_tokens": 200, "stream": True}
+    headers = {"Authorization": f"Bearer {ADMIN}"}
+
+    async def peers_while_streaming() -> set[int]:
+        async with (
+            httpx.AsyncClient(timeout=30) as client,
+            client.stream(
+                "POST", f"{gateway.url}/v1/completions", json=body, headers=headers
+            ) as answer,
+        ):
+            lines = answer.aiter_lines()
+            await anext(lines)
+            ports = {
+                c.raddr.port
+                for worker in gateway.workers()
+                for c in worker.net_connections("tcp")
+                if c.raddr and c.status == psutil.CONN_ESTABLISHED
+            }
+            async for _ in lines:
+                pass
+        return ports
+
+    peers = asyncio.run(peers_while_streaming())
+    assert http_port in peers, (peers, http_port, grpc_port)
+
+
+def _is_triton(process: psutil.Process) -> bool:
+    return "tritonserver" in " ".join(process.cmdline())
 
 
 def _alive(pid: int) -> bool:

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from deploy.sidecar import frontend
+from deploy.sidecar.frontend import keeper
 from deploy.sidecar.spec import parse_spec
 from gateway import cli
 from gateway.catalog.registry import resolve_routes
@@ -152,27 +153,36 @@ def test_the_host_buffer_is_read_and_judged(tmp_path: Path) -> None:
     assert not frontend.keeps_responses(212992)
     assert frontend.keeps_responses(8 * 1024 * 1024)
     assert not frontend.keeps_responses(None)
+    assert frontend.keeps_responses(212992, keeper=True)
+    assert frontend.keeps_responses(None, keeper=True)
     assert frontend.queue_bytes(tmp_path / "absent") is None
 
 
 @pytest.mark.parametrize(
-    ("wmem", "transports", "said", "warned"),
+    ("keep", "wmem", "transports", "said", "warned"),
     [
-        ("212992", ["auto"], "m0: over gRPC, since this host's net.core.wmem_default is 212992",
-         False),
-        ("8388608", ["auto"], "m0: over Triton's HTTP generate_stream", False),
-        ("212992", ["http"], None, True),
-        ("8388608", ["http"], None, False),
+        ("built", "212992", ["auto"], "m0: over Triton's HTTP generate_stream (the response "
+         "keeper is preloaded", False),
+        ("built", "212992", ["http"], None, False),
+        ("unbuilt", "212992", ["auto"], "m0: over gRPC, since the response keeper could not be "
+         "built (no C compiler) and this host's net.core.wmem_default is 212992", False),
+        ("off", "212992", ["auto"], "since the response keeper is off in the spec", False),
+        ("off", "8388608", ["auto"], "m0: over Triton's HTTP generate_stream (this host's "
+         "net.core.wmem_default is 8388608", False),
+        ("off", "212992", ["http"], None, True),
+        ("unbuilt", "212992", ["http"], None, True),
+        ("off", "8388608", ["http"], None, False),
         # Only the sidecar's models are named, each by what it takes.
-        ("212992", ["http", "remote"], None, True),
-        ("212992", ["auto", "http"], "m0: over gRPC", True),
-        ("unreadable", ["auto"], "net.core.wmem_default could not be read", False),
+        ("off", "212992", ["http", "remote"], None, True),
+        ("off", "212992", ["auto", "http"], "m0: over gRPC", True),
+        ("off", "unreadable", ["auto"], "net.core.wmem_default could not be read", False),
     ],
 )  # fmt: skip
 def test_serve_says_which_transport_and_warns_of_an_unsafe_http(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
+    keep: str,
     wmem: str,
     transports: list[str],
     said: str | None,
@@ -182,15 +192,19 @@ def test_serve_says_which_transport_and_warns_of_an_unsafe_http(
     if wmem != "unreadable":
         path.write_text(wmem)
     monkeypatch.setattr(frontend, "WMEM_DEFAULT", path)
+    built = tmp_path / "keep-responses.so" if keep == "built" else None
+    monkeypatch.setattr(keeper, "build", lambda folder=None: built)
+    spec = {
+        "models": [{"name": "tiny", "engine": {"kind": "torch", "model_dir": "/t"}}],
+        "sidecars": [{"keep_responses": keep != "off"}],
+    }
     models: list[dict[str, Any]] = []
     for index, transport in enumerate(transports):
         if transport == "remote":
             models.append({"name": f"m{index}", "tokenizer_dir": "/t", "triton_url": "t:8001"})
         else:
             models.append({"name": f"m{index}", "pipeline": "tiny", "transport": transport})
-    settings = parse_settings(
-        {"sidecars": {"spec": str(tmp_path / "deploy.yaml")}, "models": models}
-    )
+    settings = parse_settings({"sidecars": {"inline": spec}, "models": models})
     cli._say_transports(settings)
     out, err = capsys.readouterr()
     if said is None:

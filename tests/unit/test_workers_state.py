@@ -1,4 +1,5 @@
-"""The state a gateway's parent writes for its workers: sidecar addresses and the host buffer."""
+"""The state a gateway's parent writes for its workers: sidecar addresses, whether each runs
+with the response keeper, and the host buffer."""
 
 from __future__ import annotations
 
@@ -7,7 +8,9 @@ from pathlib import Path
 
 from gateway.workers.shared import SidecarView, read_state, write_state
 
-SIDECAR = SidecarView("a", "127.0.0.1:1", "http://127.0.0.1:2", "http://127.0.0.1:3/metrics", 7, 0)
+SIDECAR = SidecarView(
+    "a", "127.0.0.1:1", "http://127.0.0.1:2", "http://127.0.0.1:3/metrics", 7, 0, True
+)
 
 
 def test_workers_read_the_buffer_the_sidecars_started_with(tmp_path: Path) -> None:
@@ -24,3 +27,10 @@ def test_a_state_without_the_buffer_reads_as_unknown(tmp_path: Path) -> None:
     path.write_text(json.dumps({"ready": False, "sidecars": []}))
     assert read_state(path).queue_bytes is None
     assert read_state(tmp_path / "absent.json").queue_bytes is None
+
+
+def test_a_sidecar_written_without_the_keeper_reads_as_without(tmp_path: Path) -> None:
+    path = tmp_path / "sidecars.json"
+    view = {"name": "a", "grpc_url": "g", "http_url": "h", "metrics_url": "m", "pid": 1}
+    path.write_text(json.dumps({"ready": True, "sidecars": [{**view, "restarts": 0}]}))
+    assert read_state(path).sidecars[0].keeps_responses is False

@@ -1,0 +1,125 @@
+"""The response keeper preloaded into tritonserver: a full ``evthr_defer`` command socket makes
+the send wait for room instead of failing; every other send is libc's; a sidecar runs with it
+and refuses to start when it is not loaded."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from deploy.sidecar.frontend import keeper
+from deploy.sidecar.supervisor import Sidecar, SidecarError
+from deploy.sidecar.tritonbin import find_tritonserver
+from tests.support.sidecars import QUICK_STOP
+
+# Fills a non-blocking AF_UNIX socket pair with a small send buffer far past what it holds,
+# while a reader starts draining it only after a while; prints what the sender saw.
+SENDER = r"""
+import json, socket, sys, threading, time
+
+size, count, flags = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+writer, reader = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+writer.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+writer.setblocking(False)
+received = bytearray()
+
+def drain():
+    time.sleep(0.3)
+    reader.settimeout(2.0)
+    while len(received) < size * count:
+        try:
+            chunk = reader.recv(65536)
+        except TimeoutError:
+            return
+        received.extend(chunk)
+
+thread = threading.Thread(target=drain)
+thread.start()
+sent = 0
+failure = None
+for index in range(count):
+    try:
+        sent += writer.send(bytes([index % 251]) * size, flags)
+    except BlockingIOError as exc:
+        failure = type(exc).__name__
+        break
+thread.join()
+expected = b"".join(bytes([i % 251]) * size for i in range(sent // size))
+print(json.dumps({"sent": sent, "failure": failure, "whole": bytes(received) == expected}))
+"""
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    if keeper.compiler() is None:
+        pytest.skip("no C compiler on this host: the response keeper cannot be built")
+    library = keeper.build(tmp_path_factory.mktemp("keeper"))
+    assert library is not None, "the response keeper did not build (the log says why)"
+    return library
+
+
+def _send(size: int, count: int, preload: Path | None, flags: int = 0) -> dict[str, object]:
+    env = {**os.environ}
+    if preload is not None:
+        env["LD_PRELOAD"] = str(preload)
+    done = subprocess.run(
+        [sys.executable, "-c", SENDER, str(size), str(count), str(flags)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    result: dict[str, object] = json.loads(done.stdout)
+    return result
+
+
+def test_a_full_command_socket_fails_the_send_without_the_keeper() -> None:
+    result = _send(17, 2000, preload=None)
+    assert result["failure"] == "BlockingIOError"
+    assert result["sent"] < 17 * 2000
+
+
+def test_the_keeper_waits_for_room_and_every_command_arrives_in_order(built: Path) -> None:
+    result = _send(17, 2000, preload=built)
+    assert result == {"sent": 17 * 2000, "failure": None, "whole": True}
+
+
+def test_other_sends_are_left_to_libc(built: Path) -> None:
+    assert _send(16, 4000, preload=built)["failure"] == "BlockingIOError"
+    dontwait = _send(17, 2000, preload=built, flags=0x40)  # MSG_DONTWAIT
+    assert dontwait["failure"] == "BlockingIOError"
+
+
+def test_build_is_cached_and_the_preload_keeps_what_was_there(built: Path) -> None:
+    assert keeper.build(built.parent) == built
+    assert keeper.preload_value(built, None) == str(built)
+    assert keeper.preload_value(built, "/lib/other.so") == f"{built}:/lib/other.so"
+
+
+def test_the_shared_sidecar_runs_with_the_keeper(sidecar: Sidecar, built: Path) -> None:
+    assert sidecar.keeper is not None and sidecar.keeps_responses
+    assert sidecar.pid is not None and keeper.loaded_by(sidecar.pid, sidecar.keeper)
+
+
+def test_a_sidecar_that_did_not_load_the_keeper_does_not_start(tmp_path: Path) -> None:
+    broken = tmp_path / "keep-responses.so"
+    broken.write_text("not a shared object\n")
+    (tmp_path / "repo").mkdir()
+    other = Sidecar(
+        "nokeeper",
+        tmp_path / "repo",
+        find_tritonserver(),
+        keeper=broken,
+        startup_timeout_s=120,
+        log_path=tmp_path / "nokeeper.log",
+        **QUICK_STOP,
+    )
+    with pytest.raises(SidecarError, match="did not load the response keeper"):
+        other.start()
+    assert other.pid is None

@@ -22,7 +22,8 @@ Triton's HTTP frontend hands every response to the connection's event thread thr
 non-blocking socket pair (libevhtp's ``evthr_defer``) and ignores a failed hand-over: a thread
 more responses behind than the socket's buffer holds loses the next ones, and streams end short
 or never end. The buffer is the host's ``net.core.wmem_default`` (about 278 responses at the
-usual 212,992 bytes); at 8 MiB nothing was lost (README, "Transports to Triton";
+usual 212,992 bytes); at 8 MiB nothing was lost, nor with the response keeper that the
+supervised sidecars preload, whatever the buffer (README, "Transports to Triton";
 ``deploy.sidecar.frontend``).
 """
 

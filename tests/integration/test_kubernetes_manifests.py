@@ -111,6 +111,25 @@ def test_the_parts_agree(directory: Path) -> None:
     assert f"--metrics-port={source.metrics_port}" in server["command"]
     (sidecar,) = spec.sidecars
     assert f"--model-repository=/work/repos/{sidecar.name}" in server["command"]
+
+    # The gateway streams over Triton's HTTP, which keeps every response only with the response
+    # keeper: the init container copies it from the gateway image into the volume that
+    # tritonserver preloads it from.
+    assert model.transport == "http"
+    assert (ports["http"], f"--http-port={ports['http']}") == (
+        model.routing.http_port,
+        next(arg for arg in server["command"] if arg.startswith("--http-port=")),
+    )
+    preload = {e["name"]: e.get("value") for e in server["env"]}["LD_PRELOAD"]
+    (render_step,) = triton["spec"]["template"]["spec"]["initContainers"]
+    copied = " ".join(render_step["command"])
+    assert f"/usr/local/lib/triton-gateway/keep-responses.so {Path(preload).parent}/" in copied
+    mounts = {m["name"]: m["mountPath"] for m in server["volumeMounts"]}
+    assert preload.startswith(mounts["work"] + "/")
+    assert {m["name"]: m["mountPath"] for m in render_step["volumeMounts"]}["work"] == "/work"
+    dockerfile = (KUBERNETES / "Dockerfile").read_text()
+    assert "COPY --from=keeper /keep-responses.so /usr/local/lib/triton-gateway/" in dockerfile
+    assert "deploy/sidecar/frontend/keep_responses.c" in dockerfile
     assert model.triton_model == f"{spec.models[0].name}_{model.entry}"
 
     # The gateway's probes are its health routes; its grace period covers the drain.

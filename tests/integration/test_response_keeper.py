@@ -1,6 +1,6 @@
-"""The response keeper preloaded into tritonserver: a full ``evthr_defer`` command socket makes
-the send wait for room instead of failing; every other send is libc's; a sidecar runs with it
-and refuses to start when it is not loaded."""
+"""The response keeper preloaded into tritonserver: a full ``evthr_defer`` command socket has its
+send buffer grown and then makes the send wait for room instead of failing; every other send is
+libc's; a sidecar runs with it and refuses to start when it is not loaded."""
 
 from __future__ import annotations
 
@@ -50,7 +50,9 @@ for index in range(count):
         break
 thread.join()
 expected = b"".join(bytes([i % 251]) * size for i in range(sent // size))
-print(json.dumps({"sent": sent, "failure": failure, "whole": bytes(received) == expected}))
+sndbuf = writer.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF)
+print(json.dumps({"sent": sent, "failure": failure, "whole": bytes(received) == expected,
+                  "sndbuf": sndbuf}))
 """
 
 
@@ -79,20 +81,34 @@ def _send(size: int, count: int, preload: Path | None, flags: int = 0) -> dict[s
     return result
 
 
+COMMANDS = 40_000
+"""More commands than a send buffer grown to the keeper's 8 MiB holds (about 10,900)."""
+
+
+def _wmem_max() -> int:
+    return int(Path("/proc/sys/net/core/wmem_max").read_text())
+
+
 def test_a_full_command_socket_fails_the_send_without_the_keeper() -> None:
-    result = _send(17, 2000, preload=None)
+    result = _send(17, COMMANDS, preload=None)
     assert result["failure"] == "BlockingIOError"
-    assert result["sent"] < 17 * 2000
+    assert isinstance(result["sent"], int) and result["sent"] < 17 * COMMANDS
+    assert result["sndbuf"] == 2 * 4096
 
 
-def test_the_keeper_waits_for_room_and_every_command_arrives_in_order(built: Path) -> None:
-    result = _send(17, 2000, preload=built)
-    assert result == {"sent": 17 * 2000, "failure": None, "whole": True}
+def test_the_keeper_grows_the_buffer_then_waits_and_every_command_arrives_in_order(
+    built: Path,
+) -> None:
+    result = _send(17, COMMANDS, preload=built)
+    grown = 2 * min(_wmem_max(), 8 * 1024 * 1024)
+    assert result == {"sent": 17 * COMMANDS, "failure": None, "whole": True, "sndbuf": grown}
 
 
 def test_other_sends_are_left_to_libc(built: Path) -> None:
-    assert _send(16, 4000, preload=built)["failure"] == "BlockingIOError"
-    dontwait = _send(17, 2000, preload=built, flags=0x40)  # MSG_DONTWAIT
+    other = _send(16, COMMANDS, preload=built)
+    assert other["failure"] == "BlockingIOError"
+    assert other["sndbuf"] == 2 * 4096
+    dontwait = _send(17, COMMANDS, preload=built, flags=0x40)  # MSG_DONTWAIT
     assert dontwait["failure"] == "BlockingIOError"
 
 

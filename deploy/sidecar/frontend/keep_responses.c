@@ -6,29 +6,58 @@
  * socket pair, whose failure is ignored. When the event thread is behind by as many commands
  * as the socket's buffer holds, send() fails with EAGAIN and the response is lost.
  *
- * This send() waits for room and sends again instead, for such commands only: 17 bytes, no
- * MSG_DONTWAIT, an AF_UNIX socket. The thread that completes a response then waits for the
- * event thread, as gRPC's flow control makes it wait for a slow client. The wait is bounded
- * (KEEP_WAIT_MS), so a command deferred by the event thread to itself is lost as before
- * rather than blocking it for good. Every other call returns what libc's send() returns.
+ * This send() makes room instead, for such commands only: 17 bytes, no MSG_DONTWAIT, an
+ * AF_UNIX socket. First it grows the socket's send buffer to GROW_BYTES, or to what the host's
+ * net.core.wmem_max allows (never shrinking it), so that a thread may fall further behind
+ * without anyone waiting; when that is full too, it waits for room and sends again: the thread
+ * that completes a response then waits for the event thread, as gRPC's flow control makes it
+ * wait for a slow client. The wait is bounded (KEEP_WAIT_MS), so a command deferred by the
+ * event thread to itself is lost as before rather than blocking it for good. Every other call
+ * returns what libc's send() returns.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <errno.h>
 #include <poll.h>
 #include <stddef.h>
+#include <stdio.h>
 #include <sys/socket.h>
 #include <sys/types.h>
 
 #define EVTHR_COMMAND_BYTES 17
 #define KEEP_WAIT_MS 10000
 #define POLL_MS 100
+#define GROW_BYTES (8L * 1024 * 1024)
+#define WMEM_MAX "/proc/sys/net/core/wmem_max"
 
 typedef ssize_t (*send_fn)(int, const void *, size_t, int);
 static send_fn libc_send;
+static int grown_bytes; /* SO_SNDBUF as read back once grown; 0: unknown, never grown */
 
 __attribute__((constructor)) static void keeper_init(void) {
     libc_send = (send_fn)dlsym(RTLD_NEXT, "send");
+    FILE *limit = fopen(WMEM_MAX, "r");
+    long most = 0;
+    if (limit != NULL) {
+        if (fscanf(limit, "%ld", &most) != 1) {
+            most = 0;
+        }
+        fclose(limit);
+    }
+    /* The kernel doubles what setsockopt asks for, up to twice net.core.wmem_max. */
+    grown_bytes = (int)(2 * (most < GROW_BYTES ? most : GROW_BYTES));
+}
+
+/* Whether the socket's send buffer was grown (it is never shrunk). */
+static int grow(int fd) {
+    int current = 0;
+    socklen_t size = sizeof current;
+    if (grown_bytes <= 0 || getsockopt(fd, SOL_SOCKET, SO_SNDBUF, &current, &size) != 0 ||
+        current >= grown_bytes) {
+        return 0;
+    }
+    int asked = grown_bytes / 2;
+    return setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &asked, sizeof asked) == 0;
 }
 
 static int is_unix_socket(int fd) {
@@ -51,6 +80,12 @@ ssize_t send(int fd, const void *buf, size_t len, int flags) {
             errno = EAGAIN;
         }
         return sent;
+    }
+    if (grow(fd)) {
+        sent = libc_send(fd, buf, len, flags);
+        if (!full(sent)) {
+            return sent;
+        }
     }
     for (int waited_ms = 0; waited_ms < KEEP_WAIT_MS; waited_ms += POLL_MS) {
         struct pollfd room = {.fd = fd, .events = POLLOUT};

@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import psutil
 import pytest
 
 from deploy.sidecar.frontend import keeper
@@ -20,7 +21,7 @@ from tests.support.sidecars import QUICK_STOP
 # Fills a non-blocking AF_UNIX socket pair with a small send buffer far past what it holds,
 # while a reader starts draining it only after a while; prints what the sender saw.
 SENDER = r"""
-import json, socket, sys, threading, time
+import json, os, socket, sys, threading, time
 
 size, count, flags = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
 writer, reader = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -52,7 +53,7 @@ thread.join()
 expected = b"".join(bytes([i % 251]) * size for i in range(sent // size))
 sndbuf = writer.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF)
 print(json.dumps({"sent": sent, "failure": failure, "whole": bytes(received) == expected,
-                  "sndbuf": sndbuf}))
+                  "sndbuf": sndbuf, "preload": os.environ.get("LD_PRELOAD")}))
 """
 
 
@@ -65,12 +66,21 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return library
 
 
-def _send(size: int, count: int, preload: Path | None, flags: int = 0) -> dict[str, object]:
+def _send(
+    size: int,
+    count: int,
+    preload: Path | None,
+    flags: int = 0,
+    after: str | None = None,
+    name: str = "python",
+) -> dict[str, object]:
+    """Run ``SENDER`` as a process called ``name`` (its ``argv[0]``)."""
     env = {**os.environ}
     if preload is not None:
-        env["LD_PRELOAD"] = str(preload)
+        env["LD_PRELOAD"] = keeper.preload_value(preload, after)
     done = subprocess.run(
-        [sys.executable, "-c", SENDER, str(size), str(count), str(flags)],
+        [name, "-c", SENDER, str(size), str(count), str(flags)],
+        executable=sys.executable,
         env=env,
         capture_output=True,
         text=True,
@@ -101,7 +111,22 @@ def test_the_keeper_grows_the_buffer_then_waits_and_every_command_arrives_in_ord
 ) -> None:
     result = _send(17, COMMANDS, preload=built)
     grown = 2 * min(_wmem_max(), 8 * 1024 * 1024)
-    assert result == {"sent": 17 * COMMANDS, "failure": None, "whole": True, "sndbuf": grown}
+    assert result == {
+        "sent": 17 * COMMANDS,
+        "failure": None,
+        "whole": True,
+        "sndbuf": grown,
+        "preload": str(built),
+    }
+
+
+def test_tritonserver_starts_its_processes_without_the_keeper(built: Path) -> None:
+    # A launcher (setpriv) passes it on to the tritonserver it execs; tritonserver does not.
+    launcher = _send(17, 1, preload=built, after="libc.so.6")
+    assert launcher["preload"] == f"{built}:libc.so.6"
+    server = _send(17, 1, preload=built, after="libc.so.6", name="tritonserver")
+    assert server["preload"] == "libc.so.6"
+    assert _send(17, 1, preload=built, name="tritonserver")["preload"] is None
 
 
 def test_other_sends_are_left_to_libc(built: Path) -> None:
@@ -121,6 +146,9 @@ def test_build_is_cached_and_the_preload_keeps_what_was_there(built: Path) -> No
 def test_the_shared_sidecar_runs_with_the_keeper(sidecar: Sidecar, built: Path) -> None:
     assert sidecar.keeper is not None and sidecar.keeps_responses
     assert sidecar.pid is not None and keeper.loaded_by(sidecar.pid, sidecar.keeper)
+    stubs = psutil.Process(sidecar.pid).children(recursive=True)
+    assert stubs, "the Python backend's stubs"
+    assert not any(keeper.loaded_by(stub.pid, sidecar.keeper) for stub in stubs)
 
 
 def test_a_sidecar_that_did_not_load_the_keeper_does_not_start(tmp_path: Path) -> None:

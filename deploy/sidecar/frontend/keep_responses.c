@@ -14,6 +14,10 @@
  * wait for a slow client. The wait is bounded (KEEP_WAIT_MS), so a command deferred by the
  * event thread to itself is lost as before rather than blocking it for good. Every other call
  * returns what libc's send() returns.
+ *
+ * Loaded into tritonserver, it takes itself out of LD_PRELOAD, so that the processes
+ * tritonserver starts (the Python backend's stubs among them) run without it. A process of
+ * another name (a launcher that execs tritonserver) passes it on.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -21,6 +25,8 @@
 #include <poll.h>
 #include <stddef.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 #include <sys/socket.h>
 #include <sys/types.h>
 
@@ -29,12 +35,13 @@
 #define POLL_MS 100
 #define GROW_BYTES (8L * 1024 * 1024)
 #define WMEM_MAX "/proc/sys/net/core/wmem_max"
+#define SERVER "tritonserver"
 
 typedef ssize_t (*send_fn)(int, const void *, size_t, int);
 static send_fn libc_send;
 static int grown_bytes; /* SO_SNDBUF as read back once grown; 0: unknown, never grown */
 
-__attribute__((constructor)) static void keeper_init(void) {
+static void keeper_init(void) {
     libc_send = (send_fn)dlsym(RTLD_NEXT, "send");
     FILE *limit = fopen(WMEM_MAX, "r");
     long most = 0;
@@ -46,6 +53,49 @@ __attribute__((constructor)) static void keeper_init(void) {
     }
     /* The kernel doubles what setsockopt asks for, up to twice net.core.wmem_max. */
     grown_bytes = (int)(2 * (most < GROW_BYTES ? most : GROW_BYTES));
+}
+
+/* LD_PRELOAD without this library, for the processes started from here on. */
+static void leave_children(void) {
+    Dl_info self;
+    const char *preload = getenv("LD_PRELOAD");
+    if (preload == NULL || dladdr((void *)&leave_children, &self) == 0 || self.dli_fname == NULL) {
+        return;
+    }
+    size_t own = strlen(self.dli_fname);
+    char *kept = malloc(strlen(preload) + 1);
+    if (kept == NULL) {
+        return;
+    }
+    size_t used = 0;
+    for (const char *entry = preload; *entry != '\0';) {
+        size_t size = strcspn(entry, ": ");
+        if (size > 0 && !(size == own && strncmp(entry, self.dli_fname, size) == 0)) {
+            if (used > 0) {
+                kept[used++] = ':';
+            }
+            memcpy(kept + used, entry, size);
+            used += size;
+        }
+        entry += size;
+        if (*entry != '\0') {
+            entry++;
+        }
+    }
+    kept[used] = '\0';
+    if (used > 0) {
+        setenv("LD_PRELOAD", kept, 1);
+    } else {
+        unsetenv("LD_PRELOAD");
+    }
+    free(kept);
+}
+
+__attribute__((constructor)) static void keeper_load(void) {
+    keeper_init();
+    if (strcmp(program_invocation_short_name, SERVER) == 0) {
+        leave_children();
+    }
 }
 
 /* Whether the socket's send buffer was grown (it is never shrunk). */

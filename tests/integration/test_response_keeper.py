@@ -167,3 +167,24 @@ def test_a_sidecar_that_did_not_load_the_keeper_does_not_start(tmp_path: Path) -
     with pytest.raises(SidecarError, match="did not load the response keeper"):
         other.start()
     assert other.pid is None
+
+
+def test_a_home_that_cannot_be_written_keeps_it_in_a_private_temporary_folder(
+    built: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    blocked = tmp_path / "file"
+    blocked.write_text("")
+    monkeypatch.setattr(keeper, "cache_folder", lambda: blocked / "triton-gateway")
+    monkeypatch.setattr(keeper, "fallback_folder", lambda: tmp_path / "private")
+    library = keeper.build()
+    assert library is not None and library.parent == tmp_path / "private"
+    assert library.name == built.name
+    assert (tmp_path / "private").stat().st_mode & 0o077 == 0
+
+
+def test_a_folder_others_may_write_to_is_never_used(built: Path, tmp_path: Path) -> None:
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    (shared / built.name).write_bytes(built.read_bytes())
+    shared.chmod(0o777)
+    assert keeper.build(shared) is None

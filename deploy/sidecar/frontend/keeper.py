@@ -2,7 +2,7 @@
 room instead of losing a ``generate_stream`` response (``keep_responses.c`` says how).
 
 It is compiled from source on this host, once per source, with the C compiler of ``$CC`` or
-``cc``, into the user's cache folder; a host without a compiler has none (``build`` says why in
+``cc``, into the gateway's cache folder; a host without a compiler has none (``build`` says why in
 the log) and a sidecar there keeps Triton's behaviour.
 """
 
@@ -17,16 +17,17 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from deploy.sidecar.models import cache_root
+
 logger = logging.getLogger(__name__)
 SOURCE = Path(__file__).with_name("keep_responses.c")
 COMPILE_TIMEOUT_S = 120.0
 
 
 def cache_folder() -> Path:
-    """Where built keepers are kept: ``$XDG_CACHE_HOME/triton-gateway`` or
-    ``~/.cache/triton-gateway``."""
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "triton-gateway"
+    """Where built keepers are kept: the gateway's cache folder (``$TRITON_GATEWAY_CACHE``,
+    default ``~/.cache/triton-gateway``)."""
+    return cache_root()
 
 
 def compiler() -> str | None:
@@ -36,35 +37,75 @@ def compiler() -> str | None:
 
 def build(folder: Path | None = None) -> Path | None:
     """The keeper built for this host (built now if the cache has none); None where it cannot
-    be built."""
+    be built. Without ``folder``, the cache folder, else a private one in the temporary folder
+    (a home that cannot be written, as in a container with a read-only root)."""
     source = SOURCE.read_bytes()
     digest = hashlib.sha256(source + platform.machine().encode()).hexdigest()[:16]
-    target = (folder or cache_folder()) / f"keep-responses-{digest}.so"
-    if target.is_file():
-        return target
+    name = f"keep-responses-{digest}.so"
+    folders = [folder] if folder else [cache_folder(), fallback_folder()]
+    for where in folders:
+        target = where / name
+        if target.is_file() and _private(where):
+            return target
     cc = compiler()
     if cc is None:
         logger.warning("the response keeper cannot be built: no C compiler ($CC, cc or gcc)")
         return None
+    for where in folders:
+        try:
+            where.mkdir(mode=0o700, parents=True, exist_ok=True)
+        except OSError as exc:
+            logger.info("the response keeper cannot be kept in %s: %s", where, exc)
+            continue
+        if not _private(where):
+            logger.warning(
+                "%s is not this user's alone: the response keeper is not kept there", where
+            )
+            continue
+        try:
+            return _compile(cc, where / name)
+        except OSError as exc:
+            logger.info("the response keeper could not be built in %s: %s", where, exc)
+    logger.warning("the response keeper could not be built in %s", ", ".join(map(str, folders)))
+    return None
+
+
+def fallback_folder() -> Path:
+    """``triton-gateway-<uid>`` in the temporary folder."""
+    return Path(tempfile.gettempdir()) / f"triton-gateway-{os.getuid()}"
+
+
+def _private(folder: Path) -> bool:
+    """Whether only this user may write to ``folder`` (a library in it is preloaded into
+    tritonserver)."""
     try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
-            staging = Path(scratch) / target.name
-            command = [cc, "-O2", "-shared", "-fPIC", "-o", str(staging), str(SOURCE), "-ldl"]
+        status = folder.stat()
+    except OSError:
+        return False
+    return status.st_uid == os.getuid() and not status.st_mode & 0o022
+
+
+def _compile(cc: str, target: Path) -> Path | None:
+    """Compile into ``target`` (atomically); None, with the compiler's words logged, if it
+    failed."""
+    with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
+        staging = Path(scratch) / target.name
+        command = [cc, "-O2", "-shared", "-fPIC", "-o", str(staging), str(SOURCE), "-ldl"]
+        try:
             done = subprocess.run(
                 command, capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S, check=False
             )
-            if done.returncode != 0:
-                logger.warning(
-                    "the response keeper could not be built (%s): %s",
-                    " ".join(command),
-                    done.stderr.strip(),
-                )
-                return None
-            os.replace(staging, target)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        logger.warning("the response keeper could not be built in %s: %s", target.parent, exc)
-        return None
+        except subprocess.TimeoutExpired:
+            logger.warning("the response keeper's build took over %.0f s", COMPILE_TIMEOUT_S)
+            return None
+        if done.returncode != 0:
+            logger.warning(
+                "the response keeper could not be built (%s): %s",
+                " ".join(command),
+                done.stderr.strip(),
+            )
+            return None
+        os.replace(staging, target)
     return target
 
 

@@ -20,6 +20,7 @@ import uvicorn
 import yaml
 from opentelemetry.sdk.trace.export import SpanExporter
 
+from deploy.sidecar.parentdeath import dying_with_parent
 from deploy.sidecar.supervisor import Sidecar
 from gateway.app import create_app
 from gateway.replicas.sources import Resolver, resolve_addresses
@@ -111,9 +112,16 @@ def serve_process(
     log_path = workdir / f"{name}.log"
     command = [str(Path(sys.executable).parent / "triton-gateway"), "serve", "--config",
                str(path), "--port", str(port)]  # fmt: skip
+    # It gets SIGTERM (and drains, stopping its sidecars) should this process end first, a
+    # benchmark stopped by a signal included.
+    command, preexec = dying_with_parent(command)
     with log_path.open("wb") as log:
         process = subprocess.Popen(
-            command, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}
+            command,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **(env or {})},
+            preexec_fn=preexec,
         )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + timeout_s

@@ -189,9 +189,13 @@ class Sidecar:
         logger.info("sidecar %s ready (pid %s, grpc %s)", self.name, self.pid, self.grpc_url)
         return self
 
+    def _kept_by(self, pid: int) -> bool:
+        """Whether the process ``pid`` runs with the keeper, where it should."""
+        return self.keeper is None or response_keeper.loaded_by(pid, self.keeper)
+
     def _check_keeper(self) -> None:
         pid = self.pid
-        if self.keeper is None or pid is None or response_keeper.loaded_by(pid, self.keeper):
+        if pid is None or self._kept_by(pid):
             return
         raise SidecarError(
             f"tritonserver of sidecar {self.name!r} did not load the response keeper "
@@ -343,6 +347,17 @@ class Sidecar:
         while process.poll() is None:
             if not was_ready and self.is_ready(timeout=1.0):
                 was_ready = True
+                if not self._kept_by(process.pid):
+                    # A restart without the keeper would lose responses without a word.
+                    with self._spawn_lock:
+                        self._stopping.set()
+                        self._kill_group()
+                    process.wait()
+                    self._give_up(
+                        f"tritonserver of sidecar {self.name!r} did not load the response "
+                        f"keeper {self.keeper}"
+                    )
+                    break
                 stubs = self._stub_watch(process.pid)
             elif stubs is not None and (broken := self._dead_stub(stubs)) is not None:
                 with self._spawn_lock:

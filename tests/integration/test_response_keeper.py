@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -188,3 +189,42 @@ def test_a_folder_others_may_write_to_is_never_used(built: Path, tmp_path: Path)
     (shared / built.name).write_bytes(built.read_bytes())
     shared.chmod(0o777)
     assert keeper.build(shared) is None
+
+
+def test_a_cached_keeper_behind_a_symbolic_link_is_never_used(built: Path, tmp_path: Path) -> None:
+    real = tmp_path / "real"
+    real.mkdir(mode=0o700)
+    (real / built.name).write_bytes(built.read_bytes())
+    (tmp_path / "linked").symlink_to(real)
+    assert keeper._private(real / built.name)
+    assert not keeper._private(tmp_path / "linked")
+    assert keeper.build(tmp_path / "linked") is None
+
+
+def test_a_restart_that_did_not_load_the_keeper_gives_the_sidecar_up(
+    built: Path, tmp_path: Path
+) -> None:
+    library = tmp_path / "keep-responses.so"
+    library.write_bytes(built.read_bytes())
+    (tmp_path / "repo").mkdir()
+    server = Sidecar(
+        "restarted",
+        tmp_path / "repo",
+        find_tritonserver(),
+        keeper=library,
+        startup_timeout_s=120,
+        max_restarts=2,
+        backoff_s=(0.1, 0.1),
+        log_path=tmp_path / "restarted.log",
+        **QUICK_STOP,
+    )
+    server.start()
+    try:
+        library.unlink()  # the loader then starts tritonserver without it, saying so
+        assert server.pid is not None
+        os.kill(server.pid, signal.SIGKILL)
+        assert server.failed.wait(60), "a restart without the keeper is given up"
+        assert "did not load the response keeper" in (server._failed or "")
+        assert server.pid is None
+    finally:
+        server.stop()

@@ -22,13 +22,14 @@
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <stddef.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/types.h>
+#include <unistd.h>
 
 #define EVTHR_COMMAND_BYTES 17
 #define KEEP_WAIT_MS 10000
@@ -43,13 +44,14 @@ static int grown_bytes; /* SO_SNDBUF as read back once grown; 0: unknown, never 
 
 static void keeper_init(void) {
     libc_send = (send_fn)dlsym(RTLD_NEXT, "send");
-    FILE *limit = fopen(WMEM_MAX, "r");
+    char text[32] = {0};
     long most = 0;
-    if (limit != NULL) {
-        if (fscanf(limit, "%ld", &most) != 1) {
-            most = 0;
+    int limit = open(WMEM_MAX, O_RDONLY | O_CLOEXEC);
+    if (limit >= 0) {
+        if (read(limit, text, sizeof text - 1) > 0) {
+            most = strtol(text, NULL, 10);
         }
-        fclose(limit);
+        close(limit);
     }
     /* The kernel doubles what setsockopt asks for, up to twice net.core.wmem_max. */
     grown_bytes = (int)(2 * (most < GROW_BYTES ? most : GROW_BYTES));
@@ -110,10 +112,13 @@ static int grow(int fd) {
     return setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &asked, sizeof asked) == 0;
 }
 
+/* A non-blocking AF_UNIX socket, as evthr's command socket is. */
 static int is_unix_socket(int fd) {
     int domain = 0;
     socklen_t size = sizeof domain;
-    return getsockopt(fd, SOL_SOCKET, SO_DOMAIN, &domain, &size) == 0 && domain == AF_UNIX;
+    int status = fcntl(fd, F_GETFL);
+    return status >= 0 && (status & O_NONBLOCK) &&
+           getsockopt(fd, SOL_SOCKET, SO_DOMAIN, &domain, &size) == 0 && domain == AF_UNIX;
 }
 
 static int full(ssize_t sent) {

@@ -12,7 +12,9 @@ import hashlib
 import logging
 import os
 import platform
+import shlex
 import shutil
+import stat
 import subprocess
 import tempfile
 from pathlib import Path
@@ -45,7 +47,7 @@ def build(folder: Path | None = None) -> Path | None:
     folders = [folder] if folder else [cache_folder(), fallback_folder()]
     for where in folders:
         target = where / name
-        if target.is_file() and _private(where):
+        if _private(where) and _private(target):
             return target
     cc = compiler()
     if cc is None:
@@ -75,12 +77,14 @@ def fallback_folder() -> Path:
     return Path(tempfile.gettempdir()) / f"triton-gateway-{os.getuid()}"
 
 
-def _private(folder: Path) -> bool:
-    """Whether only this user may write to ``folder`` (a library in it is preloaded into
-    tritonserver)."""
+def _private(path: Path) -> bool:
+    """Whether ``path`` is this user's own folder or file, not a symbolic link, and only this
+    user may write to it (a library in it is preloaded into tritonserver)."""
     try:
-        status = folder.stat()
+        status = path.lstat()
     except OSError:
+        return False
+    if stat.S_ISLNK(status.st_mode):
         return False
     return status.st_uid == os.getuid() and not status.st_mode & 0o022
 
@@ -90,7 +94,8 @@ def _compile(cc: str, target: Path) -> Path | None:
     failed."""
     with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
         staging = Path(scratch) / target.name
-        command = [cc, "-O2", "-shared", "-fPIC", "-o", str(staging), str(SOURCE), "-ldl"]
+        command = [*shlex.split(cc), "-O2", "-shared", "-fPIC", "-o", str(staging), str(SOURCE)]
+        command.append("-ldl")
         try:
             done = subprocess.run(
                 command, capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S, check=False

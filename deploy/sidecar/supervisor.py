@@ -43,6 +43,8 @@ class SidecarError(RuntimeError):
     """A sidecar that did not start, or stopped serving for good."""
 
 
+KEEPER_CHECK_S = 5.0
+"""How long a started tritonserver is given to show the response keeper mapped."""
 EXIT_LOG_LINES = 40
 """Lines of the server log kept with each unplanned exit."""
 
@@ -190,8 +192,17 @@ class Sidecar:
         return self
 
     def _kept_by(self, pid: int) -> bool:
-        """Whether the process ``pid`` runs with the keeper, where it should."""
-        return self.keeper is None or response_keeper.loaded_by(pid, self.keeper)
+        """Whether the process ``pid`` runs with the keeper, where it should. Looked at again for
+        a while: "ready" may have come before ``pid`` exec'd tritonserver (another server on a
+        port given up by the one before)."""
+        if self.keeper is None:
+            return True
+        deadline = time.monotonic() + KEEPER_CHECK_S
+        while not response_keeper.loaded_by(pid, self.keeper):
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.1)
+        return True
 
     def _check_keeper(self) -> None:
         pid = self.pid

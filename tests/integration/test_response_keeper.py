@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -152,19 +153,25 @@ def test_the_shared_sidecar_runs_with_the_keeper(sidecar: Sidecar, built: Path) 
     assert not any(keeper.loaded_by(stub.pid, sidecar.keeper) for stub in stubs)
 
 
+def _empty_sidecar(name: str, folder: Path, library: Path, **options: Any) -> Sidecar:
+    """A tritonserver serving an empty repository in ``folder``, ``library`` as its keeper."""
+    (folder / "repo").mkdir()
+    return Sidecar(
+        name,
+        folder / "repo",
+        find_tritonserver(),
+        keeper=library,
+        startup_timeout_s=120,
+        log_path=folder / f"{name}.log",
+        **QUICK_STOP,
+        **options,
+    )
+
+
 def test_a_sidecar_that_did_not_load_the_keeper_does_not_start(tmp_path: Path) -> None:
     broken = tmp_path / "keep-responses.so"
     broken.write_text("not a shared object\n")
-    (tmp_path / "repo").mkdir()
-    other = Sidecar(
-        "nokeeper",
-        tmp_path / "repo",
-        find_tritonserver(),
-        keeper=broken,
-        startup_timeout_s=120,
-        log_path=tmp_path / "nokeeper.log",
-        **QUICK_STOP,
-    )
+    other = _empty_sidecar("nokeeper", tmp_path, broken)
     with pytest.raises(SidecarError, match="did not load the response keeper"):
         other.start()
     assert other.pid is None
@@ -206,18 +213,7 @@ def test_a_restart_that_did_not_load_the_keeper_gives_the_sidecar_up(
 ) -> None:
     library = tmp_path / "keep-responses.so"
     library.write_bytes(built.read_bytes())
-    (tmp_path / "repo").mkdir()
-    server = Sidecar(
-        "restarted",
-        tmp_path / "repo",
-        find_tritonserver(),
-        keeper=library,
-        startup_timeout_s=120,
-        max_restarts=2,
-        backoff_s=(0.1, 0.1),
-        log_path=tmp_path / "restarted.log",
-        **QUICK_STOP,
-    )
+    server = _empty_sidecar("restarted", tmp_path, library, max_restarts=2, backoff_s=(0.1, 0.1))
     server.start()
     try:
         library.unlink()  # the loader then starts tritonserver without it, saying so

@@ -6,17 +6,17 @@ calling process about a third of the CPU per streamed token and per request, and
 faster over it. Closing the connection cancels the request in Triton (the engine sees
 ``is_cancelled``). What JSON cannot carry (LoRA weights in 16-bit floats) goes over gRPC instead.
 
-Connections are not kept alive from one request to the next. With kept-alive connections,
-Triton 2.51's HTTP frontend now and then never wrote the rest of a ``generate_stream`` request
-that arrived on a connection that had served one before: the engine had sent every response and
-its final one, and the stream waited until its deadline (one run in three of sixteen 256-token
-streams on two cores; none in thirty such runs with a connection per request).
-
-Opening a connection is still kept off the request's way: every server's next connection is
-opened ahead, while the current request runs, and a request takes it if it is at most
-``SPARE_MAX_AGE_S`` old and Triton has not closed it. A spare that fails before Triton answered
-anything is replaced by a new connection and the request sent once more: a connection that
-carried nothing before cannot have started a generation that Triton then dropped.
+A connection whose stream ended cleanly (its chunked body read to the end, Triton not closing
+it) is kept alive for the server's next call, as an HTTP client library's pool does: a call goes
+out on the connection that served the last one, so neither side pays a connection's set-up and
+tear-down per request, and Triton's HTTP frontend sees what a kept-alive client sends it. A
+connection that ended any other way (cancelled, timed out, an error answer) is closed, which
+cancels what still runs in Triton. Where no kept-alive connection is free, the server's next
+connection has been opened ahead (the spare), and a call takes it if it is at most
+``SPARE_MAX_AGE_S`` old and Triton has not closed it; a new spare then starts opening. A
+connection taken ready (kept alive or spare) that fails before Triton answered anything is
+replaced by a new one and the request sent once more: Triton answers a request's head before it
+streams, so one that closed without a byte had not started a generation it then kept.
 
 Triton's HTTP frontend hands every response to the connection's event thread through a
 non-blocking socket pair (libevhtp's ``evthr_defer``) and ignores a failed hand-over: a thread
@@ -35,20 +35,18 @@ from collections.abc import Mapping
 from typing import Any
 
 from adapters.triton.errors import HttpError
+from adapters.triton.http_pool import Connection, ConnectionPool
 from adapters.triton.http_wire import (
     ChunkedEvents,
     error_text,
     read_head,
     reply_of,
     request_bytes,
-    split_url,
 )
 from adapters.triton.responses import Reply
 
 _DRAIN_S = 1.0
-SPARE_MAX_AGE_S = 2.0
 _READ_BYTES = 1 << 16
-Connection = tuple[asyncio.StreamReader, asyncio.StreamWriter]
 
 
 class HttpCall:
@@ -80,7 +78,10 @@ class HttpCall:
         """``start``'s dialling of a new connection that the request then goes on."""
         self._connection: Connection | None = None
         self._spare = False
-        """The connection is the spare opened ahead, which Triton may have let go."""
+        """The connection was taken ready (kept alive or the spare), and Triton may have let it
+        go."""
+        self._reusable = False
+        """Triton's answer is chunked and keeps the connection open."""
         self._frames = ChunkedEvents()
         self._expiry: asyncio.TimerHandle | None = None
         self._expired = False
@@ -95,7 +96,7 @@ class HttpCall:
             if events:
                 return [reply_of(event) for event in events]
             if self._frames.ended:
-                self.cancel()
+                self._end()
                 return None
             await self._receive()
 
@@ -132,10 +133,10 @@ class HttpCall:
         request is sent at the first read."""
         if self._connection is not None or self._sending is not None or self._answered:
             return
-        spare = self._streams.take_spare(self._url)
-        if spare is not None:
-            self._connection, self._spare = spare, True
-            spare[1].write(self._request)
+        ready = self._streams.take_ready(self._url)
+        if ready is not None:
+            self._connection, self._spare = ready, True
+            ready[1].write(self._request)
             return
         self._sending = asyncio.ensure_future(self._dial_and_write())
         self._sending.add_done_callback(_retrieve)
@@ -176,6 +177,10 @@ class HttpCall:
         self._answered = True
         if status != 200:
             raise HttpError(status, await error_text(self._connection[0], headers))
+        self._reusable = (
+            headers.get(b"transfer-encoding", b"").lower() == b"chunked"
+            and headers.get(b"connection", b"").lower() != b"close"
+        )
 
     def cancel(self) -> None:
         """Close the connection: Triton cancels the request if it is still running."""
@@ -189,8 +194,21 @@ class HttpCall:
             self._streams.release(self._connection)
             self._connection = None
 
+    def _end(self) -> None:
+        """The stream was read to its end: its connection is kept for the server's next call
+        where it can carry one, else closed."""
+        connection = self._connection
+        if connection is None or not (self._reusable and self._frames.whole) or self._expired:
+            self.cancel()
+            return
+        if self._expiry is not None:
+            self._expiry.cancel()
+            self._expiry = None
+        self._connection = None
+        self._streams.keep(self._url, connection)
+
     def ended(self) -> bool:
-        """Whether the connection is closed, or was never opened."""
+        """Whether the connection is closed or kept for another call, or was never opened."""
         return self._connection is None and self._sending is None
 
     async def _receive(self) -> None:
@@ -245,15 +263,8 @@ class HttpCall:
             self._waiting.cancel()
 
 
-class HttpStreams:
-    """The ``generate_stream`` calls to Triton servers, their open connections, and every
-    server's spare connection, opened ahead for its next call."""
-
-    def __init__(self, spare_max_age_s: float = SPARE_MAX_AGE_S) -> None:
-        self._open: set[asyncio.StreamWriter] = set()
-        self._spare_max_age_s = spare_max_age_s
-        self._spares: dict[str, tuple[Connection, float]] = {}
-        self._opening: dict[str, asyncio.Task[None]] = {}
+class HttpStreams(ConnectionPool):
+    """The ``generate_stream`` calls to Triton servers, on the pool's connections."""
 
     def call(
         self,
@@ -271,84 +282,8 @@ class HttpStreams:
         path = f"/v2/models/{model}/generate_stream"
         return HttpCall(self, url, path, body, headers or {}, deadline, keep_open)
 
-    async def connect(self, url: str) -> tuple[Connection, bool]:
-        """A connection to ``url`` for one call, and whether it is the spare opened ahead; the
-        next spare starts opening."""
-        spare = self.take_spare(url)
-        if spare is not None:
-            return spare, True
-        return await self.open(url), False
-
-    def take_spare(self, url: str) -> Connection | None:
-        """The spare connection to ``url`` for one call, where one is ready; the next spare
-        starts opening either way."""
-        spare = self._take_spare(url)
-        if url not in self._opening:
-            task = asyncio.get_running_loop().create_task(self._open_spare(url))
-            self._opening[url] = task
-        if spare is not None:
-            self._open.add(spare[1])
-        return spare
-
-    async def open(self, url: str) -> Connection:
-        """A new connection to ``url``, counted as a call's."""
-        connection = await _dial(url)
-        self._open.add(connection[1])
-        return connection
-
-    def release(self, connection: Connection) -> None:
-        """Close a call's connection."""
-        connection[1].close()
-        self._open.discard(connection[1])
-
-    @property
-    def open_connections(self) -> int:
-        """Connections of calls still running (spares not counted)."""
-        return len(self._open)
-
-    async def close(self) -> None:
-        """Close every connection still open, spares included."""
-        for task in self._opening.values():
-            task.cancel()
-        await asyncio.gather(*self._opening.values(), return_exceptions=True)
-        self._opening = {}
-        writers = [*self._open, *(spare[1] for spare, _ in self._spares.values())]
-        self._open, self._spares = set(), {}
-        for writer in writers:
-            writer.close()
-            with contextlib.suppress(OSError, ConnectionError):
-                await writer.wait_closed()
-
-    def _take_spare(self, url: str) -> Connection | None:
-        """The spare of ``url`` if it is young and Triton has not closed it (else closed)."""
-        entry = self._spares.pop(url, None)
-        if entry is None:
-            return None
-        (reader, writer), opened = entry
-        age = asyncio.get_running_loop().time() - opened
-        if age <= self._spare_max_age_s and not reader.at_eof() and not writer.is_closing():
-            return reader, writer
-        writer.close()
-        return None
-
-    async def _open_spare(self, url: str) -> None:
-        try:
-            connection = await _dial(url)
-        except OSError:
-            # The call that needs it will open its own and report what fails.
-            return
-        finally:
-            self._opening.pop(url, None)
-        # ``connect`` took any earlier spare before starting this one: there is none to replace.
-        self._spares[url] = (connection, asyncio.get_running_loop().time())
-
 
 def _retrieve(task: asyncio.Task[None]) -> None:
     """Retrieve a background dial's failure (the call reports it, or nobody needs it)."""
     if not task.cancelled():
         task.exception()
-
-
-async def _dial(url: str) -> Connection:
-    parts = split_url(url)
-    return await asyncio.open_connection(parts.hostname, parts.port or 80)

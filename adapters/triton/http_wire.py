@@ -80,6 +80,11 @@ class ChunkedEvents:
             self._events.extend(event.removeprefix(b"data: ") for event in events if event)
         self._raw = raw[at:]
 
+    @property
+    def whole(self) -> bool:
+        """Whether the body ended with nothing after it (its connection can carry another)."""
+        return self.ended and not self._raw and not self._text
+
     def take(self) -> list[bytes]:
         """The events completed so far, each once."""
         events, self._events = self._events, []

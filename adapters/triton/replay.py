@@ -16,7 +16,8 @@ from typing import Any
 import grpc  # type: ignore[import-untyped]
 
 from adapters.triton.client import TritonBackend
-from adapters.triton.http import Connection, HttpStreams
+from adapters.triton.http import HttpStreams
+from adapters.triton.http_pool import Connection
 
 
 class _Replay:
@@ -159,16 +160,20 @@ class _Wire:
 
 class ReplayingHttpStreams(HttpStreams):
     """``generate_stream`` connections that record Triton's answer to each model and streaming
-    mode, then replay it to every later request of that kind once ``replaying`` is set. No
-    spare connection is opened ahead: a replayed request dials nothing."""
+    mode, then replay it to every later request of that kind once ``replaying`` is set. Each
+    call has a connection of its own, none kept alive or opened ahead: a replayed request
+    dials nothing."""
 
     def __init__(self) -> None:
-        super().__init__()
+        super().__init__(keep_alive=False)
         self.tapes: dict[tuple[bytes, bool], list[bytes]] = {}
         self.replaying = False
 
     async def connect(self, url: str) -> tuple[Connection, bool]:
         return await self.open(url), False
+
+    def take_ready(self, url: str) -> Connection | None:
+        return None
 
     async def open(self, url: str) -> Connection:
         real = None

@@ -230,6 +230,11 @@ class Target:
     trees: dict[str, int]
 
 
+def knows_transports(code: str) -> bool:
+    """Whether the checkout at ``code`` has the ``transport`` setting of a model."""
+    return "transport: Transport" in (Path(code) / "gateway" / "settings.py").read_text()
+
+
 def measure_round(targets: list[Target], args: argparse.Namespace, round_: int) -> list[Row]:
     """Every level of every target: text at each level, then chats at theirs; within a level
     the targets one after the other."""
@@ -296,7 +301,7 @@ def run(
                         + ("-http" if transport == "http" else "") + tree)  # fmt: skip
                 config = gateway_config(
                     sidecar, tokenizer, workers, send_ahead=ahead, transport=transport,
-                    before_transports=code is not None,
+                    before_transports=code is not None and not knows_transports(code),
                 )  # fmt: skip
                 env = {"PYTHONPATH": code} if code else None
                 url, process = serve_process(config, workdir, name, timeout_s=180, env=env)

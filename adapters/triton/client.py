@@ -193,8 +193,13 @@ class TritonBackend:
 
     @property
     def open_http_connections(self) -> int:
-        """HTTP connections of streams still running (each stream has its own)."""
+        """HTTP connections of streams still running (each stream holds one)."""
         return self._http.open_connections
+
+    @property
+    def idle_http_connections(self) -> int:
+        """HTTP connections kept alive between streams, waiting for the next one."""
+        return self._http.idle_connections
 
     async def close(self) -> None:
         """Finish pending stop requests and close every channel."""

@@ -156,7 +156,7 @@ async def test_streamed_text_equals_non_streamed_text(
         open_after = backend.open_http_connections
 
     assert open_while_streaming == (transport == "http"), "an HTTP stream has its connection"
-    assert open_after == 0, "a stream closes its connection when it ends"
+    assert open_after == 0, "a stream lets its connection go when it ends"
     assert [chunk.final for chunk in whole] == [True]
     assert [chunk.final for chunk in pieces] == [False] * (len(pieces) - 1) + [True]
     if transport == "grpc":
@@ -180,6 +180,25 @@ async def test_streamed_text_equals_non_streamed_text(
     else:
         assert described.counts_by_logprobs
         assert {chunk.prompt_tokens for chunk in whole + pieces} == {None}
+
+
+@pytest.mark.slow
+async def test_http_streams_one_after_another_go_on_one_kept_alive_connection(
+    sidecar: Sidecar,
+) -> None:
+    """tritonserver keeps a generate_stream connection open after its stream: the next stream
+    goes on it, also after a while idle, and nothing else stays open."""
+    where = target(sidecar, "tiny_ensemble", "http")
+    async with TritonBackend() as backend:
+        texts = []
+        for pause_s in (0.0, 0.0, 3.0):
+            await asyncio.sleep(pause_s)
+            chunks = await collect(backend, where, greedy(8, stream=True))
+            texts.append("".join(chunk.text for chunk in chunks))
+            assert chunks[-1].final and sum(chunk.token_count or 0 for chunk in chunks) == 8
+            assert backend.open_http_connections == 0
+            assert backend.idle_http_connections == 1, "the stream's connection is kept"
+    assert len(set(texts)) == 1 and texts[0]
 
 
 @pytest.mark.slow

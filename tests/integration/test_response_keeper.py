@@ -224,3 +224,16 @@ def test_a_restart_that_did_not_load_the_keeper_gives_the_sidecar_up(
         assert server.pid is None
     finally:
         server.stop()
+
+
+def test_a_keeper_built_against_another_c_library_is_not_taken(
+    built: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cache folder shared with a host or image of another C library gets a keeper of its
+    own there (its name differs), never the one built here."""
+    monkeypatch.setattr(keeper.os, "confstr", lambda name: "glibc 1.0")
+    other = keeper.build(built.parent)
+    assert other is not None and other != built
+    assert other.parent == built.parent and other.exists()
+    monkeypatch.undo()
+    assert keeper.build(built.parent) == built

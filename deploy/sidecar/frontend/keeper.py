@@ -1,13 +1,14 @@
 """The response keeper: a library preloaded into tritonserver so that its HTTP frontend waits for
 room instead of losing a ``generate_stream`` response (``keep_responses.c`` says how).
 
-It is compiled from source on this host, once per source, with the C compiler of ``$CC`` or
-``cc``, into the gateway's cache folder; a host without a compiler has none (``build`` says why in
-the log) and a sidecar there keeps Triton's behaviour.
+It is compiled from source on this host, once per source and C library, with the C compiler of
+``$CC`` or ``cc``, into the gateway's cache folder; a host without a compiler has none (``build``
+says why in the log) and a sidecar there keeps Triton's behaviour.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
@@ -41,9 +42,7 @@ def build(folder: Path | None = None) -> Path | None:
     """The keeper built for this host (built now if the cache has none); None where it cannot
     be built. Without ``folder``, the cache folder, else a private one in the temporary folder
     (a home that cannot be written, as in a container with a read-only root)."""
-    source = SOURCE.read_bytes()
-    digest = hashlib.sha256(source + platform.machine().encode()).hexdigest()[:16]
-    name = f"keep-responses-{digest}.so"
+    name = f"keep-responses-{_digest(SOURCE.read_bytes())}.so"
     folders = [folder] if folder else [cache_folder(), fallback_folder()]
     for where in folders:
         target = where / name
@@ -70,6 +69,18 @@ def build(folder: Path | None = None) -> Path | None:
             logger.info("the response keeper could not be built in %s: %s", where, exc)
     logger.warning("the response keeper could not be built in %s", ", ".join(map(str, folders)))
     return None
+
+
+def _digest(source: bytes) -> str:
+    """What a built keeper depends on: its source, the machine and the C library it was built
+    against (a cache folder shared by hosts or images of other C libraries builds its own)."""
+    libc = ""
+    with contextlib.suppress(ValueError, OSError):
+        libc = os.confstr("CS_GNU_LIBC_VERSION") or ""
+    if not libc:
+        libc = " ".join(platform.libc_ver())
+    key = b"\0".join([source, platform.machine().encode(), libc.encode()])
+    return hashlib.sha256(key).hexdigest()[:16]
 
 
 def fallback_folder() -> Path:

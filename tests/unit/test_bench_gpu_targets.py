@@ -59,3 +59,25 @@ def test_every_way_is_a_gateway_model_calling_its_entry_over_its_transport() -> 
     over_grpc = {name for name, model in models.items() if model["transport"] == "grpc"}
     assert over_grpc == {"m-grpc-ensemble", "m-grpc-engine"}
     assert all(model["pipeline"] == "m" for model in models.values())
+
+
+def test_a_direct_response_is_timed_only_when_it_carries_text() -> None:
+    """The direct client times what the gateway sends an event for: responses with text."""
+    from tritonclient.grpc import service_pb2
+
+    from tests.benchmarks.gpu_clients import carries_text
+
+    def response(text: bytes, first: str = "text_output") -> service_pb2.ModelInferResponse:
+        message = service_pb2.ModelInferResponse()
+        for name in (first, "num_output_tokens" if first == "text_output" else "text_output"):
+            message.outputs.add(name=name)
+            value = text if name == "text_output" else b"\x01\x00\x00\x00"
+            raw = len(value).to_bytes(4, "little") + value if name == "text_output" else value
+            message.raw_output_contents.append(raw)
+        return message
+
+    assert carries_text(response(b"word"))
+    assert not carries_text(response(b""))
+    assert carries_text(response(b" a", first="num_output_tokens"))
+    assert not carries_text(response(b"", first="num_output_tokens"))
+    assert not carries_text(service_pb2.ModelInferResponse())

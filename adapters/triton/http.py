@@ -1,5 +1,5 @@
 """Triton's HTTP ``generate_stream`` as a transport: one request, its responses as server-sent
-events, on a connection of its own.
+events, on a connection it holds while it runs.
 
 Measured against grpcio's asyncio client (``tests/benchmarks/transports.py``) it costs the
 calling process about a third of the CPU per streamed token and per request, and Triton streams
@@ -50,7 +50,7 @@ _READ_BYTES = 1 << 16
 
 
 class HttpCall:
-    """One ``generate_stream`` request on a connection of its own.
+    """One ``generate_stream`` request on a connection it holds until its stream ends.
 
     ``read`` gives every reply that has arrived, at least one: when the caller fell behind (its
     client reads slowly), the replies waiting are handed over together and become one chunk,

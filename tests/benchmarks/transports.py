@@ -7,8 +7,9 @@ sent at each concurrency through:
 - ``grpc-aio``: grpcio's asyncio API, ``ModelStreamInfer`` (the gateway's transport);
 - ``grpc-threads``: grpcio's synchronous streaming, one thread per request, each response
   handed to the event loop (what an asyncio gateway would have to do with it);
-- ``http-sse``: Triton's HTTP ``generate_stream``, a connection per request as the gateway opens
-  them, server-sent events parsed on the event loop (raw asyncio streams, msgspec for the JSON).
+- ``http-sse``: Triton's HTTP ``generate_stream``, a connection per request (the gateway now
+  keeps its connections alive, which costs less), server-sent events parsed on the event loop
+  (raw asyncio streams, msgspec for the JSON).
 
 Each client decodes the output ids of every response, as the adapter does. Figures: tokens/s and
 this process's CPU per streamed token and per request (all threads). ``python -m

@@ -77,7 +77,7 @@ class HttpCall:
         self._sending: asyncio.Task[None] | None = None
         """``start``'s dialling of a new connection that the request then goes on."""
         self._connection: Connection | None = None
-        self._spare = False
+        self._taken_ready = False
         """The connection was taken ready (kept alive or the spare), and Triton may have let it
         go."""
         self._reusable = False
@@ -135,7 +135,7 @@ class HttpCall:
             return
         ready = self._streams.take_ready(self._url)
         if ready is not None:
-            self._connection, self._spare = ready, True
+            self._connection, self._taken_ready = ready, True
             ready[1].write(self._request)
             return
         self._sending = asyncio.ensure_future(self._dial_and_write())
@@ -143,7 +143,7 @@ class HttpCall:
 
     async def _dial_and_write(self) -> None:
         connection = await self._streams.open(self._url)
-        self._connection, self._spare = connection, False
+        self._connection, self._taken_ready = connection, False
         connection[1].write(self._request)
 
     async def _sent(self) -> bool:
@@ -163,15 +163,15 @@ class HttpCall:
             # The dial's failure is the call's; a reader cancelled meanwhile cancels it too.
             await sending
         if self._connection is None:
-            self._connection, self._spare = await self._streams.connect(self._url)
+            self._connection, self._taken_ready = await self._streams.connect(self._url)
             self._connection[1].write(self._request)
         try:
             status, headers = await read_head(self._connection[0])
         except (ConnectionError, asyncio.IncompleteReadError):
-            if not self._spare:
+            if not self._taken_ready:
                 raise
             self.cancel()
-            self._connection, self._spare = await self._streams.open(self._url), False
+            self._connection, self._taken_ready = await self._streams.open(self._url), False
             self._connection[1].write(self._request)
             status, headers = await read_head(self._connection[0])
         self._answered = True

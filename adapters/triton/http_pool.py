@@ -71,12 +71,10 @@ class ConnectionPool:
     def keep(self, url: str, connection: Connection) -> None:
         """A call's connection whose stream ended cleanly, kept for the server's next call
         (closed where connections are not kept alive, or enough are idle already)."""
-        reader, writer = connection
-        self._open.discard(writer)
+        self._open.discard(connection[1])
         idle = self._idle.setdefault(url, [])
-        usable = not reader.at_eof() and not writer.is_closing()
-        if not (self._keep_alive and usable and len(idle) < IDLE_PER_SERVER):
-            writer.close()
+        if not (self._keep_alive and _unclosed(connection) and len(idle) < IDLE_PER_SERVER):
+            connection[1].close()
             return
         idle.append((connection, asyncio.get_running_loop().time()))
 
@@ -109,26 +107,16 @@ class ConnectionPool:
         """The kept-alive connection to ``url`` that ended its call last, if Triton has not
         closed it and it was idle at most ``idle_max_age_s`` (older ones are closed)."""
         idle = self._idle.get(url)
-        now = asyncio.get_running_loop().time()
         while idle:
-            (reader, writer), since = idle.pop()
-            young = now - since <= self._idle_max_age_s
-            if young and not reader.at_eof() and not writer.is_closing():
-                return reader, writer
-            writer.close()
+            connection = _fresh(*idle.pop(), self._idle_max_age_s)
+            if connection is not None:
+                return connection
         return None
 
     def _take_spare(self, url: str) -> Connection | None:
         """The spare of ``url`` if it is young and Triton has not closed it (else closed)."""
         entry = self._spares.pop(url, None)
-        if entry is None:
-            return None
-        (reader, writer), opened = entry
-        age = asyncio.get_running_loop().time() - opened
-        if age <= self._spare_max_age_s and not reader.at_eof() and not writer.is_closing():
-            return reader, writer
-        writer.close()
-        return None
+        return None if entry is None else _fresh(*entry, self._spare_max_age_s)
 
     async def _open_spare(self, url: str) -> None:
         try:
@@ -140,6 +128,20 @@ class ConnectionPool:
             self._opening.pop(url, None)
         # ``take_ready`` took any earlier spare before starting this one: none to replace.
         self._spares[url] = (connection, asyncio.get_running_loop().time())
+
+
+def _unclosed(connection: Connection) -> bool:
+    """Whether neither side has closed the connection, as far as the event loop has seen."""
+    return not connection[0].at_eof() and not connection[1].is_closing()
+
+
+def _fresh(connection: Connection, since: float, max_age_s: float) -> Connection | None:
+    """``connection``, held since loop time ``since``, if it is at most ``max_age_s`` old and
+    open; else closed, and None."""
+    if asyncio.get_running_loop().time() - since <= max_age_s and _unclosed(connection):
+        return connection
+    connection[1].close()
+    return None
 
 
 async def _dial(url: str) -> Connection:

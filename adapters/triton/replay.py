@@ -169,9 +169,6 @@ class ReplayingHttpStreams(HttpStreams):
         self.tapes: dict[tuple[bytes, bool], list[bytes]] = {}
         self.replaying = False
 
-    async def connect(self, url: str) -> tuple[Connection, bool]:
-        return await self.open(url), False
-
     def take_ready(self, url: str) -> Connection | None:
         return None
 

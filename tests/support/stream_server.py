@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Iterable
+from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
 from adapters.triton.http import HttpCall
@@ -22,6 +23,19 @@ class Handler(Protocol):
 
 
 H = TypeVar("H", bound=Handler)
+
+
+@dataclass
+class Peer:
+    """One accepted connection: the requests it carried and whether it is closed."""
+
+    requests: int = 0
+    closed: bool = False
+
+
+async def settle() -> None:
+    """Lets the loop finish what the calls left: spares dialled, closes seen by the server."""
+    await asyncio.sleep(0.05)
 
 
 async def read_request(reader: asyncio.StreamReader) -> None:

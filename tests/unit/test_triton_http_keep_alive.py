@@ -14,15 +14,7 @@ import pytest
 
 from adapters.triton.errors import HttpError
 from adapters.triton.http import HttpStreams
-from tests.support.stream_server import read_request, serving, tokens_of, write_stream
-
-
-@dataclass
-class Peer:
-    """One accepted connection: the requests it carried and whether it is closed."""
-
-    requests: int = 0
-    closed: bool = False
+from tests.support.stream_server import Peer, read_request, serving, settle, tokens_of, write_stream
 
 
 @dataclass
@@ -71,11 +63,6 @@ class Server:
             writer.close()
 
 
-async def _settle() -> None:
-    # Lets the loop finish what the calls left (spares dialled, closes seen by the server).
-    await asyncio.sleep(0.05)
-
-
 def _carried(server: Server) -> list[int]:
     """Requests per connection, those that carried any."""
     return [peer.requests for peer in server.peers if peer.requests]
@@ -87,12 +74,12 @@ async def test_calls_one_after_another_go_on_one_kept_alive_connection() -> None
         for _ in range(4):
             assert await tokens_of(streams.call(server.url, "m", b"{}")) == [5, 6]
             assert streams.open_connections == 0 and streams.idle_connections == 1
-        await _settle()
+        await settle()
         assert _carried(server) == [4]
         # The spare opened while the first call dialled its own is still unused.
         assert len(server.peers) == 2
         await streams.close()
-        await _settle()
+        await settle()
         assert all(peer.closed for peer in server.peers)
         assert streams.idle_connections == 0
 
@@ -105,7 +92,7 @@ async def test_concurrent_calls_each_take_a_connection_and_leave_it_for_later_on
             for call in calls:
                 call.start()
             assert await asyncio.gather(*(tokens_of(call) for call in calls)) == [[5, 6]] * 3
-            await _settle()
+            await settle()
         # Three connections (the spare one of them) carried the nine requests.
         assert sorted(_carried(server)) == [3, 3, 3]
         assert streams.idle_connections == 3
@@ -119,7 +106,7 @@ async def test_a_cancelled_call_closes_its_connection_and_the_next_call_goes_els
         stalled = streams.call(server.url, "m", b"{}")
         assert len(await stalled.read() or []) == 1
         stalled.cancel()  # Triton cancels a request whose connection closes
-        await _settle()
+        await settle()
         assert server.peers[0].closed and server.peers[0].requests == 2
         assert streams.idle_connections == 0
         assert await tokens_of(streams.call(server.url, "m", b"{}")) == [5, 6]
@@ -135,7 +122,7 @@ async def test_an_error_answer_closes_its_connection() -> None:
         with pytest.raises(HttpError, match="bad input"):
             await tokens_of(call)
         call.cancel()
-        await _settle()
+        await settle()
         assert server.peers[0].closed
         assert streams.open_connections == 0 and streams.idle_connections == 0
         await streams.close()
@@ -145,7 +132,7 @@ async def test_a_connection_the_server_closed_after_its_answer_is_not_sent_on() 
     async with serving(Server(actions={0: "close"})) as server:
         streams = HttpStreams()
         assert await tokens_of(streams.call(server.url, "m", b"{}")) == [5, 6]
-        await _settle()
+        await settle()
         assert await tokens_of(streams.call(server.url, "m", b"{}")) == [5, 6]
         assert _carried(server) == [1, 1]
         assert server.served == 2
@@ -169,9 +156,9 @@ async def test_an_idle_connection_too_old_is_closed_instead_of_used() -> None:
     async with serving(Server()) as server:
         streams = HttpStreams(idle_max_age_s=0.0)
         assert await tokens_of(streams.call(server.url, "m", b"{}")) == [5, 6]
-        await _settle()
+        await settle()
         assert await tokens_of(streams.call(server.url, "m", b"{}")) == [5, 6]
-        await _settle()
+        await settle()
         assert server.peers[0].closed and server.peers[0].requests == 1
         assert _carried(server) == [1, 1]  # the second on the spare
         await streams.close()
@@ -182,7 +169,7 @@ async def test_without_keep_alive_every_connection_carries_one_call() -> None:
         streams = HttpStreams(keep_alive=False)
         for _ in range(3):
             assert await tokens_of(streams.call(server.url, "m", b"{}")) == [5, 6]
-            await _settle()
+            await settle()
         assert _carried(server) == [1, 1, 1]
         assert streams.idle_connections == 0
         await streams.close()

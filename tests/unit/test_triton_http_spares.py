@@ -13,15 +13,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from adapters.triton.http import HttpCall, HttpStreams
-from tests.support.stream_server import read_request, serving, tokens_of, write_stream
-
-
-@dataclass
-class Peer:
-    """One accepted connection: the requests it carried and whether it is still open."""
-
-    requests: int = 0
-    closed: bool = False
+from tests.support.stream_server import Peer, read_request, serving, settle, tokens_of, write_stream
 
 
 @dataclass
@@ -56,23 +48,18 @@ class Server:
             writer.close()
 
 
-async def _settle() -> None:
-    # Lets the loop finish opening the spare and the server see closed connections.
-    await asyncio.sleep(0.05)
-
-
 async def test_every_call_after_the_first_goes_out_on_a_connection_opened_ahead() -> None:
     async with serving(Server()) as server:
         streams = HttpStreams(keep_alive=False)
         for _ in range(4):
             assert await tokens_of(streams.call(server.url, "m", b"{}")) == [5, 6]
-            await _settle()
+            await settle()
         # Four calls, one connection each, and the fifth already open for the next call.
         assert [peer.requests for peer in server.peers] == [1, 1, 1, 1, 0]
         assert [peer.closed for peer in server.peers] == [True] * 4 + [False]
         assert streams.open_connections == 0
         await streams.close()
-        await _settle()
+        await settle()
         assert all(peer.closed for peer in server.peers)
 
 
@@ -91,9 +78,9 @@ async def test_an_old_spare_is_closed_instead_of_used() -> None:
     async with serving(Server()) as server:
         streams = HttpStreams(spare_max_age_s=0.0, keep_alive=False)
         assert await tokens_of(streams.call(server.url, "m", b"{}")) == [5, 6]
-        await _settle()
+        await settle()
         assert await tokens_of(streams.call(server.url, "m", b"{}")) == [5, 6]
-        await _settle()
+        await settle()
         assert [peer.requests for peer in server.peers[:3]] == [1, 0, 1]
         assert server.peers[1].closed
         await streams.close()
@@ -103,7 +90,7 @@ async def test_a_spare_that_fails_before_any_answer_is_replaced_and_the_request_
     async with serving(Server(drop_first_request_on={1})) as server:
         streams = HttpStreams(keep_alive=False)
         assert await tokens_of(streams.call(server.url, "m", b"{}")) == [5, 6]
-        await _settle()
+        await settle()
         # The spare (connection 1) takes the request and closes without a byte.
         assert await tokens_of(streams.call(server.url, "m", b"{}")) == [5, 6]
         assert [peer.requests for peer in server.peers[:2]] == [1, 1]
@@ -117,7 +104,7 @@ async def test_a_fresh_connection_that_fails_is_not_resent() -> None:
         streams = HttpStreams(keep_alive=False)
         with pytest.raises(asyncio.IncompleteReadError):
             await tokens_of(streams.call(server.url, "m", b"{}"))
-        await _settle()
+        await settle()
         assert server.peers[0].requests == 1
         assert sum(peer.requests for peer in server.peers) == 1
         await streams.close()
@@ -129,7 +116,7 @@ async def test_an_unreachable_server_fails_the_call_and_leaves_nothing_open() ->
     streams = HttpStreams(keep_alive=False)
     with pytest.raises(ConnectionError):
         await tokens_of(streams.call(url, "m", b"{}"))
-    await _settle()
+    await settle()
     assert streams.open_connections == 0
     await streams.close()
 
@@ -146,7 +133,7 @@ async def _started_after_one(server: Server, spare: bool) -> tuple[HttpStreams, 
     too old to take, on a connection dialled for it."""
     streams = HttpStreams(spare_max_age_s=2.0 if spare else 0.0, keep_alive=False)
     assert await tokens_of(streams.call(server.url, "m", b"{}")) == [5, 6]
-    await _settle()
+    await settle()
     call = streams.call(server.url, "m", b"{}")
     call.start()
     return streams, call
@@ -176,7 +163,7 @@ async def test_a_started_call_cancelled_before_any_read_closes_its_connection(sp
         await _requests_seen(server, 2)
         call.cancel()
         assert await call.drain(0.5)
-        await _settle()
+        await settle()
         carried = [peer for peer in server.peers if peer.requests]
         assert len(carried) == 2 and all(peer.closed for peer in carried)
         assert streams.open_connections == 0
@@ -192,7 +179,7 @@ async def test_a_started_call_is_drained_from_its_answer_on() -> None:
         call.start()
         assert await call.drain(2.0)
         assert sum(peer.requests for peer in server.peers) == 1
-        await _settle()
+        await settle()
         assert streams.open_connections == 0
         await streams.close()
 

@@ -61,6 +61,7 @@ from tests.benchmarks.capacity_setup import (
     gateway_config,
     start_triton,
 )
+from tests.benchmarks.cpu_sets import parse_cpus, pin_self, pin_tree
 from tests.benchmarks.loadgen import HttpClient, Sample, run_level
 from tests.benchmarks.relay import relay_process
 from tests.benchmarks.serving import cpu_seconds
@@ -230,6 +231,17 @@ class Target:
     trees: dict[str, int]
 
 
+def place(targets: list[Target], sets: dict[str, frozenset[int]]) -> None:
+    """Each target's process trees on their role's CPUs (a relay on the gateway's), and this
+    process, whose load generator processes start from it, on the load's."""
+    for target in targets:
+        for role, pid in target.trees.items():
+            if role in sets:
+                pin_tree(pid, sets[role])
+    if "load" in sets:
+        pin_self(sets["load"])
+
+
 def knows_transports(code: str) -> bool:
     """Whether the checkout at ``code`` has the ``transport`` setting of a model."""
     return "transport: Transport" in (Path(code) / "gateway" / "settings.py").read_text()
@@ -308,6 +320,8 @@ def run(
                 running.callback(stop_process, process)
                 targets.append(Target(name, url, completion, chat,
                                       {**triton, "gateway": process.pid}))  # fmt: skip
+            if args.cpus:
+                place(targets, parse_cpus(args.cpus))
             for round_ in range(args.rounds):
                 rows.extend(measure_round(targets, args, round_))
                 report = report_of(
@@ -390,6 +404,14 @@ def main() -> None:
         help="staggered: the streams' first requests spread over one request's paced length, as "
         "requests of varied lengths arrive; burst: every stream starts at once, and with equal "
         "lengths they stay in step, all arriving together again after every request",
+    )
+    parser.add_argument(
+        "--cpus",
+        nargs="+",
+        metavar="ROLE=CPUS",
+        help="CPU sets by role (triton, gateway, load), e.g. triton=0-8 gateway=9-13 load=14-15: "
+        "each process tree on cores of its own, as in containers with CPU sets (default: every "
+        "process may run on every core)",
     )
     parser.add_argument("--tokenizer", help="tokenizer folder (default: the tiny model's)")
     parser.add_argument("--text-env", help="text_python_env of the sidecar (numpy < 2)")

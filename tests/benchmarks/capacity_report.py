@@ -11,6 +11,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tests.benchmarks.cpu_sets import topology
+
 _ARRIVALS = {
     "staggered": "the streams' first requests spread over one request's length (not measured)",
     "burst": "every stream starting at once and staying in step (all requests arrive together)",
@@ -34,7 +36,7 @@ def render_markdown(report: dict[str, Any]) -> str:
         f"({c.get('chat_prompt_tokens', '?')} as a chat), "
         f"{c['engine_instances']} engine instances; {c['seconds_per_level']:g} s per level after "
         f"a warm-up; {c['client_processes']} load-generator processes; "
-        f"{_ARRIVALS[c.get('arrivals', 'burst')]}{_think(c)}. "
+        f"{_ARRIVALS[c.get('arrivals', 'burst')]}{_think(c)}{_cpus(c)}. "
         "`python -m tests.benchmarks.capacity`.",
         "",
         "| target | endpoint | streams | tokens/s | of direct | TTFT p50 / p99 ms | added TTFT "
@@ -166,6 +168,8 @@ def report_of(
             "rounds": rounds,
             "arrivals": args.arrivals,
             "think_ms": args.think_ms,
+            "cpus": list(getattr(args, "cpus", None) or []),
+            "cpu_siblings": topology(),
         },
         "rows": rows,
     }
@@ -176,6 +180,14 @@ def _think(conditions: dict[str, Any]) -> str:
     if not think:
         return ""
     return f"; each stream pauses {think:g} ms between an answer's end and its next request"
+
+
+def _cpus(conditions: dict[str, Any]) -> str:
+    sets = conditions.get("cpus")
+    if not sets:
+        return ""
+    siblings = conditions.get("cpu_siblings")
+    return f"; CPU sets {' '.join(sets)}" + (f" (core siblings: {siblings})" if siblings else "")
 
 
 def _cpu_model() -> str:

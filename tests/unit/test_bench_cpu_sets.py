@@ -1,0 +1,82 @@
+"""The benchmarks' CPU sets: the roles' lists read as the kernel writes them, and a running
+process tree, threads and children, put on one."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.benchmarks.cpu_sets import cpu_list, parse_cpus, pin_tree, topology, tree
+
+CHILD = """
+import subprocess, sys, threading, time
+threading.Thread(target=time.sleep, args=(60,), daemon=True).start()
+grandchild = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+print(grandchild.pid, flush=True)
+time.sleep(60)
+"""
+
+
+def test_roles_and_lists_are_read_as_the_kernel_writes_them() -> None:
+    sets = parse_cpus(["triton=0-3,8", "gateway=4-5", "load=6"])
+    assert sets == {
+        "triton": frozenset({0, 1, 2, 3, 8}),
+        "gateway": frozenset({4, 5}),
+        "load": frozenset({6}),
+    }
+    assert cpu_list("7") == frozenset({7})
+
+
+@pytest.mark.parametrize(
+    ("items", "message"),
+    [
+        (["engine=0-3"], "expected one of"),
+        (["triton"], "expected one of"),
+        (["triton=0-3", "triton=4"], "given twice"),
+        (["triton=0-3", "gateway=3-4"], "share CPUs [3]"),
+        (["load=3-1"], "runs backwards"),
+        (["load=a"], "not a CPU list"),
+    ],
+)
+def test_wrong_sets_are_refused(items: list[str], message: str) -> None:
+    with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        parse_cpus(items)
+
+
+def _allowed(tid: int) -> set[int]:
+    return set(os.sched_getaffinity(tid))
+
+
+def test_every_thread_of_every_process_of_a_tree_is_pinned() -> None:
+    one = frozenset({min(os.sched_getaffinity(0))})
+    child = subprocess.Popen([sys.executable, "-c", CHILD], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None
+        grandchild = int(child.stdout.readline())
+        deadline = time.monotonic() + 10
+        while len(list(Path(f"/proc/{child.pid}/task").iterdir())) < 2:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert set(tree(child.pid)) >= {child.pid, grandchild}
+        threads = [
+            int(task.name)
+            for pid in (child.pid, grandchild)
+            for task in Path(f"/proc/{pid}/task").iterdir()
+        ]
+        assert pin_tree(child.pid, one) >= len(threads) >= 3
+        assert all(_allowed(thread) == set(one) for thread in threads)
+    finally:
+        for pid in tree(child.pid)[::-1]:
+            os.kill(pid, 9)
+        child.wait()
+
+
+def test_the_topology_names_every_cpu() -> None:
+    listed = topology()
+    named = set().union(*(cpu_list(siblings) for siblings in listed.split()))
+    assert named >= set(os.sched_getaffinity(0))

@@ -8,6 +8,9 @@ Triton's gRPC ``ModelStreamInfer`` with one prebuilt request on one channel.
 from __future__ import annotations
 
 import asyncio
+import itertools
+import json
+import os
 import statistics
 import time
 from collections.abc import Awaitable, Callable
@@ -180,6 +183,13 @@ class HttpClient:
         self._host, self._port = host, port
         self._reader: asyncio.StreamReader | None = None
         self._writer: asyncio.StreamWriter | None = None
+        folder = os.environ.get("FIRST_TOKEN_MARKS")
+        self._marks = (
+            DirectMarks(folder, path, host, port, key, body)
+            if folder and "input_ids" in body
+            else None
+        )
+        """Direct Triton's requests marked for ``tests.benchmarks.marks_report``, if asked."""
 
     async def send(self, sample: Sample) -> None:
         """Send once and read the whole answer, timing its tokens."""
@@ -187,8 +197,11 @@ class HttpClient:
             self._reader, self._writer = await asyncio.open_connection(self._host, self._port)
         reader, writer = self._reader, self._writer
         assert reader is not None
+        marks = self._marks
         try:
-            writer.write(self._request)
+            writer.write(self._request if marks is None else marks.request())
+            if marks is not None:
+                marks.written()
             status, headers = await read_head(reader)
             if b"x-request-id" in headers:
                 sample.request_id = headers[b"x-request-id"].decode(errors="replace")
@@ -202,6 +215,8 @@ class HttpClient:
                 sample.tokens = _usage_tokens(body)
             if headers.get(b"connection", b"").lower() == b"close":
                 writer.close()
+            if marks is not None:
+                marks.ended(sample)
         except BaseException:
             writer.close()
             self._writer = None
@@ -219,6 +234,8 @@ class HttpClient:
                 if data == _DONE:
                     done = True
                 if self._is_token(data):
+                    if not sample.tokens and self._marks is not None:
+                        self._marks.arrived()
                     sample.token()
                 elif b'"completion_tokens"' in data:
                     # Chunks joined under backpressure carry several tokens: usage counts them.
@@ -230,6 +247,45 @@ class HttpClient:
 
 
 Headers = dict[bytes, bytes]
+
+
+_RUN = f"{os.getpid()}.{time.time_ns()}"
+_SERIALS = itertools.count()
+
+
+class DirectMarks:
+    """A direct Triton client's marks, in the host's monotonic nanoseconds as the gateway's and
+    the engine stubs' are: each request gets an id of its own, ``direct-<process>-<serial>``
+    (which the stubs record as its Triton id), and a line in ``direct-<pid>.jsonl`` with when it
+    was written (``triton.written``) and when its first token was read (``triton.arrived``)."""
+
+    def __init__(
+        self, folder: str, path: str, host: str, port: int, key: str, body: dict[str, Any]
+    ) -> None:
+        self._out = open(f"{folder}/direct-{os.getpid()}.jsonl", "a", buffering=1)  # noqa: SIM115
+        self._head = (
+            f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
+            f"Authorization: Bearer {key}\r\n"
+        )
+        self._body = body
+        self._current: dict[str, Any] = {}
+
+    def request(self) -> bytes:
+        """The next request's bytes, with its own id."""
+        triton_id = f"direct-{_RUN}-{next(_SERIALS)}"
+        self._current = {"triton_id": triton_id}
+        payload = msgspec.json.encode({"id": triton_id, **self._body})
+        return f"{self._head}Content-Length: {len(payload)}\r\n\r\n".encode() + payload
+
+    def written(self) -> None:
+        self._current["triton.written"] = time.monotonic_ns()
+
+    def arrived(self) -> None:
+        self._current["triton.arrived"] = time.monotonic_ns()
+
+    def ended(self, sample: Sample) -> None:
+        if sample.error is None and "triton.arrived" in self._current:
+            self._out.write(json.dumps(self._current) + "\n")
 
 
 async def _pieces(reader: asyncio.StreamReader, headers: Headers) -> Any:

@@ -73,7 +73,14 @@ def load(folder: Path) -> Run:
         (min(m["asgi.entry"] for m in marks.values()), endpoint)
         for endpoint, marks in run.requests.items()
     )
+    # Direct requests the load generator marked and named (``loadgen.DirectMarks``).
+    for path in folder.glob("direct-*.jsonl"):
+        for line in path.read_text().splitlines():
+            entry = json.loads(line)
+            anonymous.append({**engine.get(entry.pop("triton_id"), {}), **entry})
     for entry in anonymous:
+        if "engine.accept" not in entry:
+            continue
         after = entry["engine.accept"]
         following = next((endpoint for start, endpoint in starts if start > after), None)
         if following is not None:
@@ -217,6 +224,33 @@ def engine_steps(gateway: Iterable[Marks], direct: Iterable[Marks]) -> list[str]
     return [*lines, ""]
 
 
+CALL_STEPS = (
+    ("triton.written", "engine.accept", "into the engine (Triton's frontend, queue and stub)"),
+    ("engine.accept", "engine.first_send.start", "the engine's prefill"),
+    ("engine.first_send.start", "triton.arrived", "out to the worker's (the client's) read"),
+    ("triton.written", "triton.arrived", "the request written to the answer's arrival"),
+)
+
+
+def triton_calls(gateway: Iterable[Marks], direct: Iterable[Marks]) -> list[str]:
+    """The Triton call, from the request's write to its first answer's arrival, of the
+    gateway's requests beside direct Triton's (where the load generator marked its own)."""
+    through, straight = _marked(gateway, CALL_STEPS), _marked(direct, CALL_STEPS)
+    if not through or not straight:
+        return []
+    lines = [
+        f"The Triton call of {len(straight)} direct requests (written and read by the load "
+        f"generator) and {len(through)} through the gateway (by its workers), p50 / p90 / p99 µs:",
+        "",
+        "| from | to | what | direct | gateway |",
+        "|---|---|---|---:|---:|",
+    ]
+    for start, end, what in CALL_STEPS:
+        cells = " | ".join(_durations_us(ms, start, end) for ms in (straight, through))
+        lines.append(f"| {start} | {end} | {what} | {cells} |")
+    return [*lines, ""]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("folder", type=Path, help="the FIRST_TOKEN_MARKS folder")
@@ -226,7 +260,9 @@ def main() -> None:
         raise SystemExit(f"no marked requests in {args.folder}")
     for endpoint, marks in sorted(run.requests.items(), reverse=True):
         print(f"## {endpoint}\n\n{report(marks, run.loop_lags)}")
-        print("\n".join(engine_steps(marks.values(), run.direct.get(endpoint, []))))
+        direct = run.direct.get(endpoint, [])
+        print("\n".join(engine_steps(marks.values(), direct)))
+        print("\n".join(triton_calls(marks.values(), direct)))
     every = [lag for lags in run.loop_lags.values() for lag in lags]
     print(
         f"The event loops' lateness over all workers, p50 / p90 / p99 µs: {_quantiles_us(every)}"

@@ -1,10 +1,14 @@
-"""The load generator's account of a stream that never ends: how far it came, and its id."""
+"""The load generator's account of a stream that never ends (how far it came, and its id), and
+its marks of direct Triton's requests."""
 
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+from pathlib import Path
 
-from tests.benchmarks.loadgen import HttpClient, run_level
+from tests.benchmarks.loadgen import DirectMarks, HttpClient, Sample, run_level
 
 _CHUNK = b'data: {"choices":[{"text":"x","index":0}]}\n\n'
 
@@ -50,3 +54,34 @@ def test_a_stream_stalled_before_its_first_token_says_so() -> None:
     assert (
         asyncio.run(_one_stalled(0)) == "TimeoutError: no end in 0.3 s: no token, x-request-id 5eed"
     )
+
+
+def test_direct_requests_are_named_one_by_one_and_marked(tmp_path: Path) -> None:
+    marks = DirectMarks(
+        str(tmp_path), "/v2/models/m/generate_stream", "h", 9, "k", {"input_ids": [1]}
+    )
+    # Every client of a process names its requests apart from the others'.
+    other = DirectMarks(
+        str(tmp_path), "/v2/models/m/generate_stream", "h", 9, "k", {"input_ids": [1]}
+    )
+    requests = [marks.request(), other.request(), marks.request()]
+    heads, bodies = zip(*(r.split(b"\r\n\r\n", 1) for r in requests), strict=True)
+    ids = [json.loads(body)["id"] for body in bodies]
+    assert len(set(ids)) == 3 and all(i.startswith(f"direct-{os.getpid()}.") for i in ids)
+    assert all(json.loads(body)["input_ids"] == [1] for body in bodies)
+    assert all(
+        f"Content-Length: {len(b)}".encode() in h for h, b in zip(heads, bodies, strict=True)
+    )
+    # The last request: written, its first token read, ended; one without a token is not kept.
+    marks.written()
+    marks.arrived()
+    marks.ended(Sample(start=0.0))
+    marks.request()
+    marks.written()
+    marks.ended(Sample(start=0.0))
+    lines = [
+        json.loads(line)
+        for line in (tmp_path / f"direct-{os.getpid()}.jsonl").read_text().splitlines()
+    ]
+    assert [line["triton_id"] for line in lines] == [ids[2]]
+    assert lines[0]["triton.written"] <= lines[0]["triton.arrived"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tests.benchmarks.marks_report import engine_steps, load, report
+from tests.benchmarks.marks_report import engine_steps, load, report, triton_calls
 
 
 def _request(
@@ -120,3 +120,40 @@ def test_direct_requests_engine_marks_go_with_the_gateway_requests_that_followed
     # Direct's p50 of two values is the higher one (as _quantiles_us takes it).
     assert prefill.endswith("| 4,000 / 4,000 / 4,000 | 3,000 / 3,000 / 3,000 |")
     assert engine_steps([], []) == []
+
+
+def test_direct_requests_the_load_generator_named_are_timed_beside_the_gateways(
+    tmp_path: Path,
+) -> None:
+    # The gateway's text request at 2 s, written 0.5 ms after it entered; two direct requests
+    # before it, which the load generator named and marked: Triton took 0.3 and 0.5 ms to hand
+    # them to the engine, against 0.9 ms for the gateway's.
+    entry = 2_000_000_000
+    gateway = {"probe": "any-7-0-5000-text", "triton_id": "t",
+               **_request(entry, first=5_000_000, last=9_000_000, exit_=9_500_000),
+               "triton.written": entry + 500_000, "triton.arrived": entry + 4_800_000}  # fmt: skip
+    engine = [
+        _engine("direct-9-0", 300_000, 2_000_000),
+        _engine("direct-9-1", 1_000_500_000, 2_000_000),
+        _engine("t", entry + 1_400_000, 2_000_000),
+    ]
+    # The first direct request's answer came 0.2 ms after the engine's send started, the
+    # second's 0.4 ms after.
+    direct = [
+        {"triton_id": "direct-9-0", "triton.written": 0, "triton.arrived": 2_800_000},
+        {"triton_id": "direct-9-1", "triton.written": 1_000_000_000,
+         "triton.arrived": 1_000_000_000 + 3_200_000},
+    ]  # fmt: skip
+    (tmp_path / "marks-7.jsonl").write_text(json.dumps(gateway) + "\n")
+    (tmp_path / "engine-99.jsonl").write_text("\n".join(map(json.dumps, engine)) + "\n")
+    (tmp_path / "direct-9.jsonl").write_text("\n".join(map(json.dumps, direct)) + "\n")
+    run = load(tmp_path)
+    assert len(run.direct["text"]) == 2
+    lines = triton_calls(run.requests["text"].values(), run.direct["text"])
+    assert lines[0].startswith("The Triton call of 2 direct requests")
+    into = next(line for line in lines if line.startswith("| triton.written | engine.accept |"))
+    # Direct's p50 of two values is the higher one (as _quantiles_us takes it).
+    assert into.endswith("| 500 / 500 / 500 | 900 / 900 / 900 |")
+    out = next(line for line in lines if line.startswith("| engine.first_send.start |"))
+    assert out.endswith("| 400 / 400 / 400 | 1,100 / 1,100 / 1,100 |")
+    assert triton_calls(run.requests["text"].values(), []) == []

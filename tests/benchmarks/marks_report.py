@@ -211,17 +211,8 @@ def engine_steps(gateway: Iterable[Marks], direct: Iterable[Marks]) -> list[str]
     through, straight = _marked(gateway, ENGINE_STEPS), _marked(direct, ENGINE_STEPS)
     if not through and not straight:
         return []
-    lines = [
-        f"In the engine, {len(straight)} direct requests and {len(through)} through the gateway, "
-        "p50 / p90 / p99 µs:",
-        "",
-        "| from | to | what | direct | gateway |",
-        "|---|---|---|---:|---:|",
-    ]
-    for start, end, what in ENGINE_STEPS:
-        cells = " | ".join(_durations_us(ms, start, end) for ms in (straight, through))
-        lines.append(f"| {start} | {end} | {what} | {cells} |")
-    return [*lines, ""]
+    title = f"In the engine, {len(straight)} direct requests and {len(through)} through the gateway"
+    return _beside(title, ENGINE_STEPS, straight, through)
 
 
 CALL_STEPS = (
@@ -238,15 +229,23 @@ def triton_calls(gateway: Iterable[Marks], direct: Iterable[Marks]) -> list[str]
     through, straight = _marked(gateway, CALL_STEPS), _marked(direct, CALL_STEPS)
     if not through or not straight:
         return []
-    lines = [
+    title = (
         f"The Triton call of {len(straight)} direct requests (written and read by the load "
-        f"generator) and {len(through)} through the gateway (by its workers), p50 / p90 / p99 µs:",
+        f"generator) and {len(through)} through the gateway (by its workers)"
+    )
+    return _beside(title, CALL_STEPS, straight, through)
+
+
+def _beside(title: str, steps: Steps, direct: list[Marks], gateway: list[Marks]) -> list[str]:
+    """A table of ``steps``, direct's durations beside the gateway's."""
+    lines = [
+        f"{title}, p50 / p90 / p99 µs:",
         "",
         "| from | to | what | direct | gateway |",
         "|---|---|---|---:|---:|",
     ]
-    for start, end, what in CALL_STEPS:
-        cells = " | ".join(_durations_us(ms, start, end) for ms in (straight, through))
+    for start, end, what in steps:
+        cells = " | ".join(_durations_us(ms, start, end) for ms in (direct, gateway))
         lines.append(f"| {start} | {end} | {what} | {cells} |")
     return [*lines, ""]
 

@@ -191,22 +191,25 @@ class Sidecar:
         logger.info("sidecar %s ready (pid %s, grpc %s)", self.name, self.pid, self.grpc_url)
         return self
 
-    def _kept_by(self, pid: int) -> bool:
-        """Whether the process ``pid`` runs with the keeper, where it should. Looked at again for
-        a while: "ready" may have come before ``pid`` exec'd tritonserver (another server on a
-        port given up by the one before)."""
+    def _kept_by(self, process: subprocess.Popen[bytes]) -> bool:
+        """Whether ``process`` runs with the keeper, where it should, or has ended (a process
+        killed as it answered ready is an exit, not a server without the keeper). Looked at
+        again for a while: "ready" may have come before it exec'd tritonserver (another server
+        on a port given up by the one before)."""
         if self.keeper is None:
             return True
         deadline = time.monotonic() + KEEPER_CHECK_S
-        while not response_keeper.loaded_by(pid, self.keeper):
+        while not response_keeper.loaded_by(process.pid, self.keeper):
+            if process.poll() is not None:
+                return True
             if time.monotonic() >= deadline:
                 return False
             time.sleep(0.1)
         return True
 
     def _check_keeper(self) -> None:
-        pid = self.pid
-        if pid is None or self._kept_by(pid):
+        process = self._process
+        if process is None or self._kept_by(process):
             return
         raise SidecarError(
             f"tritonserver of sidecar {self.name!r} did not load the response keeper "
@@ -358,7 +361,7 @@ class Sidecar:
         while process.poll() is None:
             if not was_ready and self.is_ready(timeout=1.0):
                 was_ready = True
-                if not self._kept_by(process.pid):
+                if not self._kept_by(process):
                     # A restart without the keeper would lose responses without a word.
                     with self._spawn_lock:
                         self._stopping.set()

@@ -226,6 +226,27 @@ def test_a_restart_that_did_not_load_the_keeper_gives_the_sidecar_up(
         server.stop()
 
 
+def test_a_server_killed_as_it_answered_ready_is_an_exit_not_a_missing_keeper(
+    built: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The watcher saw "ready", then the process died before its maps were read: it is
+    restarted like any other exit, not given up as a server that runs without the keeper."""
+    server = _empty_sidecar("killed", tmp_path, built)
+    process = subprocess.Popen(["sleep", "60"])
+
+    def ready_then_killed(timeout: float = 2.0) -> bool:
+        process.kill()
+        return True
+
+    monkeypatch.setattr(server, "is_ready", ready_then_killed)
+    try:
+        assert server._watch(process) == (True, None)
+        assert not server.failed.is_set() and server._failed is None
+    finally:
+        process.kill()
+        process.wait()
+
+
 def test_a_keeper_built_against_another_c_library_is_not_taken(
     built: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -123,6 +123,8 @@ class Sidecar:
         self._stopping = threading.Event()
         self._spawn_lock = threading.Lock()
         self._ever_ready = False
+        self._kept = threading.Event()
+        """Set once the watcher saw the running server ready with the keeper loaded."""
         self.failed = threading.Event()
         """Set once the sidecar stopped serving for good (start failure or too many crashes)."""
         self._failed: str | None = None
@@ -184,7 +186,7 @@ class Sidecar:
         self._thread.start()
         try:
             self.wait_ready(self.startup_timeout_s, first_start=True)
-            self._check_keeper()
+            self._await_keeper()
         except BaseException:
             self.stop()
             raise
@@ -207,15 +209,22 @@ class Sidecar:
             time.sleep(0.1)
         return True
 
-    def _check_keeper(self) -> None:
-        process = self._process
-        if process is None or self._kept_by(process):
+    def _await_keeper(self) -> None:
+        """Wait for the watcher's check of the keeper in the ready server (it restarts a server
+        that ended before the check, and gives up one that runs without the keeper)."""
+        if self.keeper is None:
             return
-        raise SidecarError(
-            f"tritonserver of sidecar {self.name!r} did not load the response keeper "
-            f"{self.keeper}; keep_responses: false in its spec runs it without; "
-            f"{self._diagnosis()}"
-        )
+        deadline = time.monotonic() + self.startup_timeout_s
+        while not self._kept.wait(0.1):
+            if self._failed is not None:
+                raise SidecarError(f"{self._failed}; {self._diagnosis()}")
+            if self._stopping.is_set():
+                raise SidecarError(f"sidecar {self.name!r} was stopped while starting")
+            if time.monotonic() >= deadline:
+                raise SidecarError(
+                    f"the response keeper of sidecar {self.name!r} was not checked in "
+                    f"{self.startup_timeout_s:.0f} s; {self._diagnosis()}"
+                )
 
     def wait_ready(self, timeout: float, *, first_start: bool = False) -> None:
         """Block until tritonserver is ready, it exits for good, or ``timeout`` passes."""
@@ -307,6 +316,7 @@ class Sidecar:
                 with self._spawn_lock:
                     if self._stopping.is_set():
                         return
+                    self._kept.clear()
                     self._process = self._spawn(log)
                 self._spawned.set()
                 # Read after the watch: a caller may have seen it ready while it ran.
@@ -369,9 +379,11 @@ class Sidecar:
                     process.wait()
                     self._give_up(
                         f"tritonserver of sidecar {self.name!r} did not load the response "
-                        f"keeper {self.keeper}"
+                        f"keeper {self.keeper}; keep_responses: false in its spec runs it without"
                     )
                     break
+                if process.poll() is None:
+                    self._kept.set()
                 stubs = self._stub_watch(process.pid)
             elif stubs is not None and (broken := self._dead_stub(stubs)) is not None:
                 with self._spawn_lock:

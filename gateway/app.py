@@ -3,6 +3,7 @@ services behind the routes are built once when the app starts and read from its 
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -132,7 +133,7 @@ def create_app(
     settings: Settings,
     *,
     backend: Backend | None = None,
-    backend_factory: BackendFactory = triton_backend,
+    backend_factory: BackendFactory | None = None,
     span_exporter: SpanExporter | None = None,
     worker: WorkerContext | None = None,
     resolver: Resolver = resolve_addresses,
@@ -150,7 +151,8 @@ def create_app(
     runtime = Runtime(
         settings,
         backend=backend,
-        backend_factory=backend_factory,
+        backend_factory=backend_factory
+        or functools.partial(triton_backend, keep_alive_s=settings.limits.triton_keep_alive_s),
         observability=observability,
         shared_sidecars=worker.shared_sidecars if worker is not None else None,
         resolver=resolver,

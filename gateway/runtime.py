@@ -15,6 +15,7 @@ from typing import Protocol, runtime_checkable
 import httpx
 
 from adapters.contract import Backend, ModelTarget
+from adapters.triton.http_pool import IDLE_MAX_AGE_S
 from deploy.sidecar import frontend
 from deploy.sidecar.fleet import sidecar_from_spec
 from deploy.sidecar.spec import Spec, SpecError, load_spec, parse_spec
@@ -40,14 +41,17 @@ BACKEND_CLOSE_S = 15.0
 BackendFactory = Callable[[tuple[ModelRoute, ...]], Backend]
 
 
-def triton_backend(routes: tuple[ModelRoute, ...]) -> Backend:
-    """The production backend: Triton over gRPC; with replicas, channels that reconnect to a
+def triton_backend(
+    routes: tuple[ModelRoute, ...], *, keep_alive_s: float = IDLE_MAX_AGE_S
+) -> Backend:
+    """The production backend: Triton over gRPC or HTTP, its HTTP connections kept alive for
+    ``keep_alive_s`` (0: one per request); with replicas, channels that reconnect to a
     restarted replica within a couple of seconds."""
     from adapters.triton.client import TritonBackend
 
     if any(route.replicas is not None for route in routes):
-        return TritonBackend(max_reconnect_backoff_s=2.0)
-    return TritonBackend()
+        return TritonBackend(max_reconnect_backoff_s=2.0, http_keep_alive_s=keep_alive_s)
+    return TritonBackend(http_keep_alive_s=keep_alive_s)
 
 
 def read_spec(sidecars: SidecarSettings) -> Spec:

@@ -152,6 +152,11 @@ class LimitSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     balancers stop sending before new requests are refused with 503."""
     tokenizer_threads: int = 2
     """Threads that template and count tokens off the event loop."""
+    triton_keep_alive_s: Annotated[float, msgspec.Meta(ge=0)] = 30.0
+    """How long a connection to a Triton's HTTP frontend, idle after a stream that ended
+    cleanly, is kept for the next request (``transport: http``). 0 opens a connection per
+    request, as a load balancer between the gateway and Triton that spreads connections
+    rather than requests needs."""
     retry_after_s: int = 5
     """``Retry-After`` seconds sent with 503 answers."""
 

@@ -33,6 +33,7 @@ from adapters.triton.grpc_stream import (
     reconnecting_channel_args,
 )
 from adapters.triton.http import HttpStreams
+from adapters.triton.http_pool import IDLE_MAX_AGE_S
 from adapters.triton.http_wire import carries, generate_body
 from adapters.triton.responses import Exchange
 from adapters.triton.stopping import Stopper
@@ -68,13 +69,14 @@ class TritonBackend:
         stop_timeout_s: float = 2.0,
         channel_args: Sequence[tuple[str, Any]] | None = None,
         max_reconnect_backoff_s: float | None = None,
+        http_keep_alive_s: float = IDLE_MAX_AGE_S,
     ) -> None:
         self._connect_timeout_s = connect_timeout_s
         if channel_args is None and max_reconnect_backoff_s is not None:
             channel_args = reconnecting_channel_args(max_reconnect_backoff_s)
         self._channel_args = list(channel_args) if channel_args is not None else None
         self._clients: dict[str, triton_aio.InferenceServerClient] = {}
-        self._http = HttpStreams()
+        self._http = HttpStreams(keep_alive=http_keep_alive_s > 0, idle_max_age_s=http_keep_alive_s)
         self._models: dict[tuple[str, str], ModelInputs] = {}
         self._lora_sent: set[tuple[str, str, int]] = set()
         self._stopper = Stopper(self._open, stop_timeout_s)

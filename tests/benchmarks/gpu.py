@@ -282,6 +282,13 @@ def main(argv: list[str] | None = None) -> int:
         help="gateway worker processes: with one, a burst of 128 requests waits on one "
         "process to start them all (about 3 ms each)",
     )
+    parser.add_argument(
+        "--triton-keep-alive-s",
+        type=float,
+        default=30.0,
+        help="the gateway's limits.triton_keep_alive_s: how long its HTTP connections to Triton "
+        "stay open idle for the next request (0: one per request)",
+    )
     parser.add_argument("--repeats", type=int, default=3, help="interleaved runs per level")
     parser.add_argument("--max-batch-size", type=int, default=128, help="the engine's batch")
     parser.add_argument(
@@ -351,6 +358,7 @@ def main(argv: list[str] | None = None) -> int:
         + gateway_targets(gateway_ways(args.transport, args.entry)),
         "release": args.release,
         "gateway_workers": args.workers,
+        "triton_keep_alive_s": args.triton_keep_alive_s,
         "mixed_batching": args.mixed_batching,
         "parameters": params,
         "ready_s": ready_s,

@@ -202,7 +202,8 @@ def render_markdown(report: dict[str, Any]) -> str:
             else ""
         )
         + "; `gateway` is `/v1/completions` with `stream: true` through `triton-gateway serve` "
-        f"({report.get('gateway_workers', 1)} worker processes), which reaches Triton over "
+        f"({report.get('gateway_workers', 1)} worker processes{_kept(report)}), which reaches "
+        "Triton over "
         f"{' or '.join(_TRANSPORTS[t] for t in transports)}"
         + (" (`gateway-http`, `gateway-grpc`)" if len(transports) > 1 else "")
         + ", calling "
@@ -255,6 +256,16 @@ def render_markdown(report: dict[str, Any]) -> str:
     )
     lines.extend(_profile_table(report.get("engine_profiles") or {}))
     return "\n".join(lines) + "\n"
+
+
+def _kept(report: dict[str, Any]) -> str:
+    """How long the gateway kept its HTTP connections to Triton, where the report says."""
+    seconds = report.get("triton_keep_alive_s")
+    if seconds is None:
+        return ""
+    if not seconds:
+        return ", a connection to Triton per request"
+    return f", connections to Triton kept alive {seconds:g} s"
 
 
 def _profile_table(profiles: dict[str, dict[str, float]]) -> list[str]:

@@ -113,5 +113,5 @@ def gateway_config(
         },
         "server": {"workers": args.workers},
         "tenancy": {"auth": False},
-        "limits": {"request_timeout_s": 300},
+        "limits": {"request_timeout_s": 300, "triton_keep_alive_s": args.triton_keep_alive_s},
     }

@@ -202,6 +202,20 @@ async def test_http_streams_one_after_another_go_on_one_kept_alive_connection(
 
 
 @pytest.mark.slow
+async def test_http_streams_without_keep_alive_each_open_and_close_their_own_connection(
+    sidecar: Sidecar,
+) -> None:
+    """``limits.triton_keep_alive_s: 0``: every stream is whole and nothing stays open."""
+    where = target(sidecar, "tiny_ensemble", "http")
+    async with TritonBackend(http_keep_alive_s=0) as backend:
+        for _ in range(2):
+            chunks = await collect(backend, where, greedy(8, stream=True))
+            assert chunks[-1].final and sum(chunk.token_count or 0 for chunk in chunks) == 8
+            assert backend.open_http_connections == 0
+            assert backend.idle_http_connections == 0
+
+
+@pytest.mark.slow
 async def test_concurrent_requests_share_one_channel(sidecar: Sidecar) -> None:
     where = target(sidecar, "tiny_ensemble")
     async with TritonBackend() as backend:

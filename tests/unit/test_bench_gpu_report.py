@@ -67,3 +67,11 @@ def test_one_scrape_gives_steps_counters_and_the_served_histogram() -> None:
         "nv_inference_queue_duration_us{ensemble}": 1500.0,
     }
     assert served_ttft(samples, "llama-1b") == {0.1: 90.0, math.inf: 100.0}
+
+
+def test_the_report_says_how_the_gateway_kept_its_connections_to_triton() -> None:
+    from tests.benchmarks.gpu_report import _kept
+
+    assert _kept({"triton_keep_alive_s": 0.0}) == ", a connection to Triton per request"
+    assert _kept({"triton_keep_alive_s": 30.0}) == ", connections to Triton kept alive 30 s"
+    assert _kept({}) == "", "a report from before the setting says nothing"

@@ -46,8 +46,10 @@ def test_every_way_is_a_gateway_model_calling_its_entry_over_its_transport() -> 
         text_env=None,
         workers=2,
         metrics_port=9,
+        triton_keep_alive_s=0.0,
     )
     config = gateway_config({"m": Path("/models/m")}, args, grpc_port=7)
+    assert config["limits"]["triton_keep_alive_s"] == 0
     models = {model["name"]: model for model in config["models"]}
     assert set(models) == {"m", "m-grpc-ensemble", "m-http-engine", "m-grpc-engine"}
     assert {name: model["entry"] for name, model in models.items()} == {

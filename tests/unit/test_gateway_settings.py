@@ -190,3 +190,20 @@ def test_uvicorn_keeps_idle_connections_longer_than_the_clients_do() -> None:
     assert uvicorn_config(app, configured).timeout_keep_alive == 9
     with pytest.raises(SettingsError, match="keep_alive_s"):
         parse_settings({"server": {"keep_alive_s": 0}})
+
+
+def test_connections_to_triton_are_kept_alive_as_long_as_the_limit_says() -> None:
+    from adapters.triton.client import TritonBackend
+    from gateway.app import create_app
+
+    assert Settings().limits.triton_keep_alive_s == 30
+    for seconds, kept in ((0, False), (7.5, True)):
+        settings = parse_settings(
+            {"limits": {"triton_keep_alive_s": seconds}, "tenancy": {"auth": False}}
+        )
+        runtime = create_app(settings).state.runtime
+        backend = runtime._backend_factory(())
+        assert isinstance(backend, TritonBackend)
+        assert (backend._http._keep_alive, backend._http._idle_max_age_s) == (kept, seconds)
+    with pytest.raises(SettingsError, match="triton_keep_alive_s"):
+        parse_settings({"limits": {"triton_keep_alive_s": -1}})

@@ -14,6 +14,10 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
+import psutil
+
+from tests.benchmarks.serving import process_tree
+
 ROLES = ("triton", "gateway", "load")
 
 
@@ -50,37 +54,17 @@ def cpu_list(listed: str) -> frozenset[int]:
     return frozenset(cpus)
 
 
-def tree(pid: int) -> list[int]:
-    """``pid`` and every process under it."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            # The parent is the fourth field after the command, which is in parentheses.
-            fields = (entry / "stat").read_text().rpartition(")")[2].split()
-        except OSError:
-            continue
-        children.setdefault(int(fields[1]), []).append(int(entry.name))
-    found, todo = [], [pid]
-    while todo:
-        current = todo.pop()
-        found.append(current)
-        todo.extend(children.get(current, ()))
-    return found
-
-
 def pin_tree(pid: int, cpus: frozenset[int]) -> int:
     """Every thread of ``pid``'s tree on ``cpus``; how many threads were pinned."""
     pinned = 0
-    for process in tree(pid):
+    for process in process_tree(pid):
         try:
-            threads = [int(task.name) for task in Path(f"/proc/{process}/task").iterdir()]
-        except OSError:
+            threads = process.threads()
+        except psutil.NoSuchProcess:
             continue
         for thread in threads:
             try:
-                os.sched_setaffinity(thread, cpus)
+                os.sched_setaffinity(thread.id, cpus)
             except (ProcessLookupError, PermissionError):
                 continue
             pinned += 1

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.benchmarks.cpu_sets import cpu_list, parse_cpus, pin_tree, topology, tree
+from tests.benchmarks.cpu_sets import cpu_list, parse_cpus, pin_tree, topology
+from tests.benchmarks.serving import process_tree
 
 CHILD = """
 import subprocess, sys, threading, time
@@ -62,7 +63,7 @@ def test_every_thread_of_every_process_of_a_tree_is_pinned() -> None:
         while len(list(Path(f"/proc/{child.pid}/task").iterdir())) < 2:
             assert time.monotonic() < deadline
             time.sleep(0.05)
-        assert set(tree(child.pid)) >= {child.pid, grandchild}
+        assert {process.pid for process in process_tree(child.pid)} >= {child.pid, grandchild}
         threads = [
             int(task.name)
             for pid in (child.pid, grandchild)
@@ -71,8 +72,8 @@ def test_every_thread_of_every_process_of_a_tree_is_pinned() -> None:
         assert pin_tree(child.pid, one) >= len(threads) >= 3
         assert all(_allowed(thread) == set(one) for thread in threads)
     finally:
-        for pid in tree(child.pid)[::-1]:
-            os.kill(pid, 9)
+        for process in process_tree(child.pid)[::-1]:
+            process.kill()
         child.wait()
 
 

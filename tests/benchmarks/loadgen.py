@@ -8,6 +8,7 @@ Triton's gRPC ``ModelStreamInfer`` with one prebuilt request on one channel.
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import json
 import os
@@ -176,10 +177,7 @@ class HttpClient:
         """OpenAI streams end with ``[DONE]``; Triton's ``generate_stream`` just ends."""
         self._stream = bool(body.get("stream") or body.get("streaming"))
         """OpenAI's ``stream`` or Triton's ``streaming`` input."""
-        self._request = (
-            f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
-            f"Authorization: Bearer {key}\r\nContent-Length: {len(payload)}\r\n\r\n"
-        ).encode() + payload
+        self._request = _post(path, host, port, key, payload)
         self._host, self._port = host, port
         self._reader: asyncio.StreamReader | None = None
         self._writer: asyncio.StreamWriter | None = None
@@ -249,6 +247,14 @@ class HttpClient:
 Headers = dict[bytes, bytes]
 
 
+def _post(path: str, host: str, port: int, key: str, payload: bytes) -> bytes:
+    """An HTTP/1.1 POST of a JSON ``payload``, with the bearer ``key``."""
+    return (
+        f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
+        f"Authorization: Bearer {key}\r\nContent-Length: {len(payload)}\r\n\r\n"
+    ).encode() + payload
+
+
 _RUN = f"{os.getpid()}.{time.time_ns()}"
 _SERIALS = itertools.count()
 
@@ -263,10 +269,7 @@ class DirectMarks:
         self, folder: str, path: str, host: str, port: int, key: str, body: dict[str, Any]
     ) -> None:
         self._out = open(f"{folder}/direct-{os.getpid()}.jsonl", "a", buffering=1)  # noqa: SIM115
-        self._head = (
-            f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
-            f"Authorization: Bearer {key}\r\n"
-        )
+        self._post = functools.partial(_post, path, host, port, key)
         self._body = body
         self._current: dict[str, Any] = {}
 
@@ -274,8 +277,7 @@ class DirectMarks:
         """The next request's bytes, with its own id."""
         triton_id = f"direct-{_RUN}-{next(_SERIALS)}"
         self._current = {"triton_id": triton_id}
-        payload = msgspec.json.encode({"id": triton_id, **self._body})
-        return f"{self._head}Content-Length: {len(payload)}\r\n\r\n".encode() + payload
+        return self._post(msgspec.json.encode({"id": triton_id, **self._body}))
 
     def written(self) -> None:
         self._current["triton.written"] = time.monotonic_ns()

@@ -76,7 +76,7 @@ class TritonBackend:
             channel_args = reconnecting_channel_args(max_reconnect_backoff_s)
         self._channel_args = list(channel_args) if channel_args is not None else None
         self._clients: dict[str, triton_aio.InferenceServerClient] = {}
-        self._http = HttpStreams(keep_alive=http_keep_alive_s > 0, idle_max_age_s=http_keep_alive_s)
+        self._http = HttpStreams(keep_alive_s=http_keep_alive_s)
         self._models: dict[tuple[str, str], ModelInputs] = {}
         self._lora_sent: set[tuple[str, str, int]] = set()
         self._stopper = Stopper(self._open, stop_timeout_s)

@@ -25,13 +25,12 @@ class ConnectionPool:
         self,
         spare_max_age_s: float = SPARE_MAX_AGE_S,
         *,
-        keep_alive: bool = True,
-        idle_max_age_s: float = IDLE_MAX_AGE_S,
+        keep_alive_s: float = IDLE_MAX_AGE_S,
     ) -> None:
         self._open: set[asyncio.StreamWriter] = set()
         self._spare_max_age_s = spare_max_age_s
-        self._keep_alive = keep_alive
-        self._idle_max_age_s = idle_max_age_s
+        self._keep_alive_s = keep_alive_s
+        """How long a connection may wait idle for the next call; 0 keeps none."""
         self._spares: dict[str, tuple[Connection, float]] = {}
         self._opening: dict[str, asyncio.Task[None]] = {}
         self._idle: dict[str, list[tuple[Connection, float]]] = {}
@@ -73,7 +72,7 @@ class ConnectionPool:
         (closed where connections are not kept alive, or enough are idle already)."""
         self._open.discard(connection[1])
         idle = self._idle.setdefault(url, [])
-        if not (self._keep_alive and _unclosed(connection) and len(idle) < IDLE_PER_SERVER):
+        if not (self._keep_alive_s > 0 and _unclosed(connection) and len(idle) < IDLE_PER_SERVER):
             connection[1].close()
             return
         idle.append((connection, asyncio.get_running_loop().time()))
@@ -105,10 +104,10 @@ class ConnectionPool:
 
     def _take_idle(self, url: str) -> Connection | None:
         """The kept-alive connection to ``url`` that ended its call last, if Triton has not
-        closed it and it was idle at most ``idle_max_age_s`` (older ones are closed)."""
+        closed it and it was idle at most ``keep_alive_s`` (older ones are closed)."""
         idle = self._idle.get(url)
         while idle:
-            connection = _fresh(*idle.pop(), self._idle_max_age_s)
+            connection = _fresh(*idle.pop(), self._keep_alive_s)
             if connection is not None:
                 return connection
         return None

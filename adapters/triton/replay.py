@@ -165,7 +165,7 @@ class ReplayingHttpStreams(HttpStreams):
     dials nothing."""
 
     def __init__(self) -> None:
-        super().__init__(keep_alive=False)
+        super().__init__(keep_alive_s=0)
         self.tapes: dict[tuple[bytes, bool], list[bytes]] = {}
         self.replaying = False
 

@@ -154,9 +154,10 @@ async def test_a_kept_connection_that_fails_before_any_answer_is_replaced_and_re
 
 async def test_an_idle_connection_too_old_is_closed_instead_of_used() -> None:
     async with serving(Server()) as server:
-        streams = HttpStreams(idle_max_age_s=0.0)
+        streams = HttpStreams(keep_alive_s=0.05)
         assert await tokens_of(streams.call(server.url, "m", b"{}")) == [5, 6]
         await settle()
+        await asyncio.sleep(0.1)
         assert await tokens_of(streams.call(server.url, "m", b"{}")) == [5, 6]
         await settle()
         assert server.peers[0].closed and server.peers[0].requests == 1
@@ -166,7 +167,7 @@ async def test_an_idle_connection_too_old_is_closed_instead_of_used() -> None:
 
 async def test_without_keep_alive_every_connection_carries_one_call() -> None:
     async with serving(Server()) as server:
-        streams = HttpStreams(keep_alive=False)
+        streams = HttpStreams(keep_alive_s=0)
         for _ in range(3):
             assert await tokens_of(streams.call(server.url, "m", b"{}")) == [5, 6]
             await settle()

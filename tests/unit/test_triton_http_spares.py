@@ -1,5 +1,5 @@
 """The HTTP transport's spare connections, against a real local HTTP server that answers
-``generate_stream`` as Triton does, with no connection kept alive (``keep_alive=False``; the
+``generate_stream`` as Triton does, with no connection kept alive (``keep_alive_s=0``; the
 kept-alive ones are ``test_triton_http_keep_alive``'s): every call after the first is sent on a
 connection opened ahead; a spare the server closed, or an old one, is never sent on; a spare
 that fails before any answer is replaced and the request sent once more; closing closes the
@@ -50,7 +50,7 @@ class Server:
 
 async def test_every_call_after_the_first_goes_out_on_a_connection_opened_ahead() -> None:
     async with serving(Server()) as server:
-        streams = HttpStreams(keep_alive=False)
+        streams = HttpStreams(keep_alive_s=0)
         for _ in range(4):
             assert await tokens_of(streams.call(server.url, "m", b"{}")) == [5, 6]
             await settle()
@@ -65,7 +65,7 @@ async def test_every_call_after_the_first_goes_out_on_a_connection_opened_ahead(
 
 async def test_a_spare_the_server_closed_is_not_sent_on() -> None:
     async with serving(Server(idle_close_s=0.05)) as server:
-        streams = HttpStreams(keep_alive=False)
+        streams = HttpStreams(keep_alive_s=0)
         assert await tokens_of(streams.call(server.url, "m", b"{}")) == [5, 6]
         await asyncio.sleep(0.2)  # the server has closed the idle spare
         assert server.peers[1].closed and server.peers[1].requests == 0
@@ -76,7 +76,7 @@ async def test_a_spare_the_server_closed_is_not_sent_on() -> None:
 
 async def test_an_old_spare_is_closed_instead_of_used() -> None:
     async with serving(Server()) as server:
-        streams = HttpStreams(spare_max_age_s=0.0, keep_alive=False)
+        streams = HttpStreams(spare_max_age_s=0.0, keep_alive_s=0)
         assert await tokens_of(streams.call(server.url, "m", b"{}")) == [5, 6]
         await settle()
         assert await tokens_of(streams.call(server.url, "m", b"{}")) == [5, 6]
@@ -88,7 +88,7 @@ async def test_an_old_spare_is_closed_instead_of_used() -> None:
 
 async def test_a_spare_that_fails_before_any_answer_is_replaced_and_the_request_resent() -> None:
     async with serving(Server(drop_first_request_on={1})) as server:
-        streams = HttpStreams(keep_alive=False)
+        streams = HttpStreams(keep_alive_s=0)
         assert await tokens_of(streams.call(server.url, "m", b"{}")) == [5, 6]
         await settle()
         # The spare (connection 1) takes the request and closes without a byte.
@@ -101,7 +101,7 @@ async def test_a_spare_that_fails_before_any_answer_is_replaced_and_the_request_
 
 async def test_a_fresh_connection_that_fails_is_not_resent() -> None:
     async with serving(Server(drop_first_request_on={0})) as server:
-        streams = HttpStreams(keep_alive=False)
+        streams = HttpStreams(keep_alive_s=0)
         with pytest.raises(asyncio.IncompleteReadError):
             await tokens_of(streams.call(server.url, "m", b"{}"))
         await settle()
@@ -113,7 +113,7 @@ async def test_a_fresh_connection_that_fails_is_not_resent() -> None:
 async def test_an_unreachable_server_fails_the_call_and_leaves_nothing_open() -> None:
     async with serving(Server()) as server:
         url = server.url
-    streams = HttpStreams(keep_alive=False)
+    streams = HttpStreams(keep_alive_s=0)
     with pytest.raises(ConnectionError):
         await tokens_of(streams.call(url, "m", b"{}"))
     await settle()
@@ -131,7 +131,7 @@ async def _requests_seen(server: Server, count: int) -> None:
 async def _started_after_one(server: Server, spare: bool) -> tuple[HttpStreams, HttpCall]:
     """After one call to ``server``, a second started on the spare (``spare``) or, the spare
     too old to take, on a connection dialled for it."""
-    streams = HttpStreams(spare_max_age_s=2.0 if spare else 0.0, keep_alive=False)
+    streams = HttpStreams(spare_max_age_s=2.0 if spare else 0.0, keep_alive_s=0)
     assert await tokens_of(streams.call(server.url, "m", b"{}")) == [5, 6]
     await settle()
     call = streams.call(server.url, "m", b"{}")
@@ -174,7 +174,7 @@ async def test_a_started_call_is_drained_from_its_answer_on() -> None:
     """An ensemble's call is stopped and read to its end (``drain``) when its request is refused
     after it went ahead: the drain reads the answer's head and the stream, sending nothing."""
     async with serving(Server()) as server:
-        streams = HttpStreams(spare_max_age_s=0.0, keep_alive=False)
+        streams = HttpStreams(spare_max_age_s=0.0, keep_alive_s=0)
         call = streams.call(server.url, "m", b"{}", keep_open=True)
         call.start()
         assert await call.drain(2.0)
@@ -187,7 +187,7 @@ async def test_a_started_call_is_drained_from_its_answer_on() -> None:
 async def test_a_started_call_to_an_unreachable_server_fails_at_its_read() -> None:
     async with serving(Server()) as server:
         url = server.url
-    streams = HttpStreams(keep_alive=False)
+    streams = HttpStreams(keep_alive_s=0)
     call = streams.call(url, "m", b"{}")
     call.start()
     with pytest.raises(ConnectionError):

@@ -51,13 +51,15 @@ class Run:
     loop_lags: dict[str, list[int]] = field(default_factory=lambda: defaultdict(list))
     """Each worker's samples of its event loop's lateness (ns), by its pid."""
     direct: dict[str, list[Marks]] = field(default_factory=lambda: defaultdict(list))
-    """The engine's marks of requests without a Triton id (direct Triton's), by the endpoint of
-    the gateway's requests that came next (the capacity benchmark measures direct first)."""
+    """The marks of direct Triton's requests (the engine's, and the load generator's where it
+    named them), by the endpoint of the gateway's requests that came next (the capacity
+    benchmark measures direct first)."""
 
 
 def load(folder: Path) -> Run:
-    """The gateway's marks (``marks-*.jsonl``) and the engine stubs' (``engine-*.jsonl``)."""
-    engine, anonymous = engine_marks(folder)
+    """The gateway's marks (``marks-*.jsonl``), the engine stubs' (``engine-*.jsonl``) and the
+    load generator's of direct Triton's requests (``direct-*.jsonl``)."""
+    engine, direct = engine_marks(folder)
     run = Run()
     for path in folder.glob("marks-*.jsonl"):
         for line in path.read_text().splitlines():
@@ -77,8 +79,8 @@ def load(folder: Path) -> Run:
     for path in folder.glob("direct-*.jsonl"):
         for line in path.read_text().splitlines():
             entry = json.loads(line)
-            anonymous.append({**engine.get(entry.pop("triton_id"), {}), **entry})
-    for entry in anonymous:
+            direct.append({**engine.get(entry.pop("triton_id"), {}), **entry})
+    for entry in direct:
         if "engine.accept" not in entry:
             continue
         after = entry["engine.accept"]

@@ -15,7 +15,6 @@ from typing import Protocol, runtime_checkable
 import httpx
 
 from adapters.contract import Backend, ModelTarget
-from adapters.triton.http_pool import IDLE_MAX_AGE_S
 from deploy.sidecar import frontend
 from deploy.sidecar.fleet import sidecar_from_spec
 from deploy.sidecar.spec import Spec, SpecError, load_spec, parse_spec
@@ -41,9 +40,7 @@ BACKEND_CLOSE_S = 15.0
 BackendFactory = Callable[[tuple[ModelRoute, ...]], Backend]
 
 
-def triton_backend(
-    routes: tuple[ModelRoute, ...], *, keep_alive_s: float = IDLE_MAX_AGE_S
-) -> Backend:
+def triton_backend(routes: tuple[ModelRoute, ...], *, keep_alive_s: float) -> Backend:
     """The production backend: Triton over gRPC or HTTP, its HTTP connections kept alive for
     ``keep_alive_s`` (0: one per request); with replicas, channels that reconnect to a
     restarted replica within a couple of seconds."""

@@ -84,10 +84,12 @@ def collector() -> Iterator[str]:
     server.shutdown()
 
 
-DRAINED_TOKENS = 1000
 DRAIN_DELAY_S = 5.0
-"""Long enough that a loaded machine's test still sends a request within it; the drained
-streams (``DRAINED_TOKENS`` each) last longer on a fast host too."""
+"""Long enough that a loaded machine's test still sends a request within it."""
+DRAINED_TOKENS = 1000
+DRAINED_TOKEN_S = 0.012
+"""The drained streams come from a paced model: ``DRAINED_TOKENS`` of them take at least 12 s
+however fast the host, so they outlast the drain delay and end during the drain."""
 SPAN_QUEUE = (
     "bsp_max_queue_size=262144",
     "bsp_max_export_batch_size=4096",
@@ -105,8 +107,9 @@ def _config(model_dir: Path, collector: str, **limits: float) -> dict[str, Any]:
         *(f"--trace-config=opentelemetry,{setting}" for setting in SPAN_QUEUE),
     ]
     engine = {"kind": "torch", "model_dir": str(model_dir), "max_batch_size": 32}
+    paced = {"kind": "loadtest", "tokenizer_dir": str(model_dir), "token_s": DRAINED_TOKEN_S}
     spec = {
-        "models": [{"name": "ops", "engine": engine}],
+        "models": [{"name": "ops", "engine": engine}, {"name": "drained", "engine": paced}],
         "sidecars": [{"name": "ops", "max_restarts": 3, "extra_args": trace_args}],
     }
     tracing = {"enabled": True, "endpoint": collector, "service_name": "gateway-under-test"}
@@ -143,9 +146,9 @@ def _alive(pid: int) -> bool:
     return state != "Z"
 
 
-def _long_body(tokens: int) -> dict[str, Any]:
+def _long_body(tokens: int, model: str = "ops") -> dict[str, Any]:
     """A streamed completion of exactly ``tokens`` tokens, its usage in the last chunk."""
-    return {"model": "ops", "prompt": "def f(x):", "max_tokens": tokens, "min_tokens": tokens,
+    return {"model": model, "prompt": "def f(x):", "max_tokens": tokens, "min_tokens": tokens,
             "stream": True, "stream_options": {"include_usage": True}}  # fmt: skip
 
 
@@ -281,8 +284,9 @@ async def test_sigterm_drains_sixteen_streams(
     children = _descendants(process.pid)
     assert children, "the gateway runs its sidecar"
     # Read by curl processes, so this test's event loop times the drain's requests on time on a
-    # busy machine. Long enough to outlive the drain delay on a fast host too.
-    streams = CurlStreams(url, _long_body(DRAINED_TOKENS), STREAMS, tmp_path / "streams")
+    # busy machine.
+    body = _long_body(DRAINED_TOKENS, model="drained")
+    streams = CurlStreams(url, body, STREAMS, tmp_path / "streams")
     try:
         await streams.started(60)
         process.send_signal(signal.SIGTERM)
@@ -322,5 +326,6 @@ async def test_sigterm_drains_sixteen_streams(
     sidecar_log = (log.parent / "sidecars" / "ops.log").read_text(errors="replace")
     assert "dropping span" not in sidecar_log
     assert "successfully unloaded 'ops_tensorrt_llm'" in sidecar_log
+    assert "successfully unloaded 'drained_tensorrt_llm'" in sidecar_log
     assert "Segfault" not in sidecar_log
     assert "ignored SIGTERM" not in log.read_text()

@@ -311,7 +311,7 @@ async def test_sigterm_drains_sixteen_streams(
             assert refused.status_code == 503
             assert refused.headers["retry-after"] == "3"
             assert refused.json()["error"]["code"] == "shutting_down"
-            assert not all(streams.done()), "the streams outlived the delay"
+            assert not all(streams.done()), "the streams ended within the drain delay"
         results = await streams.results()
     finally:
         streams.kill()

@@ -5,7 +5,9 @@ manager) instead of all of them sharing every core of the host.
 ``parse_cpus(["triton=0-8", "gateway=9-13", "load=14,15"])`` reads the sets; ``pin_tree`` puts
 every thread of a running process tree on its set (threads and processes started later inherit
 it from the ones that start them); ``pin_self`` does so for the calling process, whose children
-(the load generator's processes) inherit it.
+(the load generator's processes) inherit it. ``pin_serving`` splits a gateway that supervises its
+own sidecar: its ``tritonserver`` (and the Python-backend stubs under it) on Triton's set, the
+rest of its tree on the gateway's.
 """
 
 from __future__ import annotations
@@ -56,18 +58,46 @@ def cpu_list(listed: str) -> frozenset[int]:
 
 def pin_tree(pid: int, cpus: frozenset[int]) -> int:
     """Every thread of ``pid``'s tree on ``cpus``; how many threads were pinned."""
-    pinned = 0
-    for process in process_tree(pid):
+    return sum(_pin(process, cpus) for process in process_tree(pid))
+
+
+def pin_serving(
+    gateway: int, sets: dict[str, frozenset[int]], server: str = "tritonserver"
+) -> dict[str, int]:
+    """A gateway that supervises its own sidecar, split: each of its ``server`` processes' trees
+    (the Python-backend stubs under it) on Triton's set, the rest of its tree on the gateway's
+    (a role without a set stays where it is); the threads pinned, by role. A sidecar the
+    gateway restarts later starts on the gateway's set, where its supervisor runs."""
+    tritons: set[int] = set()
+    for process in process_tree(gateway):
         try:
-            threads = process.threads()
+            if process.name() == server:
+                tritons.update(child.pid for child in process_tree(process.pid))
         except psutil.NoSuchProcess:
             continue
-        for thread in threads:
-            try:
-                os.sched_setaffinity(thread.id, cpus)
-            except (ProcessLookupError, PermissionError):
-                continue
-            pinned += 1
+    if not tritons:
+        raise LookupError(f"no {server} process under {gateway}")
+    pinned = {"gateway": 0, "triton": 0}
+    for process in process_tree(gateway):
+        role = "triton" if process.pid in tritons else "gateway"
+        if role in sets:
+            pinned[role] += _pin(process, sets[role])
+    return pinned
+
+
+def _pin(process: psutil.Process, cpus: frozenset[int]) -> int:
+    """Every thread of ``process`` on ``cpus``; how many were pinned."""
+    try:
+        threads = process.threads()
+    except psutil.NoSuchProcess:
+        return 0
+    pinned = 0
+    for thread in threads:
+        try:
+            os.sched_setaffinity(thread.id, cpus)
+        except (ProcessLookupError, PermissionError):
+            continue
+        pinned += 1
     return pinned
 
 

@@ -34,6 +34,7 @@ from typing import Any
 import httpx
 
 from tests.benchmarks import engine_profile
+from tests.benchmarks.cpu_sets import parse_cpus, pin_self, pin_serving, topology
 from tests.benchmarks.gpu_clients import (
     DIRECT_EXTRAS,
     ENTRY_NAMES,
@@ -319,12 +320,24 @@ def main(argv: list[str] | None = None) -> int:
         default=True,
         help="prompt chunks in the decode step's pass (the engine's default), or a pass each",
     )
+    parser.add_argument(
+        "--cpus",
+        nargs="+",
+        metavar="ROLE=CPUS",
+        default=[],
+        help="CPU sets, as `capacity --cpus`: triton=LIST (tritonserver and its stubs), "
+        "gateway=LIST (the gateway's other processes), load=LIST (this benchmark's clients)",
+    )
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32, 64, 128])
     parser.add_argument("--multi-streams", type=int, default=16)
     args = parser.parse_args(argv)
     for variant in args.direct:
         if not set(variant.split("-")) <= set(DIRECT_EXTRAS):
             parser.error(f"--direct {variant}: each part is one of {', '.join(DIRECT_EXTRAS)}")
+    try:
+        sets = parse_cpus(args.cpus)
+    except ValueError as exc:
+        parser.error(f"--cpus: {exc}")
     args.metrics_port = ephemeral_port()
     workdir = Path(tempfile.mkdtemp(prefix="bench-gpu-"))
     args.out.mkdir(parents=True, exist_ok=True)
@@ -342,6 +355,11 @@ def main(argv: list[str] | None = None) -> int:
     # The gateway's log lands in --out beside the results, started or not.
     url, process = serve_process(config, args.out, "gateway", timeout_s=args.start_timeout)
     ready_s = time.perf_counter() - started
+    if sets:
+        pinned = pin_serving(process.pid, sets)
+        if "load" in sets:
+            pin_self(sets["load"])
+        print(f"threads pinned by role: {pinned}", flush=True)
     memory = {"ready": gpu_memory()}
     print(f"gateway and sidecar ready in {ready_s:.1f} s; GPU memory {memory['ready']}", flush=True)
     try:
@@ -360,6 +378,8 @@ def main(argv: list[str] | None = None) -> int:
         "gateway_workers": args.workers,
         "triton_keep_alive_s": args.triton_keep_alive_s,
         "mixed_batching": args.mixed_batching,
+        "cpus": args.cpus,
+        "cpu_siblings": topology() if args.cpus else None,
         "parameters": params,
         "ready_s": ready_s,
         "tokens": args.tokens,

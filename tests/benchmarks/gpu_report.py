@@ -217,7 +217,7 @@ def render_markdown(report: dict[str, Any]) -> str:
         "run) after a warm-up: medians, the range in brackets. `client cores` is the CPU the "
         "benchmark's own process spent per second: well under 1, it was not the limit. "
         "`tokens/step` is the tokens streamed per decode step of the engine: its mean decode "
-        "batch.",
+        "batch." + _cpus(report),
         "",
         "| concurrency | target | tokens/s | of direct | TTFT p50 ms | ITL p50 ms | added ITL p50 "
         "| ITL p99 ms | end to end p50 ms | client cores | tokens/step |",
@@ -256,6 +256,22 @@ def render_markdown(report: dict[str, Any]) -> str:
     )
     lines.extend(_profile_table(report.get("engine_profiles") or {}))
     return "\n".join(lines) + "\n"
+
+
+_ROLES = {
+    "triton": "tritonserver and its stubs",
+    "gateway": "the gateway's other processes",
+    "load": "this benchmark's clients",
+}
+
+
+def _cpus(report: dict[str, Any]) -> str:
+    """The CPU sets each role ran on, where the run had them."""
+    sets = report.get("cpus")
+    if not sets:
+        return ""
+    listed = "; ".join(f"{item} ({_ROLES[item.partition('=')[0]]})" for item in sets)
+    return f" CPU sets: {listed}; core siblings {report.get('cpu_siblings')}."
 
 
 def _kept(report: dict[str, Any]) -> str:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.benchmarks.cpu_sets import cpu_list, parse_cpus, pin_tree, topology
+from tests.benchmarks.cpu_sets import cpu_list, parse_cpus, pin_serving, pin_tree, topology
 from tests.benchmarks.serving import process_tree
 
 CHILD = """
@@ -75,6 +75,52 @@ def test_every_thread_of_every_process_of_a_tree_is_pinned() -> None:
         for process in process_tree(child.pid)[::-1]:
             process.kill()
         child.wait()
+
+
+SERVER = """
+import subprocess, sys, time
+stub = subprocess.Popen([sys.argv[1], "-c", "import time; time.sleep(60)"])
+print(stub.pid, flush=True)
+time.sleep(60)
+"""
+GATEWAY = """
+import subprocess, sys, time
+server = subprocess.Popen([sys.argv[1], "-c", sys.argv[2], sys.executable],
+                          stdout=subprocess.PIPE, text=True)
+worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+print(server.pid, server.stdout.readline().strip(), worker.pid, flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_gateways_sidecar_goes_on_tritons_set_and_the_rest_on_the_gateways(
+    tmp_path: Path,
+) -> None:
+    allowed = sorted(os.sched_getaffinity(0))
+    if len(allowed) < 2:
+        pytest.skip("two CPUs are needed to tell the sets apart")
+    sets = {"gateway": frozenset({allowed[0]}), "triton": frozenset({allowed[1]})}
+    # Named as Triton's server is: a process's name is the name it was started by.
+    server = tmp_path / "tritonserver"
+    server.symlink_to(sys.executable)
+    gateway = subprocess.Popen(
+        [sys.executable, "-c", GATEWAY, str(server), SERVER], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert gateway.stdout is not None
+        server_pid, stub, worker = map(int, gateway.stdout.readline().split())
+        pinned = pin_serving(gateway.pid, sets)
+        assert pinned["gateway"] >= 2 and pinned["triton"] >= 2
+        for pid in (server_pid, stub):
+            assert _allowed(pid) == set(sets["triton"])
+        for pid in (gateway.pid, worker):
+            assert _allowed(pid) == set(sets["gateway"])
+        with pytest.raises(LookupError, match="no nginx process"):
+            pin_serving(gateway.pid, sets, server="nginx")
+    finally:
+        for process in process_tree(gateway.pid)[::-1]:
+            process.kill()
+        gateway.wait()
 
 
 def test_the_topology_names_every_cpu() -> None:

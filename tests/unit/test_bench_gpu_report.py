@@ -75,3 +75,14 @@ def test_the_report_says_how_the_gateway_kept_its_connections_to_triton() -> Non
     assert _kept({"triton_keep_alive_s": 0.0}) == ", a connection to Triton per request"
     assert _kept({"triton_keep_alive_s": 30.0}) == ", connections to Triton kept alive 30 s"
     assert _kept({}) == "", "a report from before the setting says nothing"
+
+
+def test_the_report_says_which_cpus_each_role_ran_on() -> None:
+    from tests.benchmarks.gpu_report import _cpus
+
+    sets = {"cpus": ["triton=0-9", "load=14-15"], "cpu_siblings": "0 1 2"}
+    assert _cpus(sets) == (
+        " CPU sets: triton=0-9 (tritonserver and its stubs); load=14-15 (this benchmark's "
+        "clients); core siblings 0 1 2."
+    )
+    assert _cpus({"cpus": []}) == "" and _cpus({}) == "", "a run on every core says nothing"

@@ -11,6 +11,8 @@ from typing import Any
 
 import pytest
 
+from deploy.sidecar.fleet import sidecar_from_spec
+from deploy.sidecar.spec import parse_spec
 from deploy.sidecar.supervisor import Sidecar
 from tests.support.gateway import (  # noqa: F401
     BLS_MODEL,
@@ -20,6 +22,7 @@ from tests.support.gateway import (  # noqa: F401
     gateway_url,
     sidecar_settings,
 )
+from tests.support.sidecars import QUICK_STOP
 
 pytestmark = [
     pytest.mark.slow,
@@ -92,16 +95,40 @@ def test_errors_before_the_stream_are_plain_http_errors(gateway_url: str) -> Non
     assert json.loads(raw)["error"]["code"] == "model_not_found"
 
 
+PACED_BLS = "paced-bls"
+
+
 @pytest.fixture(scope="module")
-def impatient_gateway(sidecar: Sidecar, tiny_model_dir: Path) -> Iterator[str]:
-    """A gateway whose requests time out after one second."""
-    gateway = LiveGateway(sidecar_settings(sidecar, tiny_model_dir, request_timeout_s=1.0))
+def paced_sidecar(
+    tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Sidecar]:
+    """A pipeline whose engine streams a token every 10 ms, however fast the host."""
+    paced = {"kind": "loadtest", "tokenizer_dir": str(tiny_model_dir), "token_s": 0.01}
+    spec = parse_spec(
+        {
+            "models": [{"name": "paced", "release": "latest", "engine": paced}],
+            "sidecars": [{"name": "paced", **QUICK_STOP}],
+        }
+    )
+    server = sidecar_from_spec(spec, spec.sidecars[0], tmp_path_factory.mktemp("paced"))
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def impatient_gateway(paced_sidecar: Sidecar, tiny_model_dir: Path) -> Iterator[str]:
+    """A gateway whose requests time out after one second, over the paced pipeline's BLS."""
+    models = {PACED_BLS: ("paced_tensorrt_llm_bls", "tensorrt_llm_bls")}
+    settings = sidecar_settings(paced_sidecar, tiny_model_dir, models=models, request_timeout_s=1.0)
+    gateway = LiveGateway(settings)
     yield gateway.start().url
     gateway.stop()
 
 
 def test_a_failure_mid_stream_is_an_in_band_error_then_done(impatient_gateway: str) -> None:
-    body = {"model": BLS_MODEL, "prompt": "The cat", "max_tokens": 2000, "min_tokens": 2000}
+    # 20 s of tokens at the least: the one-second deadline passes mid-stream on any host.
+    body = {"model": PACED_BLS, "prompt": "The cat", "max_tokens": 2000, "min_tokens": 2000}
     head, raw = curl_stream(f"{impatient_gateway}/v1/completions", {**body, "stream": True})
     assert head[0].startswith("http/1.1 200")
     events, expected = reframe(raw)

@@ -43,9 +43,10 @@ TENANTS = {
 KEYS = {name: new_key() for name in TENANTS}
 PAUSE_S = 1.5
 """How long Redis answers nobody (``CLIENT PAUSE``) while a request is on its way."""
-LONG = {"prompt": "Once upon a time", "max_tokens": 1500, "min_tokens": 1500, "temperature": 0,
+LONG = {"prompt": "Once upon a time", "max_tokens": 3000, "min_tokens": 3000, "temperature": 0,
         "stream": True}  # fmt: skip
-"""A generation that keeps the engine busy for longer than the pause."""
+"""A generation that keeps the engine busy for longer than the pause on a fast host too (about
+3.5 s on the 2-core machine)."""
 
 
 @dataclass
@@ -160,8 +161,8 @@ async def _take_nearly_all(redis_server: RedisServer, policy: TenantPolicy) -> N
     other = Tenancy(TenancySettings(tenants=(policy,), store=store))
     await other.start()
     try:
-        # About 50 tokens left, refilled at 100 a second: the ~1,505 of ``LONG`` are refused
-        # for fourteen seconds and more.
+        # About 50 tokens left, refilled at 100 a second: the ~3,005 of ``LONG`` are refused
+        # for half a minute.
         spec = ChoiceSpec(0, 0, Prompt("p", 1), SamplingParams(max_tokens=5950))
         plan = Plan(model=ENSEMBLE_MODEL, choices=(spec,), stream=False, include_usage=False)
         await other.admit(policy, plan)

@@ -4,26 +4,15 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-import numpy as np
 import pytest
 
 from deploy.sidecar.supervisor import Sidecar
-from tests.support.engine_grpc import Stream, request, tokens_of
+from tests.support.engine_grpc import Stream, request, stop, tokens_of
 
 pytestmark = pytest.mark.slow
 
 SLOTS = 16  # torch_max_batch_size of the `tiny` pipeline in tests/conftest.py
 LONG = 3000
-
-
-def _stop(sidecar: Sidecar, request_id: str) -> None:
-    stop = {
-        "input_ids": np.array([[0]], np.int32),
-        "input_lengths": np.array([[0]], np.int32),
-        "request_output_len": np.array([[0]], np.int32),
-        "stop": np.array([[True]]),
-    }
-    assert Stream(sidecar, stop, request_id=request_id).collect() == [({}, True)]
 
 
 @pytest.fixture
@@ -36,7 +25,7 @@ def full_engine(sidecar: Sidecar) -> Iterator[list[Stream]]:
     yield streams
     for stream in streams:
         if stream.open:
-            _stop(sidecar, stream.request_id)
+            stop(sidecar, stream.request_id)
             stream.collect()
 
 
@@ -57,7 +46,7 @@ def test_stop_request_ends_generation_and_frees_the_slot(
     sidecar: Sidecar, full_engine: list[Stream]
 ) -> None:
     victim, others = full_engine[0], full_engine[1:]
-    _stop(sidecar, victim.request_id)
+    stop(sidecar, victim.request_id)
     rest = victim.collect()
     assert rest[-1][1]
     assert len(tokens_of(rest)) < LONG - 1, "the stopped generation ran to its end"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import hashlib
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from deploy.sidecar.supervisor import Sidecar
-from tests.support.engine_grpc import Stream, request, tokens_of
+from tests.support.engine_grpc import Stream, request, stop, tokens_of
 from tests.support.gateway import (  # noqa: F401
     BLS_MODEL,
     ENGINE_MODEL,
@@ -74,25 +74,39 @@ def test_the_same_prompt_twice_reuses_its_blocks_with_the_same_tokens(sidecar: S
     assert second["output_ids"].tolist() == first["output_ids"].tolist()
 
 
+def _published(sidecar: Sidecar, model: str, check: Callable[[dict[str, float]], bool]) -> Any:
+    """The first pool that passes ``check``: the engine publishes its statistics every 100 ms,
+    so a change shows within a few of them."""
+    deadline = time.monotonic() + 10
+    pool = _pool(sidecar, model)
+    while not check(pool):
+        assert time.monotonic() < deadline, f"the block metrics never showed it: {pool}"
+        time.sleep(0.05)
+        pool = _pool(sidecar, model)
+    return pool
+
+
 def test_block_metrics_add_up_before_during_and_after_load(sidecar: Sidecar) -> None:
     model = "tiny_tensorrt_llm"
     before = _pool(sidecar, model)
     assert before["tokens_per"] == BLOCK and before["max"] > 0
+    # Long enough to be running on any host when the metrics are read; stopped once they are.
     streams = [
-        Stream(sidecar, request(400, _prompt(100 + n, 70), streaming=True, end_id=-1))
+        Stream(sidecar, request(2000, _prompt(100 + n, 70), streaming=True, end_id=-1))
         for n in range(6)
     ]
-    for stream in streams:
-        stream.next()
-    time.sleep(0.3)  # the engine publishes its statistics every 100 ms
-    during = _pool(sidecar, model)
-    assert during["used"] >= 6 * 3  # 70 prompt tokens and more: at least 3 blocks each
-    assert during["fraction"] == pytest.approx(during["used"] / during["max"], abs=1e-6)
-    for stream in streams:
-        stream.collect()
-    time.sleep(0.3)
-    after = _pool(sidecar, model)
-    assert after["used"] == 0 and after["max"] == before["max"]
+    try:
+        for stream in streams:
+            stream.next()
+        # 70 prompt tokens and more: at least 3 blocks each.
+        during = _published(sidecar, model, lambda pool: pool["used"] >= 6 * 3)
+        assert during["fraction"] == pytest.approx(during["used"] / during["max"], abs=1e-6)
+    finally:
+        for stream in streams:
+            stop(sidecar, stream.request_id)
+            stream.collect()
+    after = _published(sidecar, model, lambda pool: pool["used"] == 0)
+    assert after["max"] == before["max"]
 
 
 def test_chunked_prefill_streams_a_running_sequence_between_chunks(sidecar: Sidecar) -> None:

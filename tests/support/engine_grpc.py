@@ -101,6 +101,17 @@ class Stream:
         self.client.close()
 
 
+def stop(server: Sidecar, request_id: str, model: str = MODEL) -> None:
+    """Stop the running request ``request_id`` as a stop request does (its stream then ends)."""
+    values = {
+        "input_ids": np.array([[0]], np.int32),
+        "input_lengths": np.array([[0]], np.int32),
+        "request_output_len": np.array([[0]], np.int32),
+        "stop": np.array([[True]]),
+    }
+    assert Stream(server, values, request_id=request_id, model=model).collect() == [({}, True)]
+
+
 def request(max_new: int = 16, prompt: tuple[int, ...] = PROMPT, **extra: Any) -> dict[str, Any]:
     values: dict[str, Any] = {
         "input_ids": np.array([prompt], np.int32),

@@ -61,11 +61,27 @@ def free_port() -> int:
     raise RuntimeError(f"no free port in {ports.start}-{ports.stop - 1}")
 
 
+TINY_MODELS = {
+    ENSEMBLE_MODEL: ("tiny_ensemble", "ensemble"),
+    BLS_MODEL: ("tiny_tensorrt_llm_bls", "tensorrt_llm_bls"),
+    ACCUMULATING_BLS_MODEL: ("tiny2_tensorrt_llm_bls", "tensorrt_llm_bls"),
+    SYNC_ENSEMBLE_MODEL: ("tiny3_ensemble", "ensemble"),
+    SYNC_BLS_MODEL: ("tiny3_tensorrt_llm_bls", "tensorrt_llm_bls"),
+    ENGINE_MODEL: ("tiny_tensorrt_llm", "tensorrt_llm"),
+}
+"""The test sidecar's pipelines as served models: name, then Triton model and entry."""
+
+
 def sidecar_settings(
-    sidecar: Sidecar, tokenizer_dir: Path, transport: Transport = "grpc", **limits: float
+    sidecar: Sidecar,
+    tokenizer_dir: Path,
+    transport: Transport = "grpc",
+    models: dict[str, tuple[str, str]] = TINY_MODELS,
+    **limits: float,
 ) -> Settings:
-    """The tiny pipelines of the test sidecar as served models, reached over ``transport``
-    (gRPC by default, as a supervised sidecar's are on a host at the usual socket buffer)."""
+    """``models`` of ``sidecar`` (by default the tiny pipelines of the test sidecar) as served
+    models, reached over ``transport`` (gRPC by default, as a supervised sidecar's are on a
+    host at the usual socket buffer)."""
 
     def model(name: str, triton_model: str, entry: str) -> ModelSettings:
         return ModelSettings(
@@ -79,14 +95,7 @@ def sidecar_settings(
         )
 
     return Settings(
-        models=(
-            model(ENSEMBLE_MODEL, "tiny_ensemble", "ensemble"),
-            model(BLS_MODEL, "tiny_tensorrt_llm_bls", "tensorrt_llm_bls"),
-            model(ACCUMULATING_BLS_MODEL, "tiny2_tensorrt_llm_bls", "tensorrt_llm_bls"),
-            model(SYNC_ENSEMBLE_MODEL, "tiny3_ensemble", "ensemble"),
-            model(SYNC_BLS_MODEL, "tiny3_tensorrt_llm_bls", "tensorrt_llm_bls"),
-            model(ENGINE_MODEL, "tiny_tensorrt_llm", "tensorrt_llm"),
-        ),
+        models=tuple(model(name, *where) for name, where in models.items()),
         limits=msgspec.structs.replace(
             LimitSettings(request_timeout_s=60.0, shutdown_grace_s=5.0), **limits
         ),

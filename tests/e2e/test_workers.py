@@ -207,11 +207,21 @@ def test_metrics_count_the_requests_of_every_worker(gateway: Gateway) -> None:
     before = total(_fresh(gateway, "GET", "/metrics").text, "gateway_requests_total", **live)
     for _ in range(30):
         assert _fresh(gateway, "GET", "/health/live").status_code == 200
+    _counted(gateway, "gateway_requests_total", live, before + 30)
     scraped = [
         total(_fresh(gateway, "GET", "/metrics").text, "gateway_requests_total", **live) - before
         for _ in range(6)
     ]
     assert scraped == [30.0] * 6, "every scrape, whichever worker answers, sums all workers"
+
+
+def _counted(gateway: Gateway, family: str, labels: dict[str, str], expected: float) -> None:
+    """Until a scrape shows ``expected``: a request is counted as it closes, just after its last
+    bytes went out, so the scrape that follows may come first."""
+    deadline = time.monotonic() + 10
+    while total(_fresh(gateway, "GET", "/metrics").text, family, **labels) != expected:
+        assert time.monotonic() < deadline, f"{family} {labels} never reached {expected}"
+        time.sleep(0.05)
 
 
 def _text_pieces(gateway: Gateway) -> int:
@@ -246,6 +256,7 @@ def test_token_gaps_of_every_worker_reach_the_metrics(gateway: Gateway) -> None:
     before = total(_fresh(gateway, "GET", "/metrics").text, family, **model)
     gaps = sum(_text_pieces(gateway) - 1 for _ in range(12))
     assert gaps > 0
+    _counted(gateway, family, model, before + gaps)
     scraped = [
         total(_fresh(gateway, "GET", "/metrics").text, family, **model) - before for _ in range(6)
     ]

@@ -245,9 +245,12 @@ def _seed(params: SamplingParams, model: ModelInputs) -> list[WireTensor]:
 
 def _flags(request: GenerationRequest, model: ModelInputs) -> list[WireTensor]:
     flags = []
+    streaming = streams(request, model)
     if model.has(model.stream_input):
-        flags.append(flag(model.stream_input, streams(request, model)))
-    if model.has("exclude_input_in_output"):
+        flags.append(flag(model.stream_input, streaming))
+    if model.has("exclude_input_in_output") and not streaming:
+        # A streamed request never gets its prompt back (TensorRT-LLM's executor sends only new
+        # tokens when streaming, whatever the flag says): one input fewer to send and read.
         flags.append(flag("exclude_input_in_output", True))
     if model.reports_input_tokens and not model.is_engine:
         flags.append(flag("return_num_input_tokens", True))

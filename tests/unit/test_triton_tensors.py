@@ -72,7 +72,6 @@ def test_full_request_on_a_decoupled_bls_with_counts() -> None:
         "stop_words": ("BYTES", (1, 2), [[b"\n\n", b"User:"]]),
         "return_log_probs": ("BOOL", (1, 1), [[True]]),
         "stream": ("BOOL", (1, 1), [[True]]),
-        "exclude_input_in_output": ("BOOL", (1, 1), [[True]]),
         "return_num_input_tokens": ("BOOL", (1, 1), [[True]]),
         "return_num_output_tokens": ("BOOL", (1, 1), [[True]]),
     }
@@ -94,6 +93,21 @@ def test_minimal_request_sends_only_required_inputs_and_flags() -> None:
         "return_num_output_tokens",
     }
     assert tensors["stream"].array.tolist() == [[False]]
+
+
+def test_only_a_request_answered_whole_asks_to_leave_its_prompt_out() -> None:
+    """A streamed answer never carries the prompt, so the flag goes with whole answers only:
+    a model that is not decoupled answers a streamed request whole."""
+    whole = by_name(build_inputs(request(stream=False), COUNTING))
+    streamed = by_name(build_inputs(request(stream=True), COUNTING))
+    answered_whole = by_name(build_inputs(request(stream=True), ENSEMBLE))
+
+    assert not ENSEMBLE.decoupled and COUNTING.decoupled
+    assert whole["exclude_input_in_output"].array.tolist() == [[True]]
+    assert streamed["stream"].array.tolist() == [[True]]
+    assert "exclude_input_in_output" not in streamed
+    assert answered_whole["stream"].array.tolist() == [[False]]
+    assert answered_whole["exclude_input_in_output"].array.tolist() == [[True]]
 
 
 def test_without_token_counts_log_probs_are_asked_for_to_count_tokens() -> None:

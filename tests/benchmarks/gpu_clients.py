@@ -131,7 +131,6 @@ def direct_request(
         inputs.append(tensor("return_perf_metrics", True, "BOOL", np.bool_))
     outputs = ["text_output"]
     if "counts" in extras:
-        inputs.append(tensor("exclude_input_in_output", True, "BOOL", np.bool_))
         if release == "latest":
             # TensorRT-LLM 1.x's ensemble reports both token counts on every response.
             for name in ("num_input_tokens", "num_output_tokens"):

@@ -46,9 +46,9 @@ def triton_backend(routes: tuple[ModelRoute, ...], *, keep_alive_s: float) -> Ba
     restarted replica within a couple of seconds."""
     from adapters.triton.client import TritonBackend
 
-    if any(route.replicas is not None for route in routes):
-        return TritonBackend(max_reconnect_backoff_s=2.0, http_keep_alive_s=keep_alive_s)
-    return TritonBackend(http_keep_alive_s=keep_alive_s)
+    replicated = any(route.replicas is not None for route in routes)
+    backoff_s = 2.0 if replicated else None
+    return TritonBackend(max_reconnect_backoff_s=backoff_s, http_keep_alive_s=keep_alive_s)
 
 
 def read_spec(sidecars: SidecarSettings) -> Spec:

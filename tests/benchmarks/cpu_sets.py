@@ -68,8 +68,9 @@ def pin_serving(
     (the Python-backend stubs under it) on Triton's set, the rest of its tree on the gateway's
     (a role without a set stays where it is); the threads pinned, by role. A sidecar the
     gateway restarts later starts on the gateway's set, where its supervisor runs."""
+    tree = process_tree(gateway)
     tritons: set[int] = set()
-    for process in process_tree(gateway):
+    for process in tree:
         try:
             if process.name() == server:
                 tritons.update(child.pid for child in process_tree(process.pid))
@@ -78,7 +79,7 @@ def pin_serving(
     if not tritons:
         raise LookupError(f"no {server} process under {gateway}")
     pinned = {"gateway": 0, "triton": 0}
-    for process in process_tree(gateway):
+    for process in tree:
         role = "triton" if process.pid in tritons else "gateway"
         if role in sets:
             pinned[role] += _pin(process, sets[role])

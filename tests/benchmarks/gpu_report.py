@@ -240,6 +240,7 @@ def render_markdown(report: dict[str, Any]) -> str:
                 f"{_spread(mine, 'e2e_p50_ms', '.0f')} | {_spread(mine, 'client_cores', '.2f')} | "
                 f"{_spread(mine, 'tokens_per_step', '.1f')} |"
             )
+    lines.extend(_paired(report["levels"], targets))
     lines.append("")
     for name, levels in by.items():
         if 1 in levels and 32 in levels:
@@ -256,6 +257,67 @@ def render_markdown(report: dict[str, Any]) -> str:
     )
     lines.extend(_profile_table(report.get("engine_profiles") or {}))
     return "\n".join(lines) + "\n"
+
+
+def pairs(levels: list[Any], target: str, base: str) -> dict[int, list[tuple[float, ...]]]:
+    """``target`` against ``base`` run by run, by concurrency: the share of base's tokens/s and
+    the added TTFT and ITL p50 of every repeat both ran. The interleaved runs pair up, so a drift
+    of the host between runs falls on both sides of a pair."""
+    found: dict[int, list[tuple[float, ...]]] = {}
+    mine = {
+        (concurrency, run.get("repeat", 0)): run
+        for concurrency, runs in _runs(levels, target).items()
+        for run in runs
+    }
+    for concurrency, runs in _runs(levels, base).items():
+        for other in runs:
+            run = mine.get((concurrency, other.get("repeat", 0)))
+            if run is None or not other["tokens_per_s"]:
+                continue
+            pair = (
+                100 * run["tokens_per_s"] / other["tokens_per_s"],
+                run["ttft_p50_ms"] - other["ttft_p50_ms"],
+                run["itl_p50_ms"] - other["itl_p50_ms"],
+            )
+            if not any(math.isnan(value) for value in pair):
+                found.setdefault(concurrency, []).append(pair)
+    return found
+
+
+def _paired(levels: list[Any], targets: list[str]) -> list[str]:
+    """Every target against direct run by run, and each gateway against a direct client that
+    asks the engine what the gateway asks, where the run had one: median [lowest, highest] of
+    the pairs. Nothing for a run of one repeat."""
+    comparisons = [(name, "direct") for name in targets if name != "direct"]
+    comparisons += [
+        (name, "direct-counts")
+        for name in targets
+        if name.startswith("gateway") and "direct-counts" in targets
+    ]
+    rows = []
+    for target, base in comparisons:
+        for concurrency, found in sorted(pairs(levels, target, base).items()):
+            if len(found) < 2:
+                continue
+            share, ttft, itl = (sorted(values) for values in zip(*found, strict=True))
+            rows.append(
+                f"| {concurrency} | {target} | {base} | {len(found)} | "
+                f"{statistics.median(share):.1f}% [{share[0]:.1f}, {share[-1]:.1f}] | "
+                f"{statistics.median(ttft):+.1f} [{ttft[0]:+.1f}, {ttft[-1]:+.1f}] | "
+                f"{statistics.median(itl):+.2f} [{itl[0]:+.2f}, {itl[-1]:+.2f}] |"
+            )
+    if not rows:
+        return []
+    return [
+        "",
+        "Run by run (each run against the other target's run of the same repeat): median "
+        "[lowest, highest] of the pairs.",
+        "",
+        "| concurrency | target | against | pairs | share of its tokens/s | added TTFT p50 ms "
+        "| added ITL p50 ms |",
+        "|---:|---|---|---:|---:|---:|---:|",
+        *rows,
+    ]
 
 
 _ROLES = {

@@ -86,3 +86,44 @@ def test_the_report_says_which_cpus_each_role_ran_on() -> None:
         "clients); core siblings 0 1 2."
     )
     assert _cpus({"cpus": []}) == "" and _cpus({}) == "", "a run on every core says nothing"
+
+
+def _run(target: str, repeat: int, tokens_per_s: float, itl: float) -> dict:
+    return {"target": target, "concurrency": 128, "repeat": repeat, "tokens_per_s": tokens_per_s,
+            "ttft_p50_ms": 500.0 + repeat, "itl_p50_ms": itl}  # fmt: skip
+
+
+def test_runs_pair_up_by_repeat_so_a_drifting_host_falls_on_both_sides() -> None:
+    from tests.benchmarks.gpu_report import pairs
+
+    # The host speeds up run after run; the gateway is 2% behind direct in every run.
+    rates = (1000.0, 2000.0, 3000.0)
+    levels = [_run("direct", r, rate, 30.0 - r) for r, rate in enumerate(rates)]
+    levels += [_run("gateway", r, 0.98 * rate, 30.5 - r) for r, rate in enumerate(rates)]
+    levels.append(_run("gateway", 7, 9999.0, 1.0))  # no direct run of its repeat: no pair
+    found = pairs(levels, "gateway", "direct")
+    assert list(found) == [128]
+    assert [round(share, 6) for share, _, _ in found[128]] == [98.0, 98.0, 98.0]
+    assert [itl for _, _, itl in found[128]] == [0.5, 0.5, 0.5]
+    assert [ttft for _, ttft, _ in found[128]] == [0.0, 0.0, 0.0]
+
+
+def test_the_report_shows_the_pairs_against_direct_and_against_the_client_asking_the_same() -> None:
+    from tests.benchmarks.gpu_report import _paired
+
+    levels = []
+    for repeat, (direct, counts, gateway) in enumerate(((100, 96, 95), (200, 190, 192))):
+        levels += [
+            _run("direct", repeat, direct, 30.0),
+            _run("direct-counts", repeat, counts, 31.0),
+            _run("gateway", repeat, gateway, 31.25),
+        ]
+    lines = _paired(levels, ["direct", "direct-counts", "gateway"])
+    rows = [line for line in lines if line.startswith("| 128 ")]
+    assert rows == [
+        "| 128 | direct-counts | direct | 2 | 95.5% [95.0, 96.0] | +0.0 [+0.0, +0.0] | +1.00 [+1.00, +1.00] |",  # noqa: E501
+        "| 128 | gateway | direct | 2 | 95.5% [95.0, 96.0] | +0.0 [+0.0, +0.0] | +1.25 [+1.25, +1.25] |",  # noqa: E501
+        "| 128 | gateway | direct-counts | 2 | 100.0% [99.0, 101.1] | +0.0 [+0.0, +0.0] | +0.25 [+0.25, +0.25] |",  # noqa: E501
+    ]
+    single = [_run("direct", 0, 100.0, 30.0), _run("gateway", 0, 90.0, 31.0)]
+    assert _paired(single, ["direct", "gateway"]) == [], "one run makes no spread of pairs"

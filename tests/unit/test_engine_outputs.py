@@ -101,6 +101,20 @@ def test_streamed_log_probs_cover_every_token_so_far() -> None:
     assert tensors["output_log_probs"].tolist() == [[[-0.5, -1.0, -0.25]]]
 
 
+def test_counts_of_streamed_responses_are_shared_and_cannot_be_written() -> None:
+    """A count is made once per value: responses of one value share it, so none may change it."""
+    context = _context(streaming=True)
+    first = response_tensors(OUTPUT, context, ALL, V019)
+    second = response_tensors(OUTPUT, context, ALL, V019)
+    for name in ("sequence_length", "num_input_tokens", "num_output_tokens", "batch_index"):
+        assert first[name] is second[name], name
+        assert first[name].dtype == np.int32 and first[name].shape == (1, 1), name
+        with pytest.raises(ValueError, match="read-only"):
+            first[name][0, 0] = 0
+    assert first["num_input_tokens"].tolist() == [[2]]
+    assert first["num_output_tokens"].tolist() == [[3]]
+
+
 def test_batch_and_sequence_index_only_when_there_are_several() -> None:
     single = _context(batch_index=0, batch_size=1, num_return_sequences=1)
     tensors = response_tensors(OUTPUT, single, ALL, V019)

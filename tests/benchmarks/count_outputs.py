@@ -26,6 +26,7 @@ from typing import Any
 import psutil
 
 from deploy.sidecar.models import ensure_tiny_model
+from deploy.sidecar.supervisor import Sidecar
 from gateway.catalog.text.hub import load_tokenizer
 from tests.benchmarks.capacity_setup import ENGINE_MODEL, PROMPT, start_triton
 from tests.benchmarks.loadgen import HttpClient, run_level
@@ -59,7 +60,7 @@ def summary(without: list[Level], with_counts: list[Level]) -> dict[str, float]:
 
 def _cpu_s(process: psutil.Process) -> float:
     times = process.cpu_times()
-    return times.user + times.system
+    return float(times.user + times.system)
 
 
 def _is_response(data: bytes) -> bool:
@@ -97,19 +98,8 @@ def _stub(server: psutil.Process) -> psutil.Process:
     raise RuntimeError(f"no stub serves {ENGINE_MODEL}")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--streams", type=int, default=8)
-    parser.add_argument("--rounds", type=int, default=6)
-    parser.add_argument("--seconds", type=float, default=4.0)
-    parser.add_argument("--tokens", type=int, default=256)
-    args = parser.parse_args()
-    tokenizer = ensure_tiny_model()
-    vocabulary = load_tokenizer(str(tokenizer))
-    ids = vocabulary.encode(PROMPT, add_special_tokens=True)
-    word = vocabulary.encode(" the", add_special_tokens=False)[-1]
-    engine = argparse.Namespace(rate=1e9, prompt_token_s=0.0, instances=1, senders=1, text_env=None)
-    sidecar = start_triton(engine, tokenizer, Path(tempfile.mkdtemp(prefix="counts-")), word)
+def _rounds(args: argparse.Namespace, sidecar: Sidecar, ids: list[int]) -> dict[str, list[Level]]:
+    """Every round without and with the counts, the order reversed every round."""
     plain = {"input_ids": list(ids), "input_lengths": [len(ids)],
              "request_output_len": [args.tokens], "streaming": [True]}  # fmt: skip
     bodies = {"without": plain, "with": plain | COUNTS}
@@ -132,6 +122,23 @@ def main() -> None:
                 )
     finally:
         sidecar.stop()
+    return levels
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--streams", type=int, default=8)
+    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--seconds", type=float, default=4.0)
+    parser.add_argument("--tokens", type=int, default=256)
+    args = parser.parse_args()
+    tokenizer = ensure_tiny_model()
+    vocabulary = load_tokenizer(str(tokenizer))
+    ids = vocabulary.encode(PROMPT, add_special_tokens=True)
+    word = vocabulary.encode(" the", add_special_tokens=False)[-1]
+    engine = argparse.Namespace(rate=1e9, prompt_token_s=0.0, instances=1, senders=1, text_env=None)
+    with tempfile.TemporaryDirectory(prefix="counts-") as workdir:
+        levels = _rounds(args, start_triton(engine, tokenizer, Path(workdir), word), ids)
     found = summary(levels["without"], levels["with"])
     print(
         f"{args.streams} streams of {args.tokens} tokens, {args.rounds} rounds of "

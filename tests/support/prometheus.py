@@ -4,6 +4,8 @@ timestamps), and the value of one sample or the sum of several by family and lab
 from __future__ import annotations
 
 import re
+import time
+from collections.abc import Callable
 
 Sample = tuple[str, dict[str, str], float]
 """One line of Prometheus' text format: the metric's name, its labels, its value."""
@@ -47,3 +49,16 @@ def value(text: str, family: str, **labels: str) -> float:
 def total(text: str, family: str, **labels: str) -> float:
     """The sum of the samples named ``family`` whose labels include ``labels``; 0.0 if none."""
     return sum(_matching(text, family, labels), 0.0)
+
+
+def scrape_until(
+    scrape: Callable[[], str], family: str, expected: float, timeout_s: float = 10.0, **labels: str
+) -> str:
+    """Scrapes until the samples of ``family`` with ``labels`` sum to ``expected``; the text that
+    showed it. A request is counted as it closes, just after its last bytes went out, so a
+    scrape right after its answer may come first."""
+    deadline = time.monotonic() + timeout_s
+    while total(text := scrape(), family, **labels) != expected:
+        assert time.monotonic() < deadline, f"{family} {labels} never reached {expected}"
+        time.sleep(0.05)
+    return text

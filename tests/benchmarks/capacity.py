@@ -62,7 +62,7 @@ from tests.benchmarks.capacity_setup import (
     start_triton,
 )
 from tests.benchmarks.cpu_sets import parse_cpus, pin_self, pin_tree
-from tests.benchmarks.loadgen import HttpClient, Sample, run_level
+from tests.benchmarks.loadgen import HttpClient, Sample, has_output_ids, run_level
 from tests.benchmarks.relay import relay_process
 from tests.benchmarks.serving import cpu_seconds
 from tests.support.gateway import serve_process, stop_process
@@ -119,7 +119,7 @@ def client_main(job: dict[str, Any]) -> tuple[list[Result], float]:
         async def connect() -> Any:
             client = HttpClient(
                 job["host"], job["port"], job["path"], job["body"], KEY,
-                is_token=_direct_token if job["direct"] else None,
+                is_token=has_output_ids if job["direct"] else None,
                 ends_with_done=not job["direct"],
             )  # fmt: skip
             return client.send
@@ -135,10 +135,6 @@ def client_main(job: dict[str, Any]) -> tuple[list[Result], float]:
     samples = asyncio.run(run())
     cpu = time.process_time() - cpu
     return [(s.start, s.first, s.end, s.tokens, s.gaps, s.error, s.ramp) for s in samples], cpu
-
-
-def _direct_token(data: bytes) -> bool:
-    return b'"output_ids"' in data
 
 
 def spread(total: int, parts: int) -> list[int]:

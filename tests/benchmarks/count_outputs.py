@@ -29,7 +29,7 @@ from deploy.sidecar.models import ensure_tiny_model
 from deploy.sidecar.supervisor import Sidecar
 from gateway.catalog.text.hub import load_tokenizer
 from tests.benchmarks.capacity_setup import ENGINE_MODEL, PROMPT, start_triton
-from tests.benchmarks.loadgen import HttpClient, run_level
+from tests.benchmarks.loadgen import HttpClient, has_output_ids, run_level
 
 COUNTS = {"return_num_input_tokens": [True], "return_num_output_tokens": [True]}
 
@@ -63,10 +63,6 @@ def _cpu_s(process: psutil.Process) -> float:
     return float(times.user + times.system)
 
 
-def _is_response(data: bytes) -> bool:
-    return b'"output_ids"' in data
-
-
 def _level(
     url: str, body: dict[str, Any], streams: int, seconds: float, stub: psutil.Process,
     server: psutil.Process,
@@ -76,7 +72,7 @@ def _level(
     async def connect() -> Any:
         path = f"/v2/models/{ENGINE_MODEL}/generate_stream"
         client = HttpClient(
-            host, int(port), path, body, "", is_token=_is_response, ends_with_done=False
+            host, int(port), path, body, "", is_token=has_output_ids, ends_with_done=False
         )
         return client.send
 

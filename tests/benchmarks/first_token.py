@@ -39,6 +39,7 @@ from deploy.sidecar.models import ensure_tiny_model
 from gateway.catalog.text.hub import load_tokenizer
 from tests.benchmarks import capacity
 from tests.benchmarks.capacity_setup import ENGINE_MODEL, KEY, PROMPT, gateway_config, start_triton
+from tests.benchmarks.loadgen import has_output_ids
 from tests.support.gateway import serve_process, stop_process
 
 MARKS = Path(__file__).parent / "first_token_marks"
@@ -84,7 +85,7 @@ class Client:
 
     def _is_token(self, received: bytes) -> bool:
         if self._direct:
-            return b'"output_ids"' in received
+            return has_output_ids(received)
         return _TEXT.search(received) is not None
 
 

@@ -314,6 +314,11 @@ async def _body(reader: asyncio.StreamReader, headers: Headers) -> bytes:
 _TEXT_KEYS = (b'"content":"', b'"text":"')
 
 
+def has_output_ids(data: bytes) -> bool:
+    """Whether an event of Triton's ``generate_stream`` from the engine carries tokens."""
+    return b'"output_ids"' in data
+
+
 def _has_text(data: bytes) -> bool:
     """Whether an OpenAI chunk carries generated text (not the role-only or closing chunk)."""
     for key in _TEXT_KEYS:

@@ -8,6 +8,7 @@ import os
 import platform
 import statistics
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -102,14 +103,19 @@ def _over_rounds(
                 )
             )
     for (target, endpoint, streams), found in groups.items():
-        share, ttft, itl = (sorted(values) for values in zip(*found, strict=True))
+        share, ttft, itl = zip(*found, strict=True)
         lines.append(
             f"| {target} | {endpoint} | {streams} | {len(found)} | "
-            f"{statistics.median(share):.1f}% [{share[0]:.1f}, {share[-1]:.1f}] | "
-            f"{statistics.median(ttft):+.2f} [{ttft[0]:+.2f}, {ttft[-1]:+.2f}] | "
-            f"{statistics.median(itl):+.3f} [{itl[0]:+.3f}, {itl[-1]:+.3f}] |"
+            f"{median_range(share, '.1f', '%')} | {median_range(ttft, '+.2f')} | "
+            f"{median_range(itl, '+.3f')} |"
         )
     return lines
+
+
+def median_range(values: Iterable[float], form: str, unit: str = "") -> str:
+    """``median [lowest, highest]`` of ``values``, each as ``form``, the median with ``unit``."""
+    ordered = sorted(values)
+    return f"{statistics.median(ordered):{form}}{unit} [{ordered[0]:{form}}, {ordered[-1]:{form}}]"
 
 
 def render_plot(report: dict[str, Any], path: Path) -> None:

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tests.benchmarks.capacity_report import median_range
 from tests.benchmarks.gpu_clients import ENTRY_NAMES
 
 
@@ -299,12 +300,11 @@ def _paired(levels: list[Any], targets: list[str]) -> list[str]:
         for concurrency, found in sorted(pairs(levels, target, base).items()):
             if len(found) < 2:
                 continue
-            share, ttft, itl = (sorted(values) for values in zip(*found, strict=True))
+            share, ttft, itl = zip(*found, strict=True)
             rows.append(
                 f"| {concurrency} | {target} | {base} | {len(found)} | "
-                f"{statistics.median(share):.1f}% [{share[0]:.1f}, {share[-1]:.1f}] | "
-                f"{statistics.median(ttft):+.1f} [{ttft[0]:+.1f}, {ttft[-1]:+.1f}] | "
-                f"{statistics.median(itl):+.2f} [{itl[0]:+.2f}, {itl[-1]:+.2f}] |"
+                f"{median_range(share, '.1f', '%')} | {median_range(ttft, '+.1f')} | "
+                f"{median_range(itl, '+.2f')} |"
             )
     if not rows:
         return []

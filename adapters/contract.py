@@ -164,6 +164,11 @@ class GenerationRequest:
     """W3C trace context (``traceparent``, ``tracestate``) for the gRPC metadata."""
     images: Sequence[PromptImage] = ()
     """The prompt's images, in the order their places appear in its text."""
+    prompt_tokens: int | None = None
+    """The prompt's exact length in the engine's tokens, where the caller counted it (a text
+    prompt, tokenized as the deployment's preprocessing tokenizes it): the backend then does not
+    ask the engine to count it again in every response. ``None`` (or a prompt with images, whose
+    length only the engine knows) leaves the count to the engine."""
     admitted: Callable[[], Awaitable[None]] | None = None
     """Awaited once the request is prepared and before anything of it is sent (or, with
     ``send_ahead``, right after it is sent): the caller's admission, answered meanwhile. What

@@ -38,6 +38,15 @@ def streams(request: GenerationRequest, model: ModelInputs) -> bool:
     return request.stream and model.decoupled and model.has(model.stream_input)
 
 
+def counts_prompt(request: GenerationRequest, model: ModelInputs) -> bool:
+    """Whether the engine is asked for ``num_input_tokens``: where the model reports it and the
+    caller has no exact count of its own. Every response would carry it (two tensors a streamed
+    token instead of one, through the engine, the ensemble and Triton's frontend)."""
+    if not model.reports_input_tokens or model.is_engine:
+        return False
+    return request.prompt_tokens is None or bool(request.images)
+
+
 def build_inputs(
     request: GenerationRequest, model: ModelInputs, *, lora_weights: bool = False
 ) -> list[WireTensor]:
@@ -182,7 +191,7 @@ def requested_outputs(request: GenerationRequest, model: ModelInputs) -> list[st
     names = ["text_output"]
     if model.reports_cached_tokens:
         names.append(REUSED_BLOCKS)
-    if model.reports_input_tokens:
+    if counts_prompt(request, model):
         names.append("num_input_tokens")
     if model.reports_output_tokens:
         names.append("num_output_tokens")
@@ -252,7 +261,7 @@ def _flags(request: GenerationRequest, model: ModelInputs) -> list[WireTensor]:
         # A streamed request never gets its prompt back (TensorRT-LLM's executor sends only new
         # tokens when streaming, whatever the flag says): one input fewer to send and read.
         flags.append(flag("exclude_input_in_output", True))
-    if model.reports_input_tokens and not model.is_engine:
+    if counts_prompt(request, model):
         flags.append(flag("return_num_input_tokens", True))
     if model.reports_output_tokens and not model.is_engine:
         flags.append(flag("return_num_output_tokens", True))

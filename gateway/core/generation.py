@@ -337,6 +337,7 @@ class GenerationService:
                     lora=model.adapter,
                     trace_headers=trace_headers,
                     images=spec.prompt.images,
+                    prompt_tokens=spec.prompt.exact_count,
                     admitted=gate,
                     send_ahead=send_ahead and gate is not None,
                 )

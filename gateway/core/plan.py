@@ -27,6 +27,12 @@ class Prompt:
     """Its images, in the order the text marks their places (``token_count`` counts them)."""
 
     @property
+    def exact_count(self) -> int | None:
+        """``token_count`` where it is exactly what the engine gets from ``text`` through a
+        preprocessing model: not for a prompt with images, whose length only the engine knows."""
+        return None if self.images else self.token_count
+
+    @property
     def echoed(self) -> str:
         """The prompt as the client wrote it."""
         return self.text if self.shown is None else self.shown

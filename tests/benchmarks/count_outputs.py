@@ -1,11 +1,12 @@
 """What the token counts cost the engine's stub and Triton, without a GPU: CPU a response.
 
-The gateway asks the ensemble for ``num_input_tokens`` and ``num_output_tokens`` with every
-request (its ``usage``), and on the GPU host a direct client asking for them loses about a
-millisecond of every 128-row decode step (``tests.benchmarks.gpu --direct counts``). This
-serves the zero-compute load-test engine (one instance, one sender thread, no pacing), so the
-stub's sending is the limit, and streams straight to its ``tensorrt_llm`` over Triton's HTTP
-``generate_stream`` with and without the two count flags, alternating, round after round. It
+The gateway asks the ensemble for ``num_output_tokens`` with every request (its ``usage``),
+and for ``num_input_tokens`` too where it cannot count the prompt itself (images); on the GPU
+host a direct client asking for both lost about a millisecond of every 128-row decode step
+(``tests.benchmarks.gpu --direct counts-prompt``). This serves the zero-compute load-test engine
+(one instance, one sender thread, no pacing), so the stub's sending is the limit, and streams
+straight to its ``tensorrt_llm`` over Triton's HTTP ``generate_stream`` without the count flags,
+with the output count's, and with both, in turn, round after round. It
 prints each round's tokens/s and the CPU a response took in the engine's stub and in
 tritonserver itself (its own threads, not its children), then their medians over the rounds.
 On a machine of few cores the tokens/s swing from round to round with the load generator's own
@@ -31,7 +32,10 @@ from gateway.catalog.text.hub import load_tokenizer
 from tests.benchmarks.capacity_setup import ENGINE_MODEL, PROMPT, start_triton
 from tests.benchmarks.loadgen import HttpClient, has_output_ids, run_level
 
-COUNTS = {"return_num_input_tokens": [True], "return_num_output_tokens": [True]}
+OUTPUT_COUNT = {"return_num_output_tokens": [True]}
+COUNTS = {"return_num_input_tokens": [True], **OUTPUT_COUNT}
+BODIES = {"without": {}, "output": OUTPUT_COUNT, "both": COUNTS}
+"""The flags of each body: no count, the output count (the gateway's text prompts), both."""
 
 
 @dataclass(frozen=True)
@@ -95,10 +99,10 @@ def _stub(server: psutil.Process) -> psutil.Process:
 
 
 def _rounds(args: argparse.Namespace, sidecar: Sidecar, ids: list[int]) -> dict[str, list[Level]]:
-    """Every round without and with the counts, the order reversed every round."""
+    """Every round of every body of ``BODIES``, the order reversed every round."""
     plain = {"input_ids": list(ids), "input_lengths": [len(ids)],
              "request_output_len": [args.tokens], "streaming": [True]}  # fmt: skip
-    bodies = {"without": plain, "with": plain | COUNTS}
+    bodies = {name: plain | flags for name, flags in BODIES.items()}
     levels: dict[str, list[Level]] = {name: [] for name in bodies}
     try:
         server = psutil.Process(sidecar.pid)
@@ -111,7 +115,7 @@ def _rounds(args: argparse.Namespace, sidecar: Sidecar, ids: list[int]) -> dict[
                                server)  # fmt: skip
                 levels[name].append(level)
                 print(
-                    f"round {round_} {name:7s} the counts: {level.tokens_per_s:9,.0f} tokens/s, "
+                    f"round {round_} {name:7s}: {level.tokens_per_s:9,.0f} tokens/s, "
                     f"a response {level.stub_us:.1f} µs CPU in the stub, "
                     f"{level.server_us:.1f} µs in tritonserver",
                     flush=True,
@@ -135,14 +139,16 @@ def main() -> None:
     engine = argparse.Namespace(rate=1e9, prompt_token_s=0.0, instances=1, senders=1, text_env=None)
     with tempfile.TemporaryDirectory(prefix="counts-") as workdir:
         levels = _rounds(args, start_triton(engine, tokenizer, Path(workdir), word), ids)
-    found = summary(levels["without"], levels["with"])
-    print(
-        f"{args.streams} streams of {args.tokens} tokens, {args.rounds} rounds of "
-        f"{args.seconds:g} s, medians: CPU a response in the stub {found['stub_us']:.1f} µs "
-        f"without the counts, {found['stub_counts_us']:.1f} with; in tritonserver "
-        f"{found['server_us']:.1f} and {found['server_counts_us']:.1f}; tokens/s with the counts "
-        f"{found['share_pct']:.1f}% of without (the rounds' pairs)"
-    )
+    print(f"{args.streams} streams of {args.tokens} tokens, {args.rounds} rounds of "
+          f"{args.seconds:g} s, medians:")  # fmt: skip
+    for name in ("output", "both"):
+        found = summary(levels["without"], levels[name])
+        print(
+            f"- {name} count{'s' if name == 'both' else ''}: CPU a response in the stub "
+            f"{found['stub_us']:.1f} µs without, {found['stub_counts_us']:.1f} with; in "
+            f"tritonserver {found['server_us']:.1f} and {found['server_counts_us']:.1f}; tokens/s "
+            f"{found['share_pct']:.1f}% of without (the rounds' pairs)"
+        )
 
 
 if __name__ == "__main__":

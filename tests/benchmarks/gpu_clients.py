@@ -98,10 +98,11 @@ async def gateway_stream(client: Any) -> dict[str, Any]:
 
 # What the direct requests may add, each the way the gateway sends it: greedy spelled out as
 # temperature 0 and top_k 1 (the gateway's form for every release), TensorRT-LLM's perf
-# metrics (which the gateway asks for to report cached_tokens), and the token counts (their log
-# probs where the model reports no count). ``spread`` changes no tensor: the client waits a
-# random moment before every request, so that requests arrive spread out rather than in bursts.
-DIRECT_EXTRAS = ("greedy", "perf", "counts", "spread")
+# metrics (which the gateway asks for to report cached_tokens), the output token count (log
+# probs where the model reports no count), ``prompt``: the prompt's token count too (which the
+# gateway asks for only for prompts with images). ``spread`` changes no tensor: the client waits
+# a random moment before every request, so that requests arrive spread out rather than in bursts.
+DIRECT_EXTRAS = ("greedy", "perf", "counts", "prompt", "spread")
 
 
 def direct_request(
@@ -132,8 +133,9 @@ def direct_request(
     outputs = ["text_output"]
     if "counts" in extras:
         if release == "latest":
-            # TensorRT-LLM 1.x's ensemble reports both token counts on every response.
-            for name in ("num_input_tokens", "num_output_tokens"):
+            # TensorRT-LLM 1.x's ensemble reports the token counts on every response.
+            names = ["num_output_tokens"] + (["num_input_tokens"] if "prompt" in extras else [])
+            for name in names:
                 inputs.append(tensor(f"return_{name}", True, "BOOL", np.bool_))
                 outputs.append(name)
         else:

@@ -197,8 +197,9 @@ def render_markdown(report: dict[str, Any]) -> str:
         "-character prompt), greedy; `direct` is gRPC streaming to the sidecar's `ensemble`"
         + (
             "; `direct-greedy` adds temperature 0 and top_k 1, `direct-perf` asks for perf "
-            "metrics, `direct-counts` for the token counts (log probs before the `latest` "
-            "release), as the gateway does"
+            "metrics, `direct-counts` for the output token count (log probs before the "
+            "`latest` release), as the gateway does, `direct-counts-prompt` for the prompt's "
+            "count too, as the gateway did before it counted text prompts itself"
             if any(t.startswith("direct-") for t in targets)
             else ""
         )

@@ -155,6 +155,10 @@ async def test_streamed_text_equals_non_streamed_text(
                 open_while_streaming = backend.open_http_connections
         described = await backend.describe(where)
         open_after = backend.open_http_connections
+        # As the gateway sends it: with its own count of the prompt.
+        own_count = tiny_tokens()._prompt(PROMPT).exact_count
+        counted = dataclasses.replace(greedy(24, stream=True), prompt_tokens=own_count)
+        counted_pieces = await collect(backend, where, counted)
 
     assert open_while_streaming == (transport == "http"), "an HTTP stream has its connection"
     assert open_after == 0, "a stream lets its connection go when it ends"
@@ -177,7 +181,10 @@ async def test_streamed_text_equals_non_streamed_text(
         assert {chunk.prompt_tokens for chunk in whole + pieces} == {len(prompt_ids)}
     elif described.reports_input_tokens:
         assert whole[0].prompt_tokens == pieces[0].prompt_tokens
-        assert whole[0].prompt_tokens is not None and whole[0].prompt_tokens > 0
+        # The gateway's count is the engine's, so the engine is not asked for it again.
+        assert whole[0].prompt_tokens == own_count
+        assert {chunk.prompt_tokens for chunk in counted_pieces} == {None}
+        assert sum(chunk.token_count or 0 for chunk in counted_pieces) == 24
     else:
         assert described.counts_by_logprobs
         assert {chunk.prompt_tokens for chunk in whole + pieces} == {None}

@@ -3,6 +3,7 @@ and the same prompts, ids and text as ``transformers`` (which the serving proces
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -12,6 +13,7 @@ import pytest
 from tokenizers.processors import TemplateProcessing
 from transformers import AutoTokenizer
 
+from adapters.contract import PromptImage
 from gateway.catalog.text.prompts import INLINE_CHARS, PromptTokenizer, strip_leading_bos
 from gateway.http.errors import InvalidRequestError
 
@@ -65,6 +67,28 @@ async def test_no_double_bos(
     assert ids.count(tokenizer.bos_token_id) == 1  # what the engine will see
     assert prompt.token_count == len(ids)
     assert list(prompt.ids) == ids
+
+
+@pytest.mark.parametrize("preprocessing_adds_bos", [True, False])
+async def test_exact_counts_are_what_the_preprocessing_makes_of_the_text(
+    tiny_model_dir: Path, executor: ThreadPoolExecutor, tmp_path: Path, preprocessing_adds_bos: bool
+) -> None:
+    """The count the gateway sends instead of asking the engine for ``num_input_tokens``: that
+    of the text as the preprocessing tokenizes it (an empty prompt included); none for a prompt
+    with images."""
+    tokenizer = llama_like(tiny_model_dir, tmp_path)
+    prompts = PromptTokenizer.load(
+        str(tmp_path), executor, add_special_tokens=preprocessing_adds_bos
+    )
+    for prompt in (
+        await prompts.chat_prompt(CONVERSATION),
+        await prompts.text_prompt("the model token"),
+        await prompts.text_prompt(""),
+    ):
+        preprocessed = tokenizer.encode(prompt.text, add_special_tokens=preprocessing_adds_bos)
+        assert prompt.exact_count == len(preprocessed) > 0
+    image = PromptImage(b"\x89PNG", "image/png")
+    assert dataclasses.replace(prompt, images=(image,)).exact_count is None
 
 
 async def test_chat_template_file_overrides_the_tokenizer(

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import numpy as np
 import pytest
 
-from adapters.contract import GenerationRequest, InvalidRequest, SamplingParams
+from adapters.contract import GenerationRequest, InvalidRequest, PromptImage, SamplingParams
 from adapters.triton.config import ModelInputs, parse_model_config
 from adapters.triton.tensors import (
     build_inputs,
@@ -244,6 +245,22 @@ def test_requested_outputs_follow_what_the_model_reports() -> None:
         "num_output_tokens",
         "output_log_probs",
     ]
+
+
+def test_a_prompt_the_gateway_counted_is_not_counted_again_by_the_engine() -> None:
+    """Every streamed response would carry ``num_input_tokens``; a text prompt's count is the
+    caller's, a prompt with images is still the engine's to count."""
+    counted = dataclasses.replace(request(stream=True), prompt_tokens=5)
+    with_image = dataclasses.replace(counted, images=(PromptImage(b"\x89PNG", "image/png"),))
+    uncounted = request(stream=True)
+
+    assert requested_outputs(counted, COUNTING) == ["text_output", "num_output_tokens"]
+    flags = by_name(build_inputs(counted, COUNTING))
+    assert "return_num_input_tokens" not in flags
+    assert flags["return_num_output_tokens"].array.tolist() == [[True]]
+    assert "num_input_tokens" in requested_outputs(with_image, COUNTING)
+    assert "num_input_tokens" in requested_outputs(uncounted, COUNTING)
+    assert "return_num_input_tokens" in by_name(build_inputs(uncounted, COUNTING))
 
 
 def _block_size(document: dict[str, Any], tokens: int = 32) -> ModelInputs:

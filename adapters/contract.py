@@ -201,6 +201,9 @@ class TokenChunk:
 
     ``token_count`` and ``prompt_tokens`` are ``None`` when the deployment does not report token
     counts (releases before ``return_num_*``); the gateway then counts with its own tokenizer.
+    ``prompt_tokens`` is also ``None`` where the request gave its own count (``prompt_tokens``,
+    not for a prompt with images), which the engine is then not asked to repeat; through the
+    ``tensorrt_llm`` entry it is always the length of the ids sent.
     Streaming chunks carry their own count; a non-streaming request yields one chunk with the total.
     ``cached_tokens`` is how much of the prompt the engine found in its KV cache, where it
     reports that (``kv_cache_reused_blocks``); ``None`` where it does not.

@@ -107,6 +107,14 @@ class ModelSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     """Most prompt plus completion tokens; defaults to the engine's ``max_seq_len``, else 4096."""
     add_special_tokens: bool | None = None
     """Whether Triton's preprocessing adds special tokens (BOS); defaults to the pipeline's."""
+    count_prompts: bool | None = None
+    """Whether a text prompt's ``usage.prompt_tokens`` is the gateway's own count, so that the
+    engine is not asked for ``num_input_tokens`` in every streamed response. By default true for
+    a pipeline of this gateway's sidecars (its preprocessing reads the same tokenizer folder with
+    the same ``add_special_tokens``) when none of ``triton_url``, ``tokenizer_dir`` and
+    ``add_special_tokens`` is set, false otherwise. Set it for a Triton of your own whose
+    preprocessing tokenizes as ``tokenizer_dir`` and ``add_special_tokens`` say. A vision model's
+    prompts are counted by the engine either way."""
     skip_special_tokens: bool | None = None
     """Whether generated special tokens are left out of the text (entry ``tensorrt_llm``, where
     the gateway decodes); defaults to the pipeline's postprocessing, else true."""

@@ -15,6 +15,7 @@ from deploy.sidecar.spec import ModelSpec, Spec, TorchEngine
 from gateway.catalog.lora import LoraLibrary
 from gateway.catalog.text.prompts import PromptTokenizer
 from gateway.catalog.vision import VisionInputs, read_vision
+from gateway.core.plan import Prompt
 from gateway.http.errors import unknown_model
 from gateway.replicas.settings import RoutingSettings
 from gateway.replicas.sources import DnsName, Endpoint, ReplicaSource, SourceError, parse_source
@@ -54,6 +55,8 @@ class ModelRoute:
     first's, or the DNS name)."""
     routing: RoutingSettings = DEFAULT_ROUTING
     images: ImageSettings = DEFAULT_IMAGES
+    counts_prompts: bool = False
+    """Whether the gateway's count of a text prompt is the engine's (``count_prompts``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +83,14 @@ class ServedModel:
     def target(self) -> ModelTarget:
         """Where the model runs in Triton."""
         return self.route.target
+
+    def own_count(self, prompt: Prompt) -> int | None:
+        """The prompt's length for ``usage`` where the gateway's count is the engine's, so the
+        engine need not be asked (``None``: ask it): a text prompt, to a text model whose
+        preprocessing tokenizes as the gateway does."""
+        if not self.route.counts_prompts or self.vision is not None:
+            return None
+        return prompt.exact_count
 
 
 def resolve_routes(
@@ -146,6 +157,10 @@ def _route(
     add_special = model.add_special_tokens
     if add_special is None:
         add_special = pipeline.add_special_tokens if pipeline is not None else True
+    counts_prompts = model.count_prompts
+    if counts_prompts is None:
+        overridden = (model.triton_url, model.tokenizer_dir, model.add_special_tokens)
+        counts_prompts = pipeline is not None and overridden == (None, None, None)
     skip_special = model.skip_special_tokens
     if skip_special is None:
         skip_special = pipeline.skip_special_tokens if pipeline is not None else True
@@ -169,6 +184,7 @@ def _route(
         tool_call_format=model.tool_call_format,
         skip_special_tokens=skip_special,
         images=model.images,
+        counts_prompts=counts_prompts,
     )
 
 

@@ -337,7 +337,7 @@ class GenerationService:
                     lora=model.adapter,
                     trace_headers=trace_headers,
                     images=spec.prompt.images,
-                    prompt_tokens=spec.prompt.exact_count,
+                    prompt_tokens=model.own_count(spec.prompt),
                     admitted=gate,
                     send_ahead=send_ahead and gate is not None,
                 )

@@ -332,8 +332,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--multi-streams", type=int, default=16)
     args = parser.parse_args(argv)
     for variant in args.direct:
-        if not set(variant.split("-")) <= set(DIRECT_EXTRAS):
+        parts = set(variant.split("-"))
+        if not parts <= set(DIRECT_EXTRAS):
             parser.error(f"--direct {variant}: each part is one of {', '.join(DIRECT_EXTRAS)}")
+        if "prompt" in parts and "counts" not in parts:
+            parser.error(f"--direct {variant}: 'prompt' goes with 'counts' (counts-prompt)")
     try:
         sets = parse_cpus(args.cpus)
     except ValueError as exc:

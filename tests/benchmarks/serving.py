@@ -99,6 +99,9 @@ def gateway_config(
             "engine_model": f"{pipeline}_tensorrt_llm",
             "entry": entry,
             "tokenizer_dir": str(tokenizer_dir),
+            # The sidecar's preprocessing reads this folder: the gateway's count of a prompt is
+            # the engine's, as for a pipeline of the gateway's own sidecars.
+            "count_prompts": True,
         }
 
     unlimited = {"requests_per_minute": 10**9, "tokens_per_minute": 10**12}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import AsyncGenerator, AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -15,6 +16,7 @@ from adapters.contract import (
     BeamSearch,
     GenerationRequest,
     ModelTarget,
+    PromptImage,
     SamplingParams,
     TokenChunk,
 )
@@ -118,6 +120,29 @@ async def test_recounted_tokens_never_exceed_max_tokens(served: ServedModel) -> 
     results = await GenerationService(backend, timeout_s=5).collect(served, plan(max_tokens=2))
     assert results[0].end is not None
     assert (results[0].end.completion_tokens, results[0].end.finish_reason) == (2, "length")
+
+
+async def test_the_gateway_sends_its_own_count_of_a_text_prompt_where_it_is_the_engines(
+    served: ServedModel,
+) -> None:
+    """With it the backend leaves ``num_input_tokens`` unasked; without (a deployment that may
+    tokenize otherwise, a prompt with images) the engine counts."""
+    counting = dataclasses.replace(
+        served, route=dataclasses.replace(served.route, counts_prompts=True)
+    )
+    image = PromptImage(b"\x89PNG", "image/png")
+    pictured = dataclasses.replace(plan(), choices=(
+        dataclasses.replace(plan().choices[0], prompt=Prompt("<image> hello", 9, images=(image,))),
+    ))  # fmt: skip
+    sent = []
+    for model, request in ((counting, plan()), (served, plan()), (counting, pictured)):
+        # The engine reports no prompt count: usage takes the gateway's.
+        backend = ScriptedBackend([TokenChunk("a", 1), TokenChunk("b", 1)])
+        results = await GenerationService(backend, timeout_s=5).collect(model, request)
+        sent.append(backend.requests[0].prompt_tokens)
+        assert results[0].end is not None
+        assert results[0].end.prompt_tokens == request.choices[0].prompt.token_count
+    assert sent == [3, None, None]
 
 
 async def test_n_choices_are_merged_with_distinct_request_ids(served: ServedModel) -> None:

@@ -151,6 +151,33 @@ def test_resolve_routes(model: ModelSettings, expected: tuple[object, ...]) -> N
     ) == expected
 
 
+@pytest.mark.parametrize(
+    ("model", "counts"),
+    [
+        (ModelSettings(name="t", pipeline="tiny"), True),
+        (ModelSettings(name="t", pipeline="tiny", entry="tensorrt_llm_bls"), True),
+        (ModelSettings(name="t", pipeline="tiny", add_special_tokens=False), False),
+        (ModelSettings(name="t", pipeline="tiny", tokenizer_dir="/tok"), False),
+        (ModelSettings(name="t", pipeline="tiny", triton_url="h:1"), False),
+        (ModelSettings(name="t", triton_model="x_ensemble", tokenizer_dir="/tok"), False),
+        (
+            ModelSettings(
+                name="t", triton_model="x_ensemble", tokenizer_dir="/tok", count_prompts=True
+            ),
+            True,
+        ),
+        (ModelSettings(name="t", pipeline="tiny", count_prompts=False), False),
+    ],
+)
+def test_prompts_are_counted_by_the_gateway_only_where_it_tokenizes_as_the_pipeline(
+    model: ModelSettings, counts: bool
+) -> None:
+    """A sidecar's pipeline reads the gateway's tokenizer with its settings; anything else is
+    counted by the engine unless the operator says the two tokenize alike."""
+    (route,) = resolve_routes(Settings(models=(model,)), SPEC, URLS)
+    assert route.counts_prompts is counts
+
+
 def test_every_pipeline_is_served_when_no_model_is_listed() -> None:
     routes = resolve_routes(Settings(), SPEC, URLS)
     assert [(r.name, r.target.triton_model) for r in routes] == [

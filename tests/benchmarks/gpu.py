@@ -39,6 +39,7 @@ from tests.benchmarks.gpu_clients import (
     DIRECT_EXTRAS,
     ENTRY_NAMES,
     PROMPT,
+    both_models,
     direct_request,
     direct_stream,
     direct_targets,
@@ -47,6 +48,7 @@ from tests.benchmarks.gpu_clients import (
     gateway_stream,
     gateway_targets,
     gateway_ways,
+    schedule,
 )
 from tests.benchmarks.gpu_readings import (
     engine_steps,
@@ -144,41 +146,6 @@ async def run_level(
     return level.with_steps(steps)
 
 
-async def both_models(url: str, models: list[str], streams: int, tokens: int) -> dict[str, Any]:
-    """Chat streams to every model at once through the gateway; tokens/s of each."""
-    async with httpx.AsyncClient(base_url=url, timeout=600) as http:
-
-        async def one(model: str) -> int:
-            body = {
-                "model": model,
-                "messages": [{"role": "user", "content": PROMPT}],
-                "max_tokens": tokens,
-                "min_tokens": tokens,
-                "stream": True,
-                "stream_options": {"include_usage": True},
-            }
-            used = 0
-            async with http.stream("POST", "/v1/chat/completions", json=body) as response:
-                response.raise_for_status()
-                async for line in response.aiter_lines():
-                    if line.startswith("data: {") and '"usage":{' in line.replace(" ", ""):
-                        used = json.loads(line[6:])["usage"]["completion_tokens"]
-            return used
-
-        start = time.perf_counter()
-        jobs = [one(model) for model in models for _ in range(streams)]
-        counts = await asyncio.gather(*jobs)
-        wall = time.perf_counter() - start
-    per_model = {m: sum(counts[i * streams : (i + 1) * streams]) for i, m in enumerate(models)}
-    return {
-        "streams_per_model": streams,
-        "wall_s": wall,
-        "tokens": per_model,
-        "tokens_per_s": {m: n / wall for m, n in per_model.items()},
-        "all_complete": all(c == tokens for c in counts),
-    }
-
-
 async def measure(
     args: argparse.Namespace, url: str, grpc_url: str, names: list[str]
 ) -> dict[str, Any]:
@@ -196,28 +163,31 @@ async def measure(
     profiles: dict[str, dict[str, float]] = {}
     for concurrency in args.concurrency:
         rounds = args.rounds or max(1, args.requests // concurrency)
-        for repeat in range(args.repeats):
-            # Interleaved, the order reversed every run: drift on the host hits every path alike.
-            order = targets if repeat % 2 == 0 else targets[::-1]
-            for target in order:
+        for group in schedule(targets, args.repeats, args.side_by_side):
+            # A group of two shares the level's streams, so the engine serves as many as alone.
+            streams = concurrency // len(group)
+            runs = []
+            for target, repeat in group:
                 timeline = None
                 if args.timelines:
                     timeline = args.out / f"timeline-{target}-c{concurrency}-r{repeat}.json"
-                run = run_level(
-                    target, url, grpc_url, main_model, gateway_names, args, concurrency, rounds,
+                runs.append(run_level(
+                    target, url, grpc_url, main_model, gateway_names, args, streams, rounds,
                     timeline,
-                )  # fmt: skip
-                if args.py_spy is not None and repeat == 0:
-                    folded = args.out / f"engine-{target}-c{concurrency}.folded"
-                    record = engine_profile.record(
-                        args.py_spy, main_model, folded, PROFILE_DELAY_S, args.profile_seconds
-                    )
-                    level, _ = await asyncio.gather(run, record)
-                    shares = profiles[f"{target} c={concurrency}"] = engine_profile.split(folded)
-                    print(f"engine thread, {target}: {shares}")
-                else:
-                    level = await run
-                level = dataclasses.replace(level, repeat=repeat)
+                ))  # fmt: skip
+            (target, repeat), *_ = group
+            if args.py_spy is not None and repeat == 0 and len(group) == 1:
+                folded = args.out / f"engine-{target}-c{concurrency}.folded"
+                record = engine_profile.record(
+                    args.py_spy, main_model, folded, PROFILE_DELAY_S, args.profile_seconds
+                )
+                done = await asyncio.gather(*runs, record)
+                shares = profiles[f"{target} c={concurrency}"] = engine_profile.split(folded)
+                print(f"engine thread, {target}: {shares}")
+            else:
+                done = await asyncio.gather(*runs)
+            for level, (_, repeat) in zip(done, group, strict=False):
+                level = dataclasses.replace(level, repeat=repeat, concurrency=concurrency)
                 print(level.line(), flush=True)
                 levels.append(level)
     together = await both_models(url, names, args.multi_streams, args.tokens)
@@ -291,6 +261,14 @@ def main(argv: list[str] | None = None) -> int:
         "stay open idle for the next request (0: one per request)",
     )
     parser.add_argument("--repeats", type=int, default=3, help="interleaved runs per level")
+    parser.add_argument(
+        "--side-by-side",
+        action="store_true",
+        help="run every gateway target at the same time as direct, each with half of the "
+        "level's streams: both get tokens from the same engine steps, so the engine's "
+        "swings between runs cancel out. What the gateway's requests cost every row of a step "
+        "does not show here; sequential runs measure that",
+    )
     parser.add_argument("--max-batch-size", type=int, default=128, help="the engine's batch")
     parser.add_argument(
         "--py-spy",
@@ -381,6 +359,7 @@ def main(argv: list[str] | None = None) -> int:
         "gateway_workers": args.workers,
         "triton_keep_alive_s": args.triton_keep_alive_s,
         "mixed_batching": args.mixed_batching,
+        "side_by_side": args.side_by_side,
         "cpus": args.cpus,
         "cpu_siblings": topology() if args.cpus else None,
         "parameters": params,

@@ -1,13 +1,17 @@
 """The clients of the GPU benchmark: a completion streamed through the gateway, and the same
 completion straight to the sidecar's ``ensemble`` over gRPC, plain or asking for what the
-gateway asks beyond the text."""
+gateway asks beyond the text; the order their runs take; chats to every model at once."""
 
 from __future__ import annotations
 
+import asyncio
 import itertools
+import json
 import time
 from dataclasses import dataclass
 from typing import Any
+
+import httpx
 
 PROMPT = (
     "Write a detailed report on the history of the printing press, its inventors, the spread "
@@ -185,3 +189,64 @@ def carries_text(response: Any) -> bool:
 def direct_targets(variants: list[str]) -> list[str]:
     """``direct``, then ``direct-greedy``, ``direct-perf``, ``direct-greedy-perf`` as asked."""
     return ["direct", *(f"direct-{v}" for v in variants if v)]
+
+
+Run = tuple[str, int]
+"""A target's run: its name and the repeat it pairs with direct's run in."""
+
+
+def schedule(targets: list[str], repeats: int, side_by_side: bool) -> list[tuple[Run, ...]]:
+    """The runs of one level, in order; the runs of a group run at once.
+
+    One after another, every target once a repeat, the order reversed every repeat (a drift of
+    the host falls on every target alike). ``side_by_side``: every other target beside direct,
+    the two at once (each with half the streams, the engine's steps serving both), a repeat of
+    its own for each pair."""
+    if not side_by_side:
+        return [
+            ((target, repeat),)
+            for repeat in range(repeats)
+            for target in (targets if repeat % 2 == 0 else targets[::-1])
+        ]
+    others = [target for target in targets if target != "direct"]
+    pairs = [
+        target
+        for repeat in range(repeats)
+        for target in (others if repeat % 2 == 0 else others[::-1])
+    ]
+    return [(("direct", run), (target, run)) for run, target in enumerate(pairs)]
+
+
+async def both_models(url: str, models: list[str], streams: int, tokens: int) -> dict[str, Any]:
+    """Chat streams to every model at once through the gateway; tokens/s of each."""
+    async with httpx.AsyncClient(base_url=url, timeout=600) as http:
+
+        async def one(model: str) -> int:
+            body = {
+                "model": model,
+                "messages": [{"role": "user", "content": PROMPT}],
+                "max_tokens": tokens,
+                "min_tokens": tokens,
+                "stream": True,
+                "stream_options": {"include_usage": True},
+            }
+            used = 0
+            async with http.stream("POST", "/v1/chat/completions", json=body) as response:
+                response.raise_for_status()
+                async for line in response.aiter_lines():
+                    if line.startswith("data: {") and '"usage":{' in line.replace(" ", ""):
+                        used = json.loads(line[6:])["usage"]["completion_tokens"]
+            return used
+
+        start = time.perf_counter()
+        jobs = [one(model) for model in models for _ in range(streams)]
+        counts = await asyncio.gather(*jobs)
+        wall = time.perf_counter() - start
+    per_model = {m: sum(counts[i * streams : (i + 1) * streams]) for i, m in enumerate(models)}
+    return {
+        "streams_per_model": streams,
+        "wall_s": wall,
+        "tokens": per_model,
+        "tokens_per_s": {m: n / wall for m, n in per_model.items()},
+        "all_complete": all(c == tokens for c in counts),
+    }

@@ -215,8 +215,7 @@ def render_markdown(report: dict[str, Any]) -> str:
             if len(entries) > 1
             else "."
         ),
-        f"- {repeats} runs per level, the targets interleaved (their order reversed every "
-        "run) after a warm-up: medians, the range in brackets. `client cores` is the CPU the "
+        _order(report, repeats) + ": medians, the range in brackets. `client cores` is the CPU the "
         "benchmark's own process spent per second: well under 1, it was not the limit. "
         "`tokens/step` is the tokens streamed per decode step of the engine: its mean decode "
         "batch." + _cpus(report),
@@ -259,6 +258,22 @@ def render_markdown(report: dict[str, Any]) -> str:
     )
     lines.extend(_profile_table(report.get("engine_profiles") or {}))
     return "\n".join(lines) + "\n"
+
+
+def _order(report: dict[str, Any], repeats: int) -> str:
+    """How the runs of a level were laid out."""
+    if report.get("side_by_side"):
+        return (
+            f"- Side by side: every other target ran at the same time as a run of direct, each "
+            f"with half of the level's streams (`concurrency` is the engine's streams), "
+            f"{repeats} runs of direct per level, after a warm-up. Both take their tokens from "
+            "the same engine steps, so what the gateway's requests cost a step falls on both; "
+            "`tokens/step` is each target's own share of a step"
+        )
+    return (
+        f"- {repeats} runs per level, the targets interleaved (their order reversed every run) "
+        "after a warm-up"
+    )
 
 
 def pairs(levels: list[Any], target: str, base: str) -> dict[int, list[tuple[float, ...]]]:

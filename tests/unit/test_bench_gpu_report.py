@@ -88,6 +88,14 @@ def test_the_report_says_which_cpus_each_role_ran_on() -> None:
     assert _cpus({"cpus": []}) == "" and _cpus({}) == "", "a run on every core says nothing"
 
 
+def test_the_report_says_when_targets_ran_beside_direct() -> None:
+    from tests.benchmarks.gpu_report import _order
+
+    assert "Side by side" in _order({"side_by_side": True}, 4)
+    assert _order({"side_by_side": False}, 4).startswith("- 4 runs per level, the targets")
+    assert _order({}, 3).startswith("- 3 runs per level"), "a report from before the option"
+
+
 def _run(target: str, repeat: int, tokens_per_s: float, itl: float) -> dict:
     return {"target": target, "concurrency": 128, "repeat": repeat, "tokens_per_s": tokens_per_s,
             "ttft_p50_ms": 500.0 + repeat, "itl_p50_ms": itl}  # fmt: skip

@@ -6,7 +6,13 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from tests.benchmarks.gpu_clients import Way, gateway_model, gateway_targets, gateway_ways
+from tests.benchmarks.gpu_clients import (
+    Way,
+    gateway_model,
+    gateway_targets,
+    gateway_ways,
+    schedule,
+)
 from tests.benchmarks.gpu_setup import gateway_config
 
 
@@ -83,3 +89,24 @@ def test_a_direct_response_is_timed_only_when_it_carries_text() -> None:
     assert carries_text(response(b" a", first="num_output_tokens"))
     assert not carries_text(response(b"", first="num_output_tokens"))
     assert not carries_text(service_pb2.ModelInferResponse())
+
+
+def test_runs_one_after_another_reverse_their_order_every_repeat() -> None:
+    targets = ["direct", "direct-counts", "gateway"]
+    runs = schedule(targets, 2, side_by_side=False)
+    assert runs == [
+        (("direct", 0),), (("direct-counts", 0),), (("gateway", 0),),
+        (("gateway", 1),), (("direct-counts", 1),), (("direct", 1),),
+    ]  # fmt: skip
+
+
+def test_side_by_side_every_target_runs_with_a_direct_run_of_its_own_repeat() -> None:
+    """Each pair is a repeat of its own, so the report pairs each target with the direct run
+    it shared the engine's steps with."""
+    runs = schedule(["direct", "direct-counts", "gateway"], 2, side_by_side=True)
+    assert runs == [
+        (("direct", 0), ("direct-counts", 0)),
+        (("direct", 1), ("gateway", 1)),
+        (("direct", 2), ("gateway", 2)),
+        (("direct", 3), ("direct-counts", 3)),
+    ]

@@ -7,7 +7,6 @@ import logging
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import httpx
 import openai
@@ -19,7 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from deploy.sidecar.supervisor import Sidecar
 from gateway.observability.logs import JsonFormatter, RequestIdFilter
 from tests.support.gateway import ENSEMBLE_MODEL, LiveGateway, sidecar_settings
-from tests.support.prometheus import scrape_until
+from tests.support.prometheus import parse, scrape_until, total
 
 pytestmark = pytest.mark.slow
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -101,25 +100,9 @@ def test_request_ids_are_echoed_or_made(traced: str) -> None:
     assert error.status_code == 400 and error.headers["x-request-id"] == "e1"
 
 
-def _samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    found = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            found[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
-    return found
-
-
-def _value(samples: dict[Any, float], name: str, **labels: str) -> float:
-    return sum(
-        value
-        for (sample, found), value in samples.items()
-        if sample == name and labels.items() <= dict(found).items()
-    )
-
-
 def test_metrics_follow_a_streamed_request(traced: str) -> None:
     model = {"model": ENSEMBLE_MODEL, "adapter": "", "tenant": "default"}
-    before = _samples(httpx.get(f"{traced}/metrics").text)
+    before = httpx.get(f"{traced}/metrics").text
     client = openai.OpenAI(base_url=f"{traced}/v1", api_key="unused", max_retries=0)
     chunks = list(
         client.chat.completions.create(
@@ -134,19 +117,19 @@ def test_metrics_follow_a_streamed_request(traced: str) -> None:
     usage = chunks[-1].usage
     assert usage is not None
     route = {"route": "/v1/chat/completions", "method": "POST", "status": "200"}
-    counted = _value(before, "gateway_requests_total", **route) + 1
-    after = _samples(
-        scrape_until(
-            lambda: httpx.get(f"{traced}/metrics").text, "gateway_requests_total", counted, **route
-        )
+    counted = total(before, "gateway_requests_total", **route) + 1
+    after = scrape_until(
+        lambda: httpx.get(f"{traced}/metrics").text, "gateway_requests_total", counted, **route
     )
+    # Both expositions are ones Prometheus' own parser reads.
+    assert all(list(text_string_to_metric_families(text)) for text in (before, after))
 
     def grew(name: str, **labels: str) -> float:
-        return _value(after, name, **labels) - _value(before, name, **labels)
+        return total(after, name, **labels) - total(before, name, **labels)
 
     tenant = next(
-        dict(labels)["tenant"]
-        for (name, labels), _ in after.items()
+        labels["tenant"]
+        for name, labels, _ in parse(after)
         if name == "gateway_generation_requests_total"
     )
     model["tenant"] = tenant

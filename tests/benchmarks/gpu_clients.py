@@ -132,9 +132,12 @@ def direct_request(
     if "greedy" in extras:
         inputs.append(tensor("temperature", 0.0, "FP32", np.float32))
         inputs.append(tensor("top_k", 1, "INT32", np.int32))
-    if "perf" in extras:
-        inputs.append(tensor("return_perf_metrics", True, "BOOL", np.bool_))
     outputs = ["text_output"]
+    if "perf" in extras:
+        # The gateway's way to the reused KV blocks of a prompt (its cached tokens): the engine
+        # adds its perf metrics to a request's first and last responses.
+        inputs.append(tensor("return_perf_metrics", True, "BOOL", np.bool_))
+        outputs.append("kv_cache_reused_blocks")
     if "counts" in extras:
         if release == "latest":
             # TensorRT-LLM 1.x's ensemble reports the token counts on every response.
@@ -198,15 +201,15 @@ Run = tuple[str, int]
 def schedule(targets: list[str], repeats: int, side_by_side: bool) -> list[tuple[Run, ...]]:
     """The runs of one level, in order; the runs of a group run at once.
 
-    One after another, every target once a repeat, the order reversed every repeat (a drift of
-    the host falls on every target alike). ``side_by_side``: every other target beside direct,
-    the two at once (each with half the streams, the engine's steps serving both), a repeat of
-    its own for each pair."""
+    One after another, every target once a repeat, in an order that turns: reversed every
+    other repeat and rotated by one every two, so that over ``2 * len(targets)`` repeats every
+    target runs as often in every place (first, between, last) and a drift of the host, or
+    what a run leaves to the next, falls on every target alike. ``side_by_side``: every other
+    target beside direct, the two at once (each with half the streams, the engine's steps
+    serving both), a repeat of its own for each pair."""
     if not side_by_side:
         return [
-            ((target, repeat),)
-            for repeat in range(repeats)
-            for target in (targets if repeat % 2 == 0 else targets[::-1])
+            ((target, repeat),) for repeat in range(repeats) for target in turn(targets, repeat)
         ]
     others = [target for target in targets if target != "direct"]
     pairs = [
@@ -215,6 +218,13 @@ def schedule(targets: list[str], repeats: int, side_by_side: bool) -> list[tuple
         for target in (others if repeat % 2 == 0 else others[::-1])
     ]
     return [(("direct", run), (target, run)) for run, target in enumerate(pairs)]
+
+
+def turn(targets: list[str], repeat: int) -> list[str]:
+    """The order of ``targets`` in ``repeat``: rotated by ``repeat // 2``, reversed when odd."""
+    shift = (repeat // 2) % len(targets)
+    order = targets[shift:] + targets[:shift]
+    return order if repeat % 2 == 0 else order[::-1]
 
 
 async def both_models(url: str, models: list[str], streams: int, tokens: int) -> dict[str, Any]:

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tests.benchmarks.capacity_report import median_range
 from tests.benchmarks.gpu_clients import ENTRY_NAMES
+from tests.benchmarks.gpu_pairs import as_dict, beside, medians, paired_table, runs_of
 
 
 @dataclass(frozen=True)
@@ -114,37 +114,6 @@ def summarise(
     )
 
 
-def _as_dict(level: Any) -> dict[str, Any]:
-    return level if isinstance(level, dict) else dict(level.__dict__)
-
-
-def _runs(levels: list[Any], target: str) -> dict[int, list[dict[str, Any]]]:
-    """Every repeat of one target, by concurrency."""
-    runs: dict[int, list[dict[str, Any]]] = {}
-    for level in map(_as_dict, levels):
-        if level["target"] == target:
-            runs.setdefault(level["concurrency"], []).append(level)
-    return runs
-
-
-def _by(levels: list[Any], target: str) -> dict[int, dict[str, float]]:
-    """The median of every figure over the repeats, by concurrency."""
-    return {
-        concurrency: {key: _median([run.get(key, math.nan) for run in runs]) for key in _FIGURES}
-        for concurrency, runs in _runs(levels, target).items()
-    }
-
-
-def _median(values: list[float]) -> float:
-    """Over the runs that have the figure (a run whose tokens all came in one chunk has no ITL)."""
-    known = [value for value in values if not math.isnan(value)]
-    return statistics.median(known) if known else math.nan
-
-
-_FIGURES = ("tokens_per_s", "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms",
-            "e2e_p50_ms", "client_cores", "tokens_per_step")  # fmt: skip
-
-
 def _spread(runs: list[dict[str, Any]], key: str, form: str) -> str:
     values = [run[key] for run in runs if not math.isnan(run.get(key, math.nan))]
     if len(values) <= 1:
@@ -164,9 +133,9 @@ def render_markdown(report: dict[str, Any]) -> str:
     """Medians over the interleaved repeats with their range, and the gateway's share."""
     machine = report["machine"]
     targets = report.get("targets", ["direct", "gateway"])
-    by = {name: _by(report["levels"], name) for name in targets}
+    by = {name: medians(report["levels"], name) for name in targets}
     direct = by["direct"]
-    runs = {name: _runs(report["levels"], name) for name in targets}
+    runs = {name: runs_of(report["levels"], name) for name in targets}
     repeats = max((len(r) for r in runs["direct"].values()), default=1)
     transports = report.get("transport", "grpc")
     transports = [transports] if isinstance(transports, str) else transports
@@ -197,9 +166,11 @@ def render_markdown(report: dict[str, Any]) -> str:
         "-character prompt), greedy; `direct` is gRPC streaming to the sidecar's `ensemble`"
         + (
             "; `direct-greedy` adds temperature 0 and top_k 1, `direct-perf` asks for perf "
-            "metrics, `direct-counts` for the output token count (log probs before the "
-            "`latest` release), as the gateway does, `direct-counts-prompt` for the prompt's "
-            "count too, as the gateway did before it counted text prompts itself"
+            "metrics and the reused KV blocks (the gateway's cached tokens), `direct-counts` "
+            "for the output token count (log probs before the `latest` release), "
+            "`direct-counts-prompt` for the prompt's count too, as the gateway did before it "
+            "counted text prompts itself; `direct-greedy-counts-perf` sends what the gateway "
+            "sends"
             if any(t.startswith("direct-") for t in targets)
             else ""
         )
@@ -231,7 +202,12 @@ def render_markdown(report: dict[str, Any]) -> str:
                 continue
             share = added = ""
             if name != "direct" and concurrency in by[name]:
-                base, ours = direct[concurrency], by[name][concurrency]
+                ours = by[name][concurrency]
+                base = (
+                    beside(runs["direct"][concurrency], mine)
+                    if report.get("side_by_side")
+                    else direct[concurrency]
+                )
                 share = f"{100 * ours['tokens_per_s'] / base['tokens_per_s']:.1f}%"
                 added = f"{ours['itl_p50_ms'] - base['itl_p50_ms']:+.2f} ms"
             lines.append(
@@ -241,13 +217,13 @@ def render_markdown(report: dict[str, Any]) -> str:
                 f"{_spread(mine, 'e2e_p50_ms', '.0f')} | {_spread(mine, 'client_cores', '.2f')} | "
                 f"{_spread(mine, 'tokens_per_step', '.1f')} |"
             )
-    lines.extend(_paired(report["levels"], targets))
+    lines.extend(paired_table(report["levels"], targets))
     lines.append("")
     for name, levels in by.items():
         if 1 in levels and 32 in levels:
             gain = levels[32]["tokens_per_s"] / levels[1]["tokens_per_s"]
             lines.append(f"- In-flight batching gain, 32 streams vs 1 ({name}): {gain:.1f}x.")
-    incomplete = sum(level["incomplete"] for level in map(_as_dict, report["levels"]))
+    incomplete = sum(level["incomplete"] for level in map(as_dict, report["levels"]))
     lines.append(f"- Requests that ended short of their tokens: {incomplete}.")
     multi = report["multi_model"]
     counts = ", ".join(f"{m} {n} tokens" for m, n in multi["tokens"].items())
@@ -268,72 +244,14 @@ def _order(report: dict[str, Any], repeats: int) -> str:
             f"with half of the level's streams (`concurrency` is the engine's streams), "
             f"{repeats} runs of direct per level, after a warm-up. Both take their tokens from "
             "the same engine steps, so what the gateway's requests cost a step falls on both; "
-            "`tokens/step` is each target's own share of a step"
+            "`tokens/step` is each target's own share of a step; `of direct` and `added ITL` "
+            "compare with the direct runs beside the target's"
         )
     return (
-        f"- {repeats} runs per level, the targets interleaved (their order reversed every run) "
-        "after a warm-up"
+        f"- {repeats} runs per level, the targets interleaved (their order reversed every run "
+        "and rotated every two, so that each takes every place in a run as often) after a "
+        "warm-up"
     )
-
-
-def pairs(levels: list[Any], target: str, base: str) -> dict[int, list[tuple[float, ...]]]:
-    """``target`` against ``base`` run by run, by concurrency: the share of base's tokens/s and
-    the added TTFT and ITL p50 of every repeat both ran. The interleaved runs pair up, so a drift
-    of the host between runs falls on both sides of a pair."""
-    found: dict[int, list[tuple[float, ...]]] = {}
-    mine = {
-        (concurrency, run.get("repeat", 0)): run
-        for concurrency, runs in _runs(levels, target).items()
-        for run in runs
-    }
-    for concurrency, runs in _runs(levels, base).items():
-        for other in runs:
-            run = mine.get((concurrency, other.get("repeat", 0)))
-            if run is None or not other["tokens_per_s"]:
-                continue
-            pair = (
-                100 * run["tokens_per_s"] / other["tokens_per_s"],
-                run["ttft_p50_ms"] - other["ttft_p50_ms"],
-                run["itl_p50_ms"] - other["itl_p50_ms"],
-            )
-            if not any(math.isnan(value) for value in pair):
-                found.setdefault(concurrency, []).append(pair)
-    return found
-
-
-def _paired(levels: list[Any], targets: list[str]) -> list[str]:
-    """Every target against direct run by run, and each gateway against a direct client that
-    asks the engine what the gateway asks, where the run had one: median [lowest, highest] of
-    the pairs. Nothing for a run of one repeat."""
-    comparisons = [(name, "direct") for name in targets if name != "direct"]
-    comparisons += [
-        (name, "direct-counts")
-        for name in targets
-        if name.startswith("gateway") and "direct-counts" in targets
-    ]
-    rows = []
-    for target, base in comparisons:
-        for concurrency, found in sorted(pairs(levels, target, base).items()):
-            if len(found) < 2:
-                continue
-            share, ttft, itl = zip(*found, strict=True)
-            rows.append(
-                f"| {concurrency} | {target} | {base} | {len(found)} | "
-                f"{median_range(share, '.1f', '%')} | {median_range(ttft, '+.1f')} | "
-                f"{median_range(itl, '+.2f')} |"
-            )
-    if not rows:
-        return []
-    return [
-        "",
-        "Run by run (each run against the other target's run of the same repeat): median "
-        "[lowest, highest] of the pairs.",
-        "",
-        "| concurrency | target | against | pairs | share of its tokens/s | added TTFT p50 ms "
-        "| added ITL p50 ms |",
-        "|---:|---|---|---:|---:|---:|---:|",
-        *rows,
-    ]
 
 
 _ROLES = {
@@ -391,7 +309,7 @@ def render_plot(report: dict[str, Any], path: Path) -> None:
     styles = itertools.cycle(("s-", "^-", "v-"))
     for target in report.get("targets", ["direct", "gateway"]):
         style = "o--" if target == "direct" else next(styles)
-        levels = _by(report["levels"], target)
+        levels = medians(report["levels"], target)
         xs = sorted(levels)
         rate.plot(xs, [levels[x]["tokens_per_s"] for x in xs], style, label=target)
         ttft.plot(xs, [levels[x]["ttft_p50_ms"] for x in xs], style, label=target)

@@ -102,7 +102,7 @@ def _run(target: str, repeat: int, tokens_per_s: float, itl: float) -> dict:
 
 
 def test_runs_pair_up_by_repeat_so_a_drifting_host_falls_on_both_sides() -> None:
-    from tests.benchmarks.gpu_report import pairs
+    from tests.benchmarks.gpu_pairs import pairs
 
     # The host speeds up run after run; the gateway is 2% behind direct in every run.
     rates = (1000.0, 2000.0, 3000.0)
@@ -117,7 +117,7 @@ def test_runs_pair_up_by_repeat_so_a_drifting_host_falls_on_both_sides() -> None
 
 
 def test_the_report_shows_the_pairs_against_direct_and_against_the_client_asking_the_same() -> None:
-    from tests.benchmarks.gpu_report import _paired
+    from tests.benchmarks.gpu_pairs import paired_table
 
     levels = []
     for repeat, (direct, counts, gateway) in enumerate(((100, 96, 95), (200, 190, 192))):
@@ -126,7 +126,7 @@ def test_the_report_shows_the_pairs_against_direct_and_against_the_client_asking
             _run("direct-counts", repeat, counts, 31.0),
             _run("gateway", repeat, gateway, 31.25),
         ]
-    lines = _paired(levels, ["direct", "direct-counts", "gateway"])
+    lines = paired_table(levels, ["direct", "direct-counts", "gateway"])
     rows = [line for line in lines if line.startswith("| 128 ")]
     assert rows == [
         "| 128 | direct-counts | direct | 2 | 95.5% [95.0, 96.0] | +0.0 [+0.0, +0.0] | +1.00 [+1.00, +1.00] |",  # noqa: E501
@@ -134,4 +134,21 @@ def test_the_report_shows_the_pairs_against_direct_and_against_the_client_asking
         "| 128 | gateway | direct-counts | 2 | 100.0% [99.0, 101.1] | +0.0 [+0.0, +0.0] | +0.25 [+0.25, +0.25] |",  # noqa: E501
     ]
     single = [_run("direct", 0, 100.0, 30.0), _run("gateway", 0, 90.0, 31.0)]
-    assert _paired(single, ["direct", "gateway"]) == [], "one run makes no spread of pairs"
+    assert paired_table(single, ["direct", "gateway"]) == [], "one run makes no spread of pairs"
+
+
+def test_side_by_side_a_target_is_compared_with_the_direct_runs_beside_its_own() -> None:
+    from tests.benchmarks.gpu_clients import schedule
+    from tests.benchmarks.gpu_pairs import beside
+
+    # Direct ran slower beside the client than beside the gateway (other engine steps).
+    levels = []
+    for group in schedule(["direct", "direct-counts", "gateway"], 2, side_by_side=True):
+        (_, repeat), (other, _) = group
+        rate = 1000.0 if other == "gateway" else 500.0
+        levels += [_run("direct", repeat, rate, 30.0), _run(other, repeat, 0.99 * rate, 30.1)]
+    direct = [run for run in levels if run["target"] == "direct"]
+    gateway = [run for run in levels if run["target"] == "gateway"]
+    base = beside(direct, gateway)
+    assert base["tokens_per_s"] == 1000.0
+    assert {run["repeat"] for run in gateway} == {1, 2}

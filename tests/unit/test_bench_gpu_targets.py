@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from tests.benchmarks.gpu_clients import (
     Way,
@@ -12,6 +15,7 @@ from tests.benchmarks.gpu_clients import (
     gateway_targets,
     gateway_ways,
     schedule,
+    turn,
 )
 from tests.benchmarks.gpu_setup import gateway_config
 
@@ -100,6 +104,20 @@ def test_runs_one_after_another_reverse_their_order_every_repeat() -> None:
     ]  # fmt: skip
 
 
+@pytest.mark.parametrize("count", [2, 3, 4, 5])
+def test_every_target_runs_as_often_in_every_place_of_a_repeat(count: int) -> None:
+    """A target always run between two others would take whatever the place adds (a run's
+    leftovers, a drift within the level) as its own."""
+    targets = [f"t{index}" for index in range(count)]
+    runs = schedule(targets, 2 * count, side_by_side=False)
+    places: dict[tuple[str, int], int] = {}
+    for index, ((target, repeat),) in enumerate(runs):
+        assert repeat == index // count
+        places[target, index % count] = places.get((target, index % count), 0) + 1
+    assert places == {(target, place): 2 for target in targets for place in range(count)}
+    assert turn(targets, 1) == targets[::-1]
+
+
 def test_side_by_side_every_target_runs_with_a_direct_run_of_its_own_repeat() -> None:
     """Each pair is a repeat of its own, so the report pairs each target with the direct run
     it shared the engine's steps with."""
@@ -110,3 +128,40 @@ def test_side_by_side_every_target_runs_with_a_direct_run_of_its_own_repeat() ->
         (("direct", 2), ("gateway", 2)),
         (("direct", 3), ("direct-counts", 3)),
     ]
+
+
+def test_the_direct_client_with_every_extra_sends_the_ensemble_what_the_gateway_sends() -> None:
+    """``--direct greedy-counts-perf`` is the gateway's request to the latest ensemble for the
+    benchmark's completion, tensor for tensor: the comparison of the two measures the gateway's
+    own path, nothing it asks of the engine."""
+    from dataclasses import replace
+
+    import numpy as np
+
+    from adapters.contract import GenerationRequest, SamplingParams
+    from adapters.triton.config import parse_model_config
+    from adapters.triton.tensors import build_inputs, requested_outputs
+    from tests.benchmarks.gpu_clients import PROMPT, direct_request
+    from tests.support.stock_configs import stock
+
+    ensemble = replace(parse_model_config(stock("ensemble")), decoupled=True, tokens_per_block=32)
+    params = SamplingParams(max_tokens=128, min_tokens=128, temperature=0.0)
+    request = GenerationRequest("r", PROMPT, params, stream=True, prompt_tokens=100)
+    gateway = {t.name: (t.datatype, t.array.tolist()) for t in build_inputs(request, ensemble)}
+
+    def sent(extras: tuple[str, ...]) -> tuple[dict[str, Any], list[str]]:
+        message = direct_request("llama", 128, extras)
+        tensors = {}
+        for entry, raw in zip(message.inputs, message.raw_input_contents, strict=True):
+            if entry.datatype == "BYTES":
+                values: Any = [[raw[4:]]]
+            else:
+                dtype = {"INT32": np.int32, "FP32": np.float32, "BOOL": np.bool_}[entry.datatype]
+                values = np.frombuffer(raw, dtype).reshape(tuple(entry.shape)).tolist()
+            tensors[entry.name] = (entry.datatype, values)
+        return tensors, [output.name for output in message.outputs]
+
+    tensors, outputs = sent(("greedy", "counts", "perf"))
+    assert tensors == gateway
+    assert sorted(outputs) == sorted(requested_outputs(request, ensemble))
+    assert sent(("counts",))[0] != gateway

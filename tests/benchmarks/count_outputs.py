@@ -6,12 +6,13 @@ host a direct client asking for both lost about a millisecond of every 128-row d
 (``tests.benchmarks.gpu --direct counts-prompt``). This serves the zero-compute load-test engine
 (one instance, one sender thread, no pacing), so the stub's sending is the limit, and streams
 straight to its ``tensorrt_llm`` over Triton's HTTP ``generate_stream`` without the count flags,
-with the output count's, and with both, in turn, round after round. It
+with the output count's, with both, and with the output count's and the perf metrics', in turn,
+round after round. It
 prints each round's tokens/s and the CPU a response took in the engine's stub and in
 tritonserver itself (its own threads, not its children), then their medians over the rounds.
 On a machine of few cores the tokens/s swing from round to round with the load generator's own
 share of the cores; the CPU a response does much less.
-``python -m tests.benchmarks.count_outputs [--streams 8 --rounds 6 --seconds 4]``.
+``python -m tests.benchmarks.count_outputs [--streams 8 --rounds 8 --seconds 4]``.
 """
 
 from __future__ import annotations
@@ -30,12 +31,17 @@ from deploy.sidecar.models import ensure_tiny_model
 from deploy.sidecar.supervisor import Sidecar
 from gateway.catalog.text.hub import load_tokenizer
 from tests.benchmarks.capacity_setup import ENGINE_MODEL, PROMPT, start_triton
+from tests.benchmarks.gpu_clients import turn
 from tests.benchmarks.loadgen import HttpClient, has_output_ids, run_level
 
 OUTPUT_COUNT = {"return_num_output_tokens": [True]}
 COUNTS = {"return_num_input_tokens": [True], **OUTPUT_COUNT}
-BODIES = {"without": {}, "output": OUTPUT_COUNT, "both": COUNTS}
-"""The flags of each body: no count, the output count (the gateway's text prompts), both."""
+PERF = {"return_perf_metrics": [True], **OUTPUT_COUNT}
+BODIES = {"without": {}, "output": OUTPUT_COUNT, "both": COUNTS, "perf": PERF}
+"""The flags of each body: no count, the output count (the gateway's text prompts), both, and
+the output count with the perf metrics (ten more tensors on a request's first and last
+responses: the gateway asks for them for its cached tokens where the engine's block size is
+known)."""
 
 
 @dataclass(frozen=True)
@@ -99,7 +105,7 @@ def _stub(server: psutil.Process) -> psutil.Process:
 
 
 def _rounds(args: argparse.Namespace, sidecar: Sidecar, ids: list[int]) -> dict[str, list[Level]]:
-    """Every round of every body of ``BODIES``, the order reversed every round."""
+    """Every round of every body of ``BODIES``, in an order that turns every round."""
     plain = {"input_ids": list(ids), "input_lengths": [len(ids)],
              "request_output_len": [args.tokens], "streaming": [True]}  # fmt: skip
     bodies = {name: plain | flags for name, flags in BODIES.items()}
@@ -109,8 +115,8 @@ def _rounds(args: argparse.Namespace, sidecar: Sidecar, ids: list[int]) -> dict[
         stub = _stub(server)
         _level(sidecar.http_url, plain, args.streams, 1.0, stub, server)  # warm-up
         for round_ in range(args.rounds):
-            # Each round reverses the order, so a drift of the host falls on both alike.
-            for name in list(bodies)[:: 1 if round_ % 2 == 0 else -1]:
+            # The order turns every round, so a drift of the host falls on every body alike.
+            for name in turn(list(bodies), round_):
                 level = _level(sidecar.http_url, bodies[name], args.streams, args.seconds, stub,
                                server)  # fmt: skip
                 levels[name].append(level)
@@ -125,10 +131,13 @@ def _rounds(args: argparse.Namespace, sidecar: Sidecar, ids: list[int]) -> dict[
     return levels
 
 
+_TITLES = {"output": "output count", "both": "counts", "perf": "output count and perf metrics"}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--streams", type=int, default=8)
-    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--seconds", type=float, default=4.0)
     parser.add_argument("--tokens", type=int, default=256)
     args = parser.parse_args()
@@ -141,10 +150,10 @@ def main() -> None:
         levels = _rounds(args, start_triton(engine, tokenizer, Path(workdir), word), ids)
     print(f"{args.streams} streams of {args.tokens} tokens, {args.rounds} rounds of "
           f"{args.seconds:g} s, medians:")  # fmt: skip
-    for name in ("output", "both"):
+    for name in ("output", "both", "perf"):
         found = summary(levels["without"], levels[name])
         print(
-            f"- {name} count{'s' if name == 'both' else ''}: CPU a response in the stub "
+            f"- {_TITLES[name]}: CPU a response in the stub "
             f"{found['stub_us']:.1f} µs without, {found['stub_counts_us']:.1f} with; in "
             f"tritonserver {found['server_us']:.1f} and {found['server_counts_us']:.1f}; tokens/s "
             f"{found['share_pct']:.1f}% of without (the rounds' pairs)"

@@ -76,14 +76,17 @@ def pairs(levels: list[Any], target: str, base: str) -> dict[int, list[tuple[flo
 
 
 def paired_table(levels: list[Any], targets: list[str]) -> list[str]:
-    """Every target against direct run by run, and each gateway against a direct client that
-    asks the engine what the gateway asks, where the run had one: median [lowest, highest] of
-    the pairs. Nothing for a run of one repeat."""
+    """Every target against direct run by run, and each gateway against every direct client
+    that asks the engine for more than the text (``direct-counts``, or all the gateway asks:
+    ``direct-greedy-counts-perf``): median [lowest, highest] of the pairs. Nothing for a run of
+    one repeat."""
     comparisons = [(name, "direct") for name in targets if name != "direct"]
     comparisons += [
-        (name, "direct-counts")
+        (name, base)
         for name in targets
-        if name.startswith("gateway") and "direct-counts" in targets
+        if name.startswith("gateway")
+        for base in targets
+        if base.startswith("direct-") and "counts" in base.split("-")
     ]
     rows = []
     for target, base in comparisons:

@@ -199,6 +199,34 @@ def test_a_paced_stream_gets_its_tokens_on_schedule(lt_sidecar: Sidecar) -> None
     assert time.monotonic() - start >= 9 * 0.02  # one token each 20 ms, never sooner
 
 
+@pytest.mark.slow
+def test_perf_metrics_come_on_a_streams_first_and_last_responses(lt_sidecar: Sidecar) -> None:
+    """As from the torch engine: the times of the paced schedule, no KV blocks, only where the
+    values are new (ten tensors on every token would weigh on the sending the engine measures)."""
+    request = {
+        "input_ids": np.array([[5, 7, 2, 9]], np.int32),
+        "input_lengths": np.array([[4]], np.int32),
+        "request_output_len": np.array([[6]], np.int32),
+        "streaming": np.array([[True]]),
+        "return_perf_metrics": np.array([[True]]),
+    }
+    stream = Stream(lt_sidecar, "paced_tensorrt_llm", request, "paced-perf")
+    responses = []
+    while True:
+        outputs, final = stream.next()
+        responses.append(outputs)
+        if final:
+            stream.close()
+            break
+    carrying = [index for index, r in enumerate(responses) if "first_token_time_ns" in r]
+    assert carrying == [0, len(responses) - 1], carrying
+    first, last = responses[0], responses[-1]
+    assert int(first["kv_cache_reused_blocks"].item()) == 0
+    start = int(first["first_token_time_ns"].item())
+    assert int(first["arrival_time_ns"].item()) <= start
+    assert int(last["last_token_time_ns"].item()) - start >= 5 * 0.02 * 1e9 - 5e6
+
+
 @pytest.mark.parametrize("transport", ["grpc", "http"])
 @pytest.mark.slow
 async def test_the_backend_passes_on_a_paced_streams_replies_as_they_come(

@@ -152,3 +152,21 @@ def test_side_by_side_a_target_is_compared_with_the_direct_runs_beside_its_own()
     base = beside(direct, gateway)
     assert base["tokens_per_s"] == 1000.0
     assert {run["repeat"] for run in gateway} == {1, 2}
+
+
+def test_the_gateway_is_also_paired_with_the_client_sending_all_it_sends() -> None:
+    from tests.benchmarks.gpu_pairs import paired_table
+
+    targets = ["direct", "direct-greedy", "direct-greedy-counts-perf", "gateway"]
+    levels = [
+        _run(target, repeat, 100.0, 30.0 + index)
+        for repeat in range(2)
+        for index, target in enumerate(targets)
+    ]
+    rows = [line.split(" | ")[1:3] for line in paired_table(levels, targets) if "| 128 " in line]
+    assert rows == [
+        ["direct-greedy", "direct"],
+        ["direct-greedy-counts-perf", "direct"],
+        ["gateway", "direct"],
+        ["gateway", "direct-greedy-counts-perf"],
+    ]

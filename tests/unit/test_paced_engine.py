@@ -85,6 +85,25 @@ def test_tokens_follow_the_pace_after_the_prefill() -> None:
     engine.shutdown()
 
 
+def test_outputs_carry_the_times_of_the_perf_metrics() -> None:
+    """Arrival, scheduling, first and last token, in order, as the torch engine reports them."""
+    engine = PacedEngine(PacedConfig(token_s=0.01, prompt_token_s=0.01))
+    got = Collected()
+    before = time.time_ns()
+    engine.submit(_request("t", streaming=True, arrival_ns=before), got)
+    outputs = got.wait()
+    engine.shutdown()
+    times = [o.timings for o in outputs]
+    assert all(t is not None and t.arrival_ns == before for t in times)
+    first, last = times[0], times[-1]
+    assert first is not None and last is not None
+    assert before <= first.first_scheduled_ns <= first.first_token_ns == first.last_token_ns
+    assert last.first_token_ns == first.first_token_ns
+    # Five more tokens at 10 ms each: never sooner (the clocks may differ by a little).
+    assert last.last_token_ns - first.first_token_ns >= 5 * 10_000_000 - 5_000_000
+    assert time.time_ns() >= last.last_token_ns
+
+
 def test_a_stop_ends_the_stream_with_an_empty_final() -> None:
     engine = PacedEngine(PacedConfig(token_s=0.05))
     got = Collected()

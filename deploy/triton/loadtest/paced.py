@@ -7,7 +7,8 @@ once: the zero-compute engine, which measures the serving overhead alone. The to
 ``token_id`` or the prompt's own ids in a cycle (never ``end_id`` or ``pad_id``), so a request
 always gets exactly its output budget and its text, once detokenized, is made of real words.
 Runs behind the same Triton model as the torch engine, so stop requests, cancellation, the
-response tensors and the engine metrics behave as there; only numpy is used.
+response tensors (perf metrics too, with its own times and no KV blocks) and the engine metrics
+behave as there; only numpy is used.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from deploy.triton.engine.types import (
     FinishReason,
     OutputCallback,
     SequenceOutput,
+    Timings,
 )
 
 logger = logging.getLogger(__name__)
@@ -90,6 +92,16 @@ class _Sequence:
     sent: int = 0
     """Tokens already in an output (streaming)."""
     stopped: bool = False
+    scheduled_ns: int = 0
+    first_token_ns: int = 0
+    last_token_ns: int = 0
+
+    def advance(self, tokens: int) -> None:
+        """``tokens`` more made now (wall-clock times for the perf metrics)."""
+        now = time.time_ns()
+        self.generated = tokens
+        self.first_token_ns = self.first_token_ns or now
+        self.last_token_ns = now
 
     def output(self, finish: FinishReason | None) -> SequenceOutput:
         """The next output: the new tokens when streaming (none once cancelled), else all."""
@@ -106,6 +118,12 @@ class _Sequence:
             cum_log_prob=0.0,
             finish_reason=finish,
             new_from=start,
+            timings=Timings(
+                arrival_ns=self.request.arrival_ns or self.scheduled_ns,
+                first_scheduled_ns=self.scheduled_ns,
+                first_token_ns=self.first_token_ns,
+                last_token_ns=self.last_token_ns,
+            ),
             cached_tokens=len(self.request.input_ids) + upto,
         )
 
@@ -204,6 +222,7 @@ class PacedEngine:
         """Start waiting sequences while there is room (under the lock)."""
         while self._waiting and len(self._due) < self.max_batch_size:
             sequence = self._waiting.popleft()
+            sequence.scheduled_ns = time.time_ns()
             prefill = len(sequence.request.input_ids) * self.config.prompt_token_s
             heapq.heappush(self._due, _Due(now + prefill, next(self._order), sequence))
 
@@ -253,7 +272,7 @@ class PacedEngine:
             sequence = due.sequence
             total = sequence.tokens.size
             paced = self.config.token_s > 0 or sequence.request.streaming
-            sequence.generated = min(total, sequence.generated + 1) if paced else total
+            sequence.advance(min(total, sequence.generated + 1) if paced else total)
             if sequence.generated >= total:
                 ready.append(self._finish(sequence, FinishReason.LENGTH))
                 continue

@@ -360,6 +360,7 @@ def main(argv: list[str] | None = None) -> int:
         "triton_keep_alive_s": args.triton_keep_alive_s,
         "mixed_batching": args.mixed_batching,
         "side_by_side": args.side_by_side,
+        "order": "turned",
         "cpus": args.cpus,
         "cpu_siblings": topology() if args.cpus else None,
         "parameters": params,

@@ -248,9 +248,13 @@ def _order(report: dict[str, Any], repeats: int) -> str:
             "compare with the direct runs beside the target's"
         )
     return (
-        f"- {repeats} runs per level, the targets interleaved (their order reversed every run "
-        "and rotated every two, so that each takes every place in a run as often) after a "
-        "warm-up"
+        f"- {repeats} runs per level, the targets interleaved (their order reversed every run"
+        + (
+            " and rotated every two, so that each takes every place in a run as often"
+            if report.get("order") == "turned"
+            else ""
+        )
+        + ") after a warm-up"
     )
 
 

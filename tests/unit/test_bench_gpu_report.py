@@ -94,6 +94,8 @@ def test_the_report_says_when_targets_ran_beside_direct() -> None:
     assert "Side by side" in _order({"side_by_side": True}, 4)
     assert _order({"side_by_side": False}, 4).startswith("- 4 runs per level, the targets")
     assert _order({}, 3).startswith("- 3 runs per level"), "a report from before the option"
+    assert "rotated" in _order({"order": "turned"}, 6)
+    assert "rotated" not in _order({}, 6), "a report from before the turning order"
 
 
 def _run(target: str, repeat: int, tokens_per_s: float, itl: float) -> dict:

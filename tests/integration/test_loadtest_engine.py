@@ -131,14 +131,7 @@ def test_pipeline_over_the_load_test_model(lt_sidecar: Sidecar) -> None:
         "end_id": np.array([[2]], np.int32),
         "streaming": np.array([[True]]),
     }
-    stream = Stream(lt_sidecar, "lt_tensorrt_llm", direct, "lt-direct")
-    responses = []
-    while True:
-        outputs, final = stream.next()
-        responses.append(outputs)
-        if final:
-            break
-    stream.close()
+    responses = _responses(Stream(lt_sidecar, "lt_tensorrt_llm", direct, "lt-direct"))
     tokens = [r["output_ids"].reshape(-1).tolist() for r in responses if "output_ids" in r]
     assert len(tokens) == 16 and all(len(t) == 1 for t in tokens)
     assert all(t != [2] for t in tokens)
@@ -153,15 +146,21 @@ def test_pipeline_over_the_load_test_model(lt_sidecar: Sidecar) -> None:
         assert not EngineProcess(lt_sidecar, f"lt_{step}").maps_torch(), step
 
 
-def _streamed_ids(stream: Stream) -> list[int]:
-    """Every output id of a stream's responses, in order, read to its final one."""
-    tokens: list[int] = []
+def _responses(stream: Stream) -> list[dict[str, Any]]:
+    """The outputs of every response of a stream, read to its final one."""
+    responses = []
     while True:
         outputs, final = stream.next()
-        tokens += outputs["output_ids"].reshape(-1).tolist() if "output_ids" in outputs else []
+        responses.append(outputs)
         if final:
             stream.close()
-            return tokens
+            return responses
+
+
+def _streamed_ids(stream: Stream) -> list[int]:
+    """Every output id of a stream's responses, in order."""
+    ids = [r["output_ids"].reshape(-1).tolist() for r in _responses(stream) if "output_ids" in r]
+    return [token for chunk in ids for token in chunk]
 
 
 @pytest.mark.slow
@@ -210,14 +209,7 @@ def test_perf_metrics_come_on_a_streams_first_and_last_responses(lt_sidecar: Sid
         "streaming": np.array([[True]]),
         "return_perf_metrics": np.array([[True]]),
     }
-    stream = Stream(lt_sidecar, "paced_tensorrt_llm", request, "paced-perf")
-    responses = []
-    while True:
-        outputs, final = stream.next()
-        responses.append(outputs)
-        if final:
-            stream.close()
-            break
+    responses = _responses(Stream(lt_sidecar, "paced_tensorrt_llm", request, "paced-perf"))
     carrying = [index for index, r in enumerate(responses) if "first_token_time_ns" in r]
     assert carrying == [0, len(responses) - 1], carrying
     first, last = responses[0], responses[-1]

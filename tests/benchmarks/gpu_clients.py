@@ -69,7 +69,13 @@ def gateway_client(url: str, model: str, tokens: int) -> Any:
     from tests.benchmarks.loadgen import HttpClient
 
     address = urlsplit(url)
-    body = {
+    return HttpClient(address.hostname or "127.0.0.1", address.port or 80, "/v1/completions",
+                      gateway_body(model, tokens), "none")  # fmt: skip
+
+
+def gateway_body(model: str, tokens: int) -> dict[str, Any]:
+    """The benchmark's completion: greedy, exactly ``tokens`` long, streamed with its usage."""
+    return {
         "model": model,
         "prompt": PROMPT,
         "max_tokens": tokens,
@@ -78,8 +84,6 @@ def gateway_client(url: str, model: str, tokens: int) -> Any:
         "stream": True,
         "stream_options": {"include_usage": True},
     }
-    return HttpClient(address.hostname or "127.0.0.1", address.port or 80, "/v1/completions",
-                      body, "none")  # fmt: skip
 
 
 async def gateway_stream(client: Any) -> dict[str, Any]:
@@ -100,8 +104,12 @@ async def gateway_stream(client: Any) -> dict[str, Any]:
     }
 
 
+_SEED = 0x5EED
+"""The direct client's seed: the gateway sends each request a random one unless it names one."""
+
 # What the direct requests may add, each the way the gateway sends it: greedy spelled out as
-# temperature 0 and top_k 1 (the gateway's form for every release), TensorRT-LLM's perf
+# temperature 0 and top_k 1 (the gateway's form for every release) with top_p 1 and a seed
+# (what the gateway adds to a request naming neither), TensorRT-LLM's perf
 # metrics (which the gateway asks for to report cached_tokens), the output token count (log
 # probs where the model reports no count), ``prompt``: the prompt's token count too (which the
 # gateway asks for only for prompts with images). ``spread`` changes no tensor: the client waits
@@ -131,7 +139,12 @@ def direct_request(
     ]
     if "greedy" in extras:
         inputs.append(tensor("temperature", 0.0, "FP32", np.float32))
+        # OpenAI's top_p of 1 where the request names neither top_p nor top_k.
+        inputs.append(tensor("top_p", 1.0, "FP32", np.float32))
         inputs.append(tensor("top_k", 1, "INT32", np.int32))
+        # A seed of every request's own (one value here: the tensor costs the same).
+        seed = "seed" if release == "latest" else "random_seed"
+        inputs.append(tensor(seed, _SEED, "UINT64", np.uint64))
     outputs = ["text_output"]
     if "perf" in extras:
         # The gateway's way to the reused KV blocks of a prompt (its cached tokens): the engine

@@ -132,21 +132,29 @@ def test_side_by_side_every_target_runs_with_a_direct_run_of_its_own_repeat() ->
 
 def test_the_direct_client_with_every_extra_sends_the_ensemble_what_the_gateway_sends() -> None:
     """``--direct greedy-counts-perf`` is the gateway's request to the latest ensemble for the
-    benchmark's completion, tensor for tensor: the comparison of the two measures the gateway's
-    own path, nothing it asks of the engine."""
+    benchmark's completion, tensor for tensor (but the seed's value, random in the gateway's):
+    the comparison of the two measures the gateway's own path, nothing it asks of the engine."""
+    import random
     from dataclasses import replace
 
+    import msgspec
     import numpy as np
 
-    from adapters.contract import GenerationRequest, SamplingParams
+    from adapters.contract import GenerationRequest
     from adapters.triton.config import parse_model_config
     from adapters.triton.tensors import build_inputs, requested_outputs
-    from tests.benchmarks.gpu_clients import PROMPT, direct_request
+    from gateway.core.plan import Prompt
+    from gateway.openai.protocol import CompletionRequest
+    from gateway.openai.sampling import fan_out, sampling_params
+    from gateway.settings import SamplingDefaults
+    from tests.benchmarks.gpu_clients import PROMPT, direct_request, gateway_body
     from tests.support.stock_configs import stock
 
     ensemble = replace(parse_model_config(stock("ensemble")), decoupled=True, tokens_per_block=32)
-    params = SamplingParams(max_tokens=128, min_tokens=128, temperature=0.0)
-    request = GenerationRequest("r", PROMPT, params, stream=True, prompt_tokens=100)
+    body = msgspec.convert(gateway_body("llama", 128), CompletionRequest)
+    params = sampling_params(body, SamplingDefaults(), max_tokens=128, logprobs=False)
+    (choice,) = fan_out([Prompt(PROMPT, 100)], 1, [params], random.Random(0))
+    request = GenerationRequest("r", PROMPT, choice.params, stream=True, prompt_tokens=100)
     gateway = {t.name: (t.datatype, t.array.tolist()) for t in build_inputs(request, ensemble)}
 
     def sent(extras: tuple[str, ...]) -> tuple[dict[str, Any], list[str]]:
@@ -156,12 +164,15 @@ def test_the_direct_client_with_every_extra_sends_the_ensemble_what_the_gateway_
             if entry.datatype == "BYTES":
                 values: Any = [[raw[4:]]]
             else:
-                dtype = {"INT32": np.int32, "FP32": np.float32, "BOOL": np.bool_}[entry.datatype]
+                dtype = {"INT32": np.int32, "FP32": np.float32, "BOOL": np.bool_,
+                         "UINT64": np.uint64}[entry.datatype]  # fmt: skip
                 values = np.frombuffer(raw, dtype).reshape(tuple(entry.shape)).tolist()
             tensors[entry.name] = (entry.datatype, values)
         return tensors, [output.name for output in message.outputs]
 
     tensors, outputs = sent(("greedy", "counts", "perf"))
+    assert "seed" in gateway and gateway["seed"][0] == tensors["seed"][0]
+    tensors["seed"] = gateway["seed"]
     assert tensors == gateway
     assert sorted(outputs) == sorted(requested_outputs(request, ensemble))
     assert sent(("counts",))[0] != gateway

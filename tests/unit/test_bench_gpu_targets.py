@@ -138,11 +138,11 @@ def test_the_direct_client_with_every_extra_sends_the_ensemble_what_the_gateway_
     from dataclasses import replace
 
     import msgspec
-    import numpy as np
 
     from adapters.contract import GenerationRequest
     from adapters.triton.config import parse_model_config
     from adapters.triton.tensors import build_inputs, requested_outputs
+    from adapters.triton.wire import wire_array
     from gateway.core.plan import Prompt
     from gateway.openai.protocol import CompletionRequest
     from gateway.openai.sampling import fan_out, sampling_params
@@ -159,15 +159,13 @@ def test_the_direct_client_with_every_extra_sends_the_ensemble_what_the_gateway_
 
     def sent(extras: tuple[str, ...]) -> tuple[dict[str, Any], list[str]]:
         message = direct_request("llama", 128, extras)
-        tensors = {}
-        for entry, raw in zip(message.inputs, message.raw_input_contents, strict=True):
-            if entry.datatype == "BYTES":
-                values: Any = [[raw[4:]]]
-            else:
-                dtype = {"INT32": np.int32, "FP32": np.float32, "BOOL": np.bool_,
-                         "UINT64": np.uint64}[entry.datatype]  # fmt: skip
-                values = np.frombuffer(raw, dtype).reshape(tuple(entry.shape)).tolist()
-            tensors[entry.name] = (entry.datatype, values)
+        tensors = {
+            entry.name: (
+                entry.datatype,
+                wire_array(entry.datatype, raw, tuple(entry.shape)).tolist(),
+            )
+            for entry, raw in zip(message.inputs, message.raw_input_contents, strict=True)
+        }
         return tensors, [output.name for output in message.outputs]
 
     tensors, outputs = sent(("greedy", "counts", "perf"))

@@ -124,13 +124,7 @@ def test_pipeline_over_the_load_test_model(lt_sidecar: Sidecar) -> None:
     excluded = {"text_input": prompt, "max_tokens": 16, "exclude_input_in_output": True}
     assert generate(lt_sidecar, "lt_tensorrt_llm_bls", excluded)["text_output"].strip()
 
-    direct = {
-        "input_ids": np.array([[5, 7, 2, 9]], np.int32),
-        "input_lengths": np.array([[4]], np.int32),
-        "request_output_len": np.array([[16]], np.int32),
-        "end_id": np.array([[2]], np.int32),
-        "streaming": np.array([[True]]),
-    }
+    direct = _streamed_request(16, end_id=np.array([[2]], np.int32))
     responses = _responses(Stream(lt_sidecar, "lt_tensorrt_llm", direct, "lt-direct"))
     tokens = [r["output_ids"].reshape(-1).tolist() for r in responses if "output_ids" in r]
     assert len(tokens) == 16 and all(len(t) == 1 for t in tokens)
@@ -144,6 +138,17 @@ def test_pipeline_over_the_load_test_model(lt_sidecar: Sidecar) -> None:
     # transformers, and numpy (< 2) carries the engine stub's tensors.
     for step in ("preprocessing", "tensorrt_llm", "postprocessing", "tensorrt_llm_bls"):
         assert not EngineProcess(lt_sidecar, f"lt_{step}").maps_torch(), step
+
+
+def _streamed_request(tokens: int, **more: np.ndarray) -> dict[str, np.ndarray]:
+    """A streamed request of ``tokens`` to the engine itself for the prompt ids 5, 7, 2, 9."""
+    return {
+        "input_ids": np.array([[5, 7, 2, 9]], np.int32),
+        "input_lengths": np.array([[4]], np.int32),
+        "request_output_len": np.array([[tokens]], np.int32),
+        "streaming": np.array([[True]]),
+        **more,
+    }
 
 
 def _responses(stream: Stream) -> list[dict[str, Any]]:
@@ -186,12 +191,7 @@ def test_responses_of_concurrent_streams_keep_their_order_across_sender_threads(
 
 @pytest.mark.slow
 def test_a_paced_stream_gets_its_tokens_on_schedule(lt_sidecar: Sidecar) -> None:
-    request = {
-        "input_ids": np.array([[5, 7, 2, 9]], np.int32),
-        "input_lengths": np.array([[4]], np.int32),
-        "request_output_len": np.array([[10]], np.int32),
-        "streaming": np.array([[True]]),
-    }
+    request = _streamed_request(10)
     start = time.monotonic()
     tokens = _streamed_ids(Stream(lt_sidecar, "paced_tensorrt_llm", request, "paced-1"))
     assert len(tokens) == 10
@@ -202,13 +202,7 @@ def test_a_paced_stream_gets_its_tokens_on_schedule(lt_sidecar: Sidecar) -> None
 def test_perf_metrics_come_on_a_streams_first_and_last_responses(lt_sidecar: Sidecar) -> None:
     """As from the torch engine: the times of the paced schedule, no KV blocks, only where the
     values are new (ten tensors on every token would weigh on the sending the engine measures)."""
-    request = {
-        "input_ids": np.array([[5, 7, 2, 9]], np.int32),
-        "input_lengths": np.array([[4]], np.int32),
-        "request_output_len": np.array([[6]], np.int32),
-        "streaming": np.array([[True]]),
-        "return_perf_metrics": np.array([[True]]),
-    }
+    request = _streamed_request(6, return_perf_metrics=np.array([[True]]))
     responses = _responses(Stream(lt_sidecar, "paced_tensorrt_llm", request, "paced-perf"))
     carrying = [index for index, r in enumerate(responses) if "first_token_time_ns" in r]
     assert carrying == [0, len(responses) - 1], carrying

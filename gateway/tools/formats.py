@@ -70,6 +70,8 @@ class ToolFormat:
 
     name = ""
     args_key = "arguments"
+    separator: str | None = None
+    """What the format writes between two calls, where its calls have a ``call_tag``."""
 
     def instructions(self, functions: Sequence[Function]) -> str:
         """A system message describing the tools, for templates that take no ``tools``."""
@@ -108,6 +110,7 @@ class Hermes(ToolFormat):
     """``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`` (Hermes, Qwen 2.5+)."""
 
     name = "hermes"
+    separator = "\n"
 
     def howto(self) -> str:
         return (
@@ -146,6 +149,7 @@ class Llama3Json(ToolFormat):
 
     name = "llama3_json"
     args_key = "parameters"
+    separator = "; "
 
     def howto(self) -> str:
         return (

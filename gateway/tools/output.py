@@ -25,13 +25,13 @@ from gateway.tools.formats import (
 )
 from gateway.tools.parsing import (
     ArgumentsOnly,
+    CallFilter,
     ContentParser,
-    FirstCallOnly,
     ObjectCalls,
     Parser,
 )
 
-Mode = Literal["text", "format", "calls", "arguments"]
+Mode = Literal["text", "format", "tagged", "calls", "arguments"]
 TOOL_CHOICES = ("none", "auto", "required")
 
 
@@ -62,8 +62,9 @@ class OutputRules:
     """How a chat answer's text becomes content and tool calls, and the guide that shapes it.
 
     ``text``: content only; ``format``: content with calls in the model's format (``auto``);
-    ``calls``: a JSON list of calls (``required``); ``arguments``: the JSON arguments of the
-    one named function.
+    ``tagged``: calls in the model's format and nothing else (``required``); ``calls``: a JSON
+    list of calls (``required`` in a format without call tags); ``arguments``: the JSON
+    arguments of the one named function.
     """
 
     mode: Mode = "text"
@@ -87,11 +88,13 @@ class OutputRules:
             parser = ObjectCalls()
         elif self.mode == "arguments":
             parser = ArgumentsOnly(self.function or "")
-        elif self.mode == "format" and self.tool_format is not None:
+        elif self.mode in ("format", "tagged") and self.tool_format is not None:
             parser = self.tool_format.parser()
         else:
             return ContentParser()
-        return parser if self.parallel else FirstCallOnly(parser)
+        if self.parallel and self.mode != "tagged":
+            return parser
+        return CallFilter(parser, first_only=not self.parallel, content=self.mode != "tagged")
 
 
 TEXT_ONLY = OutputRules()
@@ -183,6 +186,32 @@ def _auto_guide(fmt: ToolFormat, functions: tuple[Function, ...], parallel: bool
     return Guide("structural_tag", json.dumps(tag), param="tool_choice", optional=True)
 
 
+def _required_guide(
+    fmt: ToolFormat, functions: tuple[Function, ...], parallel: bool
+) -> Guide | None:
+    """Calls in the model's own format, at least one, the end allowed after each; None for a
+    format without call tags.
+
+    A JSON list of calls ends only where the model writes its ``]``, which a model that knows
+    its own call format but not this list may never do (SmolLM2 repeats a call until
+    ``max_tokens``); after a call in its own format it ends its turn as it learned to.
+    """
+    tags = [fmt.call_tag(function) for function in functions]
+    if fmt.separator is None or any(tag is None for tag in tags):
+        return None
+    tag = {
+        "type": "structural_tag",
+        "format": {
+            "type": "tags_with_separator",
+            "tags": tags,
+            "separator": fmt.separator,
+            "at_least_one": True,
+            "stop_after_first": not parallel,
+        },
+    }
+    return Guide("structural_tag", json.dumps(tag), param="tool_choice")
+
+
 def output_rules(
     request: ChatCompletionRequest, format_name: str | None, template: str, takes_tools: bool
 ) -> OutputRules:
@@ -213,6 +242,8 @@ def output_rules(
         parallel=parallel,
         template_tools=takes_tools,
     )
+    if choice == "required" and (tagged := _required_guide(fmt, functions, parallel)):
+        return replace(base, mode="tagged", guide=tagged)
     if choice == "required":
         schema = json.dumps(_calls_schema(functions, parallel))
         return replace(base, mode="calls", guide=Guide("json_schema", schema, param="tool_choice"))

@@ -421,20 +421,27 @@ class LeadingCalls(Parser):
             self.calls = self.mode.calls
 
 
-class FirstCallOnly(Parser):
-    """Another parser's pieces without its second and later calls (``parallel_tool_calls``
-    false)."""
+class CallFilter(Parser):
+    """Another parser's pieces, only its first call kept (``parallel_tool_calls`` false) or its
+    content dropped (a ``required`` answer, where the grammar lets only separators between
+    calls)."""
 
-    def __init__(self, inner: Parser) -> None:
+    def __init__(self, inner: Parser, *, first_only: bool, content: bool) -> None:
         super().__init__()
         self.inner = inner
+        self.first_only = first_only
+        self.content = content
 
     def feed(self, text: str) -> list[Piece]:
-        return self._first(self.inner.feed(text))
+        return self._kept(self.inner.feed(text))
 
     def finish(self) -> list[Piece]:
-        return self._first(self.inner.finish())
+        return self._kept(self.inner.finish())
 
-    def _first(self, pieces: list[Piece]) -> list[Piece]:
-        self.calls = min(1, self.inner.calls)
-        return [p for p in pieces if isinstance(p, Content) or p.index == 0]
+    def _kept(self, pieces: list[Piece]) -> list[Piece]:
+        self.calls = min(1, self.inner.calls) if self.first_only else self.inner.calls
+        return [
+            p
+            for p in pieces
+            if (self.content if isinstance(p, Content) else not self.first_only or p.index == 0)
+        ]

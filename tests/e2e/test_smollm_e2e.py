@@ -65,18 +65,25 @@ WEATHER_TOOL = {
 }
 
 
+@pytest.mark.parametrize("parallel", [None, False])
 @pytest.mark.parametrize("stream", [False, True])
-def test_required_tool_call_names_the_city(demo_url: str, stream: bool) -> None:
+def test_required_tool_call_names_the_city(
+    demo_url: str, stream: bool, parallel: bool | None
+) -> None:
+    """A required call ends after the calls the model makes, with ``tool_calls``: the grammar
+    lets the model end its turn after each call (with parallel calls allowed, too), so the
+    SDK's stream helper gets a finished answer rather than calls repeated to ``max_tokens``."""
     client = openai.OpenAI(base_url=f"{demo_url}/v1", api_key="unused", max_retries=0)
     params: dict[str, Any] = {
         "model": DEMO_MODEL,
         "messages": [{"role": "user", "content": "What is the weather in Paris?"}],
         "tools": [WEATHER_TOOL],
         "tool_choice": "required",
-        "parallel_tool_calls": False,
         "temperature": 0,
-        "max_tokens": 60,
+        "max_tokens": 256,
     }
+    if parallel is not None:
+        params["parallel_tool_calls"] = parallel
     if stream:
         with client.chat.completions.stream(**params) as events:
             answer = events.get_final_completion()
@@ -84,9 +91,11 @@ def test_required_tool_call_names_the_city(demo_url: str, stream: bool) -> None:
         answer = client.chat.completions.create(**params)
     (choice,) = answer.choices
     assert choice.finish_reason == "tool_calls"
-    (call,) = choice.message.tool_calls or []
-    assert call.function.name == "get_weather"
-    assert json.loads(call.function.arguments) == {"city": "Paris"}
+    calls = choice.message.tool_calls or []
+    assert calls and (len(calls) == 1 or parallel is None)
+    for call in calls:
+        assert call.function.name == "get_weather"
+        assert json.loads(call.function.arguments) == {"city": "Paris"}
 
 
 @pytest.fixture(scope="module")

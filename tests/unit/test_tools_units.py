@@ -121,10 +121,17 @@ def test_plans_per_tool_choice() -> None:
     assert auto.mode == "format" and auto.guide is not None and auto.guide.optional
     assert json.loads(auto.guide.guide or "")["format"]["triggers"] == ["<tool_call>"]
     required = output_rules(request(tools=TOOLS, tool_choice="required"), None, "", True)
+    tag = json.loads(required.guide.guide or "")["format"]  # type: ignore[union-attr]
+    assert required.mode == "tagged" and tag["type"] == "tags_with_separator"
+    assert tag["at_least_one"] and not tag["stop_after_first"]
+    required = output_rules(request(tools=TOOLS, tool_choice="required"), "mistral", "", True)
     schema = json.loads(required.guide.guide or "")  # type: ignore[union-attr]
     assert required.mode == "calls" and schema["minItems"] == 1 and "maxItems" not in schema
     single = output_rules(
-        request(tools=TOOLS, tool_choice="required", parallel_tool_calls=False), None, "", True
+        request(tools=TOOLS, tool_choice="required", parallel_tool_calls=False),
+        "pythonic",
+        "",
+        True,
     )
     assert json.loads(single.guide.guide or "")["maxItems"] == 1  # type: ignore[union-attr]
     named = request(
@@ -134,6 +141,44 @@ def test_plans_per_tool_choice() -> None:
     assert plan.mode == "arguments" and plan.function == "get_weather"
     none = output_rules(request(tools=TOOLS, tool_choice="none"), None, "", True)
     assert none.mode == "text" and none.guide is None
+
+
+WEATHER = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+
+
+def calls_text(fmt: str, cities: list[str]) -> str:
+    calls = [
+        {"function": {"name": "get_weather", "arguments": json.dumps({"city": city})}}
+        for city in cities
+    ]
+    return tool_format(fmt).render_calls(calls)
+
+
+@pytest.mark.parametrize("fmt", ["hermes", "llama3_json"])
+@pytest.mark.parametrize("parallel", [True, False])
+def test_a_required_grammar_ends_after_each_call(fmt: str, parallel: bool) -> None:
+    """The grammar of ``required`` takes one call or more in the model's own format and lets the
+    output end after any of them; no call, or text around the calls, is refused. What it takes
+    parses to its calls alone, the separators between them no content."""
+    xgr = pytest.importorskip("xgrammar")
+    from xgrammar.testing import _is_grammar_accept_string
+
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": WEATHER}}]
+    fields = {"tools": tools, "tool_choice": "required", "parallel_tool_calls": parallel}
+    guide = output_rules(request(**fields), fmt, "", False).guide
+    assert guide is not None and guide.guide_type == "structural_tag" and not guide.optional
+    grammar = xgr.Grammar.from_structural_tag(guide.guide)
+    one, two = calls_text(fmt, ["Paris"]), calls_text(fmt, ["Paris", "Oslo"])
+    assert _is_grammar_accept_string(grammar, one)
+    assert _is_grammar_accept_string(grammar, two) is parallel
+    for refused in ("", "Sure. " + one, one + " done"):
+        assert not _is_grammar_accept_string(grammar, refused)
+    for size in CHUNKINGS:
+        folded = fold(output_rules(request(**fields), fmt, "", False).parser(), two, size)
+        assert folded.content == ""
+        assert [args for _, args in calls_of(folded)] == [{"city": "Paris"}, {"city": "Oslo"}][
+            : 2 if parallel else 1
+        ]
 
 
 def test_response_format_guides() -> None:

@@ -13,7 +13,7 @@ import anyio
 from adapters.contract import Backend, Beam, GenerationRequest, TokenChunk
 from gateway.catalog.registry import ServedModel
 from gateway.core.plan import ChoiceSpec, Plan
-from gateway.core.stops import StopMatcher
+from gateway.core.stops import Cut, StopCutter, Token
 from gateway.core.streams import CLEANUP_GRACE_S, merge, single
 from gateway.ids import random_hex
 from gateway.observability import GenerationWatch, Observability, ObservabilitySettings
@@ -90,10 +90,11 @@ class UsageMeter:
 
 
 def token_texts(text: str, count: int, pieces: Sequence[str] | None) -> tuple[str, ...]:
-    """Texts of ``count`` tokens that produced ``text``; re-tokenized pieces when they line up."""
+    """Texts of ``count`` tokens that produced ``text``; re-tokenized pieces when they line up
+    (as many, spelling ``text``), so that the tokens always spell the text."""
     if count == 1:
         return (text,)
-    if pieces is not None and len(pieces) == count:
+    if pieces is not None and len(pieces) == count and "".join(pieces) == text:
         return tuple(pieces)
     return (text, *([""] * (count - 1))) if count else ()
 
@@ -134,7 +135,7 @@ class ChoiceRunner:
         self, spec: ChoiceSpec, request: GenerationRequest
     ) -> AsyncGenerator[Event, None]:
         """Events of one choice, ending with its :class:`ChoiceEnd`."""
-        matcher = StopMatcher(spec.params.stop)
+        cutter = StopCutter(spec.params.stop, by_token=self._logprobs)
         raw: list[str] = []
         counted: int | None = 0
         prompt_tokens: int | None = None
@@ -148,19 +149,19 @@ class ChoiceRunner:
                 counted = _add(counted, chunk.token_count)
                 prompt_tokens = chunk.prompt_tokens or prompt_tokens
                 cached = chunk.cached_tokens if cached is None else cached
-                text = matcher.feed(chunk.text)
-                if text or chunk.logprobs:
-                    yield await self._delta(spec.index, text, chunk)
-                if matcher.stopped:
+                cut = cutter.feed(chunk.text, await self._tokens(chunk.text, chunk.logprobs))
+                if cut.text or cut.tokens:
+                    yield _delta(spec.index, cut)
+                if cutter.stopped:
                     break
             else:
                 exhausted = True
         finally:
             if not exhausted:
                 await close_quietly(chunks)
-        tail = matcher.flush()
-        if tail:
-            yield TextDelta(spec.index, tail)
+        tail = cutter.flush()
+        if tail.text or tail.tokens:
+            yield _delta(spec.index, tail)
         completion_tokens = counted
         if completion_tokens is None:
             # Re-tokenized text can come out longer than what the engine generated.
@@ -170,7 +171,7 @@ class ChoiceRunner:
         end = ChoiceEnd(
             index=spec.index,
             prompt_index=spec.prompt_index,
-            finish_reason=finish_reason(matcher.stopped, completion_tokens, spec.params.max_tokens),
+            finish_reason=finish_reason(cutter.stopped, completion_tokens, spec.params.max_tokens),
             prompt_tokens=prompt_tokens,
             completion_tokens=completion_tokens,
             cached_tokens=None if cached is None else min(cached, prompt_tokens),
@@ -201,29 +202,27 @@ class ChoiceRunner:
         hidden = sum(counts[len(specs) :])
         prompt_tokens = (final.prompt_tokens if final else None) or first.prompt.token_count
         cached = final.cached_tokens if final is not None else None
-        answers: list[tuple[Beam, str, ChoiceEnd]] = []
+        answers: list[tuple[Cut, ChoiceEnd]] = []
         for position, spec in enumerate(specs):
-            matcher = StopMatcher(spec.params.stop)
             beam = beams[position] if position < len(beams) else Beam("")
-            shown = matcher.feed(beam.text) + matcher.flush()
+            logprobs = beam.logprobs if self._logprobs else ()
+            cutter = StopCutter(spec.params.stop, by_token=bool(logprobs))
+            shown = cutter.feed(beam.text, await self._tokens(beam.text, logprobs))
+            shown += cutter.flush()
             tokens = counts[position] if position < len(counts) else 0
             end = ChoiceEnd(
                 index=spec.index,
                 prompt_index=spec.prompt_index,
-                finish_reason=finish_reason(matcher.stopped, tokens, spec.params.max_tokens),
+                finish_reason=finish_reason(cutter.stopped, tokens, spec.params.max_tokens),
                 prompt_tokens=prompt_tokens,
                 completion_tokens=tokens + (hidden if position == 0 else 0),
                 cached_tokens=None if cached is None else min(cached, prompt_tokens),
             )
             self._meter.ended(end)
-            answers.append((beam, shown, end))
-        for beam, shown, end in answers:
-            if self._logprobs and beam.logprobs:
-                yield await self._delta(
-                    end.index, shown, TokenChunk(beam.text, None, logprobs=beam.logprobs)
-                )
-            elif shown:
-                yield TextDelta(end.index, shown)
+            answers.append((shown, end))
+        for shown, end in answers:
+            if shown.text or shown.tokens:
+                yield _delta(end.index, shown)
             yield end
 
     async def _beam_tokens(self, beam: Beam, max_tokens: int) -> int:
@@ -232,12 +231,17 @@ class ChoiceRunner:
             return beam.token_count
         return min(await self._model.tokenizer.count(beam.text), max_tokens)
 
-    async def _delta(self, index: int, text: str, chunk: TokenChunk) -> TextDelta:
-        if not self._logprobs or not chunk.logprobs:
-            return TextDelta(index, text)
-        count = len(chunk.logprobs)
-        pieces = await self._model.tokenizer.pieces(chunk.text) if count > 1 else None
-        return TextDelta(index, text, chunk.logprobs, token_texts(chunk.text, count, pieces))
+    async def _tokens(self, text: str, logprobs: Sequence[float]) -> list[Token]:
+        """The tokens behind ``text``, with their log probs (none when they are not asked)."""
+        if not self._logprobs or not logprobs:
+            return []
+        count = len(logprobs)
+        pieces = await self._model.tokenizer.pieces(text) if count > 1 else None
+        return list(zip(token_texts(text, count, pieces), logprobs, strict=True))
+
+
+def _delta(index: int, cut: Cut) -> TextDelta:
+    return TextDelta(index, cut.text, cut.logprobs, cut.tokens)
 
 
 class GenerationService:

@@ -5,10 +5,11 @@ from __future__ import annotations
 import socket
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import openai
 import pytest
-from openai.types.chat import ChatCompletionMessageParam
+from openai.types.chat import ChatCompletionMessageParam, ChatCompletionTokenLogprob
 
 from tests.support.gateway import (  # noqa: F401
     ACCUMULATING_BLS_MODEL,
@@ -186,6 +187,81 @@ def test_logprobs_of_sampled_tokens(client: openai.OpenAI) -> None:
     assert len(logprobs.content) == 5
     assert "".join(t.token for t in logprobs.content) == answer.choices[0].message.content
     assert all(t.logprob <= 0 and t.top_logprobs == [] for t in logprobs.content)
+
+
+def _stop_inside(text: str) -> tuple[str, str]:
+    """A stop sequence taken from inside ``text`` (where tokens may be cut), and the text before
+    it."""
+    stop = text[10:14]
+    return stop, text[: text.index(stop)]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_completion_logprobs_after_a_stop_cut_spell_the_text(
+    client: openai.OpenAI, stream: bool
+) -> None:
+    """Tokens, log probs and offsets describe the text returned, token for token, in each chunk
+    and in all, and nothing of the stop sequence the engine went on to generate."""
+    params: dict[str, Any] = {
+        "model": ENSEMBLE_MODEL,
+        "prompt": "The cat",
+        "max_tokens": 30,
+        "temperature": 0,
+    }
+    stop, expected = _stop_inside(client.completions.create(**params).choices[0].text)
+    params |= {"stop": [stop], "logprobs": 0}
+    if stream:
+        choices = [chunk.choices[0] for chunk in client.completions.create(**params, stream=True)]
+    else:
+        choices = client.completions.create(**params).choices
+    text, tokens, logprobs, offsets = "", [], [], []
+    for choice in choices:
+        if choice.logprobs is not None:
+            assert "".join(choice.logprobs.tokens or []) == choice.text
+            assert choice.logprobs.text_offset == [
+                len(text) + len("".join((choice.logprobs.tokens or [])[:i]))
+                for i in range(len(choice.logprobs.tokens or []))
+            ]
+            tokens += choice.logprobs.tokens or []
+            logprobs += choice.logprobs.token_logprobs or []
+            offsets += choice.logprobs.text_offset or []
+        else:
+            assert not choice.text
+        text += choice.text
+    assert (text, choices[-1].finish_reason) == (expected, "stop")
+    assert "".join(tokens) == expected and tokens
+    assert len(logprobs) == len(tokens) and all(lp <= 0 for lp in logprobs)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_chat_logprobs_after_a_stop_cut_spell_the_content(
+    client: openai.OpenAI, stream: bool
+) -> None:
+    params: dict[str, Any] = {
+        "model": ENSEMBLE_MODEL,
+        "messages": HELLO,
+        "max_tokens": 30,
+        "temperature": 0,
+    }
+    stop, expected = _stop_inside(
+        client.chat.completions.create(**params).choices[0].message.content or ""
+    )
+    params |= {"stop": [stop], "logprobs": True}
+    pieces: list[tuple[str, list[ChatCompletionTokenLogprob]]] = []
+    if stream:
+        for chunk in client.chat.completions.create(**params, stream=True):
+            (choice,) = chunk.choices
+            content = choice.logprobs.content if choice.logprobs else None
+            pieces.append((choice.delta.content or "", content or []))
+    else:
+        (whole,) = client.chat.completions.create(**params).choices
+        assert whole.finish_reason == "stop" and whole.logprobs is not None
+        pieces.append((whole.message.content or "", whole.logprobs.content or []))
+    for text, content in pieces:
+        assert "".join(token.token for token in content) == text
+        assert all(bytes(token.bytes or []) == token.token.encode() for token in content)
+    assert "".join(text for text, _ in pieces) == expected
+    assert [t for _, content in pieces for t in content]
 
 
 def test_extra_sampling_fields(client: openai.OpenAI) -> None:

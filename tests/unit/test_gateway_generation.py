@@ -318,3 +318,60 @@ async def test_a_request_sent_ahead_and_admitted_streams_as_any_other(
     rest = [await first] + [event async for event in events]
     assert "".join(e.text for e in rest if isinstance(e, TextDelta)) == "xy"
     assert backend.closed_early == []
+
+
+def _cut_pieces(pieces: list[str], length: int) -> list[str]:
+    """The pieces spelling the first ``length`` characters, the last one cut to fit."""
+    kept, used = [], 0
+    for piece in pieces:
+        if used >= length:
+            break
+        kept.append(piece[: length - used])
+        used += len(kept[-1])
+    return kept
+
+
+@pytest.mark.parametrize("stream", [True, False])
+async def test_log_probs_after_a_stop_cut_are_those_of_the_text_returned(
+    served: ServedModel, stream: bool
+) -> None:
+    """Streamed (a token a chunk) or whole (one chunk, its tokens re-tokenized), the tokens and
+    log probs of an answer a stop sequence cut spell the text returned, token for token."""
+    text = "the model answers.\nmore text after the stop"
+    pieces = await served.tokenizer.pieces(text)
+    logprobs = [-0.5 - index for index in range(len(pieces))]
+    if stream:
+        answer = [
+            TokenChunk(piece, 1, 3, logprobs=(logprob,))
+            for piece, logprob in zip(pieces, logprobs, strict=True)
+        ]
+    else:
+        answer = [TokenChunk(text, len(pieces), 3, logprobs=tuple(logprobs))]
+    asked = dataclasses.replace(plan(max_tokens=50, stop=("s.\n",)), logprobs=True)
+    results = await GenerationService(ScriptedBackend(answer), timeout_s=5).collect(served, asked)
+    (result,) = results
+    assert result.text == "the model answer"
+    assert result.tokens == _cut_pieces(pieces, len(result.text))
+    assert result.logprobs == logprobs[: len(result.tokens)]
+
+
+async def test_a_beams_log_probs_after_a_stop_cut_are_those_of_its_text(
+    served: ServedModel,
+) -> None:
+    text = "the beam.\nafter"
+    pieces = await served.tokenizer.pieces(text)
+    logprobs = tuple(-1.0 - index for index in range(len(pieces)))
+    params = SamplingParams(max_tokens=10, stop=("\n",), beam=BeamSearch(width=2))
+    beam_plan = Plan(
+        model="tiny",
+        choices=(ChoiceSpec(0, 0, Prompt("hello", 3), params),),
+        stream=False,
+        include_usage=True,
+        logprobs=True,
+    )
+    answer = TokenChunk(text, None, 3, beams=(Beam(text, len(pieces), logprobs), Beam("b", 1)))
+    backend = ScriptedBackend([answer])
+    (result,) = await GenerationService(backend, timeout_s=5).collect(served, beam_plan)
+    assert result.text == "the beam."
+    assert result.tokens == _cut_pieces(pieces, len(result.text))
+    assert result.logprobs == list(logprobs[: len(result.tokens)])

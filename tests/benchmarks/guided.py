@@ -23,7 +23,7 @@ from deploy.triton.engine.types import (
     SamplingConfig,
 )
 from gateway.tools.formats import Function, tool_format
-from gateway.tools.output import _auto_guide, _calls_schema
+from gateway.tools.output import _auto_guide, _calls_schema, _required_guide
 from tests.support.engine import Result
 
 STREAMS = 16
@@ -107,9 +107,10 @@ def compilation(model_dir: str) -> None:
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     info = xgr.TokenizerInfo.from_huggingface(tokenizer)
     schemas = {
-        "required (2 tools)": GuideRequest(
+        "required, JSON list (2 tools)": GuideRequest(
             "json_schema", json.dumps(_calls_schema(FUNCTIONS, True))
         ),
+        "required, call tags (2 tools)": _tag_request(required=True),
         "auto structural tag": _tag_request(),
     }
     for name, request in schemas.items():
@@ -157,8 +158,9 @@ def mask_cost(model_dir: str) -> None:
     )
 
 
-def _tag_request() -> GuideRequest:
-    guide = _auto_guide(tool_format("hermes"), FUNCTIONS, True)
+def _tag_request(required: bool = False) -> GuideRequest:
+    build = _required_guide if required else _auto_guide
+    guide = build(tool_format("hermes"), FUNCTIONS, True)
     assert guide is not None and guide.guide is not None
     return GuideRequest("structural_tag", guide.guide)
 

@@ -98,6 +98,37 @@ def test_required_tool_call_names_the_city(
         assert json.loads(call.function.arguments) == {"city": "Paris"}
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_log_probs_after_a_stop_cut_spell_the_answer(demo_url: str, stream: bool) -> None:
+    """SmolLM2's tokens (byte-level BPE, a word's leading space inside its token): a stop that
+    begins inside the token " Paris" leaves " P" of it, and the log probs spell the answer."""
+    client = openai.OpenAI(base_url=f"{demo_url}/v1", api_key="unused", max_retries=0)
+    question = [{"role": "user", "content": "What is the capital of France?"}]
+    params: dict[str, Any] = {"model": DEMO_MODEL, "temperature": 0, "max_tokens": 30}
+    full = client.chat.completions.create(messages=question, **params)  # type: ignore[arg-type]
+    content = full.choices[0].message.content or ""
+    assert " Paris" in content
+    expected = content[: content.index(" Paris") + 2]
+    params |= {"stop": ["aris"], "logprobs": True}
+    tokens: list[str] = []
+    if stream:
+        text = ""
+        for chunk in client.chat.completions.create(messages=question, stream=True, **params):
+            (choice,) = chunk.choices
+            entries = (choice.logprobs.content if choice.logprobs else None) or []
+            assert "".join(entry.token for entry in entries) == (choice.delta.content or "")
+            text += choice.delta.content or ""
+            tokens += [entry.token for entry in entries]
+    else:
+        (whole,) = client.chat.completions.create(messages=question, **params).choices
+        text = whole.message.content or ""
+        tokens = [
+            entry.token for entry in (whole.logprobs.content if whole.logprobs else None) or []
+        ]
+    assert text == expected and "".join(tokens) == expected
+    assert tokens[-1] == " P"
+
+
 @pytest.fixture(scope="module")
 def stock_v019_url(tmp_path_factory: pytest.TempPathFactory, text_env: Path) -> Iterator[str]:
     """SmolLM2 behind the stock v0.19.0 models (decoupled), the gateway in front."""

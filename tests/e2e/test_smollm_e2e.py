@@ -11,6 +11,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from openai.types.chat import ChatCompletionChunk
 
 from gateway.cli import DEMO_MODEL, demo_settings
 from tests.support.gateway import LiveGateway
@@ -103,9 +104,9 @@ def test_log_probs_after_a_stop_cut_spell_the_answer(demo_url: str, stream: bool
     """SmolLM2's tokens (byte-level BPE, a word's leading space inside its token): a stop that
     begins inside the token " Paris" leaves " P" of it, and the log probs spell the answer."""
     client = openai.OpenAI(base_url=f"{demo_url}/v1", api_key="unused", max_retries=0)
-    question = [{"role": "user", "content": "What is the capital of France?"}]
+    question: Any = [{"role": "user", "content": "What is the capital of France?"}]
     params: dict[str, Any] = {"model": DEMO_MODEL, "temperature": 0, "max_tokens": 30}
-    full = client.chat.completions.create(messages=question, **params)  # type: ignore[arg-type]
+    full = client.chat.completions.create(messages=question, **params)
     content = full.choices[0].message.content or ""
     assert " Paris" in content
     expected = content[: content.index(" Paris") + 2]
@@ -113,7 +114,10 @@ def test_log_probs_after_a_stop_cut_spell_the_answer(demo_url: str, stream: bool
     tokens: list[str] = []
     if stream:
         text = ""
-        for chunk in client.chat.completions.create(messages=question, stream=True, **params):
+        chunks: openai.Stream[ChatCompletionChunk] = client.chat.completions.create(
+            messages=question, stream=True, **params
+        )
+        for chunk in chunks:
             (choice,) = chunk.choices
             entries = (choice.logprobs.content if choice.logprobs else None) or []
             assert "".join(entry.token for entry in entries) == (choice.delta.content or "")

@@ -21,7 +21,7 @@ from deploy.triton.engine.types import (
     GuideRequest,
     SamplingConfig,
 )
-from tests.support.engine import make, run, submit
+from tests.support.engine import TIMEOUT_S, make, run, submit
 
 WEATHER = {
     "type": "object",
@@ -176,26 +176,42 @@ def test_each_of_n_sequences_follows_the_grammar(engine: Engine, tokenizer: Any)
         (("regex", "(unclosed"), "invalid guided_decoding_guide for guide type regex"),
         (("ebnf_grammar", "root ::= missing"), "guide type ebnf_grammar"),
         (("structural_tag", '{"type": "nope"}'), "guide type structural_tag"),
+    ],
+)
+def test_a_bad_guide_fails_only_its_request(
+    engine: Engine, tokenizer: Any, guide: tuple[str, str], says: str
+) -> None:
+    """The grammar compiles beside the engine: its failure is the request's final output."""
+    prompt = encode(tokenizer, "hello")
+    running = submit(engine, make(prompt, 60))
+    bad = submit(engine, make(prompt, 10, guide=GuideRequest(*guide))).wait().final()
+    assert bad.finish_reason is FinishReason.ERROR
+    assert bad.error is not None and says in bad.error
+    assert running.wait().final().finish_reason is FinishReason.LENGTH
+
+
+@pytest.mark.parametrize(
+    ("guide", "says"),
+    [
         (("yaml", "a: b"), "guided_decoding_guide_type must be one of"),
         (("regex", None), "The guide string must be provided"),
     ],
 )
-def test_a_bad_guide_fails_only_its_request(
-    engine: Engine, tokenizer: Any, guide: tuple[str, str | None], says: str
+def test_a_malformed_guide_is_refused_before_the_engine(
+    guide: tuple[str, str | None], says: str
 ) -> None:
-    prompt = encode(tokenizer, "hello")
-    running = submit(engine, make(prompt, 60))
     with pytest.raises(EngineError, match=re.escape(says)):
-        engine.submit(make(prompt, 10, guide=GuideRequest(*guide)), lambda _: None)
-    assert running.wait().final().finish_reason is FinishReason.LENGTH
+        GuideRequest(*guide)
 
 
-def test_compilation_is_cached(engine: Engine) -> None:
-    assert engine.guided is not None
+def test_compilation_is_cached_by_content(engine: Engine) -> None:
+    assert engine.grammars is not None
     schema = json.dumps({**WEATHER, "title": "cached"})
-    first = engine.guided.compile(GuideRequest("json_schema", schema))
-    again = engine.guided.compile(GuideRequest("json_schema", schema))
-    assert first.memory_size_bytes == again.memory_size_bytes
+    started = engine.grammars.compiles_started
+    first = engine.grammars.compile(GuideRequest("json_schema", schema)).result(TIMEOUT_S)
+    again = engine.grammars.compile(GuideRequest("json_schema", schema))
+    assert again.done() and again.result() is first
+    assert engine.grammars.compiles_started == started + 1
 
 
 def test_without_a_backend_a_guide_is_refused(tiny_model_dir: Path, tokenizer: Any) -> None:

@@ -49,6 +49,12 @@ class GuidedConfig:
 
     tokenizer_info_path: str | None = None
     tokenizer_dir: str | None = None
+    compile_timeout_ms: int = 5000
+    """How long a request waits for its grammar before it fails (queued and compiling)."""
+    max_compiles: int = 2
+    """Grammars compiled at once, beside the engine's steps."""
+    cache_mb: int = 256
+    """Compiled grammars kept by content, in MiB; the least recently used go first."""
 
 
 @dataclass(frozen=True)

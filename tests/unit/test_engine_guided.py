@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from deploy.triton.engine.guided import write_tokenizer_info
+from deploy.triton.engine.guided import GuidedDecoding, write_tokenizer_info
+from deploy.triton.engine.runner import ModelRunner
 from deploy.triton.engine.scheduler import Engine
 from deploy.triton.engine.types import (
     EngineConfig,
@@ -240,4 +242,50 @@ def test_tokenizer_info_file_as_the_cpp_backend_reads_it(
         result = run(engine, make(encode(tokenizer, "weather"), 300, guide=guide))
         validate(json.loads(text_of(tokenizer, result.tokens())), WEATHER)
     finally:
+        engine.shutdown()
+
+
+class HeldGuidedDecoding(GuidedDecoding):
+    """Compiles as the engine's own does, once the test lets it."""
+
+    def __init__(self, tokenizer_info: Any) -> None:
+        super().__init__(tokenizer_info)
+        self.entered = threading.Event()
+        self.release = threading.Event()
+
+    def compile(self, request: GuideRequest) -> Any:
+        self.entered.set()
+        if not self.release.wait(HELD_S):
+            raise EngineError("the test never released the compile")
+        return super().compile(request)
+
+
+HELD_S = 20.0
+
+
+def test_a_compiling_grammar_holds_up_neither_decoding_nor_the_submitter(
+    tiny_model_dir: Path, tokenizer: Any
+) -> None:
+    """Triton hands requests to the engine from one thread: while a guided request's grammar
+    compiles, the requests submitted after it from that thread are decoded and finish."""
+    config = EngineConfig(str(tiny_model_dir), max_batch_size=4, guided=GuidedConfig())
+    runner = ModelRunner.load(config)
+    guided = HeldGuidedDecoding.load(
+        GuidedConfig(), str(tiny_model_dir), runner.vocab_size, runner.default_end_ids
+    )
+    assert isinstance(guided, HeldGuidedDecoding)
+    engine = Engine(runner, config, guided)
+    engine.start()
+    try:
+        guide = GuideRequest("json_schema", json.dumps(WEATHER))
+        held = submit(engine, make(encode(tokenizer, "weather"), 300, guide=guide))
+        free = submit(engine, make(encode(tokenizer, "paris"), 12))
+        assert guided.entered.wait(HELD_S)
+        free.wait()
+        assert engine.stats().waiting_requests == 1
+        assert held.outputs == []
+        guided.release.set()
+        validate(json.loads(text_of(tokenizer, held.wait().tokens())), WEATHER)
+    finally:
+        guided.release.set()
         engine.shutdown()

@@ -263,6 +263,9 @@ class GrammarWaits(Generic[Entry]):
         """The waiting request of ``request_id``, no longer waiting; None where none waits."""
         return self._entries.pop(request_id, None)
 
+    def __len__(self) -> int:
+        return len(self._entries)
+
     def drain(self) -> list[Entry]:
         """Every waiting request, none left."""
         entries = list(self._entries.values())

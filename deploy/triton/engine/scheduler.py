@@ -389,7 +389,7 @@ class Engine:
         sequences = self._batch.sequences
         self._snapshot = EngineStats(
             running_sequences=len(sequences) + sum(j.request.rows for j in self._jobs),
-            waiting_requests=len(self._waiting),
+            waiting_requests=len(self._waiting) + len(self._compiling),
             steps=self._steps,
             max_running=self._max_running,
             context_requests=context_requests,

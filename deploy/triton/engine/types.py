@@ -343,7 +343,8 @@ class EngineStats:
     """A snapshot of the scheduler's occupancy, read between iterations.
 
     `steps` counts decode iterations; `max_running` is the most sequences that ever shared
-    one; `context_requests` and `context_tokens` describe the last iteration's prefills;
+    one; `waiting_requests` are queued for a batch slot or for their grammar to compile;
+    `context_requests` and `context_tokens` describe the last iteration's prefills;
     `cached_tokens` is what the KV cache of the running sequences holds; `kv_cache` the block
     pool (None for an engine without one).
     """

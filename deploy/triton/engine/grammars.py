@@ -16,11 +16,12 @@ import contextlib
 import heapq
 import itertools
 import logging
+import queue
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from concurrent.futures import Future, InvalidStateError, ThreadPoolExecutor
+from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field
 from typing import Any, Generic, Self, TypeVar
 
@@ -82,7 +83,15 @@ class GrammarCompiles:
         self._cache: OrderedDict[GuideKey, tuple[Any, int]] = OrderedDict()
         self._cached_bytes = 0
         self._running: dict[GuideKey, _Compile] = {}
-        self._pool = ThreadPoolExecutor(max_compiles, thread_name_prefix="grammar-compile")
+        # Daemon threads, not a ThreadPoolExecutor, whose workers the interpreter joins at exit:
+        # a runaway compile must not hold up the model's unload.
+        self._queue: queue.SimpleQueue[tuple[GuideKey, _Compile] | None] = queue.SimpleQueue()
+        self._workers = [
+            threading.Thread(target=self._work, name=f"grammar-compile-{n}", daemon=True)
+            for n in range(max_compiles)
+        ]
+        for worker in self._workers:
+            worker.start()
         self._deadlines = _Deadlines(self._expire)
         self.compiles_started = 0
         """Compiles begun (a cached or shared grammar begins none)."""
@@ -111,7 +120,7 @@ class GrammarCompiles:
             job = self._running.get(key)
             if job is None:
                 job = self._running[key] = _Compile(guide)
-                self._pool.submit(self._run, key, job)
+                self._queue.put((key, job))
             job.waiters.append(waiter)
         self._deadlines.add(time.monotonic() + self.timeout_s, (key, waiter))
         return waiter
@@ -122,9 +131,17 @@ class GrammarCompiles:
             return self._cached_bytes
 
     def shutdown(self) -> None:
-        """Stop the deadline thread and drop compiles not started yet."""
+        """Stop the deadline thread and the compile threads (each after its compile, if any)."""
         self._deadlines.stop()
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        for _ in self._workers:
+            self._queue.put(None)
+
+    def _work(self) -> None:
+        while (item := self._queue.get()) is not None:
+            try:
+                self._run(*item)
+            except Exception:
+                logger.exception("grammar compile failed")
 
     def _run(self, key: GuideKey, job: _Compile) -> None:
         with self._lock:

@@ -16,6 +16,7 @@ import contextlib
 import heapq
 import itertools
 import logging
+import os
 import queue
 import threading
 import time
@@ -29,6 +30,11 @@ from deploy.triton.engine.types import EngineError, GuidedConfig, GuideRequest
 
 logger = logging.getLogger(__name__)
 
+COMPILE_NICENESS = 10
+"""The compile threads' nice value: on a busy CPU the engine's steps come first. Two clients
+sending fresh 300-deep schemas to the tiny model on two shared cores
+(``python -m tests.benchmarks.hostile.grammar``) took a quiet 14 ms p50 chat to 58-69 ms with
+compiles at the engine's priority, 32-38 ms at nice 10 or 19."""
 GuideKey = tuple[str, str | None]
 """A guide's content: its type and text."""
 Entry = TypeVar("Entry")
@@ -137,6 +143,9 @@ class GrammarCompiles:
             self._queue.put(None)
 
     def _work(self) -> None:
+        # Linux gives each thread its own nice value, and threads xgrammar starts inherit it.
+        with contextlib.suppress(OSError, AttributeError):
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), COMPILE_NICENESS)
         while (item := self._queue.get()) is not None:
             try:
                 self._run(*item)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -263,11 +264,9 @@ class HeldGuidedDecoding(GuidedDecoding):
 HELD_S = 20.0
 
 
-def test_a_compiling_grammar_holds_up_neither_decoding_nor_the_submitter(
-    tiny_model_dir: Path, tokenizer: Any
-) -> None:
-    """Triton hands requests to the engine from one thread: while a guided request's grammar
-    compiles, the requests submitted after it from that thread are decoded and finish."""
+@pytest.fixture
+def held(tiny_model_dir: Path) -> Iterator[tuple[Engine, HeldGuidedDecoding]]:
+    """An engine whose grammars compile once the test releases them."""
     config = EngineConfig(str(tiny_model_dir), max_batch_size=4, guided=GuidedConfig())
     runner = ModelRunner.load(config)
     guided = HeldGuidedDecoding.load(
@@ -276,16 +275,45 @@ def test_a_compiling_grammar_holds_up_neither_decoding_nor_the_submitter(
     assert isinstance(guided, HeldGuidedDecoding)
     engine = Engine(runner, config, guided)
     engine.start()
-    try:
-        guide = GuideRequest("json_schema", json.dumps(WEATHER))
-        held = submit(engine, make(encode(tokenizer, "weather"), 300, guide=guide))
-        free = submit(engine, make(encode(tokenizer, "paris"), 12))
-        assert guided.entered.wait(HELD_S)
-        free.wait()
-        assert engine.stats().waiting_requests == 1
-        assert held.outputs == []
-        guided.release.set()
-        validate(json.loads(text_of(tokenizer, held.wait().tokens())), WEATHER)
-    finally:
-        guided.release.set()
-        engine.shutdown()
+    yield engine, guided
+    guided.release.set()
+    engine.shutdown()
+
+
+def test_a_compiling_grammar_holds_up_neither_decoding_nor_the_submitter(
+    held: tuple[Engine, HeldGuidedDecoding], tokenizer: Any
+) -> None:
+    """Triton hands requests to the engine from one thread: while a guided request's grammar
+    compiles, the requests submitted after it from that thread are decoded and finish."""
+    engine, guided = held
+    guide = GuideRequest("json_schema", json.dumps(WEATHER))
+    waiting = submit(engine, make(encode(tokenizer, "weather"), 300, guide=guide))
+    free = submit(engine, make(encode(tokenizer, "paris"), 12))
+    assert guided.entered.wait(HELD_S)
+    free.wait()
+    assert engine.stats().waiting_requests == 1
+    assert waiting.outputs == []
+    guided.release.set()
+    validate(json.loads(text_of(tokenizer, waiting.wait().tokens())), WEATHER)
+
+
+def test_a_request_stopped_while_its_grammar_compiles_ends_cancelled(
+    held: tuple[Engine, HeldGuidedDecoding], tokenizer: Any
+) -> None:
+    engine, guided = held
+    guide = GuideRequest("json_schema", json.dumps(WEATHER))
+    request = make(encode(tokenizer, "weather"), 300, guide=guide)
+    waiting = submit(engine, request)
+    assert guided.entered.wait(HELD_S)
+    engine.stop(request.request_id)
+    final = waiting.wait().final()
+    assert final.finish_reason is FinishReason.CANCELLED and final.error is None
+    guided.release.set()
+    assert engine.grammars is not None
+    for _ in range(int(HELD_S / 0.05)):
+        if engine.grammars.cached_bytes():
+            break
+        time.sleep(0.05)
+    # A request after the grammar is ready: the engine has seen the grammar by its end.
+    assert run(engine, make(encode(tokenizer, "paris"), 4)).final().finish_reason is not None
+    assert len(waiting.outputs) == 1 and engine.stats().waiting_requests == 0

@@ -23,7 +23,7 @@ class Compiler:
     """Compiles a guide into ``("grammar", text)`` once the test releases its text."""
 
     def __init__(self) -> None:
-        self.calls: list[str | None] = []
+        self.calls: list[str] = []
         self.entered = threading.Semaphore(0)
         self._release: dict[str | None, threading.Event] = {}
         self._lock = threading.Lock()
@@ -41,7 +41,7 @@ class Compiler:
 
     def __call__(self, guide: GuideRequest) -> Any:
         with self._lock:
-            self.calls.append(guide.guide)
+            self.calls.append(guide.guide or "")
         self.entered.release()
         assert self.gate(guide.guide).wait(WAIT_S)
         if guide.guide == "bad":

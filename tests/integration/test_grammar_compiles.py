@@ -28,6 +28,7 @@ PATIENT = "patient_tensorrt_llm"
 """An engine that waits as long as a grammar takes, compiling one at a time."""
 HASTY = "hasty"
 """A pipeline whose engine gives a grammar 1 ms: no fresh grammar compiles that fast."""
+HASTY_BLS = "hasty-bls"
 SLOW_DEPTH = 300
 _tags = itertools.count()
 
@@ -64,9 +65,11 @@ def server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> It
 
 @pytest.fixture(scope="module")
 def client(server: Sidecar, tiny_model_dir: Path) -> Iterator[openai.OpenAI]:
-    settings = sidecar_settings(
-        server, tiny_model_dir, models={HASTY: (f"{HASTY}_ensemble", "ensemble")}
-    )
+    models = {
+        HASTY: (f"{HASTY}_ensemble", "ensemble"),
+        HASTY_BLS: (f"{HASTY}_tensorrt_llm_bls", "tensorrt_llm_bls"),
+    }
+    settings = sidecar_settings(server, tiny_model_dir, models=models)
     gateway = LiveGateway(settings).start()
     with openai.OpenAI(base_url=f"{gateway.url}/v1", api_key="unused", max_retries=0) as c:
         yield c
@@ -101,9 +104,10 @@ def test_requests_decode_while_a_slow_grammar_compiles(server: Sidecar) -> None:
 ASK = [{"role": "user", "content": "Fill in the form."}]
 
 
+@pytest.mark.parametrize("model", [HASTY, HASTY_BLS])
 @pytest.mark.parametrize("field", ["response_format", "tools"])
 def test_a_grammar_past_its_compile_deadline_is_a_400_naming_its_field(
-    client: openai.OpenAI, field: str
+    client: openai.OpenAI, field: str, model: str
 ) -> None:
     schema = nested_schema(40, f"late{next(_tags)}")
     if field == "response_format":
@@ -118,7 +122,7 @@ def test_a_grammar_past_its_compile_deadline_is_a_400_naming_its_field(
         body = {"tools": [{"type": "function", "function": function}], "tool_choice": "required"}
     with pytest.raises(openai.BadRequestError, match="did not compile within") as caught:
         client.chat.completions.create(
-            model=HASTY,
+            model=model,
             messages=ASK,  # type: ignore[arg-type]
             max_tokens=8,
             extra_body=body,

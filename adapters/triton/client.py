@@ -24,6 +24,7 @@ from adapters.contract import (
 )
 from adapters.triton.beams import beam_inputs, beam_width_named
 from adapters.triton.config import ModelInputs, parse_model_config
+from adapters.triton.errors import guide_named
 from adapters.triton.grpc_stream import (
     Call,
     GrpcCall,
@@ -273,7 +274,12 @@ class TritonBackend:
                 # of it is read (``Stopper.release``).
                 call.start()
                 await request.wait_admitted()
-            with beam_width_named(request.params.beam), map_triton_errors(operation):
+            params = request.params
+            with (
+                guide_named(params.guide),
+                beam_width_named(params.beam),
+                map_triton_errors(operation),
+            ):
                 while not exchange.finished:
                     chunk = exchange.on_replies(await call.read())
                     if chunk is not None:

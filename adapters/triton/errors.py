@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 from adapters.contract import (
     BackendError,
     BackendTimeout,
     BackendUnavailable,
+    Guide,
     InferenceFailed,
     InvalidRequest,
     LoraNotCached,
@@ -17,6 +21,9 @@ _STATUS_NAMES = {400: "INVALID_ARGUMENT", 404: "NOT_FOUND", 503: "UNAVAILABLE"}
 
 BEAM_WIDTH = "beam_width"
 """The ``param`` of a refused beam width, which the request's own field then replaces."""
+GUIDE = "guided_decoding_guide"
+"""The ``param`` of a refused grammar (one that does not parse, or did not compile in time),
+which the request's own field then replaces (``guide_named``)."""
 
 # In-band stream errors carry no status code, so the message decides; the first match wins.
 _MESSAGE_RULES: tuple[tuple[str, type[BackendError]], ...] = (
@@ -42,7 +49,6 @@ _MESSAGE_RULES: tuple[tuple[str, type[BackendError]], ...] = (
     ("expected lora weights", InvalidRequest),
     ("invalid low_rank", InvalidRequest),
     ("not enabled for this model", InvalidRequest),
-    ("guided_decoding_guide", InvalidRequest),
     ("is only supported", InvalidRequest),
     ("is not supported with", InvalidRequest),
     ("exceeds maximum input length", InvalidRequest),
@@ -86,10 +92,26 @@ def classify(message: str, status: str | None = None) -> BackendError:
     lowered = message.lower()
     if any(needle in lowered for needle in _BEAM_WIDTH_RULES):
         return InvalidRequest(message, param=BEAM_WIDTH)
+    if GUIDE in lowered:
+        return InvalidRequest(message, param=GUIDE)
     for needle, error in _MESSAGE_RULES:
         if needle in lowered:
             return error(message)
     return _STATUS_RULES.get(code, InferenceFailed)(message)
+
+
+@contextmanager
+def guide_named(guide: Guide | None) -> Iterator[None]:
+    """An engine's refusal of the request's grammar, named by the request field the grammar
+    was made of: ``response_format``, or ``tools`` for a tool call's grammar (made of the
+    tools' schemas, though ``tool_choice`` asked for it)."""
+    try:
+        yield
+    except InvalidRequest as exc:
+        if guide is None or exc.param != GUIDE:
+            raise
+        field = "tools" if guide.param == "tool_choice" else guide.param
+        raise InvalidRequest(f"the grammar of {field} was refused: {exc}", param=field) from exc
 
 
 class HttpError(Exception):

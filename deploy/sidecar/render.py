@@ -206,6 +206,9 @@ def _model_parameters(model: ModelSpec, name: str) -> dict[str, str]:
                 {
                     "tokens_per_block": engine.tokens_per_block,
                     "max_num_tokens": engine.max_num_tokens,
+                    "guided_decoding_compile_timeout_ms": engine.guided_decoding_compile_timeout_ms,
+                    "guided_decoding_max_compiles": engine.guided_decoding_max_compiles,
+                    "guided_decoding_cache_mb": engine.guided_decoding_cache_mb,
                 }
             )
         )

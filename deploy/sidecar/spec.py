@@ -47,6 +47,13 @@ class TorchEngine(
     guided_decoding: bool = True
     """Guided decoding with xgrammar (``guided_decoding_backend: xgrammar``): JSON, JSON schema,
     regex, EBNF and structural-tag guides, which ``response_format`` and tool calls use."""
+    guided_decoding_compile_timeout_ms: int | None = None
+    """How long a request waits for its grammar to compile before it fails with a 400 (engine
+    default 5000); grammars compile beside the decode steps, which never wait for them."""
+    guided_decoding_max_compiles: int | None = None
+    """Grammars compiled at once (engine default 2); more wait their turn, within the timeout."""
+    guided_decoding_cache_mb: int | None = None
+    """Compiled grammars kept by content, in MiB (engine default 256)."""
     enable_kv_cache_reuse: bool | None = None
     """Prefix reuse across requests: full KV-cache blocks of earlier prompts and answers stay
     cached, and a prompt prefills only what is not (engine default true, as the C++ backend's)."""

@@ -315,7 +315,7 @@ def test_guided_and_free_requests_run_together(client: openai.OpenAI) -> None:
                     "json_schema": {"name": "x", "schema": {"type": "integer", "minimum": "a"}},
                 }
             },
-            None,
+            "response_format",
             "invalid guided_decoding_guide",
         ),
     ],

@@ -23,6 +23,7 @@ TRITON_DTYPES = {
     np.float32: "FP32",
     np.float16: "FP16",
     np.bool_: "BOOL",
+    np.object_: "BYTES",
 }
 
 

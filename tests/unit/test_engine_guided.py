@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import json
 import re
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from deploy.triton.engine.guided import write_tokenizer_info
+from deploy.triton.engine.guided import GuidedDecoding, write_tokenizer_info
+from deploy.triton.engine.runner import ModelRunner
 from deploy.triton.engine.scheduler import Engine
 from deploy.triton.engine.types import (
     EngineConfig,
@@ -21,7 +24,7 @@ from deploy.triton.engine.types import (
     GuideRequest,
     SamplingConfig,
 )
-from tests.support.engine import make, run, submit
+from tests.support.engine import TIMEOUT_S, make, run, submit
 
 WEATHER = {
     "type": "object",
@@ -176,26 +179,42 @@ def test_each_of_n_sequences_follows_the_grammar(engine: Engine, tokenizer: Any)
         (("regex", "(unclosed"), "invalid guided_decoding_guide for guide type regex"),
         (("ebnf_grammar", "root ::= missing"), "guide type ebnf_grammar"),
         (("structural_tag", '{"type": "nope"}'), "guide type structural_tag"),
+    ],
+)
+def test_a_bad_guide_fails_only_its_request(
+    engine: Engine, tokenizer: Any, guide: tuple[str, str], says: str
+) -> None:
+    """The grammar compiles beside the engine: its failure is the request's final output."""
+    prompt = encode(tokenizer, "hello")
+    running = submit(engine, make(prompt, 60))
+    bad = submit(engine, make(prompt, 10, guide=GuideRequest(*guide))).wait().final()
+    assert bad.finish_reason is FinishReason.ERROR
+    assert bad.error is not None and says in bad.error
+    assert running.wait().final().finish_reason is FinishReason.LENGTH
+
+
+@pytest.mark.parametrize(
+    ("guide", "says"),
+    [
         (("yaml", "a: b"), "guided_decoding_guide_type must be one of"),
         (("regex", None), "The guide string must be provided"),
     ],
 )
-def test_a_bad_guide_fails_only_its_request(
-    engine: Engine, tokenizer: Any, guide: tuple[str, str | None], says: str
+def test_a_malformed_guide_is_refused_before_the_engine(
+    guide: tuple[str, str | None], says: str
 ) -> None:
-    prompt = encode(tokenizer, "hello")
-    running = submit(engine, make(prompt, 60))
     with pytest.raises(EngineError, match=re.escape(says)):
-        engine.submit(make(prompt, 10, guide=GuideRequest(*guide)), lambda _: None)
-    assert running.wait().final().finish_reason is FinishReason.LENGTH
+        GuideRequest(*guide)
 
 
-def test_compilation_is_cached(engine: Engine) -> None:
-    assert engine.guided is not None
+def test_compilation_is_cached_by_content(engine: Engine) -> None:
+    assert engine.grammars is not None
     schema = json.dumps({**WEATHER, "title": "cached"})
-    first = engine.guided.compile(GuideRequest("json_schema", schema))
-    again = engine.guided.compile(GuideRequest("json_schema", schema))
-    assert first.memory_size_bytes == again.memory_size_bytes
+    started = engine.grammars.compiles_started
+    first = engine.grammars.compile(GuideRequest("json_schema", schema)).result(TIMEOUT_S)
+    again = engine.grammars.compile(GuideRequest("json_schema", schema))
+    assert again.done() and again.result() is first
+    assert engine.grammars.compiles_started == started + 1
 
 
 def test_without_a_backend_a_guide_is_refused(tiny_model_dir: Path, tokenizer: Any) -> None:
@@ -225,3 +244,76 @@ def test_tokenizer_info_file_as_the_cpp_backend_reads_it(
         validate(json.loads(text_of(tokenizer, result.tokens())), WEATHER)
     finally:
         engine.shutdown()
+
+
+class HeldGuidedDecoding(GuidedDecoding):
+    """Compiles as the engine's own does, once the test lets it."""
+
+    def __init__(self, tokenizer_info: Any) -> None:
+        super().__init__(tokenizer_info)
+        self.entered = threading.Event()
+        self.release = threading.Event()
+
+    def compile(self, request: GuideRequest) -> Any:
+        self.entered.set()
+        if not self.release.wait(HELD_S):
+            raise EngineError("the test never released the compile")
+        return super().compile(request)
+
+
+HELD_S = 20.0
+
+
+@pytest.fixture
+def held(tiny_model_dir: Path) -> Iterator[tuple[Engine, HeldGuidedDecoding]]:
+    """An engine whose grammars compile once the test releases them."""
+    config = EngineConfig(str(tiny_model_dir), max_batch_size=4, guided=GuidedConfig())
+    runner = ModelRunner.load(config)
+    guided = HeldGuidedDecoding.load(
+        GuidedConfig(), str(tiny_model_dir), runner.vocab_size, runner.default_end_ids
+    )
+    assert isinstance(guided, HeldGuidedDecoding)
+    engine = Engine(runner, config, guided)
+    engine.start()
+    yield engine, guided
+    guided.release.set()
+    engine.shutdown()
+
+
+def test_a_compiling_grammar_holds_up_neither_decoding_nor_the_submitter(
+    held: tuple[Engine, HeldGuidedDecoding], tokenizer: Any
+) -> None:
+    """Triton hands requests to the engine from one thread: while a guided request's grammar
+    compiles, the requests submitted after it from that thread are decoded and finish."""
+    engine, guided = held
+    guide = GuideRequest("json_schema", json.dumps(WEATHER))
+    waiting = submit(engine, make(encode(tokenizer, "weather"), 300, guide=guide))
+    free = submit(engine, make(encode(tokenizer, "paris"), 12))
+    assert guided.entered.wait(HELD_S)
+    free.wait()
+    assert engine.stats().waiting_requests == 1
+    assert waiting.outputs == []
+    guided.release.set()
+    validate(json.loads(text_of(tokenizer, waiting.wait().tokens())), WEATHER)
+
+
+def test_a_request_stopped_while_its_grammar_compiles_ends_cancelled(
+    held: tuple[Engine, HeldGuidedDecoding], tokenizer: Any
+) -> None:
+    engine, guided = held
+    guide = GuideRequest("json_schema", json.dumps(WEATHER))
+    request = make(encode(tokenizer, "weather"), 300, guide=guide)
+    waiting = submit(engine, request)
+    assert guided.entered.wait(HELD_S)
+    engine.stop(request.request_id)
+    final = waiting.wait().final()
+    assert final.finish_reason is FinishReason.CANCELLED and final.error is None
+    guided.release.set()
+    assert engine.grammars is not None
+    for _ in range(int(HELD_S / 0.05)):
+        if engine.grammars.cached_bytes():
+            break
+        time.sleep(0.05)
+    # A request after the grammar is ready: the engine has seen the grammar by its end.
+    assert run(engine, make(encode(tokenizer, "paris"), 4)).final().finish_reason is not None
+    assert len(waiting.outputs) == 1 and engine.stats().waiting_requests == 0

@@ -446,3 +446,29 @@ def test_relative_text_python_env_is_taken_from_the_spec_file(tmp_path: Path) ->
         "    text_python_env: ./envs/text\n"
     )
     assert load_spec(path).models[0].text_python_env == str(tmp_path / "envs" / "text")
+
+
+def test_grammar_compile_settings_reach_the_engine() -> None:
+    from google.protobuf import json_format
+
+    from deploy.triton.engine.config import settings_from_model_config
+    from deploy.triton.engine.types import EngineConfig, EngineError, GuidedConfig
+
+    def guided(**settings: object) -> tuple[GuidedConfig | None, dict[str, object]]:
+        spec = _spec({**TORCH, **settings}, release="latest")
+        config = parse(render_config(parse_spec(spec).models[0], "tensorrt_llm"))
+        document = json_format.MessageToDict(config, preserving_proto_field_name=True)
+        read = settings_from_model_config(document).engine
+        assert isinstance(read, EngineConfig)
+        return read.guided, document
+
+    chosen, document = guided(
+        guided_decoding_compile_timeout_ms=250,
+        guided_decoding_max_compiles=3,
+        guided_decoding_cache_mb=64,
+    )
+    assert chosen == GuidedConfig(compile_timeout_ms=250, max_compiles=3, cache_mb=64)
+    assert guided()[0] == GuidedConfig()
+    document["parameters"]["guided_decoding_max_compiles"] = {"string_value": "0"}  # type: ignore[index]
+    with pytest.raises(EngineError, match="guided_decoding_max_compiles must be at least 1"):
+        settings_from_model_config(document)

@@ -9,13 +9,14 @@ from adapters.contract import (
     BackendTimeout,
     BackendUnavailable,
     BeamSearch,
+    Guide,
     InferenceFailed,
     InvalidRequest,
     LoraNotCached,
     ModelNotFound,
 )
 from adapters.triton.beams import beam_width_named
-from adapters.triton.errors import classify
+from adapters.triton.errors import classify, guide_named
 from gateway.http.errors import from_backend_error
 
 BLS_TRACEBACK = (
@@ -116,5 +117,46 @@ def test_an_engine_refused_beam_width_is_a_400_naming_the_request_field(
 
 def test_other_refusals_keep_their_param_under_a_beam_search() -> None:
     with pytest.raises(InvalidRequest) as caught, beam_width_named(BeamSearch(width=2)):
+        raise classify("temperature must not be negative")
+    assert caught.value.param is None
+
+
+LATE_GRAMMAR = (
+    "guided_decoding_guide (guide type json_schema) did not compile within 1 s, the limit "
+    "guided_decoding_compile_timeout_ms sets: send a smaller or shallower grammar"
+)
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        LATE_GRAMMAR,
+        f"in ensemble 'tiny_ensemble', {LATE_GRAMMAR}",
+        "invalid guided_decoding_guide for guide type json_schema: Unsupported keyword",
+    ],
+)
+@pytest.mark.parametrize(
+    ("guide", "param"),
+    [
+        (Guide("json_schema", "{}"), "response_format"),
+        (Guide("json_schema", "{}", param="tool_choice"), "tools"),
+        (Guide("structural_tag", "{}", param="tool_choice", optional=True), "tools"),
+    ],
+)
+def test_a_refused_grammar_is_a_400_naming_the_field_it_was_made_of(
+    message: str, guide: Guide, param: str
+) -> None:
+    error = classify(message, "StatusCode.INTERNAL")
+    assert isinstance(error, InvalidRequest)
+
+    with pytest.raises(InvalidRequest) as caught, guide_named(guide):
+        raise error
+    assert caught.value.param == param and message in str(caught.value)
+    answer = from_backend_error(caught.value, retry_after_s=1)
+    assert answer.status_code == 400 and answer.param == param
+
+
+def test_other_refusals_keep_their_param_under_a_guide() -> None:
+    with pytest.raises(InvalidRequest) as caught, guide_named(Guide("json")):
         raise classify("temperature must not be negative")
     assert caught.value.param is None

@@ -43,7 +43,8 @@ def _bool(model_config: Mapping[str, Any], key: str, default: bool) -> bool:
 def _guided(model_config: Mapping[str, Any]) -> GuidedConfig | None:
     """Guided decoding is on with ``guided_decoding_backend: xgrammar``; the grammar's tokenizer
     is the tokenizer info file (as the C++ backend reads it), else ``tokenizer_dir`` (as the
-    Python backend reads it), else the model's own tokenizer."""
+    Python backend reads it), else the model's own tokenizer. ``guided_decoding_*`` parameters
+    bound the compiles beside the engine (``GuidedConfig``)."""
     backend = parameter(model_config, "guided_decoding_backend")
     if backend is None:
         return None
@@ -52,6 +53,13 @@ def _guided(model_config: Mapping[str, Any]) -> GuidedConfig | None:
     return GuidedConfig(
         tokenizer_info_path=parameter(model_config, "xgrammar_tokenizer_info_path"),
         tokenizer_dir=parameter(model_config, "tokenizer_dir"),
+        compile_timeout_ms=_positive(
+            model_config, "guided_decoding_compile_timeout_ms", GuidedConfig.compile_timeout_ms
+        ),
+        max_compiles=_positive(
+            model_config, "guided_decoding_max_compiles", GuidedConfig.max_compiles
+        ),
+        cache_mb=_positive(model_config, "guided_decoding_cache_mb", GuidedConfig.cache_mb),
     )
 
 

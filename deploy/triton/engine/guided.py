@@ -2,7 +2,8 @@
 
 The ``tensorrt_llm`` inputs ``guided_decoding_guide_type`` and ``guided_decoding_guide`` name a
 grammar; each sequence of a guided request gets its own matcher, whose bitmask limits the next
-token inside the shared decode batch. Grammars are compiled once per guide (xgrammar's cache).
+token inside the shared decode batch. Grammars compile beside the engine and are cached by
+content there (``grammars.GrammarCompiles``), not in xgrammar's unbounded cache.
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ class GuidedDecoding:
         self._xgr = xgr
         self.vocab_size = int(tokenizer_info.vocab_size)
         self.stop_ids: TokenIds = tuple(int(t) for t in tokenizer_info.stop_token_ids)
-        self._compiler = xgr.GrammarCompiler(tokenizer_info, max_threads=2, cache_enabled=True)
+        self._compiler = xgr.GrammarCompiler(tokenizer_info, max_threads=2, cache_enabled=False)
 
     @classmethod
     def load(

@@ -6,13 +6,14 @@ import logging
 import queue
 import threading
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
 from deploy.triton.engine.batch import DecodeBatch, SequenceState, unstarted_outputs
 from deploy.triton.engine.checks import validate_request
 from deploy.triton.engine.context import ContextJob, ContextPhase, Submission, plan_chunks
+from deploy.triton.engine.grammars import GrammarCompiles, GrammarReady, GrammarWait, GrammarWaits
 from deploy.triton.engine.guided import NOT_ENABLED, GuidedDecoding
 from deploy.triton.engine.kvstore import KVStore
 from deploy.triton.engine.lora import LoraCache
@@ -43,7 +44,7 @@ class _Shutdown:
     pass
 
 
-_Command = Submission | _Stop | _Shutdown
+_Command = Submission | _Stop | _Shutdown | GrammarWait[Submission] | GrammarReady
 
 
 class Engine:
@@ -70,8 +71,12 @@ class Engine:
         self.store = KVStore.build(runner, config, seq_len or _FALLBACK_SEQ_LEN)
         self.max_seq_len: int | None = min(seq_len or self.store.capacity, self.store.capacity)
         self.context = ContextPhase(runner, self.store, guided)
+        self.grammars = (
+            None if guided is None else GrammarCompiles.of(guided.compile, config.guided)
+        )
         self.mixed = MixedBatching.enable(runner, self.context) if config.mixed_batching else None
         self._inbox: queue.SimpleQueue[_Command] = queue.SimpleQueue()
+        self._compiling = GrammarWaits[Submission](self._inbox.put)
         self._lock = threading.Lock()
         self._active: dict[str, int] = {}
         self._closed = False
@@ -137,16 +142,19 @@ class Engine:
             adapter = self.loras.resolve(request.lora, self.runner.lora_targets)
         grammar = None
         if request.guide is not None:
-            if self.guided is None:
+            if self.grammars is None:
                 raise EngineError(NOT_ENABLED)
-            grammar = self.guided.compile(request.guide)
+            grammar = self.grammars.compile(request.guide)
+        entry = Submission(request, callback, max_new, adapter)
         with self._lock:
             if self._closed:
                 raise EngineError("the engine is shut down")
             if request.request_id in self._active:
                 raise EngineError(f"request id {request.request_id!r} is already running")
             self._active[request.request_id] = request.num_return_sequences
-            self._inbox.put(Submission(request, callback, max_new, adapter, grammar))
+            self._inbox.put(
+                entry if grammar is None else GrammarWait(request.request_id, entry, grammar)
+            )
 
     def stop(self, request_id: str) -> None:
         """End a request early; each of its sequences gets a final output with what it has."""
@@ -159,6 +167,8 @@ class Engine:
             self._inbox.put(_Shutdown())
         if self._thread is not None:
             self._thread.join(timeout)
+        if self.grammars is not None:
+            self.grammars.shutdown()
 
     def stats(self) -> EngineStats:
         """Occupancy and the KV-cache pool as of the last iteration."""
@@ -207,8 +217,24 @@ class Engine:
                 return False
             if isinstance(command, _Stop):
                 self._cancel(command.request_id)
+            elif isinstance(command, GrammarWait):
+                self._compiling.hold(command)
+            elif isinstance(command, GrammarReady):
+                self._grammar_ready(command)
             else:
                 self._waiting.append(command)
+
+    def _grammar_ready(self, ready: GrammarReady) -> None:
+        """The request joins the waiting ones with its grammar, or fails with why it has none
+        (unless it was cancelled while its grammar compiled)."""
+        entry = self._compiling.pop(ready.request_id)
+        if entry is None:
+            return
+        error = ready.grammar.exception()
+        if error is not None:
+            self._emit_unstarted(entry, FinishReason.ERROR, str(error))
+        else:
+            self._waiting.append(replace(entry, grammar=ready.grammar.result()))
 
     def _emit(self, callback: OutputCallback, output: SequenceOutput) -> None:
         """Queue an output; the iteration's outputs go out once its statistics are published,
@@ -238,6 +264,9 @@ class Engine:
             self._emit(entry.callback, output)
 
     def _cancel(self, request_id: str) -> None:
+        compiling = self._compiling.pop(request_id)
+        if compiling is not None:
+            self._emit_unstarted(compiling, FinishReason.CANCELLED, None)
         for entry in [e for e in self._waiting if e.request.request_id == request_id]:
             self._waiting.remove(entry)
             self._emit_unstarted(entry, FinishReason.CANCELLED, None)
@@ -360,7 +389,7 @@ class Engine:
         sequences = self._batch.sequences
         self._snapshot = EngineStats(
             running_sequences=len(sequences) + sum(j.request.rows for j in self._jobs),
-            waiting_requests=len(self._waiting),
+            waiting_requests=len(self._waiting) + len(self._compiling),
             steps=self._steps,
             max_running=self._max_running,
             context_requests=context_requests,
@@ -385,6 +414,9 @@ class Engine:
                 break
             if isinstance(command, Submission):
                 self._waiting.append(command)
+            elif isinstance(command, GrammarWait):
+                self._waiting.append(command.entry)
+        self._waiting.extend(self._compiling.drain())
         while self._waiting:
             self._emit_unstarted(self._waiting.popleft(), reason, failure)
         for job in list(self._jobs):

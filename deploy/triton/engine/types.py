@@ -49,6 +49,12 @@ class GuidedConfig:
 
     tokenizer_info_path: str | None = None
     tokenizer_dir: str | None = None
+    compile_timeout_ms: int = 5000
+    """How long a request waits for its grammar before it fails (queued and compiling)."""
+    max_compiles: int = 2
+    """Grammars compiled at once, beside the engine's steps."""
+    cache_mb: int = 256
+    """Compiled grammars kept by content, in MiB; the least recently used go first."""
 
 
 @dataclass(frozen=True)
@@ -337,7 +343,8 @@ class EngineStats:
     """A snapshot of the scheduler's occupancy, read between iterations.
 
     `steps` counts decode iterations; `max_running` is the most sequences that ever shared
-    one; `context_requests` and `context_tokens` describe the last iteration's prefills;
+    one; `waiting_requests` are queued for a batch slot or for their grammar to compile;
+    `context_requests` and `context_tokens` describe the last iteration's prefills;
     `cached_tokens` is what the KV cache of the running sequences holds; `kv_cache` the block
     pool (None for an engine without one).
     """

@@ -124,6 +124,7 @@ def test_a_body_that_does_not_arrive_gets_408(door: Callable[..., LiveGateway]) 
         )
         status, headers, body = read_answer(client)
         assert status == 408
+        assert headers["connection"] == "close"
         assert json.loads(body)["error"]["message"].startswith("the request body")
         assert closed_by_server(client)
 

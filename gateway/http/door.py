@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import http
 import logging
+import time
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any
@@ -26,6 +27,9 @@ from gateway.http.protocol import HeadWithBodyProtocol
 from gateway.openai.protocol import ErrorBody, ErrorEnvelope
 
 logger = logging.getLogger(__name__)
+REFUSALS_LOGGED_EVERY_S = 10.0
+"""Refused connections are logged as a count at most this often: a flood of them would
+otherwise be a flood of log lines."""
 
 
 @dataclass(frozen=True)
@@ -48,6 +52,8 @@ class Door:
         self.limits = limits
         self.open = 0
         self.peers: Counter[str] = Counter()
+        self._refused = 0
+        self._refused_logged_at = -REFUSALS_LOGGED_EVERY_S
 
     def __call__(
         self,
@@ -62,12 +68,28 @@ class Door:
         """Count a new connection in, or say why it is refused."""
         limits = self.limits
         if self.open >= limits.max_connections:
-            return f"the server holds its most connections ({limits.max_connections})"
-        if self.peers[peer] >= limits.max_connections_per_peer:
-            return f"this address holds its most connections ({limits.max_connections_per_peer})"
-        self.open += 1
-        self.peers[peer] += 1
-        return None
+            why = f"the server holds its most connections ({limits.max_connections})"
+        elif self.peers.get(peer, 0) >= limits.max_connections_per_peer:
+            why = f"this address holds its most connections ({limits.max_connections_per_peer})"
+        else:
+            self.open += 1
+            self.peers[peer] += 1
+            return None
+        self._log_refusal(peer, why)
+        return why
+
+    def _log_refusal(self, peer: str, why: str) -> None:
+        self._refused += 1
+        now = time.monotonic()
+        if now - self._refused_logged_at >= REFUSALS_LOGGED_EVERY_S:
+            logger.warning(
+                "%d connection(s) refused since the last report; the last from %s: %s",
+                self._refused,
+                peer,
+                why,
+            )
+            self._refused = 0
+            self._refused_logged_at = now
 
     def leave(self, peer: str) -> None:
         """Count an admitted connection out."""
@@ -125,7 +147,6 @@ class GuardedProtocol(HeadWithBodyProtocol):
         peer = self.client[0] if self.client else ""
         refused = self._door.admit(peer)
         if refused is not None:
-            logger.warning("connection from %s refused: %s", peer, refused)
             self._turn_away(503, refused, retry_after_s=self._door.limits.retry_after_s)
             return
         self._peer = peer

@@ -46,19 +46,23 @@ def connect(gateway: LiveGateway, source: str = "127.0.0.1") -> socket.socket:
 
 
 def read_answer(client: socket.socket) -> tuple[int, dict[str, str], bytes]:
-    """The status, headers and body of one answer (its ``content-length`` long)."""
-    data = b""
-    while b"\r\n\r\n" not in data:
-        chunk = client.recv(65536)
-        if not chunk:
-            raise ConnectionError(f"closed before an answer: {data!r}")
-        data += chunk
-    head, _, body = data.partition(b"\r\n\r\n")
-    lines = head.decode().split("\r\n")
-    headers = dict(line.lower().split(": ", 1) for line in lines[1:])
+    """The status, headers and body of one answer (its ``content-length`` long), read to its
+    last byte and no further: an answer pipelined after it stays for the next call."""
+    raw = client.makefile("rb", buffering=0)
+    status = raw.readline()
+    if not status:
+        raise ConnectionError("closed before an answer")
+    headers: dict[str, str] = {}
+    while (line := raw.readline()) not in (b"\r\n", b""):
+        name, _, value = line.decode().partition(":")
+        headers[name.lower()] = value.strip()
+    body = b""
     while len(body) < int(headers.get("content-length", "0")):
-        body += client.recv(65536)
-    return int(lines[0].split()[1]), headers, body
+        chunk = raw.read(int(headers["content-length"]) - len(body))
+        if not chunk:
+            raise ConnectionError(f"closed mid-body: {body!r}")
+        body += chunk
+    return int(status.split()[1]), headers, body
 
 
 def closed_by_server(client: socket.socket) -> bool:
@@ -169,3 +173,22 @@ def test_past_the_cap_of_one_address_503_while_other_addresses_are_served(
     finally:
         for client in held:
             client.close()
+
+
+def test_what_follows_a_head_within_the_limit_is_read_as_usual(
+    door: Callable[..., LiveGateway],
+) -> None:
+    """A head under the limit arriving in one read with more than the limit's worth after it (a
+    body, a pipelined request) is served: only bytes of a head count."""
+    gateway = door(max_head_bytes=1024)
+    body = json.dumps({"model": "absent", "messages": [], "user": "u" * 4000}).encode()
+    with connect(gateway) as client:
+        client.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: door\r\n"
+            b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+        )
+        status, _, answer = read_answer(client)
+        assert status == 400
+        assert json.loads(answer)["error"]["param"] == "messages"
+        client.sendall(HEALTH * 40)
+        assert [read_answer(client)[0] for _ in range(40)] == [200] * 40

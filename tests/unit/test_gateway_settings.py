@@ -219,6 +219,22 @@ def test_uvicorn_keeps_idle_connections_longer_than_the_clients_do() -> None:
         parse_settings({"server": {"keep_alive_s": 0}})
 
 
+def test_the_server_keeps_the_front_doors_limits_of_the_settings() -> None:
+    from gateway.http.door import Door, DoorLimits
+
+    app = Litestar([])
+    door = uvicorn_config(app, Settings()).http
+    assert isinstance(door, Door) and door.limits == DoorLimits()
+    server = {"max_head_bytes": 2048, "head_timeout_s": 1.5, "body_timeout_s": 4.0,
+              "max_connections": 10, "max_connections_per_peer": 3}  # fmt: skip
+    door = uvicorn_config(app, parse_settings({"server": server})).http
+    assert isinstance(door, Door)
+    assert door.limits == DoorLimits(**server, retry_after_s=5)
+    for name, value in [("max_head_bytes", 100), ("head_timeout_s", 0), ("max_connections", 0)]:
+        with pytest.raises(SettingsError, match=name):
+            parse_settings({"server": {name: value}})
+
+
 def test_connections_to_triton_are_kept_alive_as_long_as_the_limit_says() -> None:
     from adapters.triton.client import TritonBackend
     from gateway.app import create_app

@@ -12,7 +12,8 @@ one request at a time over a kept-alive connection from 127.0.0.1: quiet, then w
     ``--trickle-s``, and opening a new one whenever the gateway closes one.
 
 The attackers run in processes of their own. Printed per phase: the victim's p50 and p90 and its
-answers, the gateway's RSS and open files (largest sampled), and what the attackers were answered.
+answers, the gateway's RSS and open files (largest sampled) and CPU, and what the attackers were
+answered.
 Only loopback addresses are used.
 """
 
@@ -21,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import multiprocessing
+import os
 import socket
 import statistics
 import sys
@@ -56,6 +58,8 @@ class Phase:
     rss_mib: list[float] = field(default_factory=list)
     fds: list[int] = field(default_factory=list)
     attack: dict[str, Any] = field(default_factory=dict)
+    cpu_share: float = 0.0
+    """The gateway process's CPU time over the phase's wall time (1.0: one core)."""
 
     def lines(self, quiet_p50: float | None) -> list[str]:
         p50 = statistics.median(self.latencies) if self.latencies else float("nan")
@@ -67,7 +71,7 @@ class Phase:
             f"slowest {max(self.latencies, default=0) * 1000:.0f} ms; "
             f"{len(self.latencies) / self.seconds:.1f} answers/s; answers {dict(self.answers)}",
             f"  gateway: RSS {min(self.rss_mib):.0f} to {max(self.rss_mib):.0f} MiB, "
-            f"open files up to {max(self.fds)}",
+            f"open files up to {max(self.fds)}, CPU {self.cpu_share * 100:.0f}% of a core",
         ]
         if self.attack:
             out.append(f"  attacker: {self.attack}")
@@ -81,10 +85,17 @@ def _rss_mib(pid: int) -> float:
     return 0.0
 
 
+def _cpu_s(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _sample(pid: int, phase: Phase, stop: threading.Event) -> None:
+    started, cpu = time.monotonic(), _cpu_s(pid)
     while not stop.wait(0.25):
         phase.rss_mib.append(_rss_mib(pid))
         phase.fds.append(len(list(Path(f"/proc/{pid}/fd").iterdir())))
+    phase.cpu_share = (_cpu_s(pid) - cpu) / (time.monotonic() - started)
 
 
 def _victim(url: str, key: str, phase: Phase, seconds: float) -> None:
@@ -158,7 +169,7 @@ async def _loris(
             await asyncio.sleep(trickle_s)
             continue
         tally["opened"] += 1
-        answer = b""
+        answer: bytes | None = None
         try:
             writer.write(b"GET /v1/models HTTP/1.1\r\nHost: door\r\n")
             while time.monotonic() < until:
@@ -168,10 +179,10 @@ async def _loris(
                 except TimeoutError:
                     writer.write(b"X-Slow: 1\r\n")
         except OSError:
-            pass
+            answer = b""
         finally:
             writer.close()
-        if time.monotonic() < until:
+        if answer is not None:
             status = answer.split(b" ")[1].decode() if answer.startswith(b"HTTP/") else "closed"
             tally[f"answered {status}"] += 1
             # A moment before the next: a flood of new connections is another attack.

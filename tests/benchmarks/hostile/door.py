@@ -25,6 +25,7 @@ import multiprocessing
 import os
 import socket
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -242,6 +243,15 @@ def _run_phase(
     return phase
 
 
+def _check_alive(process: subprocess.Popen[bytes], workdir: Path) -> None:
+    """The gateway measured is the one started here: one that could not bind its port (taken
+    by another process between its choice and the bind) has exited, and its port answers for
+    someone else."""
+    if process.poll() is not None:
+        log = (workdir / "door.log").read_text()
+        raise RuntimeError(f"the gateway exited ({process.returncode}):\n{log[-2000:]}")
+
+
 def _config(key: str) -> dict[str, Any]:
     engine = {"kind": "torch", "model_dir": str(ensure_tiny_model()), "max_batch_size": 16}
     team_a = {
@@ -275,6 +285,7 @@ def main(argv: list[str] | None = None) -> int:
     url, process = serve_process(_config(key), workdir, "door", timeout_s=180)
     port = int(url.rsplit(":", 1)[1])
     try:
+        _check_alive(process, workdir)
         _run_phase("warm-up", url, key, process.pid, 3.0)
         phases = [_run_phase("quiet", url, key, process.pid, args.phase_s)]
         phases.append(
@@ -299,6 +310,7 @@ def main(argv: list[str] | None = None) -> int:
                 (port, args.phase_s + 2.0, args.connections, args.addresses, args.trickle_s),
             )
         )
+        _check_alive(process, workdir)
     finally:
         stop_process(process)
     quiet = statistics.median(phases[0].latencies) if phases[0].latencies else None

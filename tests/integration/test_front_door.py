@@ -13,9 +13,10 @@ from typing import Any
 import msgspec
 import pytest
 
+from gateway.observability import MetricsSettings, ObservabilitySettings
 from gateway.settings import ServerSettings, Settings
 from gateway.tenancy import TenancySettings
-from tests.support.gateway import LiveGateway
+from tests.support.gateway import LiveGateway, free_port
 
 HEALTH = b"GET /health/live HTTP/1.1\r\nHost: door\r\n\r\n"
 WAIT_S = 10.0
@@ -24,11 +25,16 @@ WAIT_S = 10.0
 
 @pytest.fixture
 def door() -> Iterator[Callable[..., LiveGateway]]:
-    """Starts a gateway whose server takes the given ``ServerSettings`` fields."""
+    """Starts a gateway whose server takes the given ``ServerSettings`` fields (and serves
+    the metrics on ``metrics_port`` where given)."""
     started: list[LiveGateway] = []
 
-    def start(**server: Any) -> LiveGateway:
-        settings = Settings(server=ServerSettings(**server), tenancy=TenancySettings(auth=False))
+    def start(metrics_port: int | None = None, **server: Any) -> LiveGateway:
+        settings = Settings(
+            server=ServerSettings(**server),
+            tenancy=TenancySettings(auth=False),
+            observability=ObservabilitySettings(metrics=MetricsSettings(port=metrics_port)),
+        )
         gateway = LiveGateway(settings).start()
         started.append(gateway)
         return gateway
@@ -38,11 +44,12 @@ def door() -> Iterator[Callable[..., LiveGateway]]:
         gateway.stop()
 
 
-def connect(gateway: LiveGateway, source: str = "127.0.0.1") -> socket.socket:
-    client = socket.create_connection(
-        ("127.0.0.1", gateway.port), timeout=WAIT_S, source_address=(source, 0)
+def connect(
+    gateway: LiveGateway, source: str = "127.0.0.1", port: int | None = None
+) -> socket.socket:
+    return socket.create_connection(
+        ("127.0.0.1", port or gateway.port), timeout=WAIT_S, source_address=(source, 0)
     )
-    return client
 
 
 def read_answer(client: socket.socket) -> tuple[int, dict[str, str], bytes]:
@@ -192,3 +199,17 @@ def test_what_follows_a_head_within_the_limit_is_read_as_usual(
         assert json.loads(answer)["error"]["param"] == "messages"
         client.sendall(HEALTH * 40)
         assert [read_answer(client)[0] for _ in range(40)] == [200] * 40
+
+
+def test_the_metrics_port_keeps_the_same_bounds_with_counts_of_its_own(
+    door: Callable[..., LiveGateway],
+) -> None:
+    metrics_port = free_port()
+    gateway = door(metrics_port=metrics_port, max_connections=1, max_head_bytes=1024)
+    with connect(gateway) as api, connect(gateway, port=metrics_port) as scrape:
+        api.sendall(HEALTH)
+        assert read_answer(api)[0] == 200
+        with connect(gateway, port=metrics_port) as refused:
+            assert read_answer(refused)[0] == 503
+        scrape.sendall(b"GET /metrics HTTP/1.1\r\nHost: door\r\nX-Big: " + b"a" * 4096)
+        assert read_answer(scrape)[0] == 431

@@ -145,6 +145,8 @@ def uvicorn_config(app: Litestar, settings: Settings, **overrides: Any) -> uvico
         # httptools, each response's head written with its first body (one send, one packet),
         # within the front door's bounds.
         "http": Door(door_limits(settings)),
+        # No route takes a WebSocket: an upgrade would take the connection out of the door.
+        "ws": "none",
     }
     return uvicorn.Config(app, **{**options, **overrides})
 
@@ -261,6 +263,7 @@ class SideListener:
             access_log=False,
             timeout_keep_alive=self._keep_alive_s,
             http=Door(self._door),  # type: ignore[arg-type]  # a protocol factory serves as well
+            ws="none",
         )
         self._server = server = _BesideServer(config)
         self._task = asyncio.create_task(server.serve(sockets=[sock]))

@@ -213,3 +213,22 @@ def test_the_metrics_port_keeps_the_same_bounds_with_counts_of_its_own(
             assert read_answer(refused)[0] == 503
         scrape.sendall(b"GET /metrics HTTP/1.1\r\nHost: door\r\nX-Big: " + b"a" * 4096)
         assert read_answer(scrape)[0] == 431
+
+
+def test_an_upgrade_to_a_websocket_stays_within_the_door(
+    door: Callable[..., LiveGateway],
+) -> None:
+    """No route takes a WebSocket: an upgrade is answered as plain HTTP, and its connection
+    stays counted by the door until it closes."""
+    gateway = door(max_connections=1)
+    upgrade = (
+        b"GET /health/live HTTP/1.1\r\nHost: door\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"
+        b"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n"
+    )
+    for _ in range(3):
+        with connect(gateway) as client:
+            client.sendall(upgrade)
+            assert read_answer(client)[0] == 200
+    with connect(gateway) as client:
+        client.sendall(HEALTH)
+        assert read_answer(client)[0] == 200

@@ -250,3 +250,24 @@ def test_connections_to_triton_are_kept_alive_as_long_as_the_limit_says() -> Non
         assert backend._http._keep_alive_s == seconds
     with pytest.raises(SettingsError, match="triton_keep_alive_s"):
         parse_settings({"limits": {"triton_keep_alive_s": -1}})
+
+
+def test_the_open_files_limit_is_raised_and_a_cap_beyond_it_is_warned_of(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    import resource
+
+    from gateway.server import SPARE_FILES, raise_open_files_limit
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or hard <= 1024:
+        pytest.skip("needs a finite hard limit of open files above 1024")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (1024, hard))
+    try:
+        raise_open_files_limit(hard - SPARE_FILES)
+        assert resource.getrlimit(resource.RLIMIT_NOFILE)[0] == min(hard, 1 << 20)
+        assert "max_connections" not in caplog.text
+        raise_open_files_limit(hard)
+        assert f"server.max_connections is {hard}" in caplog.text
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

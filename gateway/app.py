@@ -31,7 +31,7 @@ from gateway.openai.pipeline import CompletionPipeline
 from gateway.ops import health, metrics
 from gateway.replicas.sources import Resolver, resolve_addresses
 from gateway.runtime import BackendFactory, Runtime, triton_backend
-from gateway.server import SideListener
+from gateway.server import SideListener, door_limits
 from gateway.settings import Settings, SettingsError
 from gateway.tenancy import routes as tenancy_admin
 from gateway.tenancy.service import Tenancy
@@ -167,6 +167,7 @@ def create_app(
             "observability.metrics.port",
             shared=worker is not None,
             keep_alive_s=settings.server.keep_alive_s,
+            door=door_limits(settings),
         )
 
     @asynccontextmanager

@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import gc
 import logging
+import resource
 import signal
 import socket
 import time
@@ -25,13 +26,16 @@ import uvicorn
 from litestar import Litestar
 from litestar.types import ASGIApp
 
-from gateway.http.protocol import HeadWithBodyProtocol
+from gateway.http.door import Door, DoorLimits
 from gateway.runtime import Runtime
 from gateway.settings import Settings, SettingsError
 
 logger = logging.getLogger(__name__)
 REPEAT_WINDOW_S = 1.0
 """A second signal this soon after the first is the same request to stop, not a forced exit."""
+SPARE_FILES = 512
+"""Open files a worker keeps for other uses than client connections: connections to Triton and
+Redis, the metrics port, logs, tokenizer files."""
 
 
 class DrainingServer(uvicorn.Server):
@@ -138,10 +142,45 @@ def uvicorn_config(app: Litestar, settings: Settings, **overrides: Any) -> uvico
         "log_config": None,
         "timeout_graceful_shutdown": int(settings.limits.shutdown_grace_s),
         "timeout_keep_alive": server.keep_alive_s,
-        # httptools, each response's head written with its first body (one send, one packet).
-        "http": HeadWithBodyProtocol,
+        # httptools, each response's head written with its first body (one send, one packet),
+        # within the front door's bounds.
+        "http": Door(door_limits(settings)),
+        # No route takes a WebSocket: an upgrade would take the connection out of the door.
+        "ws": "none",
     }
     return uvicorn.Config(app, **{**options, **overrides})
+
+
+def door_limits(settings: Settings) -> DoorLimits:
+    """What one client may hold of a server of this process."""
+    server = settings.server
+    return DoorLimits(
+        max_head_bytes=server.max_head_bytes,
+        head_timeout_s=server.head_timeout_s,
+        body_timeout_s=server.body_timeout_s,
+        max_connections=server.max_connections,
+        max_connections_per_peer=server.max_connections_per_peer,
+        retry_after_s=settings.limits.retry_after_s,
+    )
+
+
+def raise_open_files_limit(max_connections: int) -> None:
+    """Let this process open as many files as the host allows it (the soft limit is often
+    1024), and warn where that leaves fewer than ``server.max_connections`` for clients: past
+    it, accepting fails and every client, in the cap or not, waits."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft < hard:
+        wanted = max(soft, min(hard, 1 << 20))
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+            soft = wanted
+    if soft - SPARE_FILES < max_connections:
+        logger.warning(
+            "server.max_connections is %d but this process may open only %d files: "
+            "raise the open files limit (ulimit -n) or lower server.max_connections",
+            max_connections,
+            soft,
+        )
 
 
 def run(
@@ -154,6 +193,7 @@ def run(
     until it can never become ready (returns why then); ``on_started`` runs once the app has
     started and the port listens; ``sockets`` are listened on instead of binding the port."""
     config = uvicorn_config(app, settings)
+    raise_open_files_limit(settings.server.max_connections)
     runtime: Runtime = app.state["runtime"]
     DrainingServer(config, runtime, settings, on_started).run(sockets)
     return runtime.lifecycle.failure
@@ -191,6 +231,7 @@ class SideListener:
         what: str,
         *,
         keep_alive_s: int,
+        door: DoorLimits,
         shared: bool = False,
     ) -> None:
         self._app, self._host, self._port, self._what = app, host, port, what
@@ -198,6 +239,8 @@ class SideListener:
         """Several worker processes listen on the port together."""
         self._keep_alive_s = keep_alive_s
         """How long an idle connection stays open, as on the API's port."""
+        self._door = door
+        """What one client may hold of the port, as on the API's port (counted apart)."""
         self._server: _BesideServer | None = None
         self._task: asyncio.Task[None] | None = None
 
@@ -219,6 +262,8 @@ class SideListener:
             log_config=None,
             access_log=False,
             timeout_keep_alive=self._keep_alive_s,
+            http=Door(self._door),  # type: ignore[arg-type]  # a protocol factory serves as well
+            ws="none",
         )
         self._server = server = _BesideServer(config)
         self._task = asyncio.create_task(server.serve(sockets=[sock]))

@@ -181,7 +181,8 @@ class SidecarSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
 
 
 class ServerSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """Where the HTTP server listens."""
+    """Where the HTTP server listens, and what one client may hold of it before its request
+    reaches the app (each worker process keeps these bounds on its own)."""
 
     host: str = "127.0.0.1"
     """Address to bind."""
@@ -196,6 +197,18 @@ class ServerSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
     """How long an idle client connection stays open. Longer than the clients' own idle expiry
     (httpx's 5 s, so the openai SDK's and LangChain's), so that a client never sends on a
     connection the gateway is closing; a load balancer in front should idle out first."""
+    max_head_bytes: Annotated[int, msgspec.Meta(ge=1024)] = 32 * 1024
+    """Largest request head (request line and headers); a larger one gets 431, unread."""
+    head_timeout_s: Annotated[float, msgspec.Meta(gt=0)] = 10.0
+    """Longest a request head may take to arrive, from its first byte (from the connection's
+    start for its first request); a late one gets 408, a connection that sent nothing a close."""
+    body_timeout_s: Annotated[float, msgspec.Meta(gt=0)] = 60.0
+    """Longest a request body may take to arrive after its head; a late one gets 408."""
+    max_connections: Annotated[int, msgspec.Meta(ge=1)] = 4096
+    """Most open client connections per worker process; one more gets 503 and is closed."""
+    max_connections_per_peer: Annotated[int, msgspec.Meta(ge=1)] = 2048
+    """Most open connections per worker process from one client address (a reverse proxy in
+    front is one address: raise this to ``max_connections`` there); one more gets 503."""
 
 
 class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -49,9 +50,15 @@ def _worker_ports() -> range:
 
 
 def free_port() -> int:
-    """A port of this process's share of the project's range that nobody listens on now."""
+    """A port of this process's share of the project's range that nobody listens on now.
+
+    The search starts at a random port of the share: test runs of several checkouts on one
+    host, each starting at the share's first port, would pick the same one and take it from
+    each other between the choice and the bind."""
     ports = _worker_ports()
-    for port in ports:
+    start = random.randrange(len(ports))
+    for offset in range(len(ports)):
+        port = ports[(start + offset) % len(ports)]
         with socket.socket() as sock:
             try:
                 sock.bind(("127.0.0.1", port))

@@ -219,6 +219,22 @@ def test_uvicorn_keeps_idle_connections_longer_than_the_clients_do() -> None:
         parse_settings({"server": {"keep_alive_s": 0}})
 
 
+def test_the_server_keeps_the_front_doors_limits_of_the_settings() -> None:
+    from gateway.http.door import Door, DoorLimits
+
+    app = Litestar([])
+    door = uvicorn_config(app, Settings()).http
+    assert isinstance(door, Door) and door.limits == DoorLimits()
+    server = {"max_head_bytes": 2048, "head_timeout_s": 1.5, "body_timeout_s": 4.0,
+              "max_connections": 10, "max_connections_per_peer": 3}  # fmt: skip
+    door = uvicorn_config(app, parse_settings({"server": server})).http
+    assert isinstance(door, Door)
+    assert door.limits == DoorLimits(**server, retry_after_s=5)
+    for name, value in [("max_head_bytes", 100), ("head_timeout_s", 0), ("max_connections", 0)]:
+        with pytest.raises(SettingsError, match=name):
+            parse_settings({"server": {name: value}})
+
+
 def test_connections_to_triton_are_kept_alive_as_long_as_the_limit_says() -> None:
     from adapters.triton.client import TritonBackend
     from gateway.app import create_app
@@ -234,3 +250,24 @@ def test_connections_to_triton_are_kept_alive_as_long_as_the_limit_says() -> Non
         assert backend._http._keep_alive_s == seconds
     with pytest.raises(SettingsError, match="triton_keep_alive_s"):
         parse_settings({"limits": {"triton_keep_alive_s": -1}})
+
+
+def test_the_open_files_limit_is_raised_and_a_cap_beyond_it_is_warned_of(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    import resource
+
+    from gateway.server import SPARE_FILES, raise_open_files_limit
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or hard <= 1024:
+        pytest.skip("needs a finite hard limit of open files above 1024")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (1024, hard))
+    try:
+        raise_open_files_limit(hard - SPARE_FILES)
+        assert resource.getrlimit(resource.RLIMIT_NOFILE)[0] == min(hard, 1 << 20)
+        assert "max_connections" not in caplog.text
+        raise_open_files_limit(hard)
+        assert f"server.max_connections is {hard}" in caplog.text
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

@@ -30,6 +30,7 @@ PROMPT = "The quick brown fox"
 MAX_TOKENS = 12
 KEYS = {"all": new_key(), "limited": new_key()}
 ADMIN_KEY = new_key()
+SCRAPER = {"Authorization": f"Bearer {ADMIN_KEY}"}
 VARIANTS = [None, "lora-a", "lora-b"]
 
 
@@ -196,7 +197,7 @@ def test_metrics_name_an_adapter_one_way_whatever_the_client_called_it(
     gateway: LiveGateway,
 ) -> None:
     def served(adapter: str) -> float:
-        text = httpx.get(f"{gateway.url}/metrics").text
+        text = httpx.get(f"{gateway.url}/metrics", headers=SCRAPER).text
         return total(text, "gateway_generation_requests_total", adapter=adapter, model="tiny")
 
     before = served("lora-b")
@@ -204,7 +205,7 @@ def test_metrics_name_an_adapter_one_way_whatever_the_client_called_it(
     for name in ("lora-b", "tiny:lora-b"):
         client.completions.create(model=name, prompt=PROMPT, max_tokens=2)
     assert served("lora-b") - before == 2
-    assert 'adapter="tiny:lora-b"' not in httpx.get(f"{gateway.url}/metrics").text
+    assert 'adapter="tiny:lora-b"' not in httpx.get(f"{gateway.url}/metrics", headers=SCRAPER).text
 
 
 def test_adapters_load_and_unload_at_run_time_with_the_admin_key(

@@ -47,10 +47,12 @@ async def openapi_json(request: Request[Any, Any, Any]) -> dict[str, Any]:
     return _document(tenancy.is_admin(request.headers))
 
 
-@get(["/docs", "/docs/"], media_type=MediaType.HTML)
+@get("/docs", media_type=MediaType.HTML)
 async def docs(request: Request[Any, Any, Any]) -> str:
-    """A page rendering the OpenAPI document."""
-    return docs_page(request.url.path)
+    """A page rendering the OpenAPI document, at ``/docs`` and ``/docs/``."""
+    # The router answers both paths here; the one asked for is the raw path's.
+    raw: bytes = request.scope.get("raw_path") or request.url.path.encode()
+    return docs_page(raw.decode("latin-1"))
 
 
 @get("/docs/assets/{name:str}", include_in_schema=False)

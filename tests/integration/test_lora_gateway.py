@@ -218,6 +218,11 @@ def test_adapters_load_and_unload_at_run_time_with_the_admin_key(
     assert httpx.post(f"{url}/v1/load_lora_adapter", json=body, headers=tenant).status_code == 401
     loaded = httpx.post(f"{url}/v1/load_lora_adapter", json=body, headers=admin)
     assert loaded.status_code == 200, loaded.text
+    card = loaded.json()
+    assert (card["id"], card["object"], card["parent"]) == ("lora-c", "model", "tiny")
+    assert httpx.get(f"{url}/v1/models/lora-c", headers=admin).json() == card
+    listed = httpx.get(f"{url}/v1/models", headers=admin).json()["data"]
+    assert card in listed
     assert _complete(_client(gateway), "lora-c", stream=True)[0] == references["lora-b"]
     again = httpx.post(f"{url}/v1/load_lora_adapter", json=body, headers=admin)
     assert again.status_code == 400 and "already loaded" in again.json()["error"]["message"]

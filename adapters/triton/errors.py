@@ -39,6 +39,11 @@ _CONTEXT = (
 )
 _LORA = ("The LoRA adapter could not be applied to this model.", "model")
 _UNSUPPORTED = ("A parameter of this request is not supported by this model.", None)
+_GUIDE = (
+    "The requested output format (response_format, or a tool's parameters) is not a schema this "
+    "model can follow.",
+    None,
+)
 _REFUSED = ("The model refused a parameter of this request; check its values.", None)
 
 # Refusals of the request, with what the client is told and the field at fault: Triton's and the
@@ -57,7 +62,7 @@ _REFUSAL_RULES: tuple[tuple[str, tuple[str, str | None]], ...] = (
     ("expected lora weights", _LORA),
     ("invalid low_rank", _LORA),
     ("not enabled for this model", _UNSUPPORTED),
-    ("guided_decoding_guide", ("This model cannot follow the requested output format.", None)),
+    ("guided_decoding_guide", _GUIDE),
     ("is only supported", _UNSUPPORTED),
     ("is not supported with", _UNSUPPORTED),
     ("exceeds maximum input length", _CONTEXT),

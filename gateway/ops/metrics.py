@@ -2,9 +2,9 @@
 
 They sit behind the admin key whenever one is set (tenant names, adapter names and Triton's
 model names are label values, so tenants must not read them); ``observability.metrics.auth:
-none`` opens them to whoever reaches the port; ``observability.metrics.port`` moves them off the API
-port onto one of their own (``metrics_app``), which a load balancer in front of the API never
-reaches.
+none`` opens them to whoever reaches the port; ``observability.metrics.port`` moves them off
+the API port onto one of their own (``metrics_app``), which a load balancer in front of the API
+never reaches.
 """
 
 from __future__ import annotations

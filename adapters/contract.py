@@ -257,12 +257,19 @@ class ModelNotFound(BackendError):
 
 
 class InvalidRequest(BackendError):
-    """The backend rejected the request's parameters."""
+    """The backend rejected the request's parameters.
 
-    def __init__(self, message: str, *, param: str | None = None) -> None:
+    Its message is what the client is told: what to change, in the API's terms, never the
+    deployment's internals (Triton model names, request ids, Triton's own error text); those go
+    in ``detail``, which only the log shows.
+    """
+
+    def __init__(self, message: str, *, param: str | None = None, detail: str = "") -> None:
         super().__init__(message)
         self.param = param
         """The request field at fault (e.g. ``top_k``), when one is known."""
+        self.detail = detail
+        """What the deployment said or lacks, for the operator's log."""
 
 
 class LoraNotCached(BackendError):

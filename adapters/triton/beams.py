@@ -30,15 +30,17 @@ def beam_inputs(beam: BeamSearch, model: ModelInputs, *, logprobs: bool) -> list
     ``num_output_tokens`` (where they have it) sums every beam's."""
     if logprobs and not model.is_engine:
         raise InvalidRequest(
-            f"logprobs cannot be combined with use_beam_search through {model.name}: it returns "
-            "each beam's text, not its token count, so log probs cannot be matched to tokens; "
-            "the tensorrt_llm entry returns them per beam.",
+            "logprobs cannot be combined with use_beam_search on this model: it returns each "
+            "beam's text, not its tokens, so log probs cannot be matched to tokens.",
             param="logprobs",
+            detail=f"Triton model {model.name} is not the engine; the tensorrt_llm entry returns "
+            "log probs per beam",
         )
     if not model.has("beam_width"):
         raise InvalidRequest(
-            f"use_beam_search cannot be served: Triton model {model.name} has no beam_width input.",
+            "use_beam_search is not supported by this model.",
             param="use_beam_search",
+            detail=f"Triton model {model.name} has no beam_width input",
         )
     if model.max_beam_width is not None and beam.width > model.max_beam_width:
         raise InvalidRequest(
@@ -51,9 +53,9 @@ def beam_inputs(beam: BeamSearch, model: ModelInputs, *, logprobs: bool) -> list
         spec = model.first_input("length_penalty", "len_penalty")
         if spec is None:
             raise InvalidRequest(
-                f"length_penalty cannot be served: Triton model {model.name} has no length "
-                "penalty input.",
+                "length_penalty is not supported by this model.",
                 param="length_penalty",
+                detail=f"Triton model {model.name} has no length penalty input",
             )
         tensors.append(WireTensor(spec.name, "FP32", np.array([[beam.length_penalty]], np.float32)))
     early = beam.early_stopping
@@ -74,6 +76,7 @@ def beam_width_named(beam: BeamSearch | None) -> Iterator[None]:
         raise InvalidRequest(
             f"{beam.param} asks for {beam.width} beams, which the model refused: {exc}",
             param=beam.param,
+            detail=exc.detail,
         ) from exc
 
 
@@ -81,16 +84,17 @@ def _early_stopping(value: int, model: ModelInputs) -> WireTensor:
     spec = model.inputs.get("early_stopping") if model.has("early_stopping") else None
     if spec is None:
         raise InvalidRequest(
-            f"early_stopping cannot be served: Triton model {model.name} has no early_stopping "
-            "input, and its engine stops early (TensorRT-LLM's default, early_stopping true).",
+            "early_stopping is not supported by this model, which always stops early.",
             param="early_stopping",
+            detail=f"Triton model {model.name} has no early_stopping input, and its engine "
+            "stops early (TensorRT-LLM's default, early_stopping true)",
         )
     if spec.datatype == "BOOL":
         if value == _NEVER:
             raise InvalidRequest(
-                f"early_stopping 'never' cannot be served: Triton model {model.name} takes "
-                "early_stopping as a bool.",
+                "early_stopping 'never' is not supported by this model; send true or false.",
                 param="early_stopping",
+                detail=f"Triton model {model.name} takes early_stopping as a bool",
             )
         return WireTensor(spec.name, "BOOL", np.array([[bool(value)]], np.bool_))
     return WireTensor(spec.name, "INT32", np.array([[value]], np.int32))

@@ -37,30 +37,54 @@ _MESSAGE_RULES: tuple[tuple[str, type[BackendError]], ...] = (
     ("server is shutting down", BackendUnavailable),
     ("deadline exceeded", BackendTimeout),
     ("timeout expired", BackendTimeout),
-    ("unexpected inference input", InvalidRequest),
-    ("unexpected shape for input", InvalidRequest),
-    ("missing required input", InvalidRequest),
-    ("data-type is", InvalidRequest),
-    ("number of inputs", InvalidRequest),
-    ("is required", InvalidRequest),
-    ("must be a single value", InvalidRequest),
-    ("must be set for lora", InvalidRequest),
-    ("must have both lora_weights", InvalidRequest),
-    ("expected lora weights", InvalidRequest),
-    ("invalid low_rank", InvalidRequest),
-    ("not enabled for this model", InvalidRequest),
-    ("is only supported", InvalidRequest),
-    ("is not supported with", InvalidRequest),
-    ("exceeds maximum input length", InvalidRequest),
-    ("exceeds maximum sequence length", InvalidRequest),
-    ("invalid argument", InvalidRequest),
-    ("must not be negative", InvalidRequest),
-    ("must be positive", InvalidRequest),
-    ("must not exceed", InvalidRequest),
-    ("must be at least", InvalidRequest),
-    ("must be between", InvalidRequest),
-    ("no room is left for output", InvalidRequest),
-    ("image token(s) but", InvalidRequest),  # the prompt's image tokens and its images differ
+)
+
+_CONTEXT = (
+    "The prompt plus max_tokens is longer than this model's context length; shorten the "
+    "prompt or lower max_tokens.",
+    "max_tokens",
+)
+_LORA = ("The LoRA adapter could not be applied to this model.", "model")
+_UNSUPPORTED = ("A parameter of this request is not supported by this model.", None)
+_BAD_GUIDE = (
+    "The requested output format (response_format, or a tool's parameters) is not a schema this "
+    "model can follow."
+)
+_LATE_GUIDE = (
+    "The requested output format (response_format, or a tool's parameters) took too long to "
+    "compile; send a smaller or shallower schema."
+)
+_REFUSED = ("The model refused a parameter of this request; check its values.", None)
+
+# Refusals of the request, with what the client is told and the field at fault: Triton's and the
+# engine's own words name the deployment's models, tensors and request ids, so they only go to
+# the log (``InvalidRequest.detail``).
+_REFUSAL_RULES: tuple[tuple[str, tuple[str, str | None]], ...] = (
+    ("unexpected inference input", _REFUSED),
+    ("unexpected shape for input", _REFUSED),
+    ("missing required input", _REFUSED),
+    ("data-type is", _REFUSED),
+    ("number of inputs", _REFUSED),
+    ("is required", _REFUSED),
+    ("must be a single value", _REFUSED),
+    ("must be set for lora", _LORA),
+    ("must have both lora_weights", _LORA),
+    ("expected lora weights", _LORA),
+    ("invalid low_rank", _LORA),
+    ("not enabled for this model", _UNSUPPORTED),
+    ("is only supported", _UNSUPPORTED),
+    ("is not supported with", _UNSUPPORTED),
+    ("exceeds maximum input length", _CONTEXT),
+    ("exceeds maximum sequence length", _CONTEXT),
+    ("invalid argument", _REFUSED),
+    ("must not be negative", _REFUSED),
+    ("must be positive", _REFUSED),
+    ("must not exceed", _REFUSED),
+    ("must be at least", _REFUSED),
+    ("must be between", _REFUSED),
+    ("no room is left for output", _CONTEXT),
+    # the prompt's image tokens and its images differ
+    ("image token(s) but", ("The request's images do not match its prompt.", "messages")),
 )
 
 # Refusals of a request's beam width, whichever engine words them (the torch engine's
@@ -68,15 +92,15 @@ _MESSAGE_RULES: tuple[tuple[str, type[BackendError]], ...] = (
 # torch_max_batch_size``, TensorRT-LLM's ``Requested beam width 4 is larger than configured max
 # beam width 1``): the request field is ``beam_width``.
 _BEAM_WIDTH_RULES = ("max_beam_width", "max beam width", "exceeds torch_max_batch_size")
+BEAM_WIDTH_REFUSED = "the number of beams is more than this model serves"
 
 _STATUS_RULES: dict[str, type[BackendError]] = {
     "UNAVAILABLE": BackendUnavailable,
     "RESOURCE_EXHAUSTED": BackendUnavailable,
     "NOT_FOUND": ModelNotFound,
-    "INVALID_ARGUMENT": InvalidRequest,
-    "OUT_OF_RANGE": InvalidRequest,
     "DEADLINE_EXCEEDED": BackendTimeout,
 }
+_REFUSAL_STATUSES = frozenset({"INVALID_ARGUMENT", "OUT_OF_RANGE"})
 
 
 def classify(message: str, status: str | None = None) -> BackendError:
@@ -84,19 +108,26 @@ def classify(message: str, status: str | None = None) -> BackendError:
 
     ``status`` is a gRPC status name, with or without the ``StatusCode.`` prefix.
     A status that names a transport failure wins over the message; otherwise the message
-    decides, then the status, then ``InferenceFailed``.
+    decides, then the status, then ``InferenceFailed``. A refusal (``InvalidRequest``) says
+    what the client can change; ``message`` becomes its ``detail``.
     """
     code = (status or "").removeprefix("StatusCode.").upper()
     if code in {"UNAVAILABLE", "DEADLINE_EXCEEDED"}:
         return _STATUS_RULES[code](message)
     lowered = message.lower()
     if any(needle in lowered for needle in _BEAM_WIDTH_RULES):
-        return InvalidRequest(message, param=BEAM_WIDTH)
+        return InvalidRequest(BEAM_WIDTH_REFUSED, param=BEAM_WIDTH, detail=message)
     if GUIDE in lowered:
-        return InvalidRequest(message, param=GUIDE)
+        said = _LATE_GUIDE if "did not compile within" in lowered else _BAD_GUIDE
+        return InvalidRequest(said, param=GUIDE, detail=message)
     for needle, error in _MESSAGE_RULES:
         if needle in lowered:
             return error(message)
+    for needle, (said, param) in _REFUSAL_RULES:
+        if needle in lowered:
+            return InvalidRequest(said, param=param, detail=message)
+    if code in _REFUSAL_STATUSES:
+        return InvalidRequest(_REFUSED[0], detail=message)
     return _STATUS_RULES.get(code, InferenceFailed)(message)
 
 
@@ -111,7 +142,7 @@ def guide_named(guide: Guide | None) -> Iterator[None]:
         if guide is None or exc.param != GUIDE:
             raise
         field = "tools" if guide.param == "tool_choice" else guide.param
-        raise InvalidRequest(f"the grammar of {field} was refused: {exc}", param=field) from exc
+        raise InvalidRequest(str(exc), param=field, detail=exc.detail) from exc
 
 
 class HttpError(Exception):

@@ -17,14 +17,16 @@ def check_images(model: ModelInputs) -> None:
     """Refuse images for a Triton model that cannot take them."""
     if model.is_engine:
         raise InvalidRequest(
-            f"Triton model {model.name} is the engine itself, which takes no images: serve this "
-            "model through its ensemble or BLS (entry ensemble or tensorrt_llm_bls) for images",
+            "This model takes no images.",
             param="messages",
+            detail=f"Triton model {model.name} is the engine itself, which takes no images: "
+            "serve this model through its ensemble or BLS (entry ensemble or tensorrt_llm_bls)",
         )
     if not model.has("image_url_input"):
         raise InvalidRequest(
-            f"Triton model {model.name} declares no image_url_input: it takes no images",
+            "This model takes no images.",
             param="messages",
+            detail=f"Triton model {model.name} declares no image_url_input",
         )
 
 

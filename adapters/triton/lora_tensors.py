@@ -17,9 +17,9 @@ def lora_inputs(
     task = model.inputs.get("lora_task_id")
     if task is None:
         raise InvalidRequest(
-            f"this deployment does not serve LoRA adapters: Triton model {model.name} has no "
-            "lora_task_id input",
+            "This deployment does not serve LoRA adapters.",
             param="model",
+            detail=f"Triton model {model.name} has no lora_task_id input",
         )
     tensors = [scalar(task, "model", adapter.task_id)]
     if not with_weights or adapter.weights is None or adapter.config is None:
@@ -39,7 +39,11 @@ def _lora_weights(adapter: LoraAdapter, spec: TensorSpec) -> WireTensor:
         return WireTensor(spec.name, "BF16", _bfloat16_bits(weights))
     numpy_type = NUMPY_TYPES.get(spec.datatype)
     if numpy_type is None or not np.issubdtype(numpy_type, np.floating):
-        raise InvalidRequest(f"unsupported lora_weights datatype {spec.datatype}", param="model")
+        raise InvalidRequest(
+            "This deployment cannot take this adapter's weights.",
+            param="model",
+            detail=f"unsupported lora_weights datatype {spec.datatype}",
+        )
     return WireTensor(spec.name, spec.datatype, weights.astype(numpy_type, copy=False))
 
 

@@ -134,11 +134,11 @@ def _unsupported(field_name: str, model: ModelInputs, names: tuple[str, ...]) ->
     if dropped is None:
         return InvalidRequest(f"this model does not support '{field_name}'", param=field_name)
     return InvalidRequest(
-        f"'{field_name}' cannot be honoured by Triton model {model.name}: it declares the input "
-        f"'{dropped}' but does not pass it on to its engine (the stock tensorrt_llm_bls before "
-        "TensorRT-LLM v0.13 drops it). Leave it out, use 0 for greedy decoding, or serve the "
-        "model through the ensemble or this project's BLS.",
+        f"'{field_name}' is not supported by this model: leave it out (0 for greedy decoding).",
         param=field_name,
+        detail=f"Triton model {model.name} declares the input '{dropped}' but does not pass it "
+        "on to its engine (the stock tensorrt_llm_bls before TensorRT-LLM v0.13 drops it); serve "
+        "the model through the ensemble or this project's BLS",
     )
 
 
@@ -146,7 +146,11 @@ def _engine_prompt(request: GenerationRequest, model: ModelInputs) -> list[WireT
     """Token ids, their count, the output budget, and the tokenizer's end and pad ids."""
     tokens = request.tokens
     if tokens is None or not request.prompt_ids:
-        raise InvalidRequest(f"{model.name} takes token ids: the request has none", param="prompt")
+        raise InvalidRequest(
+            "This model takes a prompt of token ids, and the request has none.",
+            param="prompt",
+            detail=f"Triton model {model.name} takes token ids",
+        )
     tensors = [
         WireTensor("input_ids", "INT32", [list(request.prompt_ids)]),
         WireTensor("input_lengths", "INT32", [[len(request.prompt_ids)]]),
@@ -227,7 +231,11 @@ def guide_inputs(guide: Guide, model: ModelInputs) -> list[WireTensor]:
                 f"Triton model {model.name} has no guided_decoding_guide_type input "
                 "(TensorRT-LLM v0.19 and later have it)"
             )
-        raise InvalidRequest(f"'{guide.param}' needs guided decoding, but {why}", param=guide.param)
+        raise InvalidRequest(
+            f"'{guide.param}' needs guided decoding, which this model does not support.",
+            param=guide.param,
+            detail=why,
+        )
     tensors = [text("guided_decoding_guide_type", guide.guide_type)]
     if guide.guide is not None:
         tensors.append(text("guided_decoding_guide", guide.guide))

@@ -131,7 +131,11 @@ def scalar(spec: TensorSpec | None, param: str, value: float, default: str = "FP
     datatype = spec.datatype if spec is not None else default
     numpy_type = NUMPY_TYPES.get(datatype)
     if numpy_type is None:
-        raise InvalidRequest(f"input '{name}' has unsupported datatype {datatype}", param=param)
+        raise InvalidRequest(
+            f"'{param}' is not supported by this model.",
+            param=param,
+            detail=f"input '{name}' has unsupported datatype {datatype}",
+        )
     limits = _INT_LIMITS.get(datatype)
     if limits is not None:
         low, high = limits

@@ -8,10 +8,11 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
-from litestar import MediaType, Response, get
+from litestar import MediaType, Request, Response, get
 from litestar.exceptions import NotFoundException
 
-from gateway.http.openapi import DOCS_PAGE, document
+from gateway.http.openapi import docs_page, document
+from gateway.tenancy.service import Tenancy
 
 # The Swagger UI files the page loads, from the swagger-ui-py wheel: no CDN, so the page works
 # on hosts without network.
@@ -23,12 +24,12 @@ ASSETS = {
 
 
 @cache
-def _document() -> dict[str, Any]:
+def _document(admin: bool) -> dict[str, Any]:
     try:
         release = version("triton-gateway")
     except PackageNotFoundError:
         release = "0"
-    return document(release)
+    return document(release, admin=admin)
 
 
 @cache
@@ -40,15 +41,18 @@ def _asset(name: str) -> bytes:
 
 
 @get("/openapi.json", media_type=MediaType.JSON)
-async def openapi_json() -> dict[str, Any]:
-    """This API's OpenAPI 3.1 document."""
-    return _document()
+async def openapi_json(request: Request[Any, Any, Any]) -> dict[str, Any]:
+    """This API's OpenAPI 3.1 document: the admin API's routes only for the admin key."""
+    tenancy: Tenancy = request.app.state.runtime.tenancy
+    return _document(tenancy.is_admin(request.headers))
 
 
 @get("/docs", media_type=MediaType.HTML)
-async def docs() -> str:
-    """A page rendering the OpenAPI document."""
-    return DOCS_PAGE
+async def docs(request: Request[Any, Any, Any]) -> str:
+    """A page rendering the OpenAPI document, at ``/docs`` and ``/docs/``."""
+    # The router answers both paths here; the one asked for is the raw path's.
+    raw: bytes = request.scope.get("raw_path") or request.url.path.encode()
+    return docs_page(raw.decode("latin-1"))
 
 
 @get("/docs/assets/{name:str}", include_in_schema=False)

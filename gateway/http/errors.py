@@ -22,7 +22,9 @@ Every error a client sees is an ``APIError``, rendered as OpenAI's ``{"error": {
 The backend's errors (``adapters.contract``) map onto it in ``from_backend_error``:
 ``BackendUnavailable`` and ``ModelNotFound`` (the deployment lacks the model) → 503,
 ``BackendTimeout`` → 504, ``InvalidRequest`` → 400 naming its field, ``LoraNotCached`` (only
-after the resend) and ``InferenceFailed`` → 500.
+after the resend) and ``InferenceFailed`` → 500. None of them shows the client the deployment's
+internals (Triton model names, request ids, Triton's own words): those are logged, under the
+request's id.
 """
 
 from __future__ import annotations
@@ -214,9 +216,8 @@ def from_backend_error(exc: BackendError, *, retry_after_s: int) -> APIError:
     if isinstance(exc, BackendTimeout):
         return GatewayTimeoutError("The model did not finish within the request timeout.")
     if isinstance(exc, InvalidRequest):
-        return InvalidRequestError(
-            f"The model backend rejected the request: {exc}", param=exc.param
-        )
+        # The contract's message is worded for the client; its detail stays in the log.
+        return InvalidRequestError(str(exc), param=exc.param, code="invalid_value")
     return InternalServerError("The model backend failed while generating.")
 
 
@@ -245,7 +246,13 @@ def to_api_error(exc: BaseException, *, retry_after_s: int = 5) -> APIError:
         return exc
     if isinstance(exc, BackendError):
         error = from_backend_error(exc, retry_after_s=retry_after_s)
-        logger.warning("backend failure answered with %s: %r", error.status_code, exc)
+        detail = exc.detail if isinstance(exc, InvalidRequest) and exc.detail else str(exc)
+        logger.warning(
+            "backend failure answered with %s: %s: %s",
+            error.status_code,
+            type(exc).__name__,
+            detail,
+        )
         return error
     if isinstance(exc, msgspec.DecodeError):
         return from_decode_error(exc)

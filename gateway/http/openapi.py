@@ -59,8 +59,8 @@ OPERATIONS = (
               answer=ModelList),
     Operation("get", "/v1/models/{model_id}", "Describe one model", "OpenAI",
               answer=ModelCard, parameters=("model_id",)),
-    Operation("post", "/v1/load_lora_adapter", "Load a LoRA adapter", "Admin",
-              LoadAdapter, security="admin", media_type="text/plain"),
+    Operation("post", "/v1/load_lora_adapter", "Load a LoRA adapter; answers its model card",
+              "Admin", LoadAdapter, ModelCard, security="admin"),
     Operation("post", "/v1/unload_lora_adapter", "Unload a LoRA adapter", "Admin",
               UnloadAdapter, security="admin", media_type="text/plain"),
     Operation("get", "/admin/tenants", "List tenants", "Admin", answer=Listing, security="admin"),
@@ -86,9 +86,9 @@ OPERATIONS = (
 )  # fmt: skip
 
 
-def _types() -> list[Any]:
+def _types(operations: list[Operation]) -> list[Any]:
     found: list[Any] = [ErrorEnvelope]
-    for operation in OPERATIONS:
+    for operation in operations:
         found += [t for t in (operation.body, operation.answer, operation.stream) if t is not None]
     return list(dict.fromkeys(found))
 
@@ -139,11 +139,13 @@ def _operation(operation: Operation) -> dict[str, Any]:
     return entry
 
 
-def document(version: str) -> dict[str, Any]:
-    """The OpenAPI 3.1 document of the gateway."""
-    _, components = msgspec.json.schema_components(_types(), ref_template=REF)
+def document(version: str, *, admin: bool = True) -> dict[str, Any]:
+    """The OpenAPI 3.1 document of the gateway; ``admin=False`` leaves out the admin API (its
+    routes and their schemas), which only the admin key may read about."""
+    operations = [op for op in OPERATIONS if admin or op.security != "admin"]
+    _, components = msgspec.json.schema_components(_types(operations), ref_template=REF)
     paths: dict[str, dict[str, Any]] = {}
-    for operation in OPERATIONS:
+    for operation in operations:
         paths.setdefault(operation.path, {})[operation.method] = _operation(operation)
     return {
         "openapi": "3.1.0",
@@ -158,7 +160,7 @@ def document(version: str) -> dict[str, Any]:
             "schemas": components,
             "securitySchemes": {
                 "api_key": {"type": "http", "scheme": "bearer"},
-                "admin": {"type": "http", "scheme": "bearer"},
+                **({"admin": {"type": "http", "scheme": "bearer"}} if admin else {}),
             },
         },
     }
@@ -166,11 +168,20 @@ def document(version: str) -> dict[str, Any]:
 
 DOCS_PAGE = """<!doctype html>
 <html><head><meta charset="utf-8"><title>triton-gateway API</title>
-<link rel="stylesheet" href="docs/assets/swagger-ui.css">
-<link rel="icon" type="image/png" href="docs/assets/favicon-32x32.png"></head>
+<link rel="stylesheet" href="{assets}swagger-ui.css">
+<link rel="icon" type="image/png" href="{assets}favicon-32x32.png"></head>
 <body><div id="swagger-ui"></div>
-<script src="docs/assets/swagger-ui-bundle.js"></script>
-<script>SwaggerUIBundle({url: "openapi.json", dom_id: "#swagger-ui", validatorUrl: null});</script>
-<noscript>The API description is at <a href="openapi.json">openapi.json</a>.</noscript>
+<script src="{assets}swagger-ui-bundle.js"></script>
+<script>SwaggerUIBundle({{url: "{document}", dom_id: "#swagger-ui", validatorUrl: null}});</script>
+<noscript>The API description is at <a href="{document}">openapi.json</a>.</noscript>
 </body></html>
 """
+
+
+def docs_page(path: str) -> str:
+    """The page as served at ``path`` (``/docs`` or ``/docs/``). Its links stay relative, so it
+    works behind a proxy that serves the gateway under a prefix; relative to ``/docs/`` they
+    start one level lower."""
+    if path.endswith("/"):
+        return DOCS_PAGE.format(assets="assets/", document="../openapi.json")
+    return DOCS_PAGE.format(assets="docs/assets/", document="openapi.json")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+import re
 import time
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -10,7 +12,10 @@ from typing import Any
 from gateway.ids import random_hex
 
 REQUEST_ID_HEADER = "x-request-id"
-_MAX_REQUEST_ID = 128
+SAFE_REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+"""The client ids taken as they are: no spaces, ``=`` or quotes, so one cannot write fields of
+its own (``tenant=team-a``) into a log line or change the Triton request id's shape."""
+logger = logging.getLogger(__name__)
 
 
 @dataclass(eq=False)
@@ -69,8 +74,17 @@ def end(token: Any) -> None:
 
 
 def request_id_from(headers: dict[str, str]) -> str:
-    """The client's ``X-Request-ID`` when it is printable and short, else a new one."""
-    given = headers.get(REQUEST_ID_HEADER, "")
-    if given and len(given) <= _MAX_REQUEST_ID and given.isprintable() and given.isascii():
+    """The client's ``X-Request-ID`` when ``SAFE_REQUEST_ID`` matches all of it, else a new one
+    (the refused value is logged escaped, and shortened)."""
+    given = headers.get(REQUEST_ID_HEADER)
+    if given is not None and SAFE_REQUEST_ID.fullmatch(given):
         return given
-    return random_hex(16)
+    generated = random_hex(16)
+    if given is not None:
+        logger.info(
+            "X-Request-ID %s refused (allowed: %s); request id %s instead",
+            ascii(given[:256]),
+            SAFE_REQUEST_ID.pattern,
+            generated,
+        )
+    return generated

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import Any
 
-from litestar import MediaType, Response, get
+from litestar import MediaType, Request, Response, get
 
 from gateway.catalog.registry import ServedModel
 from gateway.runtime import Runtime
@@ -33,14 +34,19 @@ async def _model_ready(runtime: Runtime, model: ServedModel) -> bool:
 
 
 @get("/health/ready", media_type=MediaType.JSON)
-async def ready(runtime: Runtime) -> Response[dict[str, object]]:
+async def ready(request: Request[Any, Any, Any], runtime: Runtime) -> Response[dict[str, object]]:
     """200 once every configured model is ready in its Triton (at least one replica of a model
-    with several); 503 before and while stopping."""
+    with several); 503 before and while stopping. Anyone (a Kubernetes probe) reads the status;
+    the readiness of each model only the admin key, or anyone while auth is off (then
+    ``/v1/models`` lists every model to anyone anyway)."""
     models = list(runtime.registry)
     accepting = runtime.lifecycle.accepting
     states = await asyncio.gather(*(_model_ready(runtime, m) for m in models)) if accepting else []
     ready_models = {model.name: state for model, state in zip(models, states, strict=False)}
     ok = accepting and bool(models) and all(ready_models.values())
-    body: dict[str, object] = {"status": "ready" if ok else "not_ready", "models": ready_models}
+    body: dict[str, object] = {"status": "ready" if ok else "not_ready"}
+    tenancy = runtime.tenancy
+    if not tenancy.settings.auth or tenancy.is_admin(request.headers):
+        body["models"] = ready_models
     headers = {} if ok else {"Retry-After": str(runtime.settings.limits.retry_after_s)}
     return Response(body, status_code=200 if ok else 503, headers=headers)

@@ -1,9 +1,10 @@
 """Prometheus metrics: the gateway's own and its sidecars', for whoever the settings let in.
 
-``observability.metrics.auth: admin`` puts them behind the admin key (tenant names are label
-values, so tenants must not read them); ``observability.metrics.port`` moves them off the API
-port onto one of their own (``metrics_app``), which a load balancer in front of the API never
-reaches.
+They sit behind the admin key whenever one is set (tenant names, adapter names and Triton's
+model names are label values, so tenants must not read them); ``observability.metrics.auth:
+none`` opens them to whoever reaches the port; ``observability.metrics.port`` moves them off
+the API port onto one of their own (``metrics_app``), which a load balancer in front of the API
+never reaches.
 """
 
 from __future__ import annotations
@@ -21,13 +22,21 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from gateway.http.errors import ResourceNotFoundError, ServiceUnavailableError
 from gateway.runtime import Runtime
+from gateway.settings import Settings
 
 
 async def scraper(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler) -> None:
     """Let through whoever ``observability.metrics.auth`` allows."""
     runtime: Runtime = connection.app.state["runtime"]
-    if runtime.settings.observability.metrics.auth == "admin":
+    if metrics_need_admin_key(runtime.settings):
         runtime.tenancy.authenticate_admin(connection.headers)
+
+
+def metrics_need_admin_key(settings: Settings) -> bool:
+    """Whether only the admin key reads the metrics: ``admin``, or ``auto`` with a key set."""
+    auth = settings.observability.metrics.auth
+    has_key = settings.tenancy.admin_key_sha256 is not None
+    return auth == "admin" or (auth == "auto" and has_key)
 
 
 @get("/metrics", media_type=CONTENT_TYPE_LATEST)

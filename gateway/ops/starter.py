@@ -44,7 +44,7 @@ models:
       - {{name: {adapter}, path: {adapter_folder}}}
 server: {{host: 127.0.0.1, port: 8000}}
 tenancy:
-  admin_key_sha256: {admin}     # opens /admin and the LoRA endpoints
+  admin_key_sha256: {admin}     # opens /admin, the LoRA endpoints and /metrics
   tenants:
     - name: team-a
       models: ["{model}"]

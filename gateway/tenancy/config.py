@@ -8,8 +8,13 @@ from typing import Literal
 
 import msgspec
 
-NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-SHA256 = re.compile(r"^[0-9a-f]{64}$")
+# Matched whole (``fullmatch``): ``$`` under ``re.match`` would also take a trailing newline.
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+SHA256 = re.compile(r"[0-9a-f]{64}")
+KEY_NAME = re.compile(r"[\x20-\x7e]{0,128}")
+"""What a key's name may be: up to 128 printable ASCII characters (it shows in listings)."""
+MAX_PRIORITY = 100
+"""The highest priority level a tenant may be given (Triton's levels are few; 1 is the top)."""
 LIMITS = (
     "requests_per_minute",
     "tokens_per_minute",
@@ -41,8 +46,8 @@ class TenantPolicy(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     """Largest completion one choice may ask for; also the most a request that names no
     ``max_tokens`` gets."""
     priority: int = 0
-    """Triton request priority (1 is the highest level; 0 means the model's default); takes
-    effect where the model config declares ``priority_levels``."""
+    """Triton request priority, 0 to 100 (1 is the highest level; 0 means the model's
+    default); takes effect where the model config declares ``priority_levels``."""
     burst: float = 1.0
     """Share of a minute's quota that can be spent at once (0 < burst <= 1); the rest refills
     smoothly."""
@@ -132,13 +137,10 @@ def check_tenancy(settings: TenancySettings) -> None:
     if len(set(names)) != len(names):
         raise TenancyConfigError(f"tenant names appear twice: {sorted(names)}")
     for key in settings.keys:
-        if not SHA256.match(key.sha256):
-            raise TenancyConfigError(
-                f"key {key.name or key.sha256!r}: sha256 must be 64 hex digits"
-            )
+        check_key(key)
         if key.tenant not in names:
             raise TenancyConfigError(f"key {key.key_id} names unknown tenant {key.tenant!r}")
-    if settings.admin_key_sha256 is not None and not SHA256.match(settings.admin_key_sha256):
+    if settings.admin_key_sha256 is not None and not SHA256.fullmatch(settings.admin_key_sha256):
         raise TenancyConfigError("admin_key_sha256 must be 64 hex digits")
     if settings.admin_key_sha256 in {key.sha256 for key in settings.keys}:
         raise TenancyConfigError("the admin key must not also be a tenant key")
@@ -152,11 +154,25 @@ def check_tenancy(settings: TenancySettings) -> None:
 
 def check_policy(tenant: TenantPolicy) -> None:
     """Reject a policy that cannot work."""
-    if not NAME.match(tenant.name):
+    if not NAME.fullmatch(tenant.name):
         raise PolicyError(f"tenant name {tenant.name!r} must match {NAME.pattern}", "name")
+    if not 0 <= tenant.priority <= MAX_PRIORITY:
+        raise PolicyError(
+            f"tenant {tenant.name!r}: priority must be between 0 and {MAX_PRIORITY}", "priority"
+        )
     for field in LIMITS:
         value = getattr(tenant, field)
         if value is not None and value < 1:
             raise PolicyError(f"tenant {tenant.name!r}: {field} must be at least 1", field)
     if not 0 < tenant.burst <= 1:
         raise PolicyError(f"tenant {tenant.name!r}: burst must be in (0, 1]", "burst")
+
+
+def check_key(key: KeyEntry) -> None:
+    """Reject a key entry whose fields could not be stored or shown as they are."""
+    if not NAME.fullmatch(key.tenant):
+        raise PolicyError(f"tenant name {key.tenant!r} must match {NAME.pattern}", "tenant")
+    if not KEY_NAME.fullmatch(key.name):
+        raise PolicyError("a key's name must be at most 128 printable ASCII characters", "name")
+    if not SHA256.fullmatch(key.sha256):
+        raise PolicyError(f"key {key.name or key.sha256!r}: sha256 must be 64 hex digits", "sha256")

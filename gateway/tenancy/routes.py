@@ -21,7 +21,7 @@ from litestar.status_codes import HTTP_201_CREATED, HTTP_204_NO_CONTENT
 from gateway.http.answers import decode_body
 from gateway.http.errors import ConflictError, InvalidRequestError, ResourceNotFoundError
 from gateway.tenancy import KeyEntry, TenantPolicy
-from gateway.tenancy.config import PolicyError, TenancyConfigError
+from gateway.tenancy.config import PolicyError, TenancyConfigError, check_key
 from gateway.tenancy.directory import DirectoryReadOnly
 from gateway.tenancy.edits import TenantFields, apply_fields, missing_fields
 from gateway.tenancy.keys import digest, new_key
@@ -33,6 +33,7 @@ class KeyRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
     tenant: str
     name: str = ""
+    """What the key is for: up to 128 printable ASCII characters."""
 
 
 class KeyView(msgspec.Struct, frozen=True, kw_only=True):
@@ -138,6 +139,7 @@ async def create_key(request: Request[Any, Any, Any], tenancy: Tenancy) -> NewKe
     key = new_key()
     entry = KeyEntry(tenant=body.tenant, sha256=digest(key), name=body.name)
     async with _writing():
+        check_key(entry)
         if not await tenancy.directory.add_key(entry):
             raise ResourceNotFoundError(f"No tenant called {body.tenant!r}.", param="tenant")
     return NewKey(key=key, sha256=entry.sha256, **msgspec.structs.asdict(_view(entry)))

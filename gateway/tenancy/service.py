@@ -46,6 +46,10 @@ from gateway.tenancy.redis_store import RedisStore
 logger = logging.getLogger(__name__)
 
 SETTLE_GRACE_S = 5.0
+ADMIN_KEY_ON_API = (
+    "This is the admin key, which serves the admin API only (/admin/* and the LoRA adapter "
+    "endpoints); call the OpenAI API with a tenant's API key."
+)
 _MISSING_KEY = (
     "You didn't provide an API key. You need to provide your API key in an Authorization "
     "header using Bearer auth (i.e. Authorization: Bearer YOUR_KEY), or as the api-key header."
@@ -173,7 +177,10 @@ class Tenancy:
         """The tenant the request's key opens; 401 for none, a malformed or an unknown key."""
         if not self.settings.auth:
             return self.settings.anonymous
-        found = self.directory.find(self._key(headers))
+        key = self._key(headers)
+        found = self.directory.find(key)
+        if found is None and matches(key, self.settings.admin_key_sha256):
+            raise AuthenticationError(ADMIN_KEY_ON_API)
         if found is None:
             raise AuthenticationError("Incorrect API key provided.")
         return found[1]

@@ -121,3 +121,24 @@ def test_keys_open_only_what_they_are_for(served: Served) -> None:
     assert refused.status_code in (401, 403)
     with pytest.raises(openai.AuthenticationError):
         _client(served.url, "tgw-not-a-key").models.list()
+
+
+def test_nothing_of_the_operator_or_of_other_tenants_is_shown_without_the_admin_key(
+    served: Served,
+) -> None:
+    admin = {"Authorization": f"Bearer {served.keys['admin']}"}
+    for headers in ({}, {"Authorization": f"Bearer {served.keys['team-a']}"}):
+        for path in ("/metrics", "/metrics/sidecars/main"):
+            refused = httpx.get(f"{served.url}{path}", headers=headers, timeout=10)
+            assert refused.status_code == 401 and "team-b" not in refused.text
+        ready = httpx.get(f"{served.url}/health/ready", headers=headers, timeout=10)
+        assert ready.status_code == 200 and ready.json() == {"status": "ready"}
+        schema = httpx.get(f"{served.url}/openapi.json", headers=headers, timeout=10).json()
+        assert not [path for path in schema["paths"] if path.startswith("/admin")]
+    scraped = httpx.get(f"{served.url}/metrics", headers=admin, timeout=10)
+    assert scraped.status_code == 200 and "gateway_requests_total" in scraped.text
+    sidecar = httpx.get(f"{served.url}/metrics/sidecars/main", headers=admin, timeout=10)
+    assert sidecar.status_code == 200
+    assert httpx.get(f"{served.url}/health/ready", headers=admin, timeout=10).json()["models"]
+    schema = httpx.get(f"{served.url}/openapi.json", headers=admin, timeout=10).json()
+    assert "/admin/tenants" in schema["paths"]

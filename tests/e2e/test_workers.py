@@ -196,12 +196,15 @@ def _alive(pid: int) -> bool:
 
 def test_metrics_count_the_requests_of_every_worker(gateway: Gateway) -> None:
     live = {"method": "GET", "route": "/health/live", "status": "200"}
-    before = total(_fresh(gateway, "GET", "/metrics").text, "gateway_requests_total", **live)
+    before = total(
+        _fresh(gateway, "GET", "/metrics", key=ADMIN).text, "gateway_requests_total", **live
+    )
     for _ in range(30):
         assert _fresh(gateway, "GET", "/health/live").status_code == 200
     _counted(gateway, "gateway_requests_total", live, before + 30)
     scraped = [
-        total(_fresh(gateway, "GET", "/metrics").text, "gateway_requests_total", **live) - before
+        total(_fresh(gateway, "GET", "/metrics", key=ADMIN).text, "gateway_requests_total", **live)
+        - before
         for _ in range(6)
     ]
     assert scraped == [30.0] * 6, "every scrape, whichever worker answers, sums all workers"
@@ -218,7 +221,9 @@ def _on_every_worker(seen: Callable[[], bool]) -> None:
 
 def _counted(gateway: Gateway, family: str, labels: dict[str, str], expected: float) -> None:
     """Until a scrape, whichever worker answers it, shows ``expected``."""
-    scrape_until(lambda: _fresh(gateway, "GET", "/metrics").text, family, expected, **labels)
+    scrape_until(
+        lambda: _fresh(gateway, "GET", "/metrics", key=ADMIN).text, family, expected, **labels
+    )
 
 
 def _text_pieces(gateway: Gateway) -> int:
@@ -250,12 +255,13 @@ def test_token_gaps_of_every_worker_reach_the_metrics(gateway: Gateway) -> None:
     time.sleep(1.0)
     family = "gateway_inter_token_latency_seconds_count"
     model = {"model": "lt", "adapter": "", "tenant": "team"}
-    before = total(_fresh(gateway, "GET", "/metrics").text, family, **model)
+    before = total(_fresh(gateway, "GET", "/metrics", key=ADMIN).text, family, **model)
     gaps = sum(_text_pieces(gateway) - 1 for _ in range(12))
     assert gaps > 0
     _counted(gateway, family, model, before + gaps)
     scraped = [
-        total(_fresh(gateway, "GET", "/metrics").text, family, **model) - before for _ in range(6)
+        total(_fresh(gateway, "GET", "/metrics", key=ADMIN).text, family, **model) - before
+        for _ in range(6)
     ]
     assert scraped == [float(gaps)] * 6
 

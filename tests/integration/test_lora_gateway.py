@@ -30,6 +30,7 @@ PROMPT = "The quick brown fox"
 MAX_TOKENS = 12
 KEYS = {"all": new_key(), "limited": new_key()}
 ADMIN_KEY = new_key()
+SCRAPER = {"Authorization": f"Bearer {ADMIN_KEY}"}
 VARIANTS = [None, "lora-a", "lora-b"]
 
 
@@ -196,7 +197,7 @@ def test_metrics_name_an_adapter_one_way_whatever_the_client_called_it(
     gateway: LiveGateway,
 ) -> None:
     def served(adapter: str) -> float:
-        text = httpx.get(f"{gateway.url}/metrics").text
+        text = httpx.get(f"{gateway.url}/metrics", headers=SCRAPER).text
         return total(text, "gateway_generation_requests_total", adapter=adapter, model="tiny")
 
     before = served("lora-b")
@@ -204,7 +205,7 @@ def test_metrics_name_an_adapter_one_way_whatever_the_client_called_it(
     for name in ("lora-b", "tiny:lora-b"):
         client.completions.create(model=name, prompt=PROMPT, max_tokens=2)
     assert served("lora-b") - before == 2
-    assert 'adapter="tiny:lora-b"' not in httpx.get(f"{gateway.url}/metrics").text
+    assert 'adapter="tiny:lora-b"' not in httpx.get(f"{gateway.url}/metrics", headers=SCRAPER).text
 
 
 def test_adapters_load_and_unload_at_run_time_with_the_admin_key(
@@ -217,6 +218,11 @@ def test_adapters_load_and_unload_at_run_time_with_the_admin_key(
     assert httpx.post(f"{url}/v1/load_lora_adapter", json=body, headers=tenant).status_code == 401
     loaded = httpx.post(f"{url}/v1/load_lora_adapter", json=body, headers=admin)
     assert loaded.status_code == 200, loaded.text
+    card = loaded.json()
+    assert (card["id"], card["object"], card["parent"]) == ("lora-c", "model", "tiny")
+    assert httpx.get(f"{url}/v1/models/lora-c", headers=admin).json() == card
+    listed = httpx.get(f"{url}/v1/models", headers=admin).json()["data"]
+    assert card in listed
     assert _complete(_client(gateway), "lora-c", stream=True)[0] == references["lora-b"]
     again = httpx.post(f"{url}/v1/load_lora_adapter", json=body, headers=admin)
     assert again.status_code == 400 and "already loaded" in again.json()["error"]["message"]
@@ -260,6 +266,7 @@ def test_other_releases_serve_adapters_where_their_models_carry_them(
             assert _complete(client, "a-on-v0.19", stream=stream)[0] == references["lora-a"]
         with pytest.raises(openai.BadRequestError) as caught:
             _complete(client, "a-on-v0.8", stream=False)
-        assert "tiny3_ensemble has no lora_task_id input" in caught.value.message
+        assert "does not serve LoRA adapters" in caught.value.message
+        assert "tiny3" not in caught.value.message  # the Triton model's name is the log's
     finally:
         live.stop()

@@ -1,5 +1,6 @@
-"""Who reads the metrics: the admin key only, or anyone on a port of their own; never a tenant
-through the API port when the settings say so."""
+"""Who reads the metrics and the readiness details: the admin key whenever one is set (as the
+starter's settings do), or anyone where the operator opens them; never a tenant or a client with
+no key by default."""
 
 from __future__ import annotations
 
@@ -48,7 +49,8 @@ def _generate(url: str) -> None:
 
 @pytest.fixture(scope="module")
 def behind_admin_key(sidecar: Sidecar, tiny_model_dir: Path) -> Iterator[str]:
-    live = LiveGateway(_settings(sidecar, tiny_model_dir, MetricsSettings(auth="admin")))
+    """Metrics settings left as the starter leaves them, with an admin key set."""
+    live = LiveGateway(_settings(sidecar, tiny_model_dir, MetricsSettings()))
     yield live.start().url
     live.stop()
 
@@ -59,7 +61,7 @@ def behind_admin_key(sidecar: Sidecar, tiny_model_dir: Path) -> Iterator[str]:
     ids=["no-key", "tenant-key", "unknown-key"],
 )
 @pytest.mark.parametrize("path", ["/metrics", "/metrics/sidecars/tiny"])
-def test_only_the_admin_key_scrapes_when_so_configured(
+def test_only_the_admin_key_scrapes_by_default(
     behind_admin_key: str, headers: dict[str, str], path: str
 ) -> None:
     refused = httpx.get(f"{behind_admin_key}{path}", headers=headers)
@@ -89,6 +91,25 @@ def test_the_admin_key_scrapes_the_tenants_metrics(behind_admin_key: str) -> Non
     admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
     scraped = _scrape_after_generating(behind_admin_key, admin)
     assert 'tenant="watched"' in scraped
+    # Past the guard: this gateway supervises no sidecar (the test's Triton runs apart).
+    sidecar = httpx.get(f"{behind_admin_key}/metrics/sidecars/tiny", headers=admin)
+    assert sidecar.status_code == 404 and sidecar.json()["error"]["param"] == "name"
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [{}, {"Authorization": f"Bearer {TENANT_KEY}"}, {"Authorization": "Bearer tgw-unknown"}],
+    ids=["no-key", "tenant-key", "unknown-key"],
+)
+def test_readiness_tells_anyone_its_status_and_only_the_admin_key_its_models(
+    behind_admin_key: str, headers: dict[str, str]
+) -> None:
+    ready = httpx.get(f"{behind_admin_key}/health/ready", headers=headers)
+    assert ready.status_code == 200 and ready.json() == {"status": "ready"}
+    assert httpx.get(f"{behind_admin_key}/health/live", headers=headers).status_code == 200
+    admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
+    detailed = httpx.get(f"{behind_admin_key}/health/ready", headers=admin)
+    assert detailed.json() == {"status": "ready", "models": {"tiny": True}}
 
 
 @pytest.fixture(scope="module")
@@ -96,7 +117,8 @@ def on_their_own_port(sidecar: Sidecar, tiny_model_dir: Path) -> Iterator[tuple[
     port = free_port()
     with socket.socket() as held:  # so that the API does not pick the same free port
         held.bind(("127.0.0.1", port))
-        settings = _settings(sidecar, tiny_model_dir, MetricsSettings(port=port))
+        # Opened explicitly: anyone who reaches the port of their own reads them.
+        settings = _settings(sidecar, tiny_model_dir, MetricsSettings(port=port, auth="none"))
         server = msgspec.structs.replace(settings.server, keep_alive_s=1)
         live = LiveGateway(msgspec.structs.replace(settings, server=server))
     yield live.start().url, f"http://127.0.0.1:{port}"

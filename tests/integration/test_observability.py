@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -94,6 +95,9 @@ def test_request_ids_are_echoed_or_made(traced: str) -> None:
     assert len(made.headers["x-request-id"]) == 32
     unprintable = httpx.get(f"{traced}/v1/models", headers={"X-Request-ID": "a\tb"})
     assert unprintable.headers["x-request-id"] != "a\tb"
+    forged = "job 1 tenant=team-a"
+    replaced = httpx.get(f"{traced}/v1/models", headers={"X-Request-ID": forged})
+    assert re.fullmatch(r"[0-9a-f]{32}", replaced.headers["x-request-id"])
     error = httpx.post(
         f"{traced}/v1/chat/completions", content=b"{", headers={"X-Request-ID": "e1"}
     )

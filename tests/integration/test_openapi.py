@@ -7,6 +7,7 @@ import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urljoin
 
 import httpx
 import jsonschema_rs
@@ -27,7 +28,8 @@ from deploy.sidecar.supervisor import Sidecar
 from gateway.app import create_app
 from gateway.http.openapi import document
 from gateway.settings import LimitSettings, ModelSettings, Settings
-from gateway.tenancy import TenancySettings
+from gateway.tenancy import KeyEntry, TenancySettings, TenantPolicy
+from gateway.tenancy.keys import digest, new_key
 from tests.support.gateway import ENSEMBLE_MODEL, LiveGateway, gateway_url  # noqa: F401
 
 DOCUMENT = document("0")
@@ -63,13 +65,40 @@ def test_every_route_is_documented_and_nothing_else(tiny_model_dir: Path) -> Non
     documented = {(m, path) for path, item in DOCUMENT["paths"].items() for m in item}
     assert routes == documented
     with TestClient(app) as client:
+        public = document("0", admin=False)
         served = client.get("/openapi.json").json()
-        assert served["paths"] == json.loads(json.dumps(DOCUMENT["paths"]))
-        assert served["components"] == json.loads(json.dumps(DOCUMENT["components"]))
+        assert served["paths"] == json.loads(json.dumps(public["paths"]))
+        assert served["components"] == json.loads(json.dumps(public["components"]))
         assert "openapi.json" in client.get("/docs").text
 
 
-def test_the_docs_page_loads_nothing_from_elsewhere(tiny_model_dir: Path) -> None:
+def test_only_the_admin_key_reads_about_the_admin_api(tiny_model_dir: Path) -> None:
+    admin_key, tenant_key = new_key(), new_key()
+    settings = Settings(
+        models=(
+            ModelSettings(name="m", triton_url="127.0.0.1:1", tokenizer_dir=str(tiny_model_dir)),
+        ),
+        tenancy=TenancySettings(
+            tenants=(TenantPolicy(name="a"),),
+            keys=(KeyEntry(tenant="a", sha256=digest(tenant_key)),),
+            admin_key_sha256=digest(admin_key),
+        ),
+    )
+    admin_routes = {"/admin/tenants", "/admin/keys", "/v1/load_lora_adapter"}
+    with TestClient(create_app(settings)) as client:
+        for headers in ({}, {"Authorization": f"Bearer {tenant_key}"}):
+            public = client.get("/openapi.json", headers=headers).json()
+            assert not admin_routes & set(public["paths"])
+            assert not [path for path in public["paths"] if path.startswith("/admin")]
+            assert "admin" not in public["components"]["securitySchemes"]
+            assert "TenantPolicy" not in public["components"]["schemas"]
+            assert "/v1/chat/completions" in public["paths"]
+        full = client.get("/openapi.json", headers={"Authorization": f"Bearer {admin_key}"})
+        assert full.json()["paths"] == json.loads(json.dumps(DOCUMENT["paths"]))
+
+
+@pytest.mark.parametrize("page_path", ["/docs", "/docs/"])
+def test_the_docs_page_loads_nothing_from_elsewhere(tiny_model_dir: Path, page_path: str) -> None:
     """Hosts without network get a working page: every file it loads is served here."""
     settings = Settings(
         models=(
@@ -78,13 +107,14 @@ def test_the_docs_page_loads_nothing_from_elsewhere(tiny_model_dir: Path) -> Non
         tenancy=TenancySettings(auth=False),
     )
     with TestClient(create_app(settings)) as client:
-        page = client.get("/docs")
+        page = client.get(page_path)
         assert page.status_code == 200
         references = re.findall(r'(?:src|href|url)\s*[=:]\s*"([^"]+)"', page.text)
         assert len(references) >= 4
         assert not [ref for ref in references if re.match(r"^(?:[a-z]+:)?//", ref)]
         for ref in references:
-            served = client.get(f"/{ref}")
+            # Resolved as the browser does, against the page's own address.
+            served = client.get(urljoin(f"http://testserver{page_path}", ref))
             assert served.status_code == 200, ref
             assert served.content
         assert "SwaggerUIBundle" in client.get("/docs/assets/swagger-ui-bundle.js").text

@@ -147,7 +147,7 @@ def test_every_sampling_field_arrives_or_is_refused_by_name(recorder: Recorder) 
             # Only what the entry drops may be refused, and the refusal names it.
             error = refused.body
             assert isinstance(error, dict) and error["param"] == "temperature", error
-            assert "does not pass it on to its engine" in error["message"]
+            assert "is not supported by this model" in error["message"]
             extra.pop("temperature")
             inputs = recorder.engine_inputs(entry, max_tokens=4, extra_body=body, **extra)
             dropped = {"temperature"}

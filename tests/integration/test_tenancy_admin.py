@@ -145,6 +145,46 @@ def test_deleting_a_tenant_revokes_its_keys_for_good(url: str) -> None:
     assert refused.status_code == 404 and refused.json()["error"]["param"] == "tenant"
 
 
+@pytest.mark.parametrize(
+    ("path", "body", "param"),
+    [
+        ("team-b%0A", {}, "name"),
+        ("team-b%0D", {}, "name"),
+        ("other", {"priority": -5}, "priority"),
+        ("other", {"priority": 10**6}, "priority"),
+    ],
+)
+def test_tenant_inputs_are_matched_whole_and_bounded(
+    url: str, path: str, body: dict[str, Any], param: str
+) -> None:
+    whole = {**_full(TenantPolicy(name="x")), **body}
+    refused = httpx.put(f"{url}/admin/tenants/{path}", json=whole, headers=ADMIN)
+    assert refused.status_code == 400, refused.text
+    error = refused.json()["error"]
+    assert (error["type"], error["param"]) == ("invalid_request_error", param)
+    assert param in error["message"]
+    listed = _tenants(url)
+    assert not [name for name in listed if name.startswith("team-b")]
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"tenant": "other", "name": "n" * 129}, "name"),
+        ({"tenant": "other", "name": "ci\nkey tenant=search"}, "name"),
+        ({"tenant": "other\n"}, "tenant"),
+    ],
+)
+def test_key_inputs_are_matched_whole_and_bounded(
+    url: str, body: dict[str, Any], param: str
+) -> None:
+    before = httpx.get(f"{url}/admin/keys", headers=ADMIN).json()["data"]
+    refused = httpx.post(f"{url}/admin/keys", json=body, headers=ADMIN)
+    assert refused.status_code == 400, refused.text
+    assert refused.json()["error"]["param"] == param
+    assert httpx.get(f"{url}/admin/keys", headers=ADMIN).json()["data"] == before
+
+
 FILE_KEYS = {name: new_key() for name in ("keep-1", "keep-2", "patched-1", "doomed-1")}
 
 

@@ -31,6 +31,7 @@ pytestmark = pytest.mark.slow
 RPM, TPM, BURST = 120, 3000, 0.05
 KEYS = {name: new_key() for name in ("rpm", "tpm", "conc", "spare")}
 ADMIN_KEY = new_key()
+SCRAPER = {"Authorization": f"Bearer {ADMIN_KEY}"}
 LEASE_TTL_S = 2.0
 DURATION_S = 10.5
 TOLERANCE = 2
@@ -247,7 +248,7 @@ def test_redis_down_applies_each_replicas_policy_and_recovers(
         time.sleep(0.1)
     assert b.post(body, "spare").status_code == 200
     for replica in (a, b):
-        metrics = httpx.get(f"{replica.url}/metrics").text
+        metrics = httpx.get(f"{replica.url}/metrics", headers=SCRAPER).text
         assert "gateway_limiter_unavailable_total" in metrics
 
 
@@ -269,7 +270,7 @@ def test_leases_of_a_killed_replica_expire(
         lines.append(reply.iter_lines())
         assert next(lines[-1]).startswith("data: {")
     in_flight = 'gateway_tenant_requests_in_flight{tenant="conc"} 2.0'
-    assert in_flight in httpx.get(f"{b.url}/metrics").text
+    assert in_flight in httpx.get(f"{b.url}/metrics", headers=SCRAPER).text
     os.kill(b.process.pid, signal.SIGKILL)
     b.process.wait(timeout=10)
     killed = time.monotonic()

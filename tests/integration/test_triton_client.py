@@ -312,6 +312,21 @@ async def test_rejected_parameters_are_invalid_requests(
             await collect(backend, target(sidecar, model, transport), request)
 
 
+@pytest.mark.parametrize("transport", TRANSPORTS)
+@pytest.mark.slow
+async def test_a_refusal_tells_what_to_change_and_keeps_triton_s_words_as_detail(
+    sidecar: Sidecar, transport: str
+) -> None:
+    request = greedy(4, stream=False, temperature=-1.0)
+    async with TritonBackend() as backend:
+        with pytest.raises(InvalidRequest) as caught:
+            await collect(backend, target(sidecar, "tiny_ensemble", transport), request)
+    said, detail = str(caught.value), caught.value.detail
+    assert "tiny_ensemble" in detail
+    for internal in ("tiny", "ensemble", request.request_id, '"error"', "data:", "tensorrt_llm"):
+        assert internal not in said
+
+
 async def abandon_after_three_chunks(chunks: AsyncGenerator[TokenChunk, None], how: str) -> Any:
     """Read three chunks, then return a coroutine that abandons the stream ``how``."""
     if how == "aclose":

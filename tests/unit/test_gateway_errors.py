@@ -24,7 +24,7 @@ from gateway.openai.protocol import ChatCompletionRequest
         (BackendUnavailable("refused"), 503, "backend_unavailable", None),
         (ModelNotFound("tiny_ensemble"), 503, "backend_unavailable", None),
         (BackendTimeout("slow"), 504, "timeout", None),
-        (InvalidRequest("no top_k", param="top_k"), 400, None, "top_k"),
+        (InvalidRequest("no top_k", param="top_k"), 400, "invalid_value", "top_k"),
         (InferenceFailed("boom at /srv/x.py line 3"), 500, "internal_error", None),
         (BackendError("other"), 500, "internal_error", None),
     ],

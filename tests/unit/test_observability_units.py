@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import logging
+import re
+
+import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
@@ -49,3 +53,23 @@ def test_request_ids() -> None:
     assert request_id_from({"x-request-id": "x" * 129}) != "x" * 129
     assert request_id_from({"x-request-id": "caf\u00e9"}) != "caf\u00e9"
     assert len(request_id_from({})) == 32
+
+
+@pytest.mark.parametrize(
+    "given",
+    ["job 1 tenant=team-a", "a\tb", "x" * 129, "caf\u00e9", "", 'say"so', "a\nb", "k=v"],
+)
+def test_a_request_id_outside_the_safe_form_is_replaced_and_logged_escaped(
+    given: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.INFO, logger="gateway.observability.record"):
+        generated = request_id_from({"x-request-id": given})
+    assert generated != given and re.fullmatch(r"[0-9a-f]{32}", generated)
+    (logged,) = caplog.records
+    line = logged.getMessage()
+    assert ascii(given) in line and generated in line and "\n" not in line
+
+
+@pytest.mark.parametrize("given", ["job-42", "a.b:c_d-e", "x" * 128, "01HV3Z9:retry.2"])
+def test_a_safe_request_id_is_kept(given: str) -> None:
+    assert request_id_from({"x-request-id": given}) == given

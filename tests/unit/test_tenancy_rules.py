@@ -10,6 +10,7 @@ import pytest
 
 from gateway.http.answers import decode_body
 from gateway.http.errors import InvalidRequestError
+from gateway.ops.metrics import metrics_need_admin_key
 from gateway.settings import Settings, SettingsError, check_settings, parse_settings
 from gateway.tenancy.config import KeyEntry, PolicyError, TenancySettings, TenantPolicy
 from gateway.tenancy.edits import FIELDS, TenantFields, apply_fields, missing_fields
@@ -208,9 +209,9 @@ def test_settings_that_contradict_themselves(data: dict[str, Any], message: str)
         check_settings(parse_settings(data))
 
 
-def test_metrics_settings_default_to_the_api_port_without_a_key() -> None:
+def test_metrics_settings_default_to_the_api_port_behind_any_admin_key() -> None:
     metrics = Settings().observability.metrics
-    assert (metrics.auth, metrics.port, metrics.host) == ("none", None, None)
+    assert (metrics.auth, metrics.port, metrics.host) == ("auto", None, None)
     check_settings(
         parse_settings(
             {
@@ -219,3 +220,24 @@ def test_metrics_settings_default_to_the_api_port_without_a_key() -> None:
             }
         )
     )
+
+
+@pytest.mark.parametrize(
+    ("metrics", "admin_key", "behind"),
+    [
+        ({}, True, True),
+        ({}, False, False),
+        ({"auth": "none"}, True, False),
+        ({"auth": "admin"}, True, True),
+        ({"port": 9090}, True, True),
+    ],
+)
+def test_the_metrics_sit_behind_the_admin_key_whenever_there_is_one(
+    metrics: dict[str, Any], admin_key: bool, behind: bool
+) -> None:
+    tenancy: dict[str, Any] = {"auth": False}
+    if admin_key:
+        tenancy["admin_key_sha256"] = SHA
+    settings = parse_settings({"tenancy": tenancy, "observability": {"metrics": metrics}})
+    check_settings(settings)
+    assert metrics_need_admin_key(settings) is behind

@@ -9,12 +9,16 @@ import pytest
 
 from adapters.contract import BeamSearch, SamplingParams
 from gateway.core.plan import ChoiceSpec, Plan, Prompt
+from gateway.http.errors import AuthenticationError
 from gateway.tenancy import gcra
 from gateway.tenancy.config import (
     KeyEntry,
+    PolicyError,
     TenancyConfigError,
     TenancySettings,
     TenantPolicy,
+    check_key,
+    check_policy,
     check_tenancy,
 )
 from gateway.tenancy.gcra import Limit
@@ -28,7 +32,7 @@ from gateway.tenancy.keys import (
     presented_key,
 )
 from gateway.tenancy.quota import HEADROOM, Limits, Quota, far_from_limits
-from gateway.tenancy.service import duration, rate_limit_headers, reservation
+from gateway.tenancy.service import Tenancy, duration, rate_limit_headers, reservation
 
 PER_SECOND = Limit("requests", rate=60, period=60, capacity=3)  # one a second, three at once
 
@@ -239,6 +243,60 @@ def test_tenancy_settings_that_cannot_work(settings: dict[str, Any], message: st
 
     with pytest.raises(TenancyConfigError, match=message):
         check_tenancy(msgspec.convert(settings, TenancySettings))
+
+
+@pytest.mark.parametrize(
+    ("policy", "field"),
+    [
+        (TenantPolicy(name="team-b\n"), "name"),
+        (TenantPolicy(name="team-b\r"), "name"),
+        (TenantPolicy(name="x" * 65), "name"),
+        (TenantPolicy(name="a", priority=-5), "priority"),
+        (TenantPolicy(name="a", priority=10**6), "priority"),
+    ],
+)
+def test_policies_are_matched_whole_and_bounded(policy: TenantPolicy, field: str) -> None:
+    with pytest.raises(PolicyError) as caught:
+        check_policy(policy)
+    assert caught.value.field == field
+
+
+@pytest.mark.parametrize(
+    ("key", "field"),
+    [
+        (KeyEntry(tenant="a", sha256=SHA, name="n" * 129), "name"),
+        (KeyEntry(tenant="a", sha256=SHA, name="ci\nkey"), "name"),
+        (KeyEntry(tenant="a\n", sha256=SHA), "tenant"),
+        (KeyEntry(tenant="a", sha256=SHA + "\n"), "sha256"),
+    ],
+)
+def test_key_entries_are_matched_whole_and_bounded(key: KeyEntry, field: str) -> None:
+    with pytest.raises(PolicyError) as caught:
+        check_key(key)
+    assert caught.value.field == field
+
+
+def test_the_bounds_themselves_are_accepted() -> None:
+    check_policy(TenantPolicy(name="a" * 64, priority=100))
+    check_policy(TenantPolicy(name="a", priority=0))
+    check_key(KeyEntry(tenant="a", sha256=SHA, name="n" * 128))
+
+
+def test_the_admin_key_on_the_api_says_it_is_the_admin_key() -> None:
+    admin, tenant = new_key(), new_key()
+    tenancy = Tenancy(
+        TenancySettings(
+            tenants=(TenantPolicy(name="a"),),
+            keys=(KeyEntry(tenant="a", sha256=digest(tenant)),),
+            admin_key_sha256=digest(admin),
+        )
+    )
+    assert tenancy.authenticate({"authorization": f"Bearer {tenant}"}).name == "a"
+    with pytest.raises(AuthenticationError) as caught:
+        tenancy.authenticate({"authorization": f"Bearer {admin}"})
+    assert "admin key" in caught.value.message and "/admin/" in caught.value.message
+    with pytest.raises(AuthenticationError, match="Incorrect API key provided"):
+        tenancy.authenticate({"authorization": f"Bearer {new_key()}"})
 
 
 def test_auth_off_or_an_admin_key_alone_are_valid() -> None:

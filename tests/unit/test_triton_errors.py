@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
 from adapters.contract import (
@@ -17,7 +19,9 @@ from adapters.contract import (
 )
 from adapters.triton.beams import beam_width_named
 from adapters.triton.errors import classify, guide_named
-from gateway.http.errors import from_backend_error
+from gateway.http.errors import from_backend_error, to_api_error
+from gateway.observability.logs import RequestIdFilter
+from gateway.observability.record import RequestRecord, begin, end
 
 BLS_TRACEBACK = (
     'Traceback (most recent call last):\n  File "/models/tensorrt_llm_bls/1/model.py", line 9'
@@ -84,7 +88,10 @@ def test_classify(message: str, status: str | None, expected: type[BackendError]
     error = classify(message, status)
 
     assert type(error) is expected
-    assert str(error) == message
+    if isinstance(error, InvalidRequest):
+        assert error.detail == message and message not in str(error)
+    else:
+        assert str(error) == message
 
 
 @pytest.mark.parametrize(
@@ -110,7 +117,7 @@ def test_an_engine_refused_beam_width_is_a_400_naming_the_request_field(
 
     with pytest.raises(InvalidRequest) as caught, beam_width_named(beam):
         raise error
-    assert caught.value.param == param and message in str(caught.value)
+    assert caught.value.param == param and caught.value.detail == message
     answer = from_backend_error(caught.value, retry_after_s=1)
     assert answer.status_code == 400 and answer.param == param
 
@@ -124,6 +131,13 @@ def test_other_refusals_keep_their_param_under_a_beam_search() -> None:
 LATE_GRAMMAR = (
     "guided_decoding_guide (guide type json_schema) did not compile within 1 s, the limit "
     "guided_decoding_compile_timeout_ms sets: send a smaller or shallower grammar"
+)
+
+
+TRITON_REFUSAL = (
+    'request 8adc51f0c2-0-3 to smollm2_ensemble: data: {"error":"in ensemble '
+    "'smollm2_ensemble', [request id: 8adc51f0c2-0-3] unexpected shape for input 'top_k' for "
+    "model 'tensorrt_llm'. Expected [-1,1], got [1,2]\"}"
 )
 
 
@@ -151,7 +165,8 @@ def test_a_refused_grammar_is_a_400_naming_the_field_it_was_made_of(
 
     with pytest.raises(InvalidRequest) as caught, guide_named(guide):
         raise error
-    assert caught.value.param == param and message in str(caught.value)
+    assert caught.value.param == param and caught.value.detail == message
+    assert "response_format" in str(caught.value) and "ensemble" not in str(caught.value)
     answer = from_backend_error(caught.value, retry_after_s=1)
     assert answer.status_code == 400 and answer.param == param
 
@@ -160,3 +175,33 @@ def test_other_refusals_keep_their_param_under_a_guide() -> None:
     with pytest.raises(InvalidRequest) as caught, guide_named(Guide("json")):
         raise classify("temperature must not be negative")
     assert caught.value.param is None
+
+
+@pytest.mark.parametrize(
+    ("message", "status"),
+    [
+        (TRITON_REFUSAL, "INVALID_ARGUMENT"),
+        ("request 8adc-0-3 to smollm2_ensemble: Prompt length (90) exceeds maximum input length "
+         "(64).", None),
+        ("request 8adc-0-3 to smollm2_ensemble: in ensemble 'smollm2_ensemble': anything",
+         "StatusCode.INVALID_ARGUMENT"),
+        ("[request id: 8adc-0-3] guided_decoding_guide_type 'json' for model 'smollm2_bls'", None),
+    ],
+)  # fmt: skip
+def test_a_refusal_tells_the_client_no_internals_and_logs_them_under_the_request_id(
+    message: str, status: str | None, caplog: pytest.LogCaptureFixture
+) -> None:
+    token = begin(RequestRecord("client-7", "POST", "/v1/chat/completions"))
+    try:
+        with caplog.at_level(logging.WARNING, logger="gateway.http.errors"):
+            error = to_api_error(classify(message, status))
+        (logged,) = caplog.records
+        RequestIdFilter().filter(logged)  # as the log handler does while the request runs
+    finally:
+        end(token)
+    body = error.envelope().error
+    assert error.status_code == 400 and body.type == "invalid_request_error"
+    assert body.code is not None and body.message
+    for internal in ("smollm2", "8adc", "request id", "data:", "tensorrt_llm", "ensemble"):
+        assert internal not in body.message
+    assert message in logged.getMessage() and logged.request_id == "client-7"

@@ -17,6 +17,8 @@ from gateway.catalog.lora.board import AdapterBoard
 from gateway.catalog.registry import ModelRegistry
 from gateway.http.answers import decode_body
 from gateway.http.errors import InvalidRequestError, ResourceNotFoundError
+from gateway.openai.models.cards import adapter_card
+from gateway.openai.protocol import ModelCard
 
 
 class LoadAdapter(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -38,8 +40,9 @@ class UnloadAdapter(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 @post("/v1/load_lora_adapter", status_code=200)
 async def load_lora_adapter(
     request: Request[Any, Any, Any], registry: ModelRegistry, board: AdapterBoard
-) -> Response[str]:
-    """Load a TensorRT-LLM or PEFT adapter folder and serve it under ``lora_name``."""
+) -> ModelCard:
+    """Load a TensorRT-LLM or PEFT adapter folder and serve it under ``lora_name``; the answer
+    is the adapter's card as the admin's ``/v1/models`` lists it."""
     body = decode_body(await request.body(), LoadAdapter)
     bases = [model.name for model in registry]
     base_name = body.base_model or (bases[0] if len(bases) == 1 else None)
@@ -53,14 +56,12 @@ async def load_lora_adapter(
     if base_name == body.lora_name:
         raise InvalidRequestError("An adapter cannot take a model's name.", param="lora_name")
     try:
-        await board.load(body.lora_name, body.lora_path, base.name)
+        adapter = await board.load(body.lora_name, body.lora_path, base.name)
     except AdapterExists as exc:
         raise InvalidRequestError(str(exc), param="lora_name") from None
     except AdapterError as exc:
         raise InvalidRequestError(str(exc), param="lora_path") from None
-    return Response(
-        f"Success: LoRA adapter '{body.lora_name}' added successfully.", media_type="text/plain"
-    )
+    return adapter_card(adapter, base, admin=True)
 
 
 @post("/v1/unload_lora_adapter", status_code=200)

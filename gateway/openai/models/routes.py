@@ -9,12 +9,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import msgspec
 from litestar import Request, get
 from litestar.datastructures import State
 
 from gateway.catalog.lora import LoadedAdapter
 from gateway.catalog.registry import ModelRegistry, ServedModel
+from gateway.openai.models.cards import adapter_card, model_card
 from gateway.openai.protocol import ModelCard, ModelList
 from gateway.tenancy import TenantPolicy
 from gateway.tenancy.service import Tenancy
@@ -39,29 +39,15 @@ def audience(request: Request[Any, Any, Any], state: State) -> Audience:
     return Audience(tenancy.authenticate(request.headers))
 
 
-def _card(model: ServedModel) -> ModelCard:
-    return ModelCard(
-        id=model.name,
-        created=model.created,
-        owned_by=model.route.owned_by,
-        max_model_len=model.context_length,
-        parent=model.base,
-        input_modalities=["text", "image"] if model.vision is not None else ["text"],
-    )
-
-
 def _adapter_card(adapter: LoadedAdapter, base: ServedModel, audience: Audience) -> ModelCard:
-    card = msgspec.structs.replace(
-        _card(base), id=adapter.name, created=adapter.created, parent=base.name
-    )
-    return msgspec.structs.replace(card, root=adapter.path) if audience.admin else card
+    return adapter_card(adapter, base, admin=audience.admin)
 
 
 @get("/v1/models")
 async def list_models(registry: ModelRegistry, audience: Audience) -> ModelList:
     """Every served model and LoRA adapter the caller may use; adapters name their parent."""
     tenant = audience.tenant
-    cards = [_card(model) for model in registry if tenant.allows_model(model.name)]
+    cards = [model_card(model) for model in registry if tenant.allows_model(model.name)]
     for adapter in registry.adapters:
         base = registry.base_model(adapter.base)
         visible = base is not None and tenant.allows_model(base.name)
@@ -80,4 +66,4 @@ async def retrieve_model(model_id: str, registry: ModelRegistry, audience: Audie
     base = registry.base_model(model.base) if model.base is not None else None
     if base is not None and found is not None:
         return _adapter_card(found, base, audience)
-    return _card(model)
+    return model_card(model)

@@ -1,0 +1,30 @@
+"""The model cards of ``/v1/models``: a served model's, and a LoRA adapter's on its base."""
+
+from __future__ import annotations
+
+import msgspec
+
+from gateway.catalog.lora import LoadedAdapter
+from gateway.catalog.registry import ServedModel
+from gateway.openai.protocol import ModelCard
+
+
+def model_card(model: ServedModel) -> ModelCard:
+    """A served model as ``/v1/models`` lists it."""
+    return ModelCard(
+        id=model.name,
+        created=model.created,
+        owned_by=model.route.owned_by,
+        max_model_len=model.context_length,
+        parent=model.base,
+        input_modalities=["text", "image"] if model.vision is not None else ["text"],
+    )
+
+
+def adapter_card(adapter: LoadedAdapter, base: ServedModel, *, admin: bool) -> ModelCard:
+    """An adapter as ``/v1/models`` lists it; only the admin sees its folder (``root``), a path
+    on the server."""
+    card = msgspec.structs.replace(
+        model_card(base), id=adapter.name, created=adapter.created, parent=base.name
+    )
+    return msgspec.structs.replace(card, root=adapter.path) if admin else card

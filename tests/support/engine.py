@@ -157,3 +157,50 @@ def beam_log_probs(
         row[: len(_generated(sequence, prompt, end))].tolist()
         for sequence, row in zip(out.sequences, scores, strict=True)
     ]
+
+
+@dataclass(frozen=True)
+class ReferenceBeam:
+    """One of transformers' beams: its generated tokens (cut before the end token), their log
+    probs, and its cumulative log prob (an ended beam's holds its end token's too, as
+    TensorRT-LLM's does)."""
+
+    tokens: list[int]
+    log_probs: list[float]
+    cum_log_prob: float
+
+
+def beam_search_reference(
+    hf_model: Any,
+    prompt: tuple[int, ...],
+    width: int,
+    max_new: int,
+    *,
+    min_new: int = 0,
+    length_penalty: float = 0.0,
+) -> list[ReferenceBeam]:
+    """transformers' beams of ``generate(num_beams=width, min_new_tokens=min_new)``, best
+    first, scored by the log-softmax of the processed logits along each beam's own history."""
+    end = hf_model.generation_config.eos_token_id
+    out = _beam_generate(
+        hf_model, prompt, width, max_new, end,
+        length_penalty=length_penalty, min_new_tokens=min_new,
+        return_dict_in_generate=True, output_scores=True,
+    )  # fmt: skip
+    with torch.no_grad():
+        scores = hf_model.compute_transition_scores(out.sequences, out.scores, out.beam_indices)
+    beams = []
+    for sequence, row in zip(out.sequences, scores, strict=True):
+        tokens = _generated(sequence, prompt, end)
+        values = row.tolist()
+        beams.append(ReferenceBeam(tokens, values[: len(tokens)], float(row.sum())))
+    return beams
+
+
+def own_log_prob(hf_model: Any, prompt: tuple[int, ...], tokens: list[int]) -> float:
+    """The model's own score of ``tokens`` after ``prompt``: the sum of each token's
+    log-softmax of the raw logits (no processing at all)."""
+    with torch.no_grad():
+        logits = hf_model(torch.tensor([[*prompt, *tokens]])).logits[0].float()
+    log_probs = torch.log_softmax(logits[len(prompt) - 1 : -1], dim=-1)
+    return float(log_probs.gather(1, torch.tensor(tokens).unsqueeze(1)).sum())

@@ -52,7 +52,7 @@ CASES = [
     Case("report-penalised", INVENTIONS, 3, 8, min_tokens=8, length_penalty=1.0),
     # Beams that end on the end token at different lengths, ranked by the length penalty.
     Case("ending", CHAT.format("Answer with one word: is water wet?"), 4, 8, length_penalty=1.0),
-    Case("code", "def fibonacci(n):", 2, 6),
+    Case("fruit", "My favourite fruit is", 2, 6),
 ]
 ENTRIES = {
     "ensemble": "smol_ensemble",

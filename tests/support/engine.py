@@ -197,10 +197,19 @@ def beam_search_reference(
     return beams
 
 
-def own_log_prob(hf_model: Any, prompt: tuple[int, ...], tokens: list[int]) -> float:
+def own_log_prob(
+    hf_model: Any, prompt: tuple[int, ...], tokens: list[int], *, min_new: int = 0
+) -> float:
     """The model's own score of ``tokens`` after ``prompt``: the sum of each token's
-    log-softmax of the raw logits (no processing at all)."""
+    log-softmax of the logits of one forward pass, less the tokens its generation config
+    suppresses (``begin_suppress_tokens`` at the first position) and the end token in the first
+    ``min_new`` positions (where ``min_tokens`` bans it)."""
+    config = hf_model.generation_config
     with torch.no_grad():
         logits = hf_model(torch.tensor([[*prompt, *tokens]])).logits[0].float()
-    log_probs = torch.log_softmax(logits[len(prompt) - 1 : -1], dim=-1)
+    logits = logits[len(prompt) - 1 : -1].clone()
+    logits[:, list(config.suppress_tokens or [])] = float("-inf")
+    logits[0, list(config.begin_suppress_tokens or [])] = float("-inf")
+    logits[:min_new, config.eos_token_id] = float("-inf")
+    log_probs = torch.log_softmax(logits, dim=-1)
     return float(log_probs.gather(1, torch.tensor(tokens).unsqueeze(1)).sum())

@@ -108,7 +108,7 @@ def _beam_generate(
 
 def _generated(sequence: Any, prompt: tuple[int, ...], end: int) -> list[int]:
     """A beam's generated tokens, cut before the end token."""
-    tokens = sequence[len(prompt) :].tolist()
+    tokens: list[int] = sequence[len(prompt) :].tolist()
     return tokens[: tokens.index(end)] if end in tokens else tokens
 
 

@@ -16,6 +16,13 @@ _EARLY_STOPPING = {True: 1, False: 0, "never": 2}
 # candidate: these change nothing (TensorRT-LLM's beam search takes every token's log prob, and
 # a seed has nothing to draw), other values would ask for a narrowing the search does not do.
 _NEUTRAL: dict[str, tuple[float, ...]] = {"top_p": (1.0,), "top_k": (0, -1)}
+# A model's sampling defaults (a demo's low temperature and repetition penalty that keep sampled
+# answers on topic) would reshape every beam's log probs: the engine scores candidates by the
+# log-softmax of the processed logits, as TensorRT-LLM does, so a search under them ranks beams
+# by something other than the model's likelihood. A beam search takes only what the client sent.
+_SAMPLING_DEFAULTS = frozenset(
+    {"temperature", "presence_penalty", "frequency_penalty", "repetition_penalty"}
+)
 
 
 def beam_search(request: SamplingFields) -> BeamSearch | None:
@@ -71,14 +78,36 @@ def beam_choices(
     prompts: list[Prompt], n: int, params_of: list[SamplingParams], beam: BeamSearch
 ) -> tuple[ChoiceSpec, ...]:
     """``n`` choices per prompt, numbered prompt-major, that one beam search per prompt answers
-    with its best ``n`` beams."""
+    with its best ``n`` beams, under only the sampling controls the client sent."""
     return tuple(
         ChoiceSpec(
             index=prompt_index * n + offset,
             prompt_index=prompt_index,
             prompt=prompt,
-            params=replace(params, beam=beam, seed=None, top_p=None, top_k=None),
+            params=_beam_params(params, beam),
         )
         for prompt_index, (prompt, params) in enumerate(zip(prompts, params_of, strict=True))
         for offset in range(n)
+    )
+
+
+def _beam_params(params: SamplingParams, beam: BeamSearch) -> SamplingParams:
+    """``params`` for a beam search: no seed, top-p or top-k (they were refused unless neutral)
+    and none of the model's sampling defaults."""
+    dropped = _SAMPLING_DEFAULTS & params.defaulted
+
+    def sent(name: str, value: float | None) -> float | None:
+        return None if name in dropped else value
+
+    return replace(
+        params,
+        beam=beam,
+        seed=None,
+        top_p=None,
+        top_k=None,
+        temperature=sent("temperature", params.temperature),
+        presence_penalty=sent("presence_penalty", params.presence_penalty),
+        frequency_penalty=sent("frequency_penalty", params.frequency_penalty),
+        repetition_penalty=sent("repetition_penalty", params.repetition_penalty),
+        defaulted=params.defaulted - dropped - {"top_p", "top_k"},
     )

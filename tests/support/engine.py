@@ -108,7 +108,7 @@ def _beam_generate(
 
 def _generated(sequence: Any, prompt: tuple[int, ...], end: int) -> list[int]:
     """A beam's generated tokens, cut before the end token."""
-    tokens = sequence[len(prompt) :].tolist()
+    tokens: list[int] = sequence[len(prompt) :].tolist()
     return tokens[: tokens.index(end)] if end in tokens else tokens
 
 
@@ -157,3 +157,59 @@ def beam_log_probs(
         row[: len(_generated(sequence, prompt, end))].tolist()
         for sequence, row in zip(out.sequences, scores, strict=True)
     ]
+
+
+@dataclass(frozen=True)
+class ReferenceBeam:
+    """One of transformers' beams: its generated tokens (cut before the end token), their log
+    probs, and its cumulative log prob (an ended beam's holds its end token's too, as
+    TensorRT-LLM's does)."""
+
+    tokens: list[int]
+    log_probs: list[float]
+    cum_log_prob: float
+
+
+def beam_search_reference(
+    hf_model: Any,
+    prompt: tuple[int, ...],
+    width: int,
+    max_new: int,
+    *,
+    min_new: int = 0,
+    length_penalty: float = 0.0,
+) -> list[ReferenceBeam]:
+    """transformers' beams of ``generate(num_beams=width, min_new_tokens=min_new)``, best
+    first, scored by the log-softmax of the processed logits along each beam's own history."""
+    end = hf_model.generation_config.eos_token_id
+    out = _beam_generate(
+        hf_model, prompt, width, max_new, end,
+        length_penalty=length_penalty, min_new_tokens=min_new,
+        return_dict_in_generate=True, output_scores=True,
+    )  # fmt: skip
+    with torch.no_grad():
+        scores = hf_model.compute_transition_scores(out.sequences, out.scores, out.beam_indices)
+    beams = []
+    for sequence, row in zip(out.sequences, scores, strict=True):
+        tokens = _generated(sequence, prompt, end)
+        values = row.tolist()
+        beams.append(ReferenceBeam(tokens, values[: len(tokens)], float(row.sum())))
+    return beams
+
+
+def own_log_prob(
+    hf_model: Any, prompt: tuple[int, ...], tokens: list[int], *, min_new: int = 0
+) -> float:
+    """The model's own score of ``tokens`` after ``prompt``: the sum of each token's
+    log-softmax of the logits of one forward pass, less the tokens its generation config
+    suppresses (``begin_suppress_tokens`` at the first position) and the end token in the first
+    ``min_new`` positions (where ``min_tokens`` bans it)."""
+    config = hf_model.generation_config
+    with torch.no_grad():
+        logits = hf_model(torch.tensor([[*prompt, *tokens]])).logits[0].float()
+    logits = logits[len(prompt) - 1 : -1].clone()
+    logits[:, list(config.suppress_tokens or [])] = float("-inf")
+    logits[0, list(config.begin_suppress_tokens or [])] = float("-inf")
+    logits[:min_new, config.eos_token_id] = float("-inf")
+    log_probs = torch.log_softmax(logits, dim=-1)
+    return float(log_probs.gather(1, torch.tensor(tokens).unsqueeze(1)).sum())

@@ -11,7 +11,7 @@ import pytest
 from adapters.contract import SamplingParams
 from gateway.core.plan import Prompt
 from gateway.http.errors import ContextLengthExceeded, InvalidRequestError
-from gateway.openai.beams import beam_search
+from gateway.openai.beams import beam_choices, beam_search
 from gateway.openai.chat.plan import check_chat, template_messages
 from gateway.openai.completions.plan import check_completion
 from gateway.openai.protocol import ChatCompletionRequest, CompletionRequest
@@ -313,3 +313,39 @@ def test_beam_search_refuses_naming_the_field(
 @pytest.mark.parametrize("body", [chat, completion])
 def test_best_of_equal_to_n_samples(body: Any) -> None:
     assert beam_search(body(n=2, best_of=2)) is None
+
+
+_DEMO_DEFAULTS = SamplingDefaults(
+    temperature=0.2, top_p=0.9, top_k=40, repetition_penalty=1.1, presence_penalty=0.5,
+    frequency_penalty=0.5, min_tokens=2,
+)  # fmt: skip
+
+
+@pytest.mark.parametrize("body", [chat, completion])
+def test_beam_choices_take_none_of_the_models_sampling_defaults(body: Any) -> None:
+    """A model's sampling defaults would reshape every beam's log probs (the engine scores the
+    processed logits): a beam search ranks by the model's likelihood unless the client asks
+    otherwise, so only ``min_tokens``, which is no sampling control, keeps its default."""
+    request = body(use_beam_search=True, n=3)
+    params = sampling_params(request, _DEMO_DEFAULTS, max_tokens=8, logprobs=False)
+    beam = beam_search(request)
+    assert beam is not None
+    choices = beam_choices([Prompt(text="p", token_count=2)], 3, [params], beam)
+    for choice in choices:
+        sent = choice.params
+        assert (sent.temperature, sent.top_p, sent.top_k, sent.seed) == (None,) * 4
+        assert (sent.repetition_penalty, sent.presence_penalty, sent.frequency_penalty) == (
+            None,
+        ) * 3
+        assert sent.min_tokens == 2 and sent.beam == beam
+
+
+@pytest.mark.parametrize("body", [chat, completion])
+def test_beam_choices_keep_the_clients_own_sampling_controls(body: Any) -> None:
+    request = body(use_beam_search=True, n=2, temperature=0.5, repetition_penalty=1.2)
+    params = sampling_params(request, _DEMO_DEFAULTS, max_tokens=8, logprobs=False)
+    beam = beam_search(request)
+    assert beam is not None
+    (first, _) = beam_choices([Prompt(text="p", token_count=2)], 2, [params], beam)
+    assert (first.params.temperature, first.params.repetition_penalty) == (0.5, 1.2)
+    assert first.params.presence_penalty is None

@@ -135,6 +135,7 @@ class CompletionPipeline:
                 plan,
                 meter,
                 priority=tenant.priority,
+                cache_salt=None if model.route.shared_kv_cache else self.tenancy.cache_salt(tenant),
                 admitted=admission.admitted,
                 send_ahead=admission.expected,
             )

@@ -206,6 +206,11 @@ class Tenancy:
             f"force, limits in {self.settings.store.kind}, admin API {admin}"
         )
 
+    def cache_salt(self, tenant: TenantPolicy) -> int | None:
+        """The salt that keeps the tenant's cached prompts in its KV-cache scope; None while
+        auth is off (every request is one tenant's: nothing to keep apart)."""
+        return tenant.cache_salt if self.settings.auth else None
+
     def known_headers(self, tenant: TenantPolicy) -> dict[str, str]:
         """Rate-limit headers as of the tenant's last admission (for answers before one)."""
         return rate_limit_headers(self._known.get(tenant.name))

@@ -312,6 +312,7 @@ class GenerationService:
             sent=admitted is None,
         )
         error: BaseException | None = None
+        unfinished = {spec.index for spec in plan.choices}
         tokens = model.tokenizer if model.target.kind == "tensorrt_llm" else None
         runner = ChoiceRunner(
             self._opener(model, watch), model, logprobs=plan.logprobs, meter=meter
@@ -361,6 +362,8 @@ class GenerationService:
             async with aclosing(merged or merge(streams, self._timeout_s)) as events:
                 waiting = gate
                 async for event in events:
+                    if isinstance(event, ChoiceEnd):
+                        unfinished.discard(event.index)
                     if waiting is not None:
                         # Answered already (the backend waited for it before sending, or before
                         # reading what it sent ahead): nothing is passed on for a request that
@@ -381,6 +384,9 @@ class GenerationService:
             error = exc
             raise
         finally:
+            # What reached the client, or was generated, counts however the call ended.
+            cut = sum(meter.choices.get(index, 0) for index in unfinished)
+            watch.cut_short(meter.prompts, cut)
             watch.close(error)
 
     async def collect(self, model: ServedModel, plan: Plan) -> list[ChoiceResult]:

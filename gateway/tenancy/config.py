@@ -52,14 +52,16 @@ class TenantPolicy(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     reuse each other's cached prefixes (a public scope). Unset, the tenant has a scope of its
     own that no other tenant can name."""
 
-    @property
-    def cache_salt(self) -> int:
-        """The 64-bit salt of the tenant's KV-cache scope, derived here from the scope alone:
-        a named scope and a tenant's own scope hash apart, whatever they are called."""
+    def scope_salt(self, client: str | None = None) -> int:
+        """The 64-bit salt of the tenant's KV-cache scope, derived from the scope (and a
+        client's ``cache_salt`` within it) alone: a named scope and a tenant's own scope hash
+        apart, whatever they are called, and no client salt reaches another scope."""
         kind, name = ("scope", self.cache_scope) if self.cache_scope else ("tenant", self.name)
-        digest = hashlib.blake2b(
-            f"{kind}\0{name}".encode(), digest_size=8, person=b"kv-cache-scope"
-        )
+        parts = [kind, name] if client is None else [kind, name, "client", client]
+        digest = hashlib.blake2b(digest_size=8, person=b"kv-cache-scope")
+        for part in parts:
+            raw = part.encode()
+            digest.update(len(raw).to_bytes(8, "little") + raw)
         return int.from_bytes(digest.digest(), "little")
 
     def allows_model(self, name: str) -> bool:

@@ -75,19 +75,22 @@ def _system(tag: str) -> str:
     return f"[{hashlib.blake2s(tag.encode()).hexdigest()[:12]}] {SYSTEM}"
 
 
-def _chat(gateway: LiveGateway, tenant: str, model: str, system: str) -> httpx.Response:
+def _chat(
+    gateway: LiveGateway, tenant: str, model: str, system: str, **extra: Any
+) -> httpx.Response:
     body = {
         "model": model,
         "messages": [{"role": "system", "content": system}, {"role": "user", "content": "Hi?"}],
         "max_tokens": 4,
         "temperature": 0,
+        **extra,
     }
     headers = {"Authorization": f"Bearer {KEYS[tenant]}"}
     return httpx.post(f"{gateway.url}/v1/chat/completions", json=body, headers=headers, timeout=120)
 
 
-def _cached(gateway: LiveGateway, tenant: str, model: str, system: str) -> int:
-    response = _chat(gateway, tenant, model, system)
+def _cached(gateway: LiveGateway, tenant: str, model: str, system: str, **extra: Any) -> int:
+    response = _chat(gateway, tenant, model, system, **extra)
     assert response.status_code == 200, response.text
     usage: dict[str, Any] = response.json()["usage"]
     cached: int = usage["prompt_tokens_details"]["cached_tokens"]
@@ -113,6 +116,18 @@ def test_tenants_naming_one_scope_share_it(gateway: LiveGateway, model: str) -> 
     assert _cached(gateway, "pub-1", model, system) == 0
     assert _cached(gateway, "pub-2", model, system) > 0
     assert _cached(gateway, "team-a", model, system) == 0
+
+
+def test_a_client_cache_salt_narrows_the_tenants_scope(gateway: LiveGateway) -> None:
+    system = _system("client salt")
+    assert _cached(gateway, "team-a", ENSEMBLE_MODEL, system) == 0
+    assert _cached(gateway, "team-a", ENSEMBLE_MODEL, system, cache_salt="mine") == 0
+    assert _cached(gateway, "team-a", ENSEMBLE_MODEL, system, cache_salt="mine") > 0
+    # The same client salt from another tenant stays in that tenant's scope.
+    assert _cached(gateway, "team-b", ENSEMBLE_MODEL, system, cache_salt="mine") == 0
+    # A model that cannot salt does not ignore it.
+    refused = _chat(gateway, "team-a", ACCUMULATING_BLS_MODEL, system, cache_salt="mine")
+    assert refused.status_code == 400
 
 
 def test_an_adapter_does_not_reuse_the_base_models_blocks_within_a_scope(

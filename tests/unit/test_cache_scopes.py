@@ -18,7 +18,8 @@ from deploy.triton.engine.kvstore import KVStore
 from deploy.triton.engine.types import EngineRequest, LoraRequest
 from deploy.triton.engine.wire import parse_items
 from gateway.replicas.affinity import block_hashes
-from gateway.tenancy.config import PolicyError, TenantPolicy, check_policy
+from gateway.tenancy.config import PolicyError, TenancySettings, TenantPolicy, check_policy
+from gateway.tenancy.service import Tenancy
 
 BLOCK = 4
 PROMPT = tuple(range(10, 27))  # four full blocks before the last token
@@ -119,11 +120,39 @@ def test_each_tenant_has_its_own_scope_and_a_named_scope_is_shared() -> None:
     a, b = TenantPolicy(name="team-a"), TenantPolicy(name="team-b")
     public_a = TenantPolicy(name="team-a", cache_scope="public")
     public_c = TenantPolicy(name="team-c", cache_scope="public")
-    assert a.cache_salt != b.cache_salt
-    assert public_a.cache_salt == public_c.cache_salt != a.cache_salt
+    assert a.scope_salt() != b.scope_salt()
+    assert public_a.scope_salt() == public_c.scope_salt() != a.scope_salt()
     # A scope named after another tenant is not that tenant's own scope.
-    assert TenantPolicy(name="x", cache_scope="team-a").cache_salt != a.cache_salt
-    assert 0 <= a.cache_salt < 2**64
+    assert TenantPolicy(name="x", cache_scope="team-a").scope_salt() != a.scope_salt()
+    assert 0 <= a.scope_salt() < 2**64
+
+
+def test_a_client_cache_salt_narrows_its_scope_and_never_joins_another() -> None:
+    a, b = TenantPolicy(name="team-a"), TenantPolicy(name="team-b")
+    assert a.scope_salt("mine") == a.scope_salt("mine") != a.scope_salt()
+    assert a.scope_salt("mine") != b.scope_salt("mine")
+    # Whatever b sends, its salts are its own scope's: not a's, with or without a's salt.
+    guesses = ("", "team-a", "tenant\0team-a", str(a.scope_salt()), "client")
+    assert not {b.scope_salt(g) for g in guesses} & {a.scope_salt(), a.scope_salt("mine")}
+
+
+@pytest.mark.parametrize(
+    ("auth", "shared", "client", "salted"),
+    [
+        (True, False, None, True),
+        (True, True, None, False),  # the operator shares the model's cache
+        (False, False, None, False),  # one caller: nothing to keep apart
+        (False, False, "mine", True),  # a client salt is honoured everywhere
+        (True, True, "mine", True),
+    ],
+)
+def test_when_a_request_carries_a_salt(
+    auth: bool, shared: bool, client: str | None, salted: bool
+) -> None:
+    tenant = TenantPolicy(name="team-a")
+    tenancy = Tenancy(TenancySettings(auth=auth, tenants=(tenant,)))
+    salt = tenancy.cache_salt(tenant, shared=shared, client=client)
+    assert salt == (tenant.scope_salt(client) if salted else None)
 
 
 def test_a_cache_scope_name_is_checked() -> None:

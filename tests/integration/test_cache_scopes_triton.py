@@ -6,6 +6,8 @@ to scoped tenants unless the operator lets them share it."""
 from __future__ import annotations
 
 import hashlib
+import logging
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -166,3 +168,27 @@ def test_the_engine_takes_cache_salt_id_as_tensorrt_llm_does(sidecar: Sidecar) -
     assert _reused_blocks(sidecar, prompt, cache_salt_id=salt(2**64 - 1)) == 4
     assert _reused_blocks(sidecar, prompt, cache_salt_id=salt(1)) == 0
     assert _reused_blocks(sidecar, prompt) == 0
+
+
+def test_the_gateway_warns_at_start_of_a_model_it_will_refuse(
+    sidecar: Sidecar, tiny_model_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    base = sidecar_settings(sidecar, tiny_model_dir)
+    (stock,) = [m for m in base.models if m.name == ACCUMULATING_BLS_MODEL]
+    settings = Settings(
+        models=(msgspec.structs.replace(stock, shared_kv_cache=False),),
+        limits=base.limits,
+        tenancy=TenancySettings(
+            tenants=TENANTS[:1], keys=(KeyEntry(tenant="team-a", sha256=digest(KEYS["team-a"])),)
+        ),
+    )
+    with caplog.at_level(logging.WARNING, logger="gateway.runtime"):
+        live = LiveGateway(settings).start()
+        try:
+            deadline = time.monotonic() + 30
+            while "declares no cache_salt_id" not in caplog.text:
+                assert time.monotonic() < deadline, "no warning at start"
+                time.sleep(0.1)
+        finally:
+            live.stop()
+    assert ACCUMULATING_BLS_MODEL in caplog.text

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from adapters.contract import GenerationRequest, InvalidRequest, SamplingParams
+from adapters.contract import GenerationRequest, InvalidRequest, ModelTarget, SamplingParams
 from adapters.triton.config import parse_model_config
 from adapters.triton.tensors import build_inputs
 from deploy.triton.engine.blocks import BlockManager
@@ -18,10 +18,14 @@ from deploy.triton.engine.kvstore import KVStore
 from deploy.triton.engine.types import EngineRequest, LoraRequest
 from deploy.triton.engine.wire import parse_items
 from gateway.replicas.affinity import block_hashes
+from gateway.replicas.pool import ReplicaPool
+from gateway.replicas.settings import RoutingSettings
+from gateway.replicas.sources import Endpoint
 from gateway.tenancy.config import PolicyError, TenancySettings, TenantPolicy, check_policy
 from gateway.tenancy.service import Tenancy
 
 BLOCK = 4
+TARGET = ModelTarget(url="unused", triton_model="m_ensemble", kind="ensemble")
 PROMPT = tuple(range(10, 27))  # four full blocks before the last token
 
 
@@ -207,3 +211,26 @@ def test_prefix_routing_keeps_scopes_apart() -> None:
     assert block_hashes(ids, 16, 8, 1) == block_hashes(ids, 16, 8, 1)
     assert not set(block_hashes(ids, 16, 8, 1)) & set(block_hashes(ids, 16, 8, 2))
     assert not set(block_hashes(ids, 16, 8, 1)) & set(block_hashes(ids, 16, 8, None))
+
+
+def test_a_replica_pool_finds_a_prefix_only_in_its_own_scope() -> None:
+    pool = ReplicaPool("m", TARGET, RoutingSettings(prefix_block_tokens=4), retry_after_s=3)
+    pool.update([Endpoint(name, f"{name}:1", None) for name in ("a", "b")])
+    for replica in pool.replicas.values():
+        pool.probed(replica, True)
+
+    def routed(salt: int | None) -> bool:
+        request = GenerationRequest(
+            request_id="r",
+            prompt="p",
+            params=SamplingParams(max_tokens=2),
+            stream=True,
+            prompt_ids=tuple(range(17)),
+            cache_salt=salt,
+        )
+        return pool.pick(request).prefix_hit
+
+    assert not routed(1)
+    assert routed(1)  # the scope's own repeat goes where its blocks are
+    assert not routed(2)  # another scope's copy is no prefix of this one
+    assert not routed(None)

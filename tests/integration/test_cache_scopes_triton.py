@@ -6,6 +6,7 @@ to scoped tenants unless the operator lets them share it."""
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import time
 from collections.abc import Iterator
@@ -192,3 +193,28 @@ def test_the_gateway_warns_at_start_of_a_model_it_will_refuse(
         finally:
             live.stop()
     assert ACCUMULATING_BLS_MODEL in caplog.text
+
+
+def test_image_rows_keep_salting_blocks_inside_a_scope(
+    sidecar: Sidecar, tiny_model_dir: Path
+) -> None:
+    """A prompt with prompt-table rows (what an image becomes): reused under its own salt with
+    the same rows, not with other rows, and not under another salt."""
+    config = json.loads((tiny_model_dir / "config.json").read_text())
+    vocab, hidden = int(config["vocab_size"]), int(config["hidden_size"])
+    rows = np.random.default_rng(5).standard_normal((8, hidden)).astype(np.float16)
+    prompt = (*range(700, 716), *range(vocab, vocab + 8), *range(716, 821))
+
+    def reused(table: Any, salt: int) -> int:
+        return _reused_blocks(
+            sidecar,
+            prompt,
+            cache_salt_id=np.array([[salt]], np.uint64),
+            prompt_embedding_table=table[np.newaxis],
+            prompt_vocab_size=np.array([[len(table)]], np.int32),
+        )
+
+    assert reused(rows, 11) == 0
+    assert reused(rows, 11) == 4
+    assert reused(rows[::-1].copy(), 11) == 0  # other image content, same scope
+    assert reused(rows, 12) == 0  # the same image, another scope

@@ -160,6 +160,11 @@ class GenerationRequest:
     timeout_s: float = 600.0
     priority: int = 0
     """Triton request priority; 0 leaves the model's default."""
+    cache_salt: int | None = None
+    """The 64-bit salt of the caller's KV-cache scope (TensorRT-LLM's ``cache_salt_id``): the
+    engine reuses cached prompt blocks only between requests of the same salt. ``None`` where
+    nothing needs keeping apart; a model that cannot take a salt yet reuses its cache refuses a
+    request that carries one."""
     trace_headers: Mapping[str, str] = field(default_factory=dict)
     """W3C trace context (``traceparent``, ``tracestate``) for the gRPC metadata."""
     images: Sequence[PromptImage] = ()

@@ -279,6 +279,21 @@ class Runtime:
                 continue
             logger.info("read the Triton config of %s", route.target.triton_model)
             logger.debug("%s: %r", route.target.triton_model, described)
+            self._warn_if_unscoped(route, described)
+
+    def _warn_if_unscoped(self, route: ModelRoute, described: object) -> None:
+        """Say at start, not at a tenant's first request, that a model will refuse scoped
+        requests: its engine reuses cached prompts and its config takes no ``cache_salt_id``."""
+        unsalted = getattr(described, "reuses_kv_cache", False) and not getattr(
+            described, "salts_kv_cache", True
+        )
+        if unsalted and self.tenancy.settings.auth and not route.shared_kv_cache:
+            logger.warning(
+                "model %s reuses cached prompts but its config declares no cache_salt_id: "
+                "requests of tenants are refused (set shared_kv_cache on it to let them share "
+                "its cache, or turn enable_kv_cache_reuse off)",
+                route.name,
+            )
 
     def hurry(self) -> None:
         """Stop without waiting for requests (a second signal); sidecars get a short grace."""

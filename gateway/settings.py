@@ -142,6 +142,11 @@ class ModelSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     """How requests are spread over the replicas and when a replica is taken out."""
     images: ImageSettings = ImageSettings()
     """How image inputs are taken, for a model whose checkpoint has a vision tower."""
+    shared_kv_cache: bool = False
+    """Let every tenant share this model's cached prompts, whatever their cache scopes: no
+    ``cache_salt_id`` is sent. Needed to serve several tenants from an engine that reuses its KV
+    cache but whose config declares no ``cache_salt_id`` (the stock configs); a tenant can then
+    tell from ``cached_tokens`` and from the time to the first token what others sent."""
 
 
 class LimitSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

@@ -121,6 +121,7 @@ class TritonBackend:
                 guided_decoding=engine.guided_decoding,
                 tokens_per_block=engine.tokens_per_block,
                 max_beam_width=engine.max_beam_width,
+                reuses_kv_cache=engine.reuses_kv_cache,
             )
         elif model.engine_model and model.engine_model != model.name:
             behind = await self._engine_config(target, model)
@@ -129,6 +130,7 @@ class TritonBackend:
                 guided_decoding=behind.guided_decoding if behind else True,
                 tokens_per_block=behind.tokens_per_block if behind else None,
                 max_beam_width=behind.max_beam_width if behind else None,
+                reuses_kv_cache=behind.reuses_kv_cache if behind else True,
             )
         if model.tokens_per_block is None:
             model = replace(model, tokens_per_block=target.tokens_per_block)

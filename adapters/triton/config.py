@@ -58,6 +58,9 @@ class ModelInputs:
     """The engine's KV-cache block size (its ``tokens_per_block`` parameter), when known."""
     max_beam_width: int | None = None
     """The engine's widest beam search (its ``max_beam_width`` parameter), when known."""
+    reuses_kv_cache: bool = True
+    """Whether the engine may reuse cached prompt blocks: only an explicit
+    ``enable_kv_cache_reuse`` of false says it does not."""
 
     @property
     def is_ensemble(self) -> bool:
@@ -124,6 +127,12 @@ class ModelInputs:
         return next((name for name in _REUSE_STATS_INPUTS if self.has(name)), None)
 
     @property
+    def salts_kv_cache(self) -> bool:
+        """Whether requests can carry TensorRT-LLM's ``cache_salt_id``: KV blocks are then
+        shared only between requests of the same salt."""
+        return self.has("cache_salt_id")
+
+    @property
     def reports_cached_tokens(self) -> bool:
         """Whether the engine's reused blocks can be asked for and turned into prompt tokens."""
         return self.tokens_per_block is not None and self.reuse_stats_input is not None
@@ -170,6 +179,7 @@ def parse_model_config(document: Mapping[str, Any]) -> ModelInputs:
         dropped=dropped,
         tokens_per_block=_positive_int(parameters.get("tokens_per_block")),
         max_beam_width=_positive_int(parameters.get("max_beam_width")),
+        reuses_kv_cache=parameters.get("enable_kv_cache_reuse", "true").lower() in _TRUE,
     )
 
 

@@ -84,7 +84,27 @@ def build_inputs(
         tensors.extend(guide_inputs(params.guide, model))
     if request.lora is not None:
         tensors.extend(lora_inputs(request.lora, model, with_weights=lora_weights))
+    if request.cache_salt is not None:
+        tensors.extend(_cache_salt(request.cache_salt, model))
     return [tensor.unbatched() for tensor in tensors] if model.max_batch_size == 0 else tensors
+
+
+def _cache_salt(salt: int, model: ModelInputs) -> list[WireTensor]:
+    """``cache_salt_id``, or nothing where the engine keeps no cache to share; a model that
+    reuses cached prompts but cannot take a salt would share them across scopes."""
+    if model.salts_kv_cache:
+        return [WireTensor("cache_salt_id", "UINT64", [[salt]])]
+    if not model.reuses_kv_cache:
+        return []
+    raise InvalidRequest(UNSALTED.format(model=model.name))
+
+
+UNSALTED = (
+    "model {model} reuses cached prompts across requests but its config declares no "
+    "cache_salt_id input, so it cannot keep one tenant's cached prompts from another's; the "
+    "operator can turn enable_kv_cache_reuse off, deploy configs that declare cache_salt_id, or "
+    "set shared_kv_cache on the model to let its tenants share one cache"
+)
 
 
 def _sampling(

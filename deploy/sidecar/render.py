@@ -127,7 +127,13 @@ def _engine_values(model: ModelSpec) -> dict[str, str]:
             )
         )
     if isinstance(engine, LoadTestEngine):
-        return values | {"triton_backend": "python", "max_beam_width": "1"}
+        # It keeps no KV cache: saying so lets the gateway serve it to tenants of every cache
+        # scope from configs without ``cache_salt_id``.
+        return values | {
+            "triton_backend": "python",
+            "max_beam_width": "1",
+            "enable_kv_cache_reuse": "false",
+        }
     return (
         values
         | {

@@ -57,6 +57,8 @@ class ModelRoute:
     images: ImageSettings = DEFAULT_IMAGES
     counts_prompts: bool = False
     """Whether the gateway's count of a text prompt is the engine's (``count_prompts``)."""
+    shared_kv_cache: bool = False
+    """Whether every tenant shares the model's cached prompts (``shared_kv_cache``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,6 +187,7 @@ def _route(
         skip_special_tokens=skip_special,
         images=model.images,
         counts_prompts=counts_prompts,
+        shared_kv_cache=model.shared_kv_cache,
     )
 
 

@@ -267,17 +267,21 @@ class GenerationService:
         meter: UsageMeter | None = None,
         *,
         priority: int = 0,
+        cache_salt: int | None = None,
         admitted: Callable[[], Awaitable[None]] | None = None,
         send_ahead: bool = False,
     ) -> AsyncGenerator[Event, None]:
         """Every choice's events, interleaved as they arrive; closing it cancels the requests.
 
         ``meter`` counts the tokens used as they are generated; ``priority`` is the Triton
-        request priority (0: the model's default); ``admitted`` is awaited by each backend
+        request priority (0: the model's default); ``cache_salt`` the salt of the caller's
+        KV-cache scope (``GenerationRequest.cache_salt``); ``admitted`` is awaited by each backend
         request before it is sent, or with ``send_ahead`` (an admission expected to admit) just
         after (``GenerationRequest.admitted``); no event comes before it is answered.
         """
-        return self._observed(model, plan, meter or UsageMeter(), priority, admitted, send_ahead)
+        return self._observed(
+            model, plan, meter or UsageMeter(), (priority, cache_salt), admitted, send_ahead
+        )
 
     def _opener(self, model: ServedModel, watch: GenerationWatch) -> Opener:
         """How the model's requests reach Triton: its one server, or a replica of its pool."""
@@ -294,12 +298,13 @@ class GenerationService:
         model: ServedModel,
         plan: Plan,
         meter: UsageMeter,
-        priority: int,
+        placement: tuple[int, int | None],
         admitted: Callable[[], Awaitable[None]] | None,
         send_ahead: bool,
     ) -> AsyncGenerator[Event, None]:
         # Everything starts at the first iteration, so an unconsumed generator leaves no span.
         request_id = random_hex(16)
+        priority, cache_salt = placement
         watch = self._observability.generation(
             {
                 "gen_ai.request.model": model.name,
@@ -311,6 +316,7 @@ class GenerationService:
             sent=admitted is None,
         )
         error: BaseException | None = None
+        unfinished = {spec.index for spec in plan.choices}
         tokens = model.tokenizer if model.target.kind == "tensorrt_llm" else None
         runner = ChoiceRunner(
             self._opener(model, watch), model, logprobs=plan.logprobs, meter=meter
@@ -338,6 +344,7 @@ class GenerationService:
                     stream=plan.stream,
                     timeout_s=self._timeout_s,
                     priority=priority,
+                    cache_salt=cache_salt,
                     lora=model.adapter,
                     trace_headers=trace_headers,
                     images=spec.prompt.images,
@@ -359,6 +366,8 @@ class GenerationService:
             async with aclosing(merged or merge(streams, self._timeout_s)) as events:
                 waiting = gate
                 async for event in events:
+                    if isinstance(event, ChoiceEnd):
+                        unfinished.discard(event.index)
                     if waiting is not None:
                         # Answered already (the backend waited for it before sending, or before
                         # reading what it sent ahead): nothing is passed on for a request that
@@ -379,6 +388,9 @@ class GenerationService:
             error = exc
             raise
         finally:
+            # What reached the client, or was generated, counts however the call ended.
+            cut = sum(meter.choices.get(index, 0) for index in unfinished)
+            watch.cut_short(meter.prompts, cut)
             watch.close(error)
 
     async def collect(self, model: ServedModel, plan: Plan) -> list[ChoiceResult]:

@@ -10,7 +10,7 @@ span's attributes when the answer ends.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
 import msgspec
@@ -139,6 +139,21 @@ class GenerationWatch:
         if first and cached_tokens:
             self._owner.metrics.record_cached_tokens(record, cached_tokens)
         self._prompts[prompt_index] = prompt_tokens
+        record.prompt_tokens = sum(self._prompts.values())
+        record.completion_tokens += completion_tokens
+
+    def cut_short(self, prompts: Mapping[int, int], completion_tokens: int) -> None:
+        """The call ended before some choices did (the client left, a failure, a timeout):
+        ``prompts`` the tokens of every prompt the engine took, ``completion_tokens`` what the
+        unfinished choices generated. Counted like ended choices, prompts not yet counted once."""
+        record = self._record
+        if record is None:
+            return
+        fresh = {index: count for index, count in prompts.items() if index not in self._prompts}
+        if not fresh and not completion_tokens:
+            return
+        self._owner.metrics.record_tokens(record, sum(fresh.values()), completion_tokens)
+        self._prompts.update(fresh)
         record.prompt_tokens = sum(self._prompts.values())
         record.completion_tokens += completion_tokens
 

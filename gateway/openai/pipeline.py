@@ -135,6 +135,9 @@ class CompletionPipeline:
                 plan,
                 meter,
                 priority=tenant.priority,
+                cache_salt=self.tenancy.cache_salt(
+                    tenant, shared=model.route.shared_kv_cache, client=body.cache_salt or None
+                ),
                 admitted=admission.admitted,
                 send_ahead=admission.expected,
             )

@@ -11,17 +11,20 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 
-def block_hashes(ids: Sequence[int], block_tokens: int, max_blocks: int) -> tuple[int, ...]:
+def block_hashes(
+    ids: Sequence[int], block_tokens: int, max_blocks: int, cache_salt: int | None = None
+) -> tuple[int, ...]:
     """Chained hashes of the prompt's full leading blocks of ``block_tokens`` tokens.
 
     The ``i``-th hash stands for the whole prefix up to the end of block ``i`` (as the KV-cache
-    blocks an engine can reuse); a partial last block has none. The block size seeds the chain,
-    so hashes of different block sizes never meet.
+    blocks an engine can reuse); a partial last block has none. The block size and the
+    request's KV-cache salt seed the chain, so hashes of different block sizes never meet, nor
+    do those of different cache scopes (whose blocks the engine never shares either).
     """
     count = min(len(ids) // block_tokens, max_blocks)
     tokens = tuple(ids[: count * block_tokens])
     hashes = []
-    previous = hash(("blocks", block_tokens))
+    previous = hash(("blocks", block_tokens, cache_salt))
     for start in range(0, count * block_tokens, block_tokens):
         previous = hash((previous, tokens[start : start + block_tokens]))
         hashes.append(previous)

@@ -167,7 +167,9 @@ class ReplicaPool:
                 headers={"Retry-After": str(self.retry_after_s)},
             )
         settings = self.settings
-        hashes = block_hashes(request.prompt_ids, self.block_tokens, settings.prefix_max_blocks)
+        hashes = block_hashes(
+            request.prompt_ids, self.block_tokens, settings.prefix_max_blocks, request.cache_salt
+        )
         depths = self.prefixes.matches(hashes) if hashes else {}
         adapter = request.lora.name if request.lora is not None else None
         owner = self.adapters.owner(adapter) if adapter is not None else None

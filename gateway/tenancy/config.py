@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import fnmatch
+import hashlib
 import re
 from typing import Literal
 
@@ -51,6 +52,22 @@ class TenantPolicy(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     burst: float = 1.0
     """Share of a minute's quota that can be spent at once (0 < burst <= 1); the rest refills
     smoothly."""
+    cache_scope: str | None = None
+    """The KV-cache scope the tenant's prompts are cached in: tenants naming the same scope
+    reuse each other's cached prefixes (a public scope). Unset, the tenant has a scope of its
+    own that no other tenant can name."""
+
+    def scope_salt(self, client: str | None = None) -> int:
+        """The 64-bit salt of the tenant's KV-cache scope, derived from the scope (and a
+        client's ``cache_salt`` within it) alone: a named scope and a tenant's own scope hash
+        apart, whatever they are called, and no client salt reaches another scope."""
+        kind, name = ("scope", self.cache_scope) if self.cache_scope else ("tenant", self.name)
+        parts = [kind, name] if client is None else [kind, name, "client", client]
+        digest = hashlib.blake2b(digest_size=8, person=b"kv-cache-scope")
+        for part in parts:
+            raw = part.encode()
+            digest.update(len(raw).to_bytes(8, "little") + raw)
+        return int.from_bytes(digest.digest(), "little")
 
     def allows_model(self, name: str) -> bool:
         """Whether the tenant may use the model called ``name``."""
@@ -164,6 +181,10 @@ def check_policy(tenant: TenantPolicy) -> None:
         value = getattr(tenant, field)
         if value is not None and value < 1:
             raise PolicyError(f"tenant {tenant.name!r}: {field} must be at least 1", field)
+    if tenant.cache_scope is not None and not NAME.match(tenant.cache_scope):
+        raise PolicyError(
+            f"tenant {tenant.name!r}: cache_scope must match {NAME.pattern}", "cache_scope"
+        )
     if not 0 < tenant.burst <= 1:
         raise PolicyError(f"tenant {tenant.name!r}: burst must be in (0, 1]", "burst")
 

@@ -40,9 +40,14 @@ class TenantFields(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     """Triton request priority (1 is the highest level; 0 means the model's default)."""
     burst: float | UnsetType = UNSET
     """Share of a minute's quota that can be spent at once (0 < burst <= 1)."""
+    cache_scope: str | UnsetType | None = UNSET
+    """The KV-cache scope shared with the tenants that name it; ``null`` for the tenant's own."""
 
 
 FIELDS: tuple[str, ...] = TenantFields.__struct_fields__
+NARROWEST_BY_DEFAULT = frozenset({"cache_scope"})
+"""Fields whose default is the narrowest policy (the tenant's own cache scope): a ``PUT`` may
+leave them out."""
 
 
 def sent(fields: TenantFields) -> dict[str, object]:
@@ -52,7 +57,11 @@ def sent(fields: TenantFields) -> dict[str, object]:
 
 def missing_fields(fields: TenantFields) -> list[str]:
     """The fields a body left out, in the policy's order."""
-    return [name for name in FIELDS if getattr(fields, name) is UNSET]
+    return [
+        name
+        for name in FIELDS
+        if getattr(fields, name) is UNSET and name not in NARROWEST_BY_DEFAULT
+    ]
 
 
 def apply_fields(policy: TenantPolicy, fields: TenantFields) -> TenantPolicy:

@@ -213,6 +213,16 @@ class Tenancy:
             f"force, limits in {self.settings.store.kind}, admin API {admin}"
         )
 
+    def cache_salt(
+        self, tenant: TenantPolicy, *, shared: bool = False, client: str | None = None
+    ) -> int | None:
+        """The salt that keeps the tenant's cached prompts in its KV-cache scope, narrowed by
+        the ``client``'s own ``cache_salt``. None where nothing is kept apart: no client salt,
+        and auth off (every request is one tenant's) or a model whose cache its tenants share."""
+        if client is None and (shared or not self.settings.auth):
+            return None
+        return tenant.scope_salt(client)
+
     def known_headers(self, tenant: TenantPolicy) -> dict[str, str]:
         """Rate-limit headers as of the tenant's last admission (for answers before one)."""
         return rate_limit_headers(self._known.get(tenant.name))

@@ -31,6 +31,8 @@ pytestmark = pytest.mark.slow
 WORKERS = 3
 ADMIN = new_key()
 KEY = new_key()
+READER = new_key()
+"""The key of ``reader``, a tenant without limits that the limit's test does not spend."""
 
 
 @dataclass
@@ -55,8 +57,14 @@ def _config(model_dir: Path, store: dict[str, Any] | None) -> dict[str, Any]:
     engine = {"kind": "loadtest", "tokenizer_dir": str(model_dir), "token_s": 0.01}
     tenancy: dict[str, Any] = {
         "admin_key_sha256": digest(ADMIN),
-        "tenants": [{"name": "team", "models": ["lt"], "requests_per_minute": 12}],
-        "keys": [{"tenant": "team", "sha256": digest(KEY)}],
+        "tenants": [
+            {"name": "team", "models": ["lt"], "requests_per_minute": 12},
+            {"name": "reader", "models": ["lt"]},
+        ],
+        "keys": [
+            {"tenant": "team", "sha256": digest(KEY)},
+            {"tenant": "reader", "sha256": digest(READER)},
+        ],
     }
     if store is not None:
         tenancy["store"] = store
@@ -264,6 +272,56 @@ def test_token_gaps_of_every_worker_reach_the_metrics(gateway: Gateway) -> None:
         for _ in range(6)
     ]
     assert scraped == [float(gaps)] * 6
+
+
+def _dropped_stream(gateway: Gateway, request_id: str, read: int) -> int:
+    """A stream the client hangs up on after ``read`` text pieces; the pieces it got."""
+    body = {"model": "lt", "prompt": "Once upon", "max_tokens": 2000, "stream": True}
+    headers = {"Authorization": f"Bearer {READER}", "X-Request-ID": request_id}
+    pieces = 0
+    with (
+        httpx.Client(timeout=30) as client,
+        client.stream("POST", f"{gateway.url}/v1/completions", json=body, headers=headers) as got,
+    ):
+        assert got.status_code == 200
+        for line in got.iter_lines():
+            if line.startswith("data: {"):
+                pieces += any(choice["text"] for choice in json.loads(line[6:])["choices"])
+            if pieces >= read:
+                break
+    return pieces
+
+
+def _access_tokens(gateway: Gateway, request_id: str) -> dict[str, int]:
+    """The token counts of the access line of ``request_id``, from whichever worker wrote it."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        log = (gateway.workdir / "workers.log").read_text()
+        for line in log.splitlines():
+            if "gateway.access" in line and line.endswith(f"[{request_id}]"):
+                fields = dict(part.split("=", 1) for part in line.split() if "=" in part)
+                return {k: int(fields[k]) for k in ("prompt_tokens", "completion_tokens")}
+        time.sleep(0.1)
+    raise AssertionError(f"no access line for {request_id}")
+
+
+def test_a_dropped_stream_is_counted_by_every_measure_across_workers(gateway: Gateway) -> None:
+    """The access line, the summed per-tenant token counters and the limiter's charge agree on
+    a stream the client dropped after 50 tokens, whichever worker served it."""
+    reader = {"tenant": "reader"}
+    families = ("prompt_tokens", "completion_tokens", "tenant_tokens")
+    scrape = _fresh(gateway, "GET", "/metrics").text
+    before = {name: total(scrape, f"gateway_{name}_total", **reader) for name in families}
+    request_id = f"dropped-{gateway.store}"
+    sent = _dropped_stream(gateway, request_id, 50)
+    _counted(gateway, "gateway_tenant_requests_in_flight", reader, 0)
+    access = _access_tokens(gateway, request_id)
+    assert access["completion_tokens"] >= sent >= 50
+    assert access["prompt_tokens"] > 0
+    for name in ("prompt_tokens", "completion_tokens"):
+        _counted(gateway, f"gateway_{name}_total", reader, before[name] + access[name])
+    charged = before["tenant_tokens"] + access["prompt_tokens"] + access["completion_tokens"]
+    _counted(gateway, "gateway_tenant_tokens_total", reader, charged)
 
 
 def test_a_killed_gateway_takes_its_workers_along(gateway: Gateway) -> None:

@@ -16,10 +16,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import numpy as np
 import openai
 import pytest
 
+from gateway.tenancy.config import KeyEntry, TenancySettings, TenantPolicy
+from gateway.tenancy.keys import digest, new_key
 from tests.support.engine import beam_texts
 from tests.support.engine_probe import EngineProcess
 from tests.support.gateway import LiveGateway
@@ -439,3 +442,54 @@ def test_beams_through_the_stock_models(stack: Stack, entry: str, stock_beams: l
     ]
     assert len(steps) == BEAM_TOKENS and all(len(step) == BEAM_WIDTH for step in steps)
     assert steps[-1] == stock_beams
+
+
+REUSING_RELEASES = ("v0.19",)
+"""Releases whose stock example fills ``enable_kv_cache_reuse`` true; v0.8's and v0.11's false."""
+
+
+def test_tenants_of_a_stock_config_are_refused_or_share_only_by_the_operators_word(
+    stack: Stack, tiny_model_dir: Path, adapters: dict[str, Path]
+) -> None:
+    """No stock config declares ``cache_salt_id``: with reuse on (v0.19) a tenant's request is
+    refused, naming why, unless the model has ``shared_kv_cache``; with reuse off (v0.8, v0.11)
+    there is no cache to share and every tenant is served."""
+    keys = {name: new_key() for name in ("team-a", "team-b")}
+    base = stock_settings(stack.sidecar.grpc_url, tiny_model_dir, stack.release, adapters["lora-a"])
+    shared = msgspec.structs.replace(
+        base.models[0], name="shared", shared_kv_cache=True, adapters=()
+    )
+    settings = msgspec.structs.replace(
+        base,
+        models=(base.models[0], shared),
+        tenancy=TenancySettings(
+            tenants=tuple(TenantPolicy(name=name) for name in keys),
+            keys=tuple(KeyEntry(tenant=name, sha256=digest(key)) for name, key in keys.items()),
+        ),
+    )
+    system = f"[{stack.release} scopes] " + "Answer every question with care and in few words. " * 8
+    messages = [{"role": "system", "content": system}, {"role": "user", "content": "Why?"}]
+    gateway = LiveGateway(settings).start()
+    try:
+        clients = {
+            name: openai.OpenAI(base_url=f"{gateway.url}/v1", api_key=key, max_retries=0)
+            for name, key in keys.items()
+        }
+
+        def chat(tenant: str, model: str) -> Any:
+            return clients[tenant].chat.completions.create(
+                model=model, messages=messages, max_tokens=4, temperature=0
+            )
+
+        if stack.release not in REUSING_RELEASES:
+            for tenant in keys:
+                assert chat(tenant, "ensemble").choices[0].message.content
+            return
+        with pytest.raises(openai.BadRequestError, match="declares no cache_salt_id"):
+            chat("team-a", "ensemble")
+        first, second = chat("team-a", "shared").usage, chat("team-b", "shared").usage
+        assert first is not None and second is not None
+        assert second.prompt_tokens_details is not None
+        assert second.prompt_tokens_details.cached_tokens > 0  # shared, as the operator said
+    finally:
+        gateway.stop()

@@ -77,6 +77,9 @@ TINY_MODELS = {
     ENGINE_MODEL: ("tiny_tensorrt_llm", "tensorrt_llm"),
 }
 """The test sidecar's pipelines as served models: name, then Triton model and entry."""
+STOCK_RELEASE_PIPELINES = ("tiny2_", "tiny3_")
+"""The test sidecar's pipelines of numbered releases, whose stock configs declare no
+``cache_salt_id``: served to tenants as one shared KV-cache scope (``shared_kv_cache``)."""
 
 
 def sidecar_settings(
@@ -99,6 +102,7 @@ def sidecar_settings(
             triton_model=triton_model,
             entry=entry,  # type: ignore[arg-type]
             tokenizer_dir=str(tokenizer_dir),
+            shared_kv_cache=triton_model.startswith(STOCK_RELEASE_PIPELINES),
         )
 
     return Settings(

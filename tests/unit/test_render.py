@@ -94,13 +94,22 @@ def _counts(reshape: tuple[int, ...] | None) -> dict[str, list[Entry]]:
     return {"input": flags, "output": counts}
 
 
-# TensorRT-LLM 1.x over the May 2025 main branch: token counts (PR #5445), pixtral image sizes.
+def _salt(reshape: tuple[int, ...] | None) -> Entry:
+    return ("cache_salt_id", "TYPE_UINT64", (1,), True, False, reshape)
+
+
+# TensorRT-LLM 1.x over the May 2025 main branch: token counts (PR #5445), pixtral image sizes,
+# the executor's per-request ``cache_salt_id``.
 LATEST_ADDITIONS: dict[str, dict[str, list[Entry]]] = {
-    "ensemble": _counts(None),
-    "tensorrt_llm": _counts(()),
+    "ensemble": {
+        "input": [*_counts(None)["input"], _salt(None)],
+        "output": _counts(None)["output"],
+    },
+    "tensorrt_llm": {"input": [*_counts(())["input"], _salt(())], "output": _counts(())["output"]},
     "tensorrt_llm_bls": {
         "input": [
             *_counts(())["input"],
+            _salt(()),
             ("image_sizes_input", "TYPE_INT64", (-1, 2), True, False, None),
         ],
         "output": _counts(())["output"],
@@ -152,7 +161,8 @@ def test_rendered_ensemble_maps_what_the_stock_ensemble_maps(release: str) -> No
         assert set(theirs.output_map.items()) <= set(ours.output_map.items())
         if release == "latest" and ours.model_name == "m1_tensorrt_llm":
             assert {k for k, _ in extra_in} == {
-                f"return_num_{k}_tokens" for k in ("input", "output")
+                *(f"return_num_{k}_tokens" for k in ("input", "output")),
+                "cache_salt_id",
             }
             assert {k for k, _ in extra_out} == {f"num_{k}_tokens" for k in ("input", "output")}
         else:

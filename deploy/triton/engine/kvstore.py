@@ -63,10 +63,10 @@ class KVStore:
         return self.manager.num_blocks * self.manager.tokens_per_block
 
     def root(self, request: EngineRequest) -> bytes:
-        """The salt of a request's hash chain: the model and its LoRA task (prompt-table ids
-        salt the blocks they fall in)."""
+        """The salt of a request's hash chain: the model, its ``cache_salt_id`` and its LoRA task
+        (prompt-table ids salt the blocks they fall in)."""
         task = request.lora.task_id if request.lora is not None else None
-        return salt_hash(self.model_key, task)
+        return salt_hash(self.model_key, request.cache_salt_id, task)
 
     def worst_case(self, request: EngineRequest, max_new_tokens: int) -> tuple[int, int]:
         """Blocks a request may hold at most: in all, and per sequence (full prompt blocks are

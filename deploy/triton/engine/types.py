@@ -155,6 +155,9 @@ class EngineRequest:
     (``prompt_embedding_table``: image features of a multimodal prompt), or None."""
     beam: BeamSearch | None = None
     """Beam search (``beam_width`` above 1): one output holding every beam."""
+    cache_salt_id: int | None = None
+    """TensorRT-LLM's ``cache_salt_id``: a 64-bit salt mixed into the hash of every KV block of
+    the request, so only requests with the same salt share cached blocks; None is no salt."""
 
     @property
     def rows(self) -> int:

@@ -335,6 +335,7 @@ def parse_items(
             extra_ids=extra_ids,
             prompt_table=table,
             beam=_beam(inputs, item),
+            cache_salt_id=_scalar(inputs, ("cache_salt_id",), item, int),
         )
         perf = _flag(inputs, "return_perf_metrics", item) or _flag(
             inputs, "return_kv_cache_reuse_stats", item

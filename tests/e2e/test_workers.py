@@ -310,7 +310,7 @@ def test_a_dropped_stream_is_counted_by_every_measure_across_workers(gateway: Ga
     a stream the client dropped after 50 tokens, whichever worker served it."""
     reader = {"tenant": "reader"}
     families = ("prompt_tokens", "completion_tokens", "tenant_tokens")
-    scrape = _fresh(gateway, "GET", "/metrics").text
+    scrape = _fresh(gateway, "GET", "/metrics", key=ADMIN).text
     before = {name: total(scrape, f"gateway_{name}_total", **reader) for name in families}
     request_id = f"dropped-{gateway.store}"
     sent = _dropped_stream(gateway, request_id, 50)

@@ -119,7 +119,7 @@ def _say_transports(settings: Settings) -> None:
         why = f"the response keeper {lacks} and this host's net.core.wmem_default {buffer}"
     fix = (
         f"a C compiler (cc), or sysctl -w net.core.wmem_default={frontend.SAFE_QUEUE_BYTES}, "
-        "before the sidecars start (README, Transports to Triton)"
+        "before the sidecars start (docs/deployment/transports.md)"
     )
     http = [model.name for model in served if model.transport == "http"]
     if http and not safe:

@@ -89,7 +89,7 @@ class ModelSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     ``generate_stream``, about a third of gRPC's CPU per token in the gateway and a shorter way
     to the first token, but Triton's HTTP frontend drops responses when an event thread falls
     behind by more than its host's ``net.core.wmem_default`` holds: take it for a Triton whose
-    host has that raised to 8 MiB (README, "Transports to Triton"). ``auto``: HTTP for a model
+    host has that raised to 8 MiB (docs/deployment/transports.md). ``auto``: HTTP for a model
     of a supervised sidecar when this host's ``net.core.wmem_default`` is at least 8 MiB, else
     gRPC. Requests with LoRA weights, beams, or a BLS answering once go over gRPC either way."""
     triton_http_url: str | None = None

@@ -1,4 +1,4 @@
-"""The README's path from the demo to a configuration of one's own, run as the README writes it.
+"""The getting-started guide's path from the demo to a configuration of one's own, run as written.
 
 ``triton-gateway init DIR`` then ``triton-gateway serve --config DIR/gateway.yaml``: SmolLM2 in a
 sidecar on the CPU (the engine's device left unset), two tenants with their keys and limits, an

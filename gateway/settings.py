@@ -334,4 +334,7 @@ def _resolve_paths(settings: Settings, base_dir: Path) -> Settings:
     sidecars = settings.sidecars
     if sidecars is not None and sidecars.spec is not None:
         sidecars = msgspec.structs.replace(sidecars, spec=_file_path(sidecars.spec, base_dir))
-    return msgspec.structs.replace(settings, models=models, sidecars=sidecars)
+    store = settings.tenancy.store
+    store = msgspec.structs.replace(store, path=_file_path(store.path, base_dir))
+    tenancy = msgspec.structs.replace(settings.tenancy, store=store)
+    return msgspec.structs.replace(settings, models=models, sidecars=sidecars, tenancy=tenancy)

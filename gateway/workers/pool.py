@@ -180,13 +180,14 @@ class Pool:
         else:
             logger.info("received %s: every worker drains", name)
         self._signalled_at = now
-        self._stop_workers()
+        self._stop_workers(sig)
         self.stopping.set()
 
-    def _stop_workers(self) -> None:
+    def _stop_workers(self, sig: int = signal.SIGTERM) -> None:
+        # The signal the parent got: a worker stops at once on an idle Ctrl-C, drains on SIGTERM.
         for process in self._workers:
             if process is not None and process.is_alive() and process.pid is not None:
-                os.kill(process.pid, signal.SIGTERM)
+                os.kill(process.pid, sig)
 
     def _stop_all(self) -> None:
         """Wait for the workers to drain, then stop the sidecars and Redis."""

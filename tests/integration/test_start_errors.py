@@ -73,6 +73,19 @@ def test_a_folder_or_file_that_is_not_there_is_one_line(
     assert "Traceback" not in served.stdout + served.stderr
 
 
+def test_a_missing_adapter_folder_is_one_line(tmp_path: Path) -> None:
+    (tmp_path / "tokenizer").mkdir()
+    (tmp_path / "tokenizer" / "tokenizer.json").write_text("{}")
+    settings = (
+        "models:\n  - {name: m, triton_url: 127.0.0.1:1, tokenizer_dir: ./tokenizer,\n"
+        "     adapters: [{name: sql, path: ./adapters/sql}]}\ntenancy: {auth: false}\n"
+    )
+    served = _serve(_write(tmp_path, settings, None))
+    assert served.returncode == 2, served.stderr
+    lines = served.stderr.strip().splitlines()
+    assert len(lines) == 1 and "adapters 'sql': path" in lines[0], served.stderr
+
+
 def test_a_port_in_use_is_one_line(tmp_path: Path, held_port: int) -> None:
     served = _serve(_write(tmp_path, "tenancy: {auth: false}\n", None), port=held_port)
     assert served.returncode == 2, served.stderr

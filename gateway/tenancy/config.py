@@ -187,7 +187,7 @@ def check_policy(tenant: TenantPolicy) -> None:
         value = getattr(tenant, field)
         if value is not None and value < 1:
             raise PolicyError(f"tenant {tenant.name!r}: {field} must be at least 1", field)
-    if tenant.cache_scope is not None and not NAME.match(tenant.cache_scope):
+    if tenant.cache_scope is not None and not NAME.fullmatch(tenant.cache_scope):
         raise PolicyError(
             f"tenant {tenant.name!r}: cache_scope must match {NAME.pattern}", "cache_scope"
         )

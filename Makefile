@@ -1,5 +1,6 @@
 # Developer entry points: `make demo` serves SmolLM2 through a local sidecar, `make test` runs
-# every test, `make bench` prints the benchmark figures, `make lint` checks style and types.
+# every test, `make bench` prints the benchmark figures, `make lint` checks style and types,
+# `make docs` builds the documentation site and serves it.
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -12,10 +13,10 @@ TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 # Where `make bench` writes its reports; BENCH_OUT=tests/benchmarks/results updates the committed ones.
 BENCH_OUT ?= .bench/results
 
-.PHONY: install demo test bench capacity soak lint clean gpu-bundle
+.PHONY: install demo test bench capacity soak lint docs clean gpu-bundle
 
 $(STAMP): pyproject.toml
-	# A C compiler builds the response keeper that sidecars preload (README, Transports to Triton).
+	# A C compiler builds the response keeper that sidecars preload (docs/deployment/transports.md).
 	command -v cc >/dev/null 2>&1 || command -v gcc >/dev/null 2>&1 \
 	|| { [ "$$(id -u)" = 0 ] && apt-get update -q && apt-get install -y -q gcc libc6-dev; } \
 	|| echo "no C compiler: sidecars will run without the response keeper" >&2
@@ -63,7 +64,7 @@ capacity:
 soak: $(STAMP)
 	$(BIN)/python -m tests.benchmarks.soak
 
-# An offline bundle for a GPU host running Python 3.12 (README: "On a GPU machine without network").
+# An offline bundle for a GPU host running Python 3.12 (docs/deployment/gpu-offline.md).
 gpu-bundle: $(STAMP)
 	$(BIN)/python -m deploy.devtools.offline pack .devrun/bundle --python 3.12 \
 		$(if $(HOST_PACKAGES),--exclude $(HOST_PACKAGES))
@@ -73,5 +74,12 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy gateway adapters deploy
 
+# The site is built with --strict (mkdocs.yml): a broken link or a page missing from the
+# navigation fails, as in tests/unit/test_docs.py.
+DOCS_ADDR ?= 127.0.0.1:8001
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/python -m mkdocs build
+	NO_MKDOCS_2_WARNING=1 $(BIN)/python -m mkdocs serve -a $(DOCS_ADDR)
+
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache
+	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache .site

@@ -63,15 +63,17 @@ def serve(settings: Settings) -> int:
     """Run the gateway until SIGTERM or Ctrl-C drains it; sidecars stop with it. With
     ``server.workers`` above one, a parent process supervises that many workers."""
     from gateway.observability import configure_logging
+    from gateway.ops.preflight import check_before_start
 
     configure_logging(settings.log_level, settings.observability.log_format)
+    check_before_start(settings)
     server = settings.server
     print(f"triton-gateway: OpenAI API on http://{server.host}:{server.port}/v1", flush=True)
     names = ", ".join(model.name for model in settings.models) or "every pipeline of the spec"
     waits = " once its sidecars have loaded" if settings.sidecars is not None else ""
     print(f"  models: {names}; ready{waits} (/health/ready); Ctrl-C stops", flush=True)
     _say_transports(settings)
-    if server.workers > 1:
+    if server.workers > 1 or settings.tenancy.store.kind == "embedded":
         return _serve_workers(settings)
     from gateway.app import create_app
     from gateway.server import run
@@ -119,7 +121,7 @@ def _say_transports(settings: Settings) -> None:
         why = f"the response keeper {lacks} and this host's net.core.wmem_default {buffer}"
     fix = (
         f"a C compiler (cc), or sysctl -w net.core.wmem_default={frontend.SAFE_QUEUE_BYTES}, "
-        "before the sidecars start (README, Transports to Triton)"
+        "before the sidecars start (docs/deployment/transports.md)"
     )
     http = [model.name for model in served if model.transport == "http"]
     if http and not safe:
@@ -141,12 +143,16 @@ def _say_transports(settings: Settings) -> None:
 def _serve_workers(settings: Settings) -> int:
     import tempfile
 
-    from gateway.workers.pool import Pool, needs_embedded_redis
+    from gateway.workers.pool import Pool, embedded_data_file, needs_embedded_redis
 
     check_settings(settings)
     server = settings.server
-    limits = "limits in an embedded redis" if needs_embedded_redis(settings) else "limits shared"
-    print(f"  {server.workers} worker processes on the port; {limits}", flush=True)
+    limits = "limits shared"
+    if needs_embedded_redis(settings):
+        data = embedded_data_file(settings)
+        kept = f"kept in {data}" if data else "not kept after it stops (tenancy.store.path)"
+        limits = f"limits, tenants and keys in an embedded redis-server, {kept}"
+    print(f"  {server.workers} worker process(es) on the port; {limits}", flush=True)
     with tempfile.TemporaryDirectory(prefix="triton-gateway-") as folder:
         pool = Pool(settings, Path(folder))
         code = pool.run()
@@ -217,10 +223,12 @@ def build_parser() -> argparse.ArgumentParser:
     serve_cmd.add_argument("--config", required=True, help="gateway settings (YAML)")
     serve_cmd.add_argument("--host", help="address to bind (overrides the file)")
     serve_cmd.add_argument("--port", type=int, help="port to bind (overrides the file)")
+    serve_cmd.add_argument("--debug", action="store_true", help="show tracebacks of errors")
     serve_cmd.set_defaults(func=_serve)
     demo = sub.add_parser("demo", help="serve SmolLM2-135M-Instruct with no configuration")
     demo.add_argument("--host", default="127.0.0.1", help="address to bind")
     demo.add_argument("--port", type=int, default=8000, help="port to bind")
+    demo.add_argument("--debug", action="store_true", help="show tracebacks of errors")
     demo.set_defaults(func=_demo)
     init = sub.add_parser("init", help="write a runnable CPU configuration to start from")
     init.add_argument("folder", help="where to write gateway.yaml, deploy.yaml and an adapter")
@@ -248,6 +256,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args))
     except SettingsError as exc:
+        # One line naming the field; the traceback only when asked for.
+        if getattr(args, "debug", False):
+            raise
         print(f"error: {exc}", file=sys.stderr)
         return 2
 

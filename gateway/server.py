@@ -55,6 +55,8 @@ class DrainingServer(uvicorn.Server):
         self._draining: asyncio.Task[None] | None = None
         self._signalled = False
         self._signalled_at = 0.0
+        self._interrupted = False
+        """The first signal was Ctrl-C (SIGINT), from a terminal rather than an orchestrator."""
         self._loop: asyncio.AbstractEventLoop | None = None
         self._watch: asyncio.Future[None] | None = None
 
@@ -100,6 +102,7 @@ class DrainingServer(uvicorn.Server):
             return
         self._signalled = True
         self._signalled_at = now
+        self._interrupted = sig == signal.SIGINT
         logger.info("received %s: draining", name)
         self._loop.call_soon_threadsafe(self._start_drain)
 
@@ -109,9 +112,10 @@ class DrainingServer(uvicorn.Server):
 
     async def _drain(self) -> None:
         limits = self._settings.limits
-        finished = await self._runtime.lifecycle.drain(
-            limits.drain_delay_s, limits.shutdown_grace_s
-        )
+        lifecycle = self._runtime.lifecycle
+        # Ctrl-C with nothing in flight: no load balancer to wait for, nothing to finish.
+        delay = 0.0 if self._interrupted and lifecycle.idle else limits.drain_delay_s
+        finished = await lifecycle.drain(delay, limits.shutdown_grace_s)
         if not finished:
             logger.warning(
                 "requests still in flight after %.0f s; stopping", limits.shutdown_grace_s

@@ -89,7 +89,7 @@ class ModelSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     ``generate_stream``, about a third of gRPC's CPU per token in the gateway and a shorter way
     to the first token, but Triton's HTTP frontend drops responses when an event thread falls
     behind by more than its host's ``net.core.wmem_default`` holds: take it for a Triton whose
-    host has that raised to 8 MiB (README, "Transports to Triton"). ``auto``: HTTP for a model
+    host has that raised to 8 MiB (docs/deployment/transports.md). ``auto``: HTTP for a model
     of a supervised sidecar when this host's ``net.core.wmem_default`` is at least 8 MiB, else
     gRPC. Requests with LoRA weights, beams, or a BLS answering once go over gRPC either way."""
     triton_http_url: str | None = None
@@ -352,4 +352,7 @@ def _resolve_paths(settings: Settings, base_dir: Path) -> Settings:
     sidecars = settings.sidecars
     if sidecars is not None and sidecars.spec is not None:
         sidecars = msgspec.structs.replace(sidecars, spec=_file_path(sidecars.spec, base_dir))
-    return msgspec.structs.replace(settings, models=models, sidecars=sidecars)
+    store = settings.tenancy.store
+    store = msgspec.structs.replace(store, path=_file_path(store.path, base_dir))
+    tenancy = msgspec.structs.replace(settings.tenancy, store=store)
+    return msgspec.structs.replace(settings, models=models, sidecars=sidecars, tenancy=tenancy)

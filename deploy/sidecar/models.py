@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import importlib.util
 import logging
+import multiprocessing
 import os
 import shutil
 import tempfile
@@ -108,8 +110,21 @@ def _make_readable(folder: Path) -> None:
         item.chmod(0o644 if item.is_file() else 0o755)
 
 
+def _build_apart(build: Callable[[Path], object], staging: Path) -> None:
+    """Run ``build`` in a child process: building imports torch and transformers (about 450 MB
+    that a process never gives back), which the gateway's own process has no use for."""
+    child = multiprocessing.get_context("spawn").Process(
+        target=build, args=(staging,), name="build-model"
+    )
+    child.start()
+    child.join()
+    if child.exitcode != 0:
+        raise RuntimeError(f"building the model into {staging} failed (exit code {child.exitcode})")
+
+
 def _materialise(target: Path, build: Callable[[Path], object]) -> Path:
-    """Build `target` once: in a temporary sibling, renamed into place under a file lock."""
+    """Build `target` once, in a child process: in a temporary sibling, renamed into place
+    under a file lock. ``build`` is pickled to the child: a module-level function or a partial."""
     if (target / "config.json").is_file():
         return target
     with _exclusive(target.parent / f".{target.name}.lock"):
@@ -117,7 +132,8 @@ def _materialise(target: Path, build: Callable[[Path], object]) -> Path:
             return target
         staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
         try:
-            build(staging)
+            logger.info("building %s once, into %s", target.name, target.parent)
+            _build_apart(build, staging)
             _make_readable(staging)
             if target.exists():
                 shutil.rmtree(target)
@@ -132,14 +148,14 @@ def ensure_tiny_model(cache_dir: Path | None = None, *, seed: int = 0) -> Path:
     """The tiny model built once into the cache (`<cache>/models/tiny-v<N>-seed<S>`)."""
     models = Path(cache_dir) if cache_dir is not None else cache_root() / "models"
     target = models / f"{TINY_NAME}-v{TINY_FORMAT_VERSION}-seed{seed}"
-    return _materialise(target, lambda staging: build_tiny_model(staging, seed=seed))
+    return _materialise(target, functools.partial(build_tiny_model, seed=seed))
 
 
 def ensure_tiny_vision_model(cache_dir: Path | None = None, *, seed: int = 0) -> Path:
     """The tiny Llava built once into the cache (``<cache>/models/tiny-vision-v<N>-seed<S>``)."""
     models = Path(cache_dir) if cache_dir is not None else cache_root() / "models"
     target = models / f"{TINY_VISION_NAME}-v{TINY_VISION_FORMAT_VERSION}-seed{seed}"
-    return _materialise(target, lambda staging: build_tiny_vision_model(staging, seed=seed))
+    return _materialise(target, functools.partial(build_tiny_vision_model, seed=seed))
 
 
 def smollm2_gguf() -> Path:

@@ -18,6 +18,13 @@ LogFormat = Literal["text", "json"]
 _IN_FRONT = frozenset({"request_id", "method", "route", "status"})
 """Access fields the line starts with (or, the id, ends with) rather than lists as ``key=value``."""
 _STANDARD = set(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {"message", "asctime"}
+PROBES_AND_SCRAPES = frozenset(
+    {"/health/live", "/health/ready", "/metrics", "/metrics/sidecars/{name}"}
+)
+"""Routes a load balancer or Prometheus calls every few seconds: their access lines are DEBUG."""
+CHATTY_LIBRARIES = ("httpx", "httpcore")
+"""Libraries that log every HTTP call at INFO: the gateway's probes of its replicas and scrapes
+of their metrics, several a second. They log at WARNING unless the level asked is DEBUG."""
 
 
 class RequestIdFilter(logging.Filter):
@@ -83,6 +90,9 @@ def configure_logging(level: str, log_format: LogFormat) -> None:
         logger.propagate = True
     # The access line below replaces uvicorn's own.
     logging.getLogger("uvicorn.access").disabled = True
+    quiet = logging.DEBUG if root.level <= logging.DEBUG else logging.WARNING
+    for name in CHATTY_LIBRARIES:
+        logging.getLogger(name).setLevel(quiet)
 
 
 def log_access(record: RequestRecord, seconds: float) -> None:
@@ -111,6 +121,7 @@ def log_access(record: RequestRecord, seconds: float) -> None:
         for key, value in fields.items()
         if value is not None and key not in _IN_FRONT
     )
-    access_logger.info(
-        "%s %s %s %s", record.method, record.route, record.status, text, extra=fields
+    level = logging.DEBUG if record.route in PROBES_AND_SCRAPES else logging.INFO
+    access_logger.log(
+        level, "%s %s %s %s", record.method, record.route, record.status, text, extra=fields
     )

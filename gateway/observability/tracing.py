@@ -32,11 +32,13 @@ class TracingSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     """OTLP export of the gateway's spans; off unless ``enabled``."""
 
     enabled: bool = False
+    """Export a span per request, with children for auth, templating, limits and the Triton call."""
     endpoint: str = "http://127.0.0.1:4318/v1/traces"
     """OTLP/HTTP traces endpoint of a collector."""
     headers: dict[str, str] = {}
     """Headers sent with every export (an ingest key, say)."""
     service_name: str = "triton-gateway"
+    """``service.name`` of the exported spans' resource."""
     sample_ratio: float = 1.0
     """Share of new traces recorded; a client's sampled ``traceparent`` is always followed."""
 

@@ -33,6 +33,11 @@ class Lifecycle:
         """Started, sidecars up, and not shutting down."""
         return self.started and self.sidecars_ready and not self.stopping
 
+    @property
+    def idle(self) -> bool:
+        """No request is being answered."""
+        return self._active == 0
+
     def refuse_if_draining(self, retry_after_s: int) -> None:
         """Once the drain delay passed, a new API request gets a 503 that sends it elsewhere."""
         if self.refusing:

@@ -97,10 +97,16 @@ class KeyEntry(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
 class StoreSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Where limits are counted: in this process, or in Redis shared by every replica."""
 
-    kind: Literal["memory", "redis"] = "memory"
-    """``memory`` (one process) or ``redis`` (several replicas share the limits)."""
+    kind: Literal["memory", "redis", "embedded"] = "memory"
+    """``memory``: limits counted in this process, tenants and keys only from this file (the
+    admin API cannot change them). ``redis``: the Redis at ``url``, shared by every replica.
+    ``embedded``: a redis-server this gateway runs itself on a private socket, kept in the file
+    ``path`` across restarts, so that the admin API's changes last with nothing to set up."""
     url: str = "redis://127.0.0.1:6379/0"
-    """Redis URL (``redis://``, ``rediss://``, ``unix://``)."""
+    """Redis URL (``redis://``, ``rediss://``, ``unix://``) of ``kind: redis``."""
+    path: str | None = None
+    """File the embedded store (``kind: embedded``) keeps its data in, relative to the settings
+    file; unset, the data lasts until the gateway stops."""
     timeout_s: float = 0.25
     """Longest a Redis call may take before the failure policy applies."""
     on_failure: Literal["open", "closed"] = "open"
@@ -181,7 +187,7 @@ def check_policy(tenant: TenantPolicy) -> None:
         value = getattr(tenant, field)
         if value is not None and value < 1:
             raise PolicyError(f"tenant {tenant.name!r}: {field} must be at least 1", field)
-    if tenant.cache_scope is not None and not NAME.match(tenant.cache_scope):
+    if tenant.cache_scope is not None and not NAME.fullmatch(tenant.cache_scope):
         raise PolicyError(
             f"tenant {tenant.name!r}: cache_scope must match {NAME.pattern}", "cache_scope"
         )

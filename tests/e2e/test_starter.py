@@ -1,4 +1,4 @@
-"""The README's path from the demo to a configuration of one's own, run as the README writes it.
+"""The getting-started guide's path from the demo to a configuration of one's own, run as written.
 
 ``triton-gateway init DIR`` then ``triton-gateway serve --config DIR/gateway.yaml``: SmolLM2 in a
 sidecar on the CPU (the engine's device left unset), two tenants with their keys and limits, an
@@ -28,13 +28,35 @@ COMMAND = str(Path(sys.executable).parent / "triton-gateway")
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 
 
-@dataclass(frozen=True)
+@dataclass
 class Served:
     """The gateway `serve` runs from the folder `init` wrote, and the keys `init` printed."""
 
     url: str
     keys: dict[str, str]
     folder: Path
+    port: int
+    process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        """`serve` the starter's own files, and wait until it is ready."""
+        log = self.folder.parent / "serve.log"
+        with log.open("ab") as out:
+            self.process = subprocess.Popen(
+                [COMMAND, "serve", "--config", str(self.folder / "gateway.yaml"),
+                 "--port", str(self.port)],
+                stdout=out, stderr=subprocess.STDOUT,
+            )  # fmt: skip
+        deadline = time.monotonic() + 240
+        while not _ready(self.url):
+            assert self.process.poll() is None, log.read_text()
+            assert time.monotonic() < deadline, log.read_text()
+            time.sleep(0.5)
+
+    def stop(self) -> None:
+        if self.process is not None:
+            stop_process(self.process)
+            self.process = None
 
 
 def _keys(printed: str) -> dict[str, str]:
@@ -52,23 +74,12 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     assert set(keys) == {"admin", "team-a", "team-b"}
     assert f"triton-gateway serve --config {folder / 'gateway.yaml'}" in init.stdout
     port = free_port()
-    log = folder.parent / "serve.log"
-    with log.open("wb") as out:
-        process = subprocess.Popen(
-            [COMMAND, "serve", "--config", str(folder / "gateway.yaml"), "--port", str(port)],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-    url = f"http://127.0.0.1:{port}"
+    served = Served(f"http://127.0.0.1:{port}", keys, folder, port)
     try:
-        deadline = time.monotonic() + 240
-        while not _ready(url):
-            assert process.poll() is None, log.read_text()
-            assert time.monotonic() < deadline, log.read_text()
-            time.sleep(0.5)
-        yield Served(url, keys, folder)
+        served.start()
+        yield served
     finally:
-        stop_process(process)
+        served.stop()
 
 
 def _ready(url: str) -> bool:
@@ -142,3 +153,25 @@ def test_nothing_of_the_operator_or_of_other_tenants_is_shown_without_the_admin_
     assert httpx.get(f"{served.url}/health/ready", headers=admin, timeout=10).json()["models"]
     schema = httpx.get(f"{served.url}/openapi.json", headers=admin, timeout=10).json()
     assert "/admin/tenants" in schema["paths"]
+
+
+def test_admin_changes_work_on_the_starter_and_survive_a_restart(served: Served) -> None:
+    admin = {"Authorization": f"Bearer {served.keys['admin']}"}
+    patched = httpx.patch(
+        f"{served.url}/admin/tenants/team-b", json={"requests_per_minute": 7}, headers=admin
+    )
+    assert patched.status_code == 200, patched.text
+    made = httpx.post(
+        f"{served.url}/admin/keys", json={"tenant": "team-b", "name": "bot"}, headers=admin
+    )
+    assert made.status_code == 201, made.text
+    key = made.json()["key"]
+    assert [m.id for m in _client(served.url, key).models.list()] == ["smollm2"]
+
+    served.stop()
+    served.start()
+    tenants = httpx.get(f"{served.url}/admin/tenants", headers=admin, timeout=10).json()["data"]
+    team_b = next(tenant for tenant in tenants if tenant["name"] == "team-b")
+    assert team_b["requests_per_minute"] == 7
+    assert [m.id for m in _client(served.url, key).models.list()] == ["smollm2"]
+    assert (served.folder / "tenancy.rdb").is_file()

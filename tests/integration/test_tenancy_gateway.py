@@ -326,6 +326,7 @@ def test_admin_api(gateway: Gateway) -> None:
         for refused in (made, patched):
             assert refused.status_code == 409
             assert _error(refused)["code"] == "store_read_only"
+            assert "tenancy.store.kind: embedded" in _error(refused)["message"]
         return
     assert made.status_code == 201
     key = made.json()["key"]

@@ -159,9 +159,10 @@ def test_when_a_request_carries_a_salt(
     assert salt == (tenant.scope_salt(client) if salted else None)
 
 
-def test_a_cache_scope_name_is_checked() -> None:
+@pytest.mark.parametrize("scope", ["no spaces/here", "public\n", "s" * 65, "-public"])
+def test_a_cache_scope_name_is_checked_whole(scope: str) -> None:
     with pytest.raises(PolicyError) as raised:
-        check_policy(TenantPolicy(name="t", cache_scope="no spaces/here"))
+        check_policy(TenantPolicy(name="t", cache_scope=scope))
     assert raised.value.field == "cache_scope"
 
 

@@ -225,3 +225,16 @@ def test_smollm2_converts_and_knows_paris() -> None:
     assert tokenizer.chat_template
     _, text = _greedy(folder, max_new_tokens=20)
     assert "Paris" in text
+
+
+def test_building_a_built_in_model_leaves_torch_out_of_the_caller(tmp_path: Path) -> None:
+    code = (
+        "import sys; from pathlib import Path; from deploy.sidecar import models; "
+        "models.ensure_tiny_model(Path(sys.argv[1])); "
+        "print(sorted({'torch', 'transformers'} & set(sys.modules)))"
+    )
+    built = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, check=True
+    )
+    assert built.stdout.strip() == "[]", built.stderr
+    assert (next(tmp_path.glob("tiny-*")) / "model.safetensors").is_file()

@@ -7,7 +7,7 @@ the socket's buffer holds therefore loses responses: streams end short of their 
 never end. The buffer is the host's ``net.core.wmem_default`` when tritonserver starts: about 278
 responses at the usual 212,992 bytes. At ``SAFE_QUEUE_BYTES`` nothing was lost on the
 stream-integrity bench (one event thread, 2 cores) or the capacity bench (1,024 streams, 16
-cores), where the usual buffer lost responses on both (README, "Transports to Triton").
+cores), where the usual buffer lost responses on both (docs/deployment/transports.md).
 
 The response keeper (``keeper``), preloaded into a sidecar's tritonserver, makes such a write
 wait for room instead: that tritonserver keeps every response on any buffer.

@@ -10,6 +10,8 @@ from concurrent.futures import Executor
 from dataclasses import dataclass
 from pathlib import Path
 
+import msgspec
+
 from adapters.contract import LoraAdapter, ModelTarget
 from deploy.sidecar.spec import ModelSpec, Spec, TorchEngine
 from gateway.catalog.lora import LoraLibrary
@@ -22,6 +24,7 @@ from gateway.replicas.sources import DnsName, Endpoint, ReplicaSource, SourceErr
 from gateway.settings import (
     ImageSettings,
     ModelSettings,
+    RequestBounds,
     SamplingDefaults,
     Settings,
     SettingsError,
@@ -33,6 +36,7 @@ DEFAULT_TRITON_URL = "127.0.0.1:8001"
 DEFAULT_CONTEXT_LENGTH = 4096
 DEFAULT_ROUTING = RoutingSettings()
 DEFAULT_IMAGES = ImageSettings()
+DEFAULT_BOUNDS = RequestBounds()
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +61,8 @@ class ModelRoute:
     images: ImageSettings = DEFAULT_IMAGES
     counts_prompts: bool = False
     """Whether the gateway's count of a text prompt is the engine's (``count_prompts``)."""
+    bounds: RequestBounds = DEFAULT_BOUNDS
+    """The size a request may have, ``max_choices`` decided (the engine's batch by default)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,7 +120,7 @@ def resolve_routes(
         models = tuple(ModelSettings(name=m.name, pipeline=m.name) for m in spec.models)
     routes = tuple(
         _with_replicas(
-            _route(model, spec, grpc_urls, http_urls or {}, sidecar_http),
+            _route(model, spec, grpc_urls, http_urls or {}, sidecar_http, settings.limits.bounds),
             model,
             sidecar_replicas or {},
             sidecar_http,
@@ -134,6 +140,7 @@ def _route(
     grpc_urls: Mapping[str, str],
     http_urls: Mapping[str, str],
     sidecar_http: bool,
+    bounds: RequestBounds,
 ) -> ModelRoute:
     pipeline = _pipeline(model, spec)
     prefix = f"{model.pipeline}_" if model.pipeline else ""
@@ -152,8 +159,14 @@ def _route(
     if tokenizer_dir is None:
         raise SettingsError(f"model {model.name!r}: tokenizer_dir is required without a pipeline")
     context_length = model.context_length
-    if context_length is None and pipeline is not None and isinstance(pipeline.engine, TorchEngine):
-        context_length = pipeline.engine.max_seq_len
+    torch_engine = pipeline.engine if pipeline is not None else None
+    if not isinstance(torch_engine, TorchEngine):
+        torch_engine = None
+    if context_length is None and torch_engine is not None:
+        context_length = torch_engine.max_seq_len
+    if bounds.max_choices is None and torch_engine is not None:
+        # A request of more sequences than the engine batches would hold every row alone.
+        bounds = msgspec.structs.replace(bounds, max_choices=torch_engine.max_batch_size)
     add_special = model.add_special_tokens
     if add_special is None:
         add_special = pipeline.add_special_tokens if pipeline is not None else True
@@ -185,6 +198,7 @@ def _route(
         skip_special_tokens=skip_special,
         images=model.images,
         counts_prompts=counts_prompts,
+        bounds=bounds,
     )
 
 

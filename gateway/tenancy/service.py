@@ -21,7 +21,7 @@ import anyio
 from gateway.core.plan import Plan
 from gateway.http.errors import (
     AuthenticationError,
-    InvalidRequestError,
+    OversizeError,
     RateLimitError,
     ServiceUnavailableError,
 )
@@ -64,6 +64,18 @@ def reservation(plan: Plan) -> int:
         else:
             outputs[-1 - spec.prompt_index] = beam.width * spec.params.max_tokens
     return sum(prompts.values()) + sum(outputs.values())
+
+
+def sequences(plan: Plan) -> int:
+    """Engine sequences a plan runs at once: one per choice, or a beam search's ``width`` per
+    prompt, however few beams it returns."""
+    widths: dict[int, int] = {}
+    for spec in plan.choices:
+        beam = spec.params.beam
+        widths[spec.index if beam is None else -1 - spec.prompt_index] = (
+            1 if beam is None else beam.width
+        )
+    return sum(widths.values())
 
 
 def duration(seconds: float) -> str:
@@ -216,11 +228,12 @@ class Tenancy:
         """The plan's admission: decided (the memory store), or under way while the request is
         prepared (a shared store; see ``Admission``). Its rate-limit headers go into
         ``headers`` once admitted."""
-        limits, tokens = Limits.of(tenant), reservation(plan)
+        limits, tokens, width = Limits.of(tenant), reservation(plan), sequences(plan)
         bound_s = self.settings.store.timeout_s + 1.0
         if isinstance(self.store, MemoryStore):
-            return Admission.decided(await self._admit(tenant, limits, tokens), headers, bound_s)
-        self._check_fits(limits, tokens)
+            decided = await self._admit(tenant, limits, tokens, width)
+            return Admission.decided(decided, headers, bound_s)
+        self._check_fits(limits, tokens, width)
         name = tenant.name
         requests, reserved = self._unanswered.get(name, (0, 0))
         expected = (
@@ -235,9 +248,9 @@ class Tenancy:
         # hundred microseconds or more). Otherwise the command goes now, to be answered
         # while the Triton request is built.
         ticket = (
-            self._sent_later(tenant, limits, tokens)
+            self._sent_later(tenant, limits, tokens, width)
             if expected
-            else self._sent(tenant, limits, tokens)
+            else self._sent(tenant, limits, tokens, width)
         )
         counted = self._counted(name, tokens, ticket)
         return Admission.pending(counted, headers, bound_s, expected=expected)
@@ -255,22 +268,47 @@ class Tenancy:
         """Reserve the plan's worst case against every limit of the tenant, or refuse it (when
         awaited). A shared store's command is on its way when this returns, so the result must
         be awaited and its ticket settled (``admission`` sees to both)."""
-        return self._admit(tenant, Limits.of(tenant), reservation(plan))
+        return self._admit(tenant, Limits.of(tenant), reservation(plan), sequences(plan))
 
-    def _admit(self, tenant: TenantPolicy, limits: Limits, tokens: int) -> Awaitable[Ticket]:
-        self._check_fits(limits, tokens)
-        return self._sent(tenant, limits, tokens)
+    async def count_refused(self, tenant: TenantPolicy, headers: dict[str, str]) -> None:
+        """Count a request refused for its size against the tenant's request limit, so that
+        refusals are not free: once the limit is spent this raises the 429 instead. Its
+        rate-limit headers go into ``headers``; a store that cannot be asked counts nothing."""
+        limit = Limits.of(tenant).requests
+        if limit is None:
+            return
+        only_requests = Limits(requests=limit)
+        lease = random_hex(16)
+        try:
+            quota = await self.store.admit(tenant.name, only_requests, 0, lease)
+            await self.store.settle(tenant.name, only_requests, 0, lease)
+        except Rejected as rejected:
+            self.metrics.record_rate_limited(tenant.name, rejected.limit)
+            raise _rate_limit_error(tenant, rejected) from None
+        except StoreUnavailable as exc:
+            self._unavailable(exc, admitting=False)
+            return
+        headers.update(rate_limit_headers(quota))
 
-    def _sent(self, tenant: TenantPolicy, limits: Limits, tokens: int) -> Awaitable[Ticket]:
+    def _admit(
+        self, tenant: TenantPolicy, limits: Limits, tokens: int, width: int
+    ) -> Awaitable[Ticket]:
+        self._check_fits(limits, tokens, width)
+        return self._sent(tenant, limits, tokens, width)
+
+    def _sent(
+        self, tenant: TenantPolicy, limits: Limits, tokens: int, width: int
+    ) -> Awaitable[Ticket]:
         """The ticket of a reservation that fits, its store command written now."""
         lease = random_hex(16)
-        return self._ticket(
-            tenant, limits, tokens, lease, self.store.admit(tenant.name, limits, tokens, lease)
-        )
+        admitting = self.store.admit(tenant.name, limits, tokens, lease, width)
+        return self._ticket(tenant, limits, tokens, lease, admitting)
 
-    async def _sent_later(self, tenant: TenantPolicy, limits: Limits, tokens: int) -> Ticket:
+    async def _sent_later(
+        self, tenant: TenantPolicy, limits: Limits, tokens: int, width: int
+    ) -> Ticket:
         """``_sent``, its command written once this is first awaited."""
-        return await self._sent(tenant, limits, tokens)
+        return await self._sent(tenant, limits, tokens, width)
 
     async def _ticket(
         self,
@@ -319,11 +357,18 @@ class Tenancy:
         return key
 
     @staticmethod
-    def _check_fits(limits: Limits, tokens: int) -> None:
+    def _check_fits(limits: Limits, tokens: int, width: int) -> None:
         # The tenant's max_tokens was applied when the plan was made (planning's cap).
+        if limits.concurrency is not None and width > limits.concurrency:
+            raise OversizeError(
+                f"This request runs {width} sequences at once, more than your "
+                f"max_concurrency of {limits.concurrency} sequences in flight; lower n "
+                "(or best_of), or send fewer prompts.",
+                param="n",
+            )
         room = limits.largest_reservation()
         if room is not None and tokens > room:
-            raise InvalidRequestError(
+            raise OversizeError(
                 f"This request can use up to {tokens} tokens (prompt plus max_tokens for each "
                 f"choice), more than your token limit can ever hold ({gcra.whole(room)}); "
                 "lower max_tokens or n.",
@@ -367,7 +412,7 @@ def _rate_limit_error(tenant: TenantPolicy, rejected: Rejected) -> RateLimitErro
         "tokens": (f"tokens per minute (limit {tenant.tokens_per_minute})", "tokens"),
         "tokens_per_day": (f"tokens per day (limit {tenant.tokens_per_day})", "tokens"),
         "concurrency": (
-            f"requests in flight at once (limit {tenant.max_concurrency})",
+            f"sequences in flight at once (limit {tenant.max_concurrency})",
             "requests",
         ),
     }[rejected.limit]

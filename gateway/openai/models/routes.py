@@ -15,6 +15,7 @@ from litestar.datastructures import State
 
 from gateway.catalog.lora import LoadedAdapter
 from gateway.catalog.registry import ModelRegistry, ServedModel
+from gateway.openai.bounds import Bounds
 from gateway.openai.protocol import ModelCard, ModelList
 from gateway.tenancy import TenantPolicy
 from gateway.tenancy.service import Tenancy
@@ -39,7 +40,8 @@ def audience(request: Request[Any, Any, Any], state: State) -> Audience:
     return Audience(tenancy.authenticate(request.headers))
 
 
-def _card(model: ServedModel) -> ModelCard:
+def _card(model: ServedModel, tenant: TenantPolicy) -> ModelCard:
+    bounds = Bounds.of(model.route.bounds, model.route.max_n, tenant.max_choices)
     return ModelCard(
         id=model.name,
         created=model.created,
@@ -47,12 +49,13 @@ def _card(model: ServedModel) -> ModelCard:
         max_model_len=model.context_length,
         parent=model.base,
         input_modalities=["text", "image"] if model.vision is not None else ["text"],
+        limits=bounds.listed(),
     )
 
 
 def _adapter_card(adapter: LoadedAdapter, base: ServedModel, audience: Audience) -> ModelCard:
     card = msgspec.structs.replace(
-        _card(base), id=adapter.name, created=adapter.created, parent=base.name
+        _card(base, audience.tenant), id=adapter.name, created=adapter.created, parent=base.name
     )
     return msgspec.structs.replace(card, root=adapter.path) if audience.admin else card
 
@@ -61,7 +64,7 @@ def _adapter_card(adapter: LoadedAdapter, base: ServedModel, audience: Audience)
 async def list_models(registry: ModelRegistry, audience: Audience) -> ModelList:
     """Every served model and LoRA adapter the caller may use; adapters name their parent."""
     tenant = audience.tenant
-    cards = [_card(model) for model in registry if tenant.allows_model(model.name)]
+    cards = [_card(model, tenant) for model in registry if tenant.allows_model(model.name)]
     for adapter in registry.adapters:
         base = registry.base_model(adapter.base)
         visible = base is not None and tenant.allows_model(base.name)
@@ -80,4 +83,4 @@ async def retrieve_model(model_id: str, registry: ModelRegistry, audience: Audie
     base = registry.base_model(model.base) if model.base is not None else None
     if base is not None and found is not None:
         return _adapter_card(found, base, audience)
-    return _card(model)
+    return _card(model, tenant)

@@ -72,7 +72,7 @@ def check_completion_bounds(request: CompletionRequest, bounds: Bounds) -> None:
     size = _prompt_bytes(prompt, limits.max_prompt_bytes)
     if size > limits.max_prompt_bytes:
         raise OversizeError(
-            f"prompt is over {limits.max_prompt_bytes} bytes, the most one request may send "
+            f"prompt holds more than the {limits.max_prompt_bytes} bytes one request may send "
             f"(a token id counts {TOKEN_ID_BYTES}).",
             param="prompt",
         )
@@ -93,7 +93,7 @@ def check_chat_bounds(request: ChatCompletionRequest, bounds: Bounds) -> None:
             size += sum(len(text.encode()) for text in (given(p.text) for p in content) if text)
         if size > limits.max_prompt_bytes:
             raise OversizeError(
-                f"The messages' text is over {limits.max_prompt_bytes} bytes, the most one "
+                f"The messages' text holds more than the {limits.max_prompt_bytes} bytes one "
                 "request may send.",
                 param="messages",
             )

@@ -77,19 +77,25 @@ OVER_TEXT = [
     ({"prompt": [[1], [2], [3], [4]], "n": 3}, "n", "12 sequences"),
     ({"prompt": "x", "n": 2, "best_of": 9, "use_beam_search": True}, "best_of", "9 sequences"),
     ({"prompt": ["a", "b", "c"], "n": 3, "use_beam_search": True}, "n", "9 sequences"),
-    ({"prompt": "x" * 101}, "prompt", "100 bytes"),
-    ({"prompt": "é" * 51}, "prompt", "100 bytes"),
-    ({"prompt": list(range(26))}, "prompt", "100 bytes"),
-    ({"prompt": ["x" * 60, "y" * 60]}, "prompt", "100 bytes"),
+    ({"prompt": "x" * 101}, "prompt", "the 100 bytes"),
+    ({"prompt": "é" * 51}, "prompt", "the 100 bytes"),
+    ({"prompt": list(range(26))}, "prompt", "the 100 bytes"),
+    ({"prompt": ["x" * 60, "y" * 60]}, "prompt", "the 100 bytes"),
     ({"prompt": "x", "stop": ["a", "b", "c"]}, "stop", "3 sequences"),
     ({"prompt": "x", "stop": ["x"] * 120_000}, "stop", "120000 sequences"),
     ({"prompt": "x", "stop": "abcdefghijk"}, "stop", "11 bytes"),
     ({"prompt": "x", "response_format": deep_schema(4)}, "response_format", "deeper than 3"),
     (
-        {"prompt": "x", "response_format": {"type": "json_schema", "json_schema": {
-            "name": "x", "schema": {"enum": ["v" * 200]}}}},
-        "response_format", "more than the 200",
-    ),  # fmt: skip
+        {
+            "prompt": "x",
+            "response_format": {
+                "type": "json_schema",
+                "json_schema": {"name": "x", "schema": {"enum": ["v" * 200]}},
+            },
+        },
+        "response_format",
+        "more than the 200",
+    ),
 ]
 
 
@@ -121,13 +127,20 @@ OVER_CHAT = [
     ({"n": 9}, "n", "9 sequences"),
     ({"n": 4, "best_of": 9, "use_beam_search": True}, "best_of", "9 sequences"),
     (
-        {"messages": [{"role": "user", "content": "x" * 60}, {"role": "user", "content": "y" * 60}]},
-        "messages", "100 bytes",
-    ),  # fmt: skip
+        {
+            "messages": [
+                {"role": "user", "content": "x" * 60},
+                {"role": "user", "content": "y" * 60},
+            ]
+        },
+        "messages",
+        "the 100 bytes",
+    ),
     (
         {"messages": [{"role": "user", "content": [{"type": "text", "text": "x" * 101}]}]},
-        "messages", "100 bytes",
-    ),  # fmt: skip
+        "messages",
+        "the 100 bytes",
+    ),
     ({"stop": ["a", "b", "c"]}, "stop", "3 sequences"),
     ({"stop": ["abcdef", "ghijk"]}, "stop", "11 bytes"),
     ({"tools": [tool(nested(1)), tool(nested(4))]}, "tools", "deeper than 3"),

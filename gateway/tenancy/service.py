@@ -30,6 +30,7 @@ from gateway.observability.metrics import GatewayMetrics
 from gateway.tenancy import gcra
 from gateway.tenancy.admission import Admission
 from gateway.tenancy.config import TenancySettings, TenantPolicy
+from gateway.tenancy.costs import reservation, sequences
 from gateway.tenancy.directory import Directory
 from gateway.tenancy.keys import MalformedKey, matches, presented_key
 from gateway.tenancy.quota import (
@@ -50,32 +51,6 @@ _MISSING_KEY = (
     "You didn't provide an API key. You need to provide your API key in an Authorization "
     "header using Bearer auth (i.e. Authorization: Bearer YOUR_KEY), or as the api-key header."
 )
-
-
-def reservation(plan: Plan) -> int:
-    """The most tokens a plan can use: each prompt once, plus every choice's ``max_tokens``; a
-    beam search generates (and is charged) ``width`` beams of a prompt, however few it returns."""
-    prompts = {spec.prompt_index: spec.prompt.token_count for spec in plan.choices}
-    outputs: dict[int, int] = {}
-    for spec in plan.choices:
-        beam = spec.params.beam
-        if beam is None:
-            outputs[spec.index] = spec.params.max_tokens
-        else:
-            outputs[-1 - spec.prompt_index] = beam.width * spec.params.max_tokens
-    return sum(prompts.values()) + sum(outputs.values())
-
-
-def sequences(plan: Plan) -> int:
-    """Engine sequences a plan runs at once: one per choice, or a beam search's ``width`` per
-    prompt, however few beams it returns."""
-    widths: dict[int, int] = {}
-    for spec in plan.choices:
-        beam = spec.params.beam
-        widths[spec.index if beam is None else -1 - spec.prompt_index] = (
-            1 if beam is None else beam.width
-        )
-    return sum(widths.values())
 
 
 def duration(seconds: float) -> str:

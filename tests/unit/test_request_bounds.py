@@ -19,9 +19,9 @@ from gateway.openai.bounds import (
 )
 from gateway.openai.protocol import ChatCompletionRequest, CompletionRequest
 from gateway.settings import RequestBounds
+from gateway.tenancy.costs import sequences
 from gateway.tenancy.gcra import Limit
 from gateway.tenancy.quota import Limits, MemoryStore, Rejected
-from gateway.tenancy.service import sequences
 
 SETTINGS = RequestBounds(
     max_choices=8,

@@ -119,6 +119,7 @@ class CompletionPipeline:
         self.lifecycle.refuse_if_draining(self.retry_after_s)
         tenant = self.caller(credentials_headers(scope["headers"]))
         headers.update(self.tenancy.known_headers(tenant))
+        self.tenancy.refuse_if_spent(tenant)
         body = decode_body(await read_body(scope, receive, self.max_body_bytes), endpoint.schema)
         model = self.registry.get(body.model, tenant.allows_model, tenant.allows_adapter)
         try:

@@ -98,6 +98,18 @@ def far_from_limits(limits: Limits, known: Quota | None, tokens: int, requests: 
     return True
 
 
+def requests_left(limits: Limits, known: Quota | None, elapsed: float) -> float | None:
+    """The most requests the tenant's request limit can hold now, by its last answer (``known``,
+    ``elapsed`` seconds ago): only admissions take from it, so it holds no more than the answer
+    left plus what refilled since. None where the answer does not show the limit as it is now."""
+    if known is None or known.requests is None or limits.requests is None:
+        return None
+    counted, decision = known.requests
+    if counted != limits.requests:
+        return None
+    return min(counted.capacity, decision.remaining + max(0.0, elapsed) / counted.interval)
+
+
 class Rejected(Exception):
     """A limit refused the request."""
 

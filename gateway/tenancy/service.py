@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
+import time
 from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass, field
 
@@ -22,7 +22,6 @@ from gateway.core.plan import Plan
 from gateway.http.errors import (
     AuthenticationError,
     OversizeError,
-    RateLimitError,
     ServiceUnavailableError,
 )
 from gateway.ids import random_hex
@@ -41,8 +40,10 @@ from gateway.tenancy.quota import (
     Rejected,
     StoreUnavailable,
     far_from_limits,
+    requests_left,
 )
 from gateway.tenancy.redis_store import RedisStore
+from gateway.tenancy.refusals import rate_limit_error, rate_limit_headers
 
 logger = logging.getLogger(__name__)
 
@@ -51,31 +52,6 @@ _MISSING_KEY = (
     "You didn't provide an API key. You need to provide your API key in an Authorization "
     "header using Bearer auth (i.e. Authorization: Bearer YOUR_KEY), or as the api-key header."
 )
-
-
-def duration(seconds: float) -> str:
-    """A duration as OpenAI writes it in ``x-ratelimit-reset-*``: ``20ms``, ``1.5s``, ``6m0s``."""
-    if seconds < 1:
-        return f"{max(0, math.ceil(seconds * 1000))}ms"
-    minutes, rest = divmod(seconds, 60)
-    hours, minutes = divmod(int(minutes), 60)
-    text = f"{rest:.3f}".rstrip("0").rstrip(".") + "s"
-    if hours:
-        return f"{hours}h{minutes}m{text}"
-    return f"{minutes}m{text}" if minutes else text
-
-
-def rate_limit_headers(quota: Quota | None) -> dict[str, str]:
-    """``x-ratelimit-{limit,remaining,reset}-{requests,tokens}`` for the limits that apply."""
-    headers: dict[str, str] = {}
-    for kind, entry in (("requests", quota and quota.requests), ("tokens", quota and quota.tokens)):
-        if not entry:
-            continue
-        limit, decision = entry
-        headers[f"x-ratelimit-limit-{kind}"] = str(gcra.whole(limit.rate))
-        headers[f"x-ratelimit-remaining-{kind}"] = str(gcra.whole(decision.remaining))
-        headers[f"x-ratelimit-reset-{kind}"] = duration(decision.reset_after)
-    return headers
 
 
 @dataclass(eq=False)
@@ -142,6 +118,8 @@ class Tenancy:
             timeout_s=store.timeout_s,
         )
         self._known: dict[str, Quota] = {}
+        self._known_at: dict[str, float] = {}
+        """When each tenant's last answer came (``time.monotonic``)."""
         self._unanswered: dict[str, tuple[int, int]] = {}
         """Per tenant, the admissions sent to the store and not answered yet: how many, and
         the tokens they reserve."""
@@ -259,11 +237,30 @@ class Tenancy:
             await self.store.settle(tenant.name, only_requests, 0, lease)
         except Rejected as rejected:
             self.metrics.record_rate_limited(tenant.name, rejected.limit)
-            raise _rate_limit_error(tenant, rejected) from None
+            self._remember(tenant, rejected.quota)
+            raise rate_limit_error(tenant, rejected) from None
         except StoreUnavailable as exc:
             self._unavailable(exc, admitting=False)
             return
+        self._remember(tenant, quota)
         headers.update(rate_limit_headers(quota))
+
+    def refuse_if_spent(self, tenant: TenantPolicy) -> None:
+        """The 429 at once, before the request's body is read, for a tenant whose last answer
+        shows its request limit spent until now: a flood of large bodies costs no decoding."""
+        known = self._known.get(tenant.name)
+        elapsed = time.monotonic() - self._known_at.get(tenant.name, 0.0)
+        limit = Limits.of(tenant).requests
+        left = requests_left(Limits.of(tenant), known, elapsed)
+        # Within the store's own rounding of a whole request: the store decides those.
+        if left is None or left > 1 - 1e-6 or limit is None or known is None:
+            return
+        self.metrics.record_rate_limited(tenant.name, "requests")
+        raise rate_limit_error(tenant, Rejected("requests", (1 - left) * limit.interval, known))
+
+    def _remember(self, tenant: TenantPolicy, quota: Quota) -> None:
+        self._known[tenant.name] = quota
+        self._known_at[tenant.name] = time.monotonic()
 
     def _admit(
         self, tenant: TenantPolicy, limits: Limits, tokens: int, width: int
@@ -298,13 +295,13 @@ class Tenancy:
             quota = await admitting
         except Rejected as rejected:
             self.metrics.record_rate_limited(tenant.name, rejected.limit)
-            self._known[tenant.name] = rejected.quota
-            raise _rate_limit_error(tenant, rejected) from None
+            self._remember(tenant, rejected.quota)
+            raise rate_limit_error(tenant, rejected) from None
         except StoreUnavailable as exc:
             self._unavailable(exc)
         else:
             self._recovered()
-            self._known[tenant.name] = quota
+            self._remember(tenant, quota)
         self.metrics.tenant_in_flight(tenant.name, +1)
         return Ticket(self, tenant, limits, tokens, lease, quota)
 
@@ -373,27 +370,3 @@ class Tenancy:
         if self._outage:
             self._outage = False
             logger.warning("the rate-limit store is reachable again")
-
-
-def _rate_limit_error(tenant: TenantPolicy, rejected: Rejected) -> RateLimitError:
-    retry = max(rejected.retry_after, 0.001)
-    headers = {
-        **rate_limit_headers(rejected.quota),
-        "Retry-After": str(math.ceil(retry)),
-        "retry-after-ms": str(math.ceil(retry * 1000)),
-    }
-    what = {
-        "requests": (f"requests per minute (limit {tenant.requests_per_minute})", "requests"),
-        "tokens": (f"tokens per minute (limit {tenant.tokens_per_minute})", "tokens"),
-        "tokens_per_day": (f"tokens per day (limit {tenant.tokens_per_day})", "tokens"),
-        "concurrency": (
-            f"sequences in flight at once (limit {tenant.max_concurrency})",
-            "requests",
-        ),
-    }[rejected.limit]
-    return RateLimitError(
-        f"Rate limit reached for {what[0]} of tenant {tenant.name}. "
-        f"Please try again in {duration(retry)}.",
-        headers=headers,
-        kind=what[1],
-    )

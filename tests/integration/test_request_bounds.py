@@ -171,6 +171,9 @@ def test_size_refusals_spend_the_request_limit_then_meet_429(gateway: Gateway) -
         assert limited.status_code == 429
         assert _error(limited)["code"] == "rate_limit_exceeded"
         assert "requests per minute (limit 3)" in _error(limited)["message"]
+    # Refused before its body is read: a body over the 4 MiB any request may send is not a 413.
+    huge = {"model": "tiny", "prompt": "x" * (5 * 1024 * 1024)}
+    assert gateway.post(TEXT, huge, "thrice").status_code == 429
 
 
 def test_a_prompt_over_the_context_window_is_counted_too(gateway: Gateway) -> None:

@@ -19,9 +19,10 @@ from gateway.openai.bounds import (
 )
 from gateway.openai.protocol import ChatCompletionRequest, CompletionRequest
 from gateway.settings import RequestBounds
+from gateway.tenancy import gcra
 from gateway.tenancy.costs import sequences
 from gateway.tenancy.gcra import Limit
-from gateway.tenancy.quota import Limits, MemoryStore, Rejected
+from gateway.tenancy.quota import Limits, MemoryStore, Quota, Rejected, requests_left
 
 SETTINGS = RequestBounds(
     max_choices=8,
@@ -243,3 +244,27 @@ async def test_the_memory_store_counts_concurrency_in_sequences() -> None:
     await store.settle("t", limits, 0, "first")
     await store.admit("t", limits, 0, "second", 2)
     assert store.leases("t") == 3
+
+
+THREE_A_MINUTE = Limit("requests", 3, 60, 3)
+
+
+@pytest.mark.parametrize(
+    ("known_limit", "remaining", "elapsed", "left"),
+    [
+        (THREE_A_MINUTE, 0.0, 0.0, 0.0),
+        (THREE_A_MINUTE, 0.0, 10.0, 0.5),
+        (THREE_A_MINUTE, 0.5, 10.0, 1.0),
+        (THREE_A_MINUTE, 2.0, 600.0, 3.0),
+        (Limit("requests", 6, 60, 6), 0.0, 0.0, None),
+        (None, 0.0, 0.0, None),
+    ],
+    ids=["spent", "half-refilled", "refilled", "full-at-most", "limit-changed", "not-shown"],
+)
+def test_requests_left_by_the_last_answer(
+    known_limit: Limit | None, remaining: float, elapsed: float, left: float | None
+) -> None:
+    limits = Limits(requests=THREE_A_MINUTE)
+    decision = gcra.Decision(False, 0.0, 0.0, remaining, 0.0)
+    known = Quota(requests=(known_limit, decision) if known_limit else None)
+    assert requests_left(limits, known, elapsed) == left

@@ -17,6 +17,7 @@ from gateway.tenancy.config import (
     TenantPolicy,
     check_tenancy,
 )
+from gateway.tenancy.costs import reservation
 from gateway.tenancy.gcra import Limit
 from gateway.tenancy.keys import (
     KeyRing,
@@ -28,7 +29,7 @@ from gateway.tenancy.keys import (
     presented_key,
 )
 from gateway.tenancy.quota import HEADROOM, Limits, Quota, far_from_limits
-from gateway.tenancy.service import duration, rate_limit_headers, reservation
+from gateway.tenancy.refusals import duration, rate_limit_headers
 
 PER_SECOND = Limit("requests", rate=60, period=60, capacity=3)  # one a second, three at once
 

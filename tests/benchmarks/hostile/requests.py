@@ -184,11 +184,15 @@ def report(name: str, window: Window, quiet_p50: float | None, rss_before: float
     if window.attacker:
         statuses = Counter(status for status, _ in window.attacker)
         answered = statistics.median(seconds for _, seconds in window.attacker)
+        refused = [seconds for status, seconds in window.attacker if status == 400]
+        if refused:
+            line += f"; attacker's 400s answered in {statistics.median(refused) * 1000:.0f} ms"
         first_429 = next(
             (i + 1 for i, (status, _) in enumerate(window.attacker) if status == 429), None
         )
         line += (
-            f"; attacker {dict(sorted(statuses.items()))}, median answer {answered * 1000:.0f} ms"
+            f"; attacker {dict(sorted(statuses.items()))}, all answered in "
+            f"{answered * 1000:.0f} ms (median)"
             f", first 429 at request {first_429}"
         )
     line += f"; gateway RSS {rss_before:.0f} -> peak {window.rss_peak_mb:.0f} MB"

@@ -149,8 +149,35 @@ class ModelSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     tell from ``cached_tokens`` and from the time to the first token what others sent."""
 
 
+class RequestBounds(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """The size of one request, checked before any of it is tokenized or planned; a request
+    over a bound gets a 400 naming the field, counted against the tenant's request limit."""
+
+    max_choices: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    """Most engine sequences one request may start: prompts times ``n`` (times the beam width
+    of a beam search); unset: the engine's ``max_batch_size`` where the sidecars' spec gives it,
+    else 64. A tenant's ``max_choices`` overrides it."""
+    max_prompts: Annotated[int, msgspec.Meta(ge=1)] = 64
+    """Most prompts in one ``/v1/completions`` request."""
+    max_prompt_bytes: Annotated[int, msgspec.Meta(ge=1)] = 1024 * 1024
+    """Most UTF-8 bytes of prompt text (every prompt, or every message's text) in one request."""
+    max_stop_sequences: Annotated[int, msgspec.Meta(ge=0)] = 16
+    """Most ``stop`` sequences in one request."""
+    max_stop_bytes: Annotated[int, msgspec.Meta(ge=0)] = 4096
+    """Most UTF-8 bytes of all the ``stop`` sequences of one request together."""
+    max_guide_bytes: Annotated[int, msgspec.Meta(ge=1)] = 64 * 1024
+    """Most bytes of a ``response_format`` guide (JSON schema, regex or grammar), and of all the
+    ``tools``' parameter schemas together."""
+    max_guide_depth: Annotated[int, msgspec.Meta(ge=1)] = 64
+    """Deepest nesting of JSON objects and arrays in a ``response_format`` JSON schema or a
+    tool's parameters schema (an object property nested in another takes two levels)."""
+
+
 class LimitSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Bounds that keep one request from hurting the others."""
+
+    bounds: RequestBounds = RequestBounds()
+    """The size of one request: choices, prompts, stop sequences and guides."""
 
     max_body_bytes: Annotated[int, msgspec.Meta(ge=1)] = 4 * 1024 * 1024
     """Largest accepted request body; larger ones get 413."""

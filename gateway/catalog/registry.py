@@ -10,6 +10,8 @@ from concurrent.futures import Executor
 from dataclasses import dataclass
 from pathlib import Path
 
+import msgspec
+
 from adapters.contract import LoraAdapter, ModelTarget
 from deploy.sidecar.spec import ModelSpec, Spec, TorchEngine
 from gateway.catalog.lora import LoraLibrary
@@ -22,6 +24,7 @@ from gateway.replicas.sources import DnsName, Endpoint, ReplicaSource, SourceErr
 from gateway.settings import (
     ImageSettings,
     ModelSettings,
+    RequestBounds,
     SamplingDefaults,
     Settings,
     SettingsError,
@@ -33,6 +36,7 @@ DEFAULT_TRITON_URL = "127.0.0.1:8001"
 DEFAULT_CONTEXT_LENGTH = 4096
 DEFAULT_ROUTING = RoutingSettings()
 DEFAULT_IMAGES = ImageSettings()
+DEFAULT_BOUNDS = RequestBounds()
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +63,8 @@ class ModelRoute:
     """Whether the gateway's count of a text prompt is the engine's (``count_prompts``)."""
     shared_kv_cache: bool = False
     """Whether every tenant shares the model's cached prompts (``shared_kv_cache``)."""
+    bounds: RequestBounds = DEFAULT_BOUNDS
+    """The size a request may have, ``max_choices`` decided (the engine's batch by default)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,7 +122,7 @@ def resolve_routes(
         models = tuple(ModelSettings(name=m.name, pipeline=m.name) for m in spec.models)
     routes = tuple(
         _with_replicas(
-            _route(model, spec, grpc_urls, http_urls or {}, sidecar_http),
+            _route(model, spec, grpc_urls, http_urls or {}, sidecar_http, settings.limits.bounds),
             model,
             sidecar_replicas or {},
             sidecar_http,
@@ -136,6 +142,7 @@ def _route(
     grpc_urls: Mapping[str, str],
     http_urls: Mapping[str, str],
     sidecar_http: bool,
+    bounds: RequestBounds,
 ) -> ModelRoute:
     pipeline = _pipeline(model, spec)
     prefix = f"{model.pipeline}_" if model.pipeline else ""
@@ -154,8 +161,14 @@ def _route(
     if tokenizer_dir is None:
         raise SettingsError(f"model {model.name!r}: tokenizer_dir is required without a pipeline")
     context_length = model.context_length
-    if context_length is None and pipeline is not None and isinstance(pipeline.engine, TorchEngine):
-        context_length = pipeline.engine.max_seq_len
+    torch_engine = pipeline.engine if pipeline is not None else None
+    if not isinstance(torch_engine, TorchEngine):
+        torch_engine = None
+    if context_length is None and torch_engine is not None:
+        context_length = torch_engine.max_seq_len
+    if bounds.max_choices is None and torch_engine is not None:
+        # A request of more sequences than the engine batches would hold every row alone.
+        bounds = msgspec.structs.replace(bounds, max_choices=torch_engine.max_batch_size)
     add_special = model.add_special_tokens
     if add_special is None:
         add_special = pipeline.add_special_tokens if pipeline is not None else True
@@ -188,6 +201,7 @@ def _route(
         images=model.images,
         counts_prompts=counts_prompts,
         shared_kv_cache=model.shared_kv_cache,
+        bounds=bounds,
     )
 
 

@@ -4,7 +4,8 @@ Every error a client sees is an ``APIError``, rendered as OpenAI's ``{"error": {
 
     APIError                              500 server_error
     ├── InvalidRequestError               400 invalid_request_error
-    │   └── ContextLengthExceeded         400 context_length_exceeded
+    │   └── OversizeError                 400 (over a bound; counted as a request)
+    │       └── ContextLengthExceeded     400 context_length_exceeded
     ├── AuthenticationError               401 invalid_api_key
     ├── ModelNotFoundError                404 model_not_found
     ├── ResourceNotFoundError             404 not_found (admin resources)
@@ -88,7 +89,13 @@ class InvalidRequestError(APIError):
     error_type = "invalid_request_error"
 
 
-class ContextLengthExceeded(InvalidRequestError):
+class OversizeError(InvalidRequestError):
+    """The request is larger than a bound allows: its choices, prompts, stop sequences, guides,
+    the model's context or the tenant's token limits. Such a refusal still counts against the
+    tenant's request limit, so that it cannot be repeated for free."""
+
+
+class ContextLengthExceeded(OversizeError):
     """Prompt plus requested completion do not fit the model's context window."""
 
     default_code = "context_length_exceeded"

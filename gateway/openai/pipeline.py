@@ -1,5 +1,5 @@
-"""The one completion pipeline both endpoints run: authenticate, decode, plan, admit, load the
-images, generate, shape, settle.
+"""The one completion pipeline both endpoints run: authenticate, decode, bound, plan, admit, load
+the images, generate, shape, settle.
 
 An endpoint is the data that differs (its body schema, planner and shapers); everything else is
 one code path. Every error the pipeline raises carries the caller's rate-limit headers, as
@@ -28,8 +28,14 @@ from gateway.http.answers import (
     stream_response,
     until_disconnect,
 )
-from gateway.http.errors import ClientDisconnected, MethodNotAllowedError, to_api_error
+from gateway.http.errors import (
+    ClientDisconnected,
+    MethodNotAllowedError,
+    OversizeError,
+    to_api_error,
+)
 from gateway.observability import Observability
+from gateway.openai.bounds import Bounds
 from gateway.openai.protocol import SamplingFields
 from gateway.openai.shaping import Header
 from gateway.ops.drain import Lifecycle
@@ -58,6 +64,8 @@ class Endpoint(Generic[Body]):
     operation: str
     """The GenAI operation name the request is observed under (``chat``, ``text_completion``)."""
     schema: type[Body]
+    bounds: Callable[[Body, Bounds], None]
+    """Refuses a body over the caller's bounds before anything of it is planned."""
     planner: Planner[Body]
     id_prefix: str
     """Of the answer's id: ``chatcmpl``, ``cmpl``."""
@@ -111,13 +119,23 @@ class CompletionPipeline:
         self.lifecycle.refuse_if_draining(self.retry_after_s)
         tenant = self.caller(credentials_headers(scope["headers"]))
         headers.update(self.tenancy.known_headers(tenant))
+        self.tenancy.refuse_if_spent(tenant)
         body = decode_body(await read_body(scope, receive, self.max_body_bytes), endpoint.schema)
         model = self.registry.get(body.model, tenant.allows_model, tenant.allows_adapter)
-        plan = await self._plan(receive, tenant, model, endpoint, body)
-        with self.observability.step("gateway.rate_limit"):
-            # A shared store answers while the Triton request is built: it is sent admitted, or
-            # for a tenant far from its limits on its way meanwhile (``Admission.expected``).
-            admission = await self.tenancy.admission(tenant, plan, headers)
+        try:
+            route = model.route
+            endpoint.bounds(body, Bounds.of(route.bounds, route.max_n, tenant.max_choices))
+            plan = await self._plan(receive, tenant, model, endpoint, body)
+            with self.observability.step("gateway.rate_limit"):
+                # A shared store answers while the Triton request is built: it is sent admitted,
+                # or for a tenant far from its limits on its way meanwhile
+                # (``Admission.expected``).
+                admission = await self.tenancy.admission(tenant, plan, headers)
+        except OversizeError:
+            # Refused for its size, the request still costs the tenant one of its requests:
+            # once they are spent, the refusals are 429s.
+            await self.tenancy.count_refused(tenant, headers)
+            raise
         meter = UsageMeter()
         header = Header.new(endpoint.id_prefix, model.name)
 

@@ -325,6 +325,9 @@ class ModelCard(Struct, frozen=True, kw_only=True):
     """For a LoRA adapter: the base model it runs on."""
     input_modalities: list[str] | UnsetType = UNSET
     """What the model takes: ``["text"]``, or ``["text", "image"]`` for a vision model."""
+    limits: dict[str, int] | UnsetType = UNSET
+    """The size a request of the caller may have (``max_choices``, ``max_stop_sequences``...);
+    a request over one is refused with a 400 naming the field."""
 
 
 class ModelList(Struct, frozen=True, kw_only=True):

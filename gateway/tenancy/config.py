@@ -22,6 +22,7 @@ LIMITS = (
     "tokens_per_day",
     "max_concurrency",
     "max_tokens",
+    "max_choices",
 )
 """The policy's limits: each one is a positive whole number, or unset (no limit)."""
 
@@ -42,10 +43,13 @@ class TenantPolicy(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     tokens_per_day: int | None = None
     """Prompt plus completion tokens per day."""
     max_concurrency: int | None = None
-    """Requests in flight at once."""
+    """Engine sequences in flight at once (a request of ``n`` choices holds ``n``)."""
     max_tokens: int | None = None
     """Largest completion one choice may ask for; also the most a request that names no
     ``max_tokens`` gets."""
+    max_choices: int | None = None
+    """Most engine sequences one request may start (prompts times ``n``, or times the beam
+    width); overrides ``limits.bounds.max_choices`` for this tenant."""
     priority: int = 0
     """Triton request priority, 0 to 100 (1 is the highest level; 0 means the model's
     default); takes effect where the model config declares ``priority_levels``."""

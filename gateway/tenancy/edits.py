@@ -32,10 +32,14 @@ class TenantFields(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     tokens_per_day: int | UnsetType | None = UNSET
     """Prompt plus completion tokens per day; ``null`` for no limit."""
     max_concurrency: int | UnsetType | None = UNSET
-    """Requests in flight at once; ``null`` for no limit."""
+    """Engine sequences in flight at once (a request of ``n`` choices holds ``n``); ``null``
+    for no limit."""
     max_tokens: int | UnsetType | None = UNSET
     """Largest completion one choice may ask for, and the default of a request that names
     none; ``null`` for no cap."""
+    max_choices: int | UnsetType | None = UNSET
+    """Most engine sequences one request may start; ``null``: the gateway's
+    ``limits.bounds.max_choices``."""
     priority: int | UnsetType = UNSET
     """Triton request priority (1 is the highest level; 0 means the model's default)."""
     burst: float | UnsetType = UNSET

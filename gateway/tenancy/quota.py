@@ -98,6 +98,18 @@ def far_from_limits(limits: Limits, known: Quota | None, tokens: int, requests: 
     return True
 
 
+def requests_left(limits: Limits, known: Quota | None, elapsed: float) -> float | None:
+    """The most requests the tenant's request limit can hold now, by its last answer (``known``,
+    ``elapsed`` seconds ago): only admissions take from it, so it holds no more than the answer
+    left plus what refilled since. None where the answer does not show the limit as it is now."""
+    if known is None or known.requests is None or limits.requests is None:
+        return None
+    counted, decision = known.requests
+    if counted != limits.requests:
+        return None
+    return min(counted.capacity, decision.remaining + max(0.0, elapsed) / counted.interval)
+
+
 class Rejected(Exception):
     """A limit refused the request."""
 
@@ -116,9 +128,12 @@ class StoreUnavailable(Exception):
 class QuotaStore(Protocol):
     """Counts limits: in one process, or shared by every replica."""
 
-    def admit(self, tenant: str, limits: Limits, tokens: int, lease: str) -> Awaitable[Quota]:
-        """Take one request and ``tokens`` from every limit and open a lease, or raise (when
-        awaited). A shared store sends its command before this returns."""
+    def admit(
+        self, tenant: str, limits: Limits, tokens: int, lease: str, sequences: int = 1
+    ) -> Awaitable[Quota]:
+        """Take one request and ``tokens`` from every limit and open a lease of ``sequences``
+        engine sequences against the concurrency limit, or raise (when awaited). A shared store
+        sends its command before this returns."""
         ...
 
     async def settle(self, tenant: str, limits: Limits, refund: int, lease: str) -> None:
@@ -151,7 +166,8 @@ def statuses(limits: Limits, tats: Mapping[str, float], now: float) -> dict[str,
 @dataclass
 class _TenantState:
     tats: dict[str, float] = field(default_factory=dict)
-    leases: set[str] = field(default_factory=set)
+    leases: dict[str, int] = field(default_factory=dict)
+    """Each open lease and the engine sequences it holds."""
 
 
 class MemoryStore:
@@ -162,11 +178,13 @@ class MemoryStore:
         self._tenants: dict[str, _TenantState] = {}
 
     def leases(self, tenant: str) -> int:
-        """Leases the tenant holds now."""
+        """Engine sequences the tenant holds under lease now."""
         state = self._tenants.get(tenant)
-        return 0 if state is None else len(state.leases)
+        return 0 if state is None else sum(state.leases.values())
 
-    async def admit(self, tenant: str, limits: Limits, tokens: int, lease: str) -> Quota:
+    async def admit(
+        self, tenant: str, limits: Limits, tokens: int, lease: str, sequences: int = 1
+    ) -> Quota:
         """Check every limit, then take from all of them (atomic: no await in between)."""
         now = self._now()
         state = self._tenants.setdefault(tenant, _TenantState())
@@ -180,12 +198,13 @@ class MemoryStore:
                 quota = quota_of(limits, statuses(limits, state.tats, now))
                 raise Rejected(limit.name, decision.retry_after, quota)
             decisions[limit.name] = decision
-        if limits.concurrency is not None and len(state.leases) >= limits.concurrency:
+        held = sum(state.leases.values())
+        if limits.concurrency is not None and held + sequences > limits.concurrency:
             quota = quota_of(limits, statuses(limits, state.tats, now))
             raise Rejected("concurrency", CONCURRENCY_RETRY_S, quota)
         for name, decision in decisions.items():
             state.tats[name] = decision.tat
-        state.leases.add(lease)
+        state.leases[lease] = sequences
         return quota_of(limits, decisions)
 
     async def settle(self, tenant: str, limits: Limits, refund: int, lease: str) -> None:
@@ -195,7 +214,7 @@ class MemoryStore:
         for limit, counts_tokens in limits.buckets:
             if limit is not None and counts_tokens and limit.name in state.tats:
                 state.tats[limit.name] = gcra.give_back(limit, state.tats[limit.name], now, refund)
-        state.leases.discard(lease)
+        state.leases.pop(lease, None)
 
     async def close(self) -> None:
         """Nothing to release."""

@@ -2,8 +2,9 @@
 
 Each script reads Redis's own clock, so replicas with skewed clocks agree. A tenant's keys share
 the hash tag ``{tenant}``, so every script touches one Cluster slot. Concurrency leases live in a
-sorted set scored by their expiry: a gateway renews its leases while their requests run, so the
-leases of a gateway that died expire on their own.
+sorted set scored by their expiry, one member per engine sequence of a request (the lease's id,
+then ``id.2``, ``id.3``...): a gateway renews its leases while their requests run, so the leases
+of a gateway that died expire on their own.
 
 The scripts go over the store's own pipelined connection (``resp``), the cheapest way a request
 can wait on Redis; what else the replicas share in Redis uses the redis-py client beside it.
@@ -50,8 +51,9 @@ end
 
 # KEYS: requests, tokens, tokens_per_day buckets, leases.
 # ARGV: 1-3 seconds per unit (0: no such limit), 4-6 tolerances, 7 tokens, 8 max leases (-1: no
-# limit), 9 lease id, 10 lease ttl. Replies status, failed bucket, retry-after, then for each
-# bucket the units left and the seconds until it is full again.
+# limit), 9 lease id, 10 lease ttl, 11 engine sequences of the lease. Replies status, failed
+# bucket, retry-after, then for each bucket the units left and the seconds until it is full
+# again.
 ADMIT = (
     _LUA_COMMON
     + """
@@ -88,9 +90,10 @@ for i = 1, 3 do
   end
 end
 local most = tonumber(ARGV[8])
+local width = tonumber(ARGV[11])
 if most >= 0 then
   redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now)
-  if redis.call('ZCARD', KEYS[4]) >= most then
+  if redis.call('ZCARD', KEYS[4]) + width > most then
     return reply('concurrency', 4, 0)
   end
 end
@@ -104,6 +107,9 @@ end
 if most >= 0 then
   local ttl = tonumber(ARGV[10])
   redis.call('ZADD', KEYS[4], now + ttl, ARGV[9])
+  for i = 2, width do
+    redis.call('ZADD', KEYS[4], now + ttl, ARGV[9] .. '.' .. i)
+  end
   redis.call('PEXPIRE', KEYS[4], math.ceil(ttl * 2000))
 end
 return reply('ok', 0, 0)
@@ -111,7 +117,7 @@ return reply('ok', 0, 0)
 )
 
 # KEYS: tokens, tokens_per_day buckets, leases. ARGV: 1-2 seconds per token (0: none),
-# 3 tokens to give back (negative: to charge), 4 lease id.
+# 3 tokens to give back (negative: to charge), 4 lease id, 5 engine sequences of the lease.
 SETTLE = (
     _LUA_COMMON
     + """
@@ -124,6 +130,9 @@ for i = 1, 2 do
   end
 end
 redis.call('ZREM', KEYS[3], ARGV[4])
+for i = 2, tonumber(ARGV[5]) do
+  redis.call('ZREM', KEYS[3], ARGV[4] .. '.' .. i)
+end
 return 1
 """
 )
@@ -169,7 +178,8 @@ class RedisStore:
         self._admit = Script(link, ADMIT)
         self._settle = Script(link, SETTLE)
         self._renew = Script(link, RENEW)
-        self._held: dict[str, set[str]] = {}
+        self._held: dict[str, dict[str, int]] = {}
+        """Per tenant, the leases this gateway holds and the sequences of each."""
         self._renewer: asyncio.Task[None] | None = None
 
     @classmethod
@@ -196,7 +206,9 @@ class RedisStore:
         base = f"{self._prefix}:{{{tenant}}}"
         return [f"{base}:requests", f"{base}:tokens", f"{base}:tokens_per_day", f"{base}:leases"]
 
-    def admit(self, tenant: str, limits: Limits, tokens: int, lease: str) -> Awaitable[Quota]:
+    def admit(
+        self, tenant: str, limits: Limits, tokens: int, lease: str, sequences: int = 1
+    ) -> Awaitable[Quota]:
         """One script: check every limit and the leases, then take from all or from none. Its
         command is on its way when this returns (the connection open), so the caller's work
         until it awaits the quota overlaps Redis's round trip."""
@@ -207,11 +219,11 @@ class RedisStore:
         )
         most = -1 if limits.concurrency is None else limits.concurrency
         args: list[Arg] = [requests, tpm, tpd, requests_tol, tpm_tol, tpd_tol, tokens, most, lease]
-        sent = self._admit(keys=self.keys(tenant), args=[*args, self._lease_ttl_s])
-        return self._admitted(tenant, limits, lease, sent)
+        sent = self._admit(keys=self.keys(tenant), args=[*args, self._lease_ttl_s, sequences])
+        return self._admitted(tenant, limits, lease, sequences, sent)
 
     async def _admitted(
-        self, tenant: str, limits: Limits, lease: str, sent: Awaitable[Any]
+        self, tenant: str, limits: Limits, lease: str, sequences: int, sent: Awaitable[Any]
     ) -> Quota:
         reply = await self._wait(sent)
         status, which, retry, *rest = (
@@ -221,7 +233,7 @@ class RedisStore:
         quota = quota_of(limits, decisions)
         if status == "ok":
             if limits.concurrency is not None:
-                self._hold(tenant, lease)
+                self._hold(tenant, lease, sequences)
             return quota
         if status == "concurrency":
             raise Rejected("concurrency", CONCURRENCY_RETRY_S, quota)
@@ -230,9 +242,9 @@ class RedisStore:
 
     async def settle(self, tenant: str, limits: Limits, refund: int, lease: str) -> None:
         """One script: give back unused tokens and remove the lease."""
-        self._release(tenant, lease)
+        sequences = self._release(tenant, lease)
         keys = self.keys(tenant)
-        args = [_args(limits.tokens)[0], _args(limits.daily_tokens)[0], refund, lease]
+        args = [_args(limits.tokens)[0], _args(limits.daily_tokens)[0], refund, lease, sequences]
         await self._call(self._settle, [keys[1], keys[2], keys[3]], args)
 
     async def close(self) -> None:
@@ -263,17 +275,20 @@ class RedisStore:
         except _FAILURES as exc:
             raise StoreUnavailable(f"redis: {exc!r}") from exc
 
-    def _hold(self, tenant: str, lease: str) -> None:
-        self._held.setdefault(tenant, set()).add(lease)
+    def _hold(self, tenant: str, lease: str, sequences: int) -> None:
+        self._held.setdefault(tenant, {})[lease] = sequences
         if self._renewer is None or self._renewer.done():
             self._renewer = asyncio.get_running_loop().create_task(self._renew_forever())
 
-    def _release(self, tenant: str, lease: str) -> None:
+    def _release(self, tenant: str, lease: str) -> int:
+        """Stop renewing the lease; the sequences it held (1 for one this gateway never held)."""
         held = self._held.get(tenant)
-        if held is not None:
-            held.discard(lease)
-            if not held:
-                del self._held[tenant]
+        if held is None:
+            return 1
+        sequences = held.pop(lease, 1)
+        if not held:
+            del self._held[tenant]
+        return sequences
 
     async def _renew_forever(self) -> None:
         """Push the expiry of every lease this gateway holds, a third of the TTL at a time."""
@@ -282,9 +297,14 @@ class RedisStore:
             for tenant, leases in list(self._held.items()):
                 if not leases:
                     continue
+                members = [
+                    f"{lease}.{i}" if i > 1 else lease
+                    for lease, sequences in list(leases.items())
+                    for i in range(1, sequences + 1)
+                ]
                 try:
                     await self._call(
-                        self._renew, [self.keys(tenant)[3]], [self._lease_ttl_s, *leases]
+                        self._renew, [self.keys(tenant)[3]], [self._lease_ttl_s, *members]
                     )
                 except StoreUnavailable as exc:
                     logger.debug("renewing the leases of %s failed: %s", tenant, exc)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
+import time
 from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass, field
 
@@ -21,8 +21,7 @@ import anyio
 from gateway.core.plan import Plan
 from gateway.http.errors import (
     AuthenticationError,
-    InvalidRequestError,
-    RateLimitError,
+    OversizeError,
     ServiceUnavailableError,
 )
 from gateway.ids import random_hex
@@ -30,6 +29,7 @@ from gateway.observability.metrics import GatewayMetrics
 from gateway.tenancy import gcra
 from gateway.tenancy.admission import Admission
 from gateway.tenancy.config import TenancyConfigError, TenancySettings, TenantPolicy
+from gateway.tenancy.costs import reservation, sequences
 from gateway.tenancy.directory import Directory
 from gateway.tenancy.keys import MalformedKey, matches, presented_key
 from gateway.tenancy.quota import (
@@ -40,8 +40,10 @@ from gateway.tenancy.quota import (
     Rejected,
     StoreUnavailable,
     far_from_limits,
+    requests_left,
 )
 from gateway.tenancy.redis_store import RedisStore
+from gateway.tenancy.refusals import rate_limit_error, rate_limit_headers
 
 logger = logging.getLogger(__name__)
 
@@ -54,45 +56,6 @@ _MISSING_KEY = (
     "You didn't provide an API key. You need to provide your API key in an Authorization "
     "header using Bearer auth (i.e. Authorization: Bearer YOUR_KEY), or as the api-key header."
 )
-
-
-def reservation(plan: Plan) -> int:
-    """The most tokens a plan can use: each prompt once, plus every choice's ``max_tokens``; a
-    beam search generates (and is charged) ``width`` beams of a prompt, however few it returns."""
-    prompts = {spec.prompt_index: spec.prompt.token_count for spec in plan.choices}
-    outputs: dict[int, int] = {}
-    for spec in plan.choices:
-        beam = spec.params.beam
-        if beam is None:
-            outputs[spec.index] = spec.params.max_tokens
-        else:
-            outputs[-1 - spec.prompt_index] = beam.width * spec.params.max_tokens
-    return sum(prompts.values()) + sum(outputs.values())
-
-
-def duration(seconds: float) -> str:
-    """A duration as OpenAI writes it in ``x-ratelimit-reset-*``: ``20ms``, ``1.5s``, ``6m0s``."""
-    if seconds < 1:
-        return f"{max(0, math.ceil(seconds * 1000))}ms"
-    minutes, rest = divmod(seconds, 60)
-    hours, minutes = divmod(int(minutes), 60)
-    text = f"{rest:.3f}".rstrip("0").rstrip(".") + "s"
-    if hours:
-        return f"{hours}h{minutes}m{text}"
-    return f"{minutes}m{text}" if minutes else text
-
-
-def rate_limit_headers(quota: Quota | None) -> dict[str, str]:
-    """``x-ratelimit-{limit,remaining,reset}-{requests,tokens}`` for the limits that apply."""
-    headers: dict[str, str] = {}
-    for kind, entry in (("requests", quota and quota.requests), ("tokens", quota and quota.tokens)):
-        if not entry:
-            continue
-        limit, decision = entry
-        headers[f"x-ratelimit-limit-{kind}"] = str(gcra.whole(limit.rate))
-        headers[f"x-ratelimit-remaining-{kind}"] = str(gcra.whole(decision.remaining))
-        headers[f"x-ratelimit-reset-{kind}"] = duration(decision.reset_after)
-    return headers
 
 
 @dataclass(eq=False)
@@ -164,6 +127,8 @@ class Tenancy:
             timeout_s=store.timeout_s,
         )
         self._known: dict[str, Quota] = {}
+        self._known_at: dict[str, float] = {}
+        """When each tenant's last answer came (``time.monotonic``)."""
         self._unanswered: dict[str, tuple[int, int]] = {}
         """Per tenant, the admissions sent to the store and not answered yet: how many, and
         the tokens they reserve."""
@@ -238,11 +203,12 @@ class Tenancy:
         """The plan's admission: decided (the memory store), or under way while the request is
         prepared (a shared store; see ``Admission``). Its rate-limit headers go into
         ``headers`` once admitted."""
-        limits, tokens = Limits.of(tenant), reservation(plan)
+        limits, tokens, width = Limits.of(tenant), reservation(plan), sequences(plan)
         bound_s = self.settings.store.timeout_s + 1.0
         if isinstance(self.store, MemoryStore):
-            return Admission.decided(await self._admit(tenant, limits, tokens), headers, bound_s)
-        self._check_fits(limits, tokens)
+            decided = await self._admit(tenant, limits, tokens, width)
+            return Admission.decided(decided, headers, bound_s)
+        self._check_fits(limits, tokens, width)
         name = tenant.name
         requests, reserved = self._unanswered.get(name, (0, 0))
         expected = (
@@ -257,9 +223,9 @@ class Tenancy:
         # hundred microseconds or more). Otherwise the command goes now, to be answered
         # while the Triton request is built.
         ticket = (
-            self._sent_later(tenant, limits, tokens)
+            self._sent_later(tenant, limits, tokens, width)
             if expected
-            else self._sent(tenant, limits, tokens)
+            else self._sent(tenant, limits, tokens, width)
         )
         counted = self._counted(name, tokens, ticket)
         return Admission.pending(counted, headers, bound_s, expected=expected)
@@ -277,22 +243,66 @@ class Tenancy:
         """Reserve the plan's worst case against every limit of the tenant, or refuse it (when
         awaited). A shared store's command is on its way when this returns, so the result must
         be awaited and its ticket settled (``admission`` sees to both)."""
-        return self._admit(tenant, Limits.of(tenant), reservation(plan))
+        return self._admit(tenant, Limits.of(tenant), reservation(plan), sequences(plan))
 
-    def _admit(self, tenant: TenantPolicy, limits: Limits, tokens: int) -> Awaitable[Ticket]:
-        self._check_fits(limits, tokens)
-        return self._sent(tenant, limits, tokens)
+    async def count_refused(self, tenant: TenantPolicy, headers: dict[str, str]) -> None:
+        """Count a request refused for its size against the tenant's request limit, so that
+        refusals are not free: once the limit is spent this raises the 429 instead. Its
+        rate-limit headers go into ``headers``; a store that cannot be asked counts nothing."""
+        limit = Limits.of(tenant).requests
+        if limit is None:
+            return
+        only_requests = Limits(requests=limit)
+        lease = random_hex(16)
+        try:
+            quota = await self.store.admit(tenant.name, only_requests, 0, lease)
+            await self.store.settle(tenant.name, only_requests, 0, lease)
+        except Rejected as rejected:
+            self.metrics.record_rate_limited(tenant.name, rejected.limit)
+            self._remember(tenant, rejected.quota)
+            raise rate_limit_error(tenant, rejected) from None
+        except StoreUnavailable as exc:
+            self._unavailable(exc, admitting=False)
+            return
+        self._remember(tenant, quota)
+        headers.update(rate_limit_headers(quota))
 
-    def _sent(self, tenant: TenantPolicy, limits: Limits, tokens: int) -> Awaitable[Ticket]:
+    def refuse_if_spent(self, tenant: TenantPolicy) -> None:
+        """The 429 at once, before the request's body is read, for a tenant whose last answer
+        shows its request limit spent until now: a flood of large bodies costs no decoding."""
+        known = self._known.get(tenant.name)
+        elapsed = time.monotonic() - self._known_at.get(tenant.name, 0.0)
+        limit = Limits.of(tenant).requests
+        left = requests_left(Limits.of(tenant), known, elapsed)
+        # Within the store's own rounding of a whole request: the store decides those.
+        if left is None or left > 1 - 1e-6 or limit is None or known is None:
+            return
+        self.metrics.record_rate_limited(tenant.name, "requests")
+        raise rate_limit_error(tenant, Rejected("requests", (1 - left) * limit.interval, known))
+
+    def _remember(self, tenant: TenantPolicy, quota: Quota) -> None:
+        self._known[tenant.name] = quota
+        self._known_at[tenant.name] = time.monotonic()
+
+    def _admit(
+        self, tenant: TenantPolicy, limits: Limits, tokens: int, width: int
+    ) -> Awaitable[Ticket]:
+        self._check_fits(limits, tokens, width)
+        return self._sent(tenant, limits, tokens, width)
+
+    def _sent(
+        self, tenant: TenantPolicy, limits: Limits, tokens: int, width: int
+    ) -> Awaitable[Ticket]:
         """The ticket of a reservation that fits, its store command written now."""
         lease = random_hex(16)
-        return self._ticket(
-            tenant, limits, tokens, lease, self.store.admit(tenant.name, limits, tokens, lease)
-        )
+        admitting = self.store.admit(tenant.name, limits, tokens, lease, width)
+        return self._ticket(tenant, limits, tokens, lease, admitting)
 
-    async def _sent_later(self, tenant: TenantPolicy, limits: Limits, tokens: int) -> Ticket:
+    async def _sent_later(
+        self, tenant: TenantPolicy, limits: Limits, tokens: int, width: int
+    ) -> Ticket:
         """``_sent``, its command written once this is first awaited."""
-        return await self._sent(tenant, limits, tokens)
+        return await self._sent(tenant, limits, tokens, width)
 
     async def _ticket(
         self,
@@ -307,13 +317,13 @@ class Tenancy:
             quota = await admitting
         except Rejected as rejected:
             self.metrics.record_rate_limited(tenant.name, rejected.limit)
-            self._known[tenant.name] = rejected.quota
-            raise _rate_limit_error(tenant, rejected) from None
+            self._remember(tenant, rejected.quota)
+            raise rate_limit_error(tenant, rejected) from None
         except StoreUnavailable as exc:
             self._unavailable(exc)
         else:
             self._recovered()
-            self._known[tenant.name] = quota
+            self._remember(tenant, quota)
         self.metrics.tenant_in_flight(tenant.name, +1)
         return Ticket(self, tenant, limits, tokens, lease, quota)
 
@@ -341,11 +351,18 @@ class Tenancy:
         return key
 
     @staticmethod
-    def _check_fits(limits: Limits, tokens: int) -> None:
+    def _check_fits(limits: Limits, tokens: int, width: int) -> None:
         # The tenant's max_tokens was applied when the plan was made (planning's cap).
+        if limits.concurrency is not None and width > limits.concurrency:
+            raise OversizeError(
+                f"This request runs {width} sequences at once, more than your "
+                f"max_concurrency of {limits.concurrency} sequences in flight; lower n "
+                "(or best_of), or send fewer prompts.",
+                param="n",
+            )
         room = limits.largest_reservation()
         if room is not None and tokens > room:
-            raise InvalidRequestError(
+            raise OversizeError(
                 f"This request can use up to {tokens} tokens (prompt plus max_tokens for each "
                 f"choice), more than your token limit can ever hold ({gcra.whole(room)}); "
                 "lower max_tokens or n.",
@@ -375,27 +392,3 @@ class Tenancy:
         if self._outage:
             self._outage = False
             logger.warning("the rate-limit store is reachable again")
-
-
-def _rate_limit_error(tenant: TenantPolicy, rejected: Rejected) -> RateLimitError:
-    retry = max(rejected.retry_after, 0.001)
-    headers = {
-        **rate_limit_headers(rejected.quota),
-        "Retry-After": str(math.ceil(retry)),
-        "retry-after-ms": str(math.ceil(retry * 1000)),
-    }
-    what = {
-        "requests": (f"requests per minute (limit {tenant.requests_per_minute})", "requests"),
-        "tokens": (f"tokens per minute (limit {tenant.tokens_per_minute})", "tokens"),
-        "tokens_per_day": (f"tokens per day (limit {tenant.tokens_per_day})", "tokens"),
-        "concurrency": (
-            f"requests in flight at once (limit {tenant.max_concurrency})",
-            "requests",
-        ),
-    }[rejected.limit]
-    return RateLimitError(
-        f"Rate limit reached for {what[0]} of tenant {tenant.name}. "
-        f"Please try again in {duration(retry)}.",
-        headers=headers,
-        kind=what[1],
-    )

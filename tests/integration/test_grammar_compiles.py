@@ -130,4 +130,4 @@ def test_a_grammar_past_its_compile_deadline_is_a_400_naming_its_field(
     error = caught.value.body
     assert isinstance(error, dict)
     assert error["param"] == field
-    assert "guided_decoding_compile_timeout_ms" in error["message"]
+    assert "smaller or shallower" in error["message"]

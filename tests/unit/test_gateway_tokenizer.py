@@ -157,3 +157,21 @@ async def test_short_inputs_stay_on_the_loop_and_long_ones_go_to_the_executor(
     )
     encoded = tokenizer._tokenizer.encode(long_text, add_special_tokens=True)
     assert long.ids == tuple(encoded)
+
+
+async def test_a_batch_of_short_prompts_is_one_job_off_the_loop(tiny_model_dir: Path) -> None:
+    """Each short prompt alone stays on the loop; thousands of them together do not."""
+    texts = [f"prompt {i}" for i in range(2000)]
+    with CountingExecutor() as pool:
+        tokenizer = PromptTokenizer.load(str(tiny_model_dir), pool)
+        few = await tokenizer.text_prompts(texts[:3])
+        assert pool.submitted == 0
+        batch = await tokenizer.text_prompts(texts)
+        assert pool.submitted == 1
+        ids = await tokenizer.token_prompts(
+            [(list(p.ids), f"prompt[{i}]") for i, p in enumerate(batch)]
+        )
+        assert pool.submitted == 2
+    assert [p.ids for p in few] == [p.ids for p in batch[:3]]
+    assert [p.text for p in batch] == texts
+    assert [p.token_count for p in ids] == [p.token_count for p in batch]

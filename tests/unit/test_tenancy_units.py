@@ -21,6 +21,7 @@ from gateway.tenancy.config import (
     check_policy,
     check_tenancy,
 )
+from gateway.tenancy.costs import reservation
 from gateway.tenancy.gcra import Limit
 from gateway.tenancy.keys import (
     KeyRing,
@@ -32,7 +33,8 @@ from gateway.tenancy.keys import (
     presented_key,
 )
 from gateway.tenancy.quota import HEADROOM, Limits, Quota, far_from_limits
-from gateway.tenancy.service import Tenancy, duration, rate_limit_headers, reservation
+from gateway.tenancy.refusals import duration, rate_limit_headers
+from gateway.tenancy.service import Tenancy
 
 PER_SECOND = Limit("requests", rate=60, period=60, capacity=3)  # one a second, three at once
 

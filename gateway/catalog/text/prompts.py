@@ -138,6 +138,20 @@ class PromptTokenizer:
         """A prompt given as token ids, as text the preprocessing turns back into them."""
         return await self._run(len(ids) * 4, self._token_prompt, ids, param)
 
+    async def text_prompts(self, texts: Sequence[str]) -> list[Prompt]:
+        """Several raw completion prompts, tokenized in one call: on the loop when they are
+        short together, else off it in one executor job (a batch takes one of the executor's
+        threads, never one hop per prompt)."""
+        chars = sum(len(text) for text in texts)
+        return await self._run(chars, lambda: [self._text_prompt(text) for text in texts])
+
+    async def token_prompts(self, prompts: Sequence[tuple[list[int], str]]) -> list[Prompt]:
+        """Several prompts of token ids (each with the field it came from), as ``text_prompts``."""
+        chars = sum(len(ids) * 4 for ids, _ in prompts)
+        return await self._run(
+            chars, lambda: [self._token_prompt(ids, param) for ids, param in prompts]
+        )
+
     async def count(self, text: str) -> int:
         """Tokens in generated text (no special tokens)."""
         return await self._run(len(text), self._count, text)

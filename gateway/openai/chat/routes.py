@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from gateway.openai.bounds import check_chat_bounds
 from gateway.openai.chat.plan import plan_chat
 from gateway.openai.chat.shape import chat_chunks, chat_completion
 from gateway.openai.pipeline import Endpoint, route
@@ -10,6 +11,7 @@ from gateway.openai.protocol import ChatCompletionRequest
 CHAT = Endpoint(
     operation="chat",
     schema=ChatCompletionRequest,
+    bounds=check_chat_bounds,
     planner=plan_chat,
     id_prefix="chatcmpl",
     chunks=chat_chunks,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Awaitable
 from typing import Any
 
@@ -39,17 +38,18 @@ def check_completion(request: CompletionRequest, max_n: int) -> None:
         raise InvalidRequestError("suffix is not supported.", param="suffix")
 
 
-def _prompts(model: ServedModel, prompt: str | list[Any]) -> list[Awaitable[Prompt]]:
-    """Text, texts, token ids or lists of token ids, as OpenAI's ``prompt`` takes them."""
+def _prompts(model: ServedModel, prompt: str | list[Any]) -> Awaitable[list[Prompt]]:
+    """Text, texts, token ids or lists of token ids, as OpenAI's ``prompt`` takes them; a list
+    is tokenized as one batch."""
     tokenizer = model.tokenizer
     if isinstance(prompt, str):
-        return [tokenizer.text_prompt(prompt)]
+        return _one(tokenizer.text_prompt(prompt))
     if all(isinstance(item, str) for item in prompt):
-        return [tokenizer.text_prompt(item) for item in prompt]
+        return tokenizer.text_prompts(prompt)
     if all(_is_token(item) for item in prompt):
-        return [tokenizer.token_prompt(prompt, "prompt")]
+        return _one(tokenizer.token_prompt(prompt, "prompt"))
     if all(isinstance(item, list) and item and all(map(_is_token, item)) for item in prompt):
-        return [tokenizer.token_prompt(ids, f"prompt[{i}]") for i, ids in enumerate(prompt)]
+        return tokenizer.token_prompts([(ids, f"prompt[{i}]") for i, ids in enumerate(prompt)])
     raise InvalidRequestError(
         "prompt must be a string, a list of strings, a list of token ids or a list of "
         "non-empty lists of token ids.",
@@ -68,6 +68,10 @@ def _refuse_image_tokens(prompts: list[Prompt], vision: VisionInputs, single: bo
             )
 
 
+async def _one(prompt: Awaitable[Prompt]) -> list[Prompt]:
+    return [await prompt]
+
+
 def _is_token(item: object) -> bool:
     return isinstance(item, int) and not isinstance(item, bool)
 
@@ -78,9 +82,7 @@ async def plan_completion(
     """The backend requests answering a text completion, ``n`` per prompt, each choice within
     ``max_tokens_cap`` as in ``plan_chat``."""
     check_completion(request, model.route.max_n)
-    pending = _prompts(model, request.prompt)
-    # One prompt is awaited in place: gathering makes it a task, a turn of the loop later.
-    prompts = [await pending[0]] if len(pending) == 1 else list(await asyncio.gather(*pending))
+    prompts = await _prompts(model, request.prompt)
     if model.vision is not None:
         _refuse_image_tokens(prompts, model.vision, isinstance(request.prompt, str))
     requested = given(request.max_tokens)

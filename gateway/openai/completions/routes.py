@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from gateway.openai.bounds import check_completion_bounds
 from gateway.openai.completions.plan import plan_completion
 from gateway.openai.completions.shape import completion_chunks, text_completion
 from gateway.openai.pipeline import Endpoint, route
@@ -10,6 +11,7 @@ from gateway.openai.protocol import CompletionRequest
 TEXT = Endpoint(
     operation="text_completion",
     schema=CompletionRequest,
+    bounds=check_completion_bounds,
     planner=plan_completion,
     id_prefix="cmpl",
     chunks=completion_chunks,

@@ -40,14 +40,20 @@ def audience(request: Request[Any, Any, Any], state: State) -> Audience:
 
 
 def _adapter_card(adapter: LoadedAdapter, base: ServedModel, audience: Audience) -> ModelCard:
-    return adapter_card(adapter, base, admin=audience.admin)
+    return adapter_card(
+        adapter, base, admin=audience.admin, max_choices=audience.tenant.max_choices
+    )
 
 
 @get("/v1/models")
 async def list_models(registry: ModelRegistry, audience: Audience) -> ModelList:
     """Every served model and LoRA adapter the caller may use; adapters name their parent."""
     tenant = audience.tenant
-    cards = [model_card(model) for model in registry if tenant.allows_model(model.name)]
+    cards = [
+        model_card(model, tenant.max_choices)
+        for model in registry
+        if tenant.allows_model(model.name)
+    ]
     for adapter in registry.adapters:
         base = registry.base_model(adapter.base)
         visible = base is not None and tenant.allows_model(base.name)
@@ -66,4 +72,4 @@ async def retrieve_model(model_id: str, registry: ModelRegistry, audience: Audie
     base = registry.base_model(model.base) if model.base is not None else None
     if base is not None and found is not None:
         return _adapter_card(found, base, audience)
-    return model_card(model)
+    return model_card(model, tenant.max_choices)

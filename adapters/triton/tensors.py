@@ -96,9 +96,14 @@ def _cache_salt(salt: int, model: ModelInputs) -> list[WireTensor]:
         return [WireTensor("cache_salt_id", "UINT64", [[salt]])]
     if not model.reuses_kv_cache:
         return []
-    raise InvalidRequest(UNSALTED.format(model=model.name))
+    raise InvalidRequest(UNSALTED_REFUSAL, param="model", detail=UNSALTED.format(model=model.name))
 
 
+UNSALTED_REFUSAL = (
+    "This model shares its cached prompts across tenants and is not configured to keep them "
+    "apart, so it serves no tenant's scoped requests; ask the operator to configure it."
+)
+"""What a tenant is told; the operator's log has ``UNSALTED``, which names the Triton model."""
 UNSALTED = (
     "model {model} reuses cached prompts across requests but its config declares no "
     "cache_salt_id input, so it cannot keep one tenant's cached prompts from another's; the "

@@ -102,6 +102,8 @@ def test_serve_exits_with_the_reason_when_a_sidecar_cannot_load(
     """Not a banner and a gateway that is never ready: exit 1, the engine's error, no leftovers."""
     empty = tmp_path / "no-model"
     empty.mkdir()
+    # A folder with something in it passes the checks at start; only the engine finds no model.
+    (empty / "notes.txt").write_text("no weights here")
     config = tmp_path / "gateway.yaml"
     config.write_text(
         "sidecars:\n  inline:\n    models:\n      - name: m\n"

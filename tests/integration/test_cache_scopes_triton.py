@@ -145,7 +145,9 @@ def test_an_adapter_does_not_reuse_the_base_models_blocks_within_a_scope(
 def test_a_stock_config_is_refused_to_scoped_tenants_unless_shared(gateway: LiveGateway) -> None:
     response = _chat(gateway, "team-a", UNSHARED_STOCK, _system("stock"))
     assert response.status_code == 400
-    assert "declares no cache_salt_id" in response.json()["error"]["message"]
+    error = response.json()["error"]
+    assert "not configured to keep them apart" in error["message"] and error["param"] == "model"
+    assert "cache_salt_id" not in error["message"]
     system = _system("stock shared")
     assert _cached(gateway, "team-a", ACCUMULATING_BLS_MODEL, system) == 0
     # The operator's shared_kv_cache: every tenant shares the model's cache.

@@ -485,7 +485,7 @@ def test_tenants_of_a_stock_config_are_refused_or_share_only_by_the_operators_wo
             for tenant in keys:
                 assert chat(tenant, "ensemble").choices[0].message.content
             return
-        with pytest.raises(openai.BadRequestError, match="declares no cache_salt_id"):
+        with pytest.raises(openai.BadRequestError, match="not configured to keep them apart"):
             chat("team-a", "ensemble")
         first, second = chat("team-a", "shared").usage, chat("team-b", "shared").usage
         assert first is not None and second is not None

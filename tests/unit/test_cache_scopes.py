@@ -201,8 +201,9 @@ def test_the_adapter_sends_the_salt_where_the_model_takes_it() -> None:
 
 def test_a_model_that_cannot_salt_its_reused_cache_refuses_a_scoped_request() -> None:
     for reuse in ("true", None):  # unstated: the engine may reuse
-        with pytest.raises(InvalidRequest, match="declares no cache_salt_id"):
+        with pytest.raises(InvalidRequest, match="not configured to keep them apart") as caught:
             _sent(_config(False, reuse), 5)
+        assert "declares no cache_salt_id" in caught.value.detail
     assert "cache_salt_id" not in _sent(_config(False, "false"), 5)  # no cache to share
     assert "cache_salt_id" not in _sent(_config(False, "true"), None)
 

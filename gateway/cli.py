@@ -22,6 +22,7 @@ from gateway.settings import (
     sidecar_served,
 )
 from gateway.tenancy import TenancySettings
+from gateway.tenancy.config import resolve_store
 from gateway.tenancy.keys import digest, new_key
 
 logger = logging.getLogger(__name__)
@@ -59,12 +60,19 @@ def demo_settings(host: str, port: int) -> Settings:
     )
 
 
-def serve(settings: Settings) -> int:
+def serve(settings: Settings, settings_dir: Path | None = None) -> int:
     """Run the gateway until SIGTERM or Ctrl-C drains it; sidecars stop with it. With
-    ``server.workers`` above one, a parent process supervises that many workers."""
+    ``server.workers`` above one, a parent process supervises that many workers.
+
+    ``settings_dir`` is the folder of the settings file served, where ``tenancy.store.kind:
+    auto`` keeps the embedded store's file."""
     from gateway.observability import configure_logging
     from gateway.ops.preflight import check_before_start
 
+    tenancy = resolve_store(
+        settings.tenancy, settings_dir=settings_dir, workers=settings.server.workers
+    )
+    settings = msgspec.structs.replace(settings, tenancy=tenancy)
     configure_logging(settings.log_level, settings.observability.log_format)
     check_before_start(settings)
     server = settings.server
@@ -167,7 +175,8 @@ def _serve(args: argparse.Namespace) -> int:
     server = msgspec.structs.replace(
         server, host=args.host or server.host, port=args.port or server.port
     )
-    return serve(msgspec.structs.replace(settings, server=server))
+    settings_dir = Path(args.config).resolve().parent
+    return serve(msgspec.structs.replace(settings, server=server), settings_dir)
 
 
 def _demo(args: argparse.Namespace) -> int:

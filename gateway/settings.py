@@ -279,6 +279,12 @@ def check_settings(settings: Settings) -> None:
         check_tenancy(settings.tenancy)
     except TenancyConfigError as exc:
         raise SettingsError(f"invalid tenancy settings: {exc}") from exc
+    if settings.server.workers > 1 and settings.tenancy.store.kind == "memory":
+        raise SettingsError(
+            f"tenancy.store.kind: memory counts limits in each of the {settings.server.workers} "
+            "workers apart: leave tenancy.store.kind unset (the embedded store), or set "
+            "kind: embedded or kind: redis"
+        )
     metrics = settings.observability.metrics
     if metrics.auth == "admin" and settings.tenancy.admin_key_sha256 is None:
         raise SettingsError(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import fnmatch
 import hashlib
 import re
+from pathlib import Path
 from typing import Literal
 
 import msgspec
@@ -101,16 +102,21 @@ class KeyEntry(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
 class StoreSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Where limits are counted: in this process, or in Redis shared by every replica."""
 
-    kind: Literal["memory", "redis", "embedded"] = "memory"
-    """``memory``: limits counted in this process, tenants and keys only from this file (the
-    admin API cannot change them). ``redis``: the Redis at ``url``, shared by every replica.
-    ``embedded``: a redis-server this gateway runs itself on a private socket, kept in the file
-    ``path`` across restarts, so that the admin API's changes last with nothing to set up."""
+    kind: Literal["auto", "memory", "redis", "embedded"] = "auto"
+    """``auto``: ``triton-gateway serve`` picks ``embedded``, kept in ``tenancy.rdb`` beside the
+    settings file, where keys, tenants or an admin key are configured (or ``server.workers``
+    is above one), and ``memory`` otherwise; an app built by ``create_app`` counts in
+    ``memory``. ``memory``: limits counted in this process, tenants and keys only from this
+    file (the admin API cannot change them; one worker only). ``redis``: the Redis at ``url``,
+    shared by every replica. ``embedded``: a redis-server this gateway runs itself on a
+    private socket, kept in the file ``path`` across restarts, so that the admin API's changes
+    last with nothing to set up."""
     url: str = "redis://127.0.0.1:6379/0"
     """Redis URL (``redis://``, ``rediss://``, ``unix://``) of ``kind: redis``."""
     path: str | None = None
     """File the embedded store (``kind: embedded``) keeps its data in, relative to the settings
-    file; unset, the data lasts until the gateway stops."""
+    file; unset, the data lasts until the gateway stops (``kind: auto`` sets it to
+    ``tenancy.rdb`` beside the settings file)."""
     timeout_s: float = 0.25
     """Longest a Redis call may take before the failure policy applies."""
     on_failure: Literal["open", "closed"] = "open"
@@ -142,6 +148,36 @@ class TenancySettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     """The policy of every request while ``auth`` is off."""
     store: StoreSettings = StoreSettings()
     """Where limits are counted."""
+
+
+STORE_FILE = "tenancy.rdb"
+"""The embedded store's file, beside the settings file, where ``kind: auto`` picks it."""
+
+
+def tenancy_on(settings: TenancySettings) -> bool:
+    """Whether the settings have tenants to keep: auth on, tenants or an admin key."""
+    return settings.auth or bool(settings.tenants) or settings.admin_key_sha256 is not None
+
+
+def resolve_store(
+    settings: TenancySettings, *, settings_dir: Path | None, workers: int
+) -> TenancySettings:
+    """The store ``kind: auto`` means for a gateway served from a settings file in
+    ``settings_dir`` (None: settings built in code) with ``workers`` processes: the embedded
+    store, kept beside the file, where there are tenants to keep; the embedded store, kept
+    nowhere, where only several workers need to share the limits; memory otherwise. Any other
+    kind is the operator's word and is kept."""
+    store = settings.store
+    if store.kind != "auto":
+        return settings
+    if settings_dir is not None and tenancy_on(settings):
+        path = store.path or str(settings_dir / STORE_FILE)
+        store = msgspec.structs.replace(store, kind="embedded", path=path)
+    elif workers > 1:
+        store = msgspec.structs.replace(store, kind="embedded")
+    else:
+        store = msgspec.structs.replace(store, kind="memory")
+    return msgspec.structs.replace(settings, store=store)
 
 
 class TenancyConfigError(ValueError):

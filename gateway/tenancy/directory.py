@@ -244,10 +244,11 @@ class Directory:
     def _require(self) -> aioredis.Redis:
         if self._client is None:
             raise DirectoryReadOnly(
-                "tenants and keys change at run time only with a Redis store: set "
-                "tenancy.store.kind: embedded (a redis-server the gateway runs itself, kept in "
-                "tenancy.store.path) or kind: redis with its url, and restart; with "
-                "kind: memory, edit the configuration file instead"
+                "tenants and keys change at run time only with a Redis store, and this "
+                "gateway counts in memory: remove tenancy.store.kind: memory from the settings "
+                "file (triton-gateway serve then runs the embedded store, kept in tenancy.rdb "
+                "beside the file), or set kind: embedded or kind: redis with its url, and "
+                "restart; with kind: memory, edit the settings file instead"
             )
         return self._client
 

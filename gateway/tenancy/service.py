@@ -178,9 +178,12 @@ class Tenancy:
             return "auth: OFF (tenancy.auth: false) - anyone who reaches this port may use it"
         snapshot = self.directory.snapshot
         admin = "on" if self.settings.admin_key_sha256 is not None else "off"
+        # ``auto`` counts in memory here: ``triton-gateway serve`` resolves it before building
+        # the app, so the line names what runs rather than what was written.
+        store = "redis" if self.redis is not None else "memory, tenants and keys from the file"
         return (
             f"auth: on, {len(snapshot.tenants)} tenant(s) and {len(snapshot.keys)} key(s) in "
-            f"force, limits in {self.settings.store.kind}, admin API {admin}"
+            f"force, limits in {store}, admin API {admin}"
         )
 
     def cache_salt(

@@ -44,10 +44,10 @@ def worker_settings(settings: Settings, redis: EmbeddedRedis | None) -> Settings
 
 
 def needs_embedded_redis(settings: Settings) -> bool:
-    """The embedded store asked for, or several workers and limits that would otherwise be
-    counted per process."""
+    """The embedded store asked for, or several workers sharing limits in a store left to
+    ``auto`` (several workers with ``memory`` named are refused)."""
     kind = settings.tenancy.store.kind
-    return kind == "embedded" or (settings.server.workers > 1 and kind == "memory")
+    return kind == "embedded" or (settings.server.workers > 1 and kind == "auto")
 
 
 def embedded_data_file(settings: Settings) -> Path | None:

@@ -74,7 +74,8 @@ def gateway_config(
         "tenancy": {
             "tenants": [tenant],
             "keys": [{"tenant": "bench", "sha256": digest(KEY)}],
-            "store": {"kind": "memory", "send_ahead": send_ahead},
+            # Several workers share their limits in the embedded store, kept in no file.
+            "store": {"kind": "memory" if workers == 1 else "embedded", "send_ahead": send_ahead},
         },
         "server": {"workers": workers},
         "limits": {"request_timeout_s": 600},

@@ -1,15 +1,26 @@
-"""The embedded store: a real redis-server the gateway runs, keeping its data in a file."""
+"""The embedded store: a real redis-server the gateway runs, keeping its data in a file; the
+store a settings file gets when it names none."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
+import httpx
 import msgspec
+import pytest
 import redis
 
+from deploy.sidecar.supervisor import Sidecar
 from gateway.settings import load_settings
+from gateway.tenancy.keys import digest, new_key
 from gateway.workers.pool import embedded_data_file, needs_embedded_redis, worker_settings
 from gateway.workers.redis import EmbeddedRedis
+from tests.support.gateway import serve_process, stop_process
+
+TEAM_KEY = new_key()
+ADMIN_KEY = new_key()
+ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
 
 
 def test_its_data_survives_a_restart(tmp_path: Path) -> None:
@@ -42,7 +53,7 @@ def test_the_settings_name_it_and_its_file_beside_them(tmp_path: Path) -> None:
 
 
 def test_memory_is_kept_only_with_one_worker(tmp_path: Path) -> None:
-    (tmp_path / "gateway.yaml").write_text("tenancy: {auth: false, store: {kind: memory}}\n")
+    (tmp_path / "gateway.yaml").write_text("tenancy: {auth: false}\n")
     settings = load_settings(tmp_path / "gateway.yaml")
     assert not needs_embedded_redis(settings)
     two = msgspec.structs.replace(
@@ -50,3 +61,81 @@ def test_memory_is_kept_only_with_one_worker(tmp_path: Path) -> None:
     )
     assert needs_embedded_redis(two)
     assert embedded_data_file(two) is None
+
+
+def _served(sidecar: Sidecar, model_dir: Path, **store: str) -> dict[str, Any]:
+    """A settings file a user writes: a model, a tenant and its key, an admin key, and the
+    store only where ``store`` names one."""
+    tenancy: dict[str, Any] = {
+        "tenants": [{"name": "team", "requests_per_minute": 600}],
+        "keys": [{"tenant": "team", "sha256": digest(TEAM_KEY)}],
+        "admin_key_sha256": digest(ADMIN_KEY),
+    }
+    if store:
+        tenancy["store"] = store
+    model = {"name": "tiny", "triton_url": sidecar.grpc_url, "triton_model": "tiny_ensemble",
+             "tokenizer_dir": str(model_dir)}  # fmt: skip
+    return {"models": [model], "limits": {"drain_delay_s": 0, "shutdown_grace_s": 2},
+            "tenancy": tenancy}  # fmt: skip
+
+
+def _tenant(url: str) -> dict[str, Any]:
+    listed = httpx.get(f"{url}/admin/tenants", headers=ADMIN).json()["data"]
+    return {tenant["name"]: tenant for tenant in listed}["team"]
+
+
+def _opens(url: str, key: str) -> int:
+    headers = {"Authorization": f"Bearer {key}"}
+    return httpx.get(f"{url}/v1/models", headers=headers).status_code
+
+
+@pytest.mark.slow
+def test_a_file_naming_no_store_keeps_admin_changes_beside_it_across_a_restart(
+    sidecar: Sidecar, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    config = _served(sidecar, tiny_model_dir)
+    url, process = serve_process(config, tmp_path, "gateway")
+    try:
+        patched = httpx.patch(
+            f"{url}/admin/tenants/team", json={"requests_per_minute": 100}, headers=ADMIN
+        )
+        assert patched.status_code == 200, patched.text
+        made = httpx.post(f"{url}/admin/keys", json={"tenant": "team"}, headers=ADMIN)
+        assert made.status_code == 201, made.text
+        key = made.json()["key"]
+        assert _opens(url, key) == 200
+    finally:
+        stop_process(process)
+    log = (tmp_path / "gateway.log").read_text()
+    assert f"embedded redis-server, kept in {tmp_path / 'tenancy.rdb'}" in log
+    assert (tmp_path / "tenancy.rdb").is_file()
+
+    url, process = serve_process(config, tmp_path, "gateway")
+    try:
+        assert _tenant(url)["requests_per_minute"] == 100
+        assert _opens(url, key) == 200
+        assert _opens(url, TEAM_KEY) == 200
+    finally:
+        stop_process(process)
+
+
+@pytest.mark.slow
+def test_memory_named_answers_admin_writes_with_what_to_change(
+    sidecar: Sidecar, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    config = _served(sidecar, tiny_model_dir, kind="memory")
+    url, process = serve_process(config, tmp_path, "gateway")
+    try:
+        patched = httpx.patch(
+            f"{url}/admin/tenants/team", json={"requests_per_minute": 100}, headers=ADMIN
+        )
+        made = httpx.post(f"{url}/admin/keys", json={"tenant": "team"}, headers=ADMIN)
+    finally:
+        stop_process(process)
+    for answer in (patched, made):
+        assert answer.status_code == 409
+        message = answer.json()["error"]["message"]
+        assert "remove tenancy.store.kind: memory from the settings file" in message
+        assert "kind: embedded" in message
+    assert "limits in memory" in (tmp_path / "gateway.log").read_text()
+    assert not (tmp_path / "tenancy.rdb").exists()

@@ -62,8 +62,9 @@ tenancy:
     - {{tenant: team-a, sha256: {team_a}, name: starter}}
     - {{tenant: team-b, sha256: {team_b}, name: starter}}
   # A redis-server the gateway runs itself, kept in tenancy.rdb beside this file: the admin
-  # API's tenant and key changes survive a restart. `kind: redis` with a `url` shares one Redis
-  # between several gateways; `kind: memory` keeps nothing and the admin API cannot change it.
+  # API's tenant and key changes survive a restart. It is also what a file naming no store
+  # gets. `kind: redis` with a `url` shares one Redis between several gateways; `kind: memory`
+  # keeps nothing and the admin API cannot change it.
   store: {{kind: embedded, path: tenancy.rdb}}
 """
 

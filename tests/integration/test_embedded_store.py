@@ -80,7 +80,7 @@ def _served(sidecar: Sidecar, model_dir: Path, **store: str) -> dict[str, Any]:
 
 
 def _tenant(url: str) -> dict[str, Any]:
-    listed = httpx.get(f"{url}/admin/tenants", headers=ADMIN).json()["data"]
+    listed: list[dict[str, Any]] = httpx.get(f"{url}/admin/tenants", headers=ADMIN).json()["data"]
     return {tenant["name"]: tenant for tenant in listed}["team"]
 
 
@@ -136,6 +136,6 @@ def test_memory_named_answers_admin_writes_with_what_to_change(
         assert answer.status_code == 409
         message = answer.json()["error"]["message"]
         assert "remove tenancy.store.kind: memory from the settings file" in message
-        assert "kind: embedded" in message
+        assert "set tenancy.store.kind: embedded" in message
     assert "limits in memory" in (tmp_path / "gateway.log").read_text()
     assert not (tmp_path / "tenancy.rdb").exists()

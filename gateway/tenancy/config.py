@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import fnmatch
+import functools
 import hashlib
 import re
 from pathlib import Path
@@ -67,12 +68,7 @@ class TenantPolicy(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
         client's ``cache_salt`` within it) alone: a named scope and a tenant's own scope hash
         apart, whatever they are called, and no client salt reaches another scope."""
         kind, name = ("scope", self.cache_scope) if self.cache_scope else ("tenant", self.name)
-        parts = [kind, name] if client is None else [kind, name, "client", client]
-        digest = hashlib.blake2b(digest_size=8, person=b"kv-cache-scope")
-        for part in parts:
-            raw = part.encode()
-            digest.update(len(raw).to_bytes(8, "little") + raw)
-        return int.from_bytes(digest.digest(), "little")
+        return _scope_salt(kind, name, client)
 
     def allows_model(self, name: str) -> bool:
         """Whether the tenant may use the model called ``name``."""
@@ -243,3 +239,15 @@ def check_key(key: KeyEntry) -> None:
         raise PolicyError("a key's name must be at most 128 printable ASCII characters", "name")
     if not SHA256.fullmatch(key.sha256):
         raise PolicyError(f"key {key.name or key.sha256!r}: sha256 must be 64 hex digits", "sha256")
+
+
+@functools.lru_cache(maxsize=4096)
+def _scope_salt(kind: str, name: str, client: str | None) -> int:
+    """The salt of a scope (``kind`` ``scope`` or ``tenant``), computed once per scope and
+    client salt rather than on every request."""
+    parts = [kind, name] if client is None else [kind, name, "client", client]
+    digest = hashlib.blake2b(digest_size=8, person=b"kv-cache-scope")
+    for part in parts:
+        raw = part.encode()
+        digest.update(len(raw).to_bytes(8, "little") + raw)
+    return int.from_bytes(digest.digest(), "little")

@@ -274,11 +274,14 @@ class Tenancy:
         """The 429 at once, before the request's body is read, for a tenant whose last answer
         shows its request limit spent until now: a flood of large bodies costs no decoding."""
         known = self._known.get(tenant.name)
+        if known is None or known.requests is None:
+            return
+        limits = Limits.of(tenant)
         elapsed = time.monotonic() - self._known_at.get(tenant.name, 0.0)
-        limit = Limits.of(tenant).requests
-        left = requests_left(Limits.of(tenant), known, elapsed)
+        limit = limits.requests
+        left = requests_left(limits, known, elapsed)
         # Within the store's own rounding of a whole request: the store decides those.
-        if left is None or left > 1 - 1e-6 or limit is None or known is None:
+        if left is None or left > 1 - 1e-6 or limit is None:
             return
         self.metrics.record_rate_limited(tenant.name, "requests")
         raise rate_limit_error(tenant, Rejected("requests", (1 - left) * limit.interval, known))

@@ -54,6 +54,11 @@ _LATE_GUIDE = (
     "The requested output format (response_format, or a tool's parameters) took too long to "
     "compile; send a smaller or shallower schema."
 )
+_BUSY_GUIDE = (
+    "The requested output format (response_format, or a tool's parameters) took too long to "
+    "compile: the model's grammar compiler was busy; try again shortly, or send a smaller or "
+    "shallower schema."
+)
 _REFUSED = ("The model refused a parameter of this request; check its values.", None)
 
 # Refusals of the request, with what the client is told and the field at fault: Triton's and the
@@ -118,7 +123,9 @@ def classify(message: str, status: str | None = None) -> BackendError:
     if any(needle in lowered for needle in _BEAM_WIDTH_RULES):
         return InvalidRequest(BEAM_WIDTH_REFUSED, param=BEAM_WIDTH, detail=message)
     if GUIDE in lowered:
-        said = _LATE_GUIDE if "did not compile within" in lowered else _BAD_GUIDE
+        said = _BAD_GUIDE
+        if "did not compile within" in lowered:
+            said = _BUSY_GUIDE if "compile slots were busy" in lowered else _LATE_GUIDE
         return InvalidRequest(said, param=GUIDE, detail=message)
     for needle, error in _MESSAGE_RULES:
         if needle in lowered:

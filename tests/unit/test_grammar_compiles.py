@@ -12,7 +12,13 @@ from typing import Any
 
 import pytest
 
-from deploy.triton.engine.grammars import GrammarCompiles, GrammarReady, GrammarWait, GrammarWaits
+from deploy.triton.engine.grammars import (
+    CompileSlots,
+    GrammarCompiles,
+    GrammarReady,
+    GrammarWait,
+    GrammarWaits,
+)
 from deploy.triton.engine.types import EngineError, GuideRequest
 
 WAIT_S = 30.0
@@ -194,3 +200,55 @@ def test_waiting_requests_wake_their_engine_once_their_grammar_is_ready() -> Non
     assert [w.request_id for w in woken] == ["r2", "r1"]
     assert waits.drain() == ["entry 1"]
     assert waits.drain() == []
+
+
+def test_an_owner_whose_compiles_run_on_holds_one_slot_and_the_others_keep_compiling(
+    compiler: Compiler, pool: GrammarCompiles
+) -> None:
+    """A tenant (its ``cache_salt_id``) whose grammars compile for minutes takes one of the two
+    slots; another tenant's fresh grammar compiles in the other while the first's wait."""
+    hostile, quiet = 7, 8
+    first = pool.compile(regex("slow-1"), hostile)
+    compiler.wait_entered()
+    second = pool.compile(regex("slow-2"), hostile)
+    victim = pool.compile(regex("a"), quiet)
+    compiler.wait_entered()
+    assert compiler.calls == ["slow-1", "a"]  # not slow-2, though it asked first
+    compiler.release("a")
+    assert victim.result(WAIT_S) == ("grammar", "a")
+    assert not first.done() and not second.done()
+    compiler.release("slow-1")
+    assert first.result(WAIT_S) == ("grammar", "slow-1")
+    compiler.wait_entered()
+    compiler.release("slow-2")
+    assert second.result(WAIT_S) == ("grammar", "slow-2")
+
+
+def test_compiles_of_no_owner_take_every_slot(compiler: Compiler, pool: GrammarCompiles) -> None:
+    """Without salts (one tenant, or a cache its tenants share) both slots serve at once."""
+    first, second = pool.compile(regex("a")), pool.compile(regex("b"))
+    compiler.wait_entered(2)
+    assert sorted(compiler.calls) == ["a", "b"]
+    compiler.release("a")
+    compiler.release("b")
+    assert first.result(WAIT_S) == ("grammar", "a") and second.result(WAIT_S) == ("grammar", "b")
+
+
+def test_with_two_slots_no_owner_takes_both() -> None:
+    """The second slot stays for others while one owner's compile runs; another owner, or the
+    same one once its compile ended, may take it."""
+    slots = CompileSlots(2)
+    slots.put(7, "slow-1")
+    slots.put(7, "slow-2")
+    assert slots.take() == (7, "slow-1")
+    assert not slots.runnable()  # slow-2 waits though a slot is free
+    slots.put(8, "quiet")
+    assert slots.runnable() and slots.take() == (8, "quiet")
+    slots.release(7)
+    assert slots.take() == (7, "slow-2")
+    slots.put(None, "x")
+    slots.put(None, "y")
+    assert slots.take() == (None, "x")
+    assert slots.runnable() and slots.take() == (None, "y")  # no owner: every slot
+    slots.close()
+    assert slots.take() is None

@@ -132,6 +132,11 @@ LATE_GRAMMAR = (
     "guided_decoding_guide (guide type json_schema) did not compile within 1 s, the limit "
     "guided_decoding_compile_timeout_ms sets: send a smaller or shallower grammar"
 )
+BUSY_GRAMMAR = (
+    "guided_decoding_guide (guide type json_schema) waited for one of the engine's 2 grammar "
+    "compile slots and did not compile within 1 s, the limit guided_decoding_compile_timeout_ms "
+    "sets: the compile slots were busy"
+)
 
 
 TRITON_REFUSAL = (
@@ -146,6 +151,7 @@ TRITON_REFUSAL = (
     [
         LATE_GRAMMAR,
         f"in ensemble 'tiny_ensemble', {LATE_GRAMMAR}",
+        BUSY_GRAMMAR,
         "invalid guided_decoding_guide for guide type json_schema: Unsupported keyword",
     ],
 )
@@ -205,3 +211,9 @@ def test_a_refusal_tells_the_client_no_internals_and_logs_them_under_the_request
     for internal in ("smollm2", "8adc", "request id", "data:", "tensorrt_llm", "ensemble"):
         assert internal not in body.message
     assert message in logged.getMessage() and logged.request_id == "client-7"
+
+
+def test_a_grammar_that_waited_for_a_busy_compiler_is_told_to_try_again() -> None:
+    waited, late = classify(BUSY_GRAMMAR), classify(LATE_GRAMMAR)
+    assert "busy" in str(waited) and "try again" in str(waited)
+    assert "busy" not in str(late)

@@ -8,6 +8,12 @@ compiles (a Python thread kept running at about half its pace beside a 2.9 s com
 longest pause 15 ms), so threads suffice. A thread cannot be stopped: a compile outlives the
 requests that gave up on it and keeps its slot until it ends, which is what bounds the CPU that
 runaway grammars take; its grammar is cached for the next request that asks.
+
+Slots are shared fairly between the requests' owners (their ``cache_salt_id``: the gateway's
+tenant or KV-cache scope): a free slot goes to the owner with the fewest compiles running, and
+with two slots or more no owner holds all of them. A tenant that sends grammars which compile
+for minutes within the gateway's bounds so holds one slot, and the other tenants' grammars keep
+compiling in the rest.
 """
 
 from __future__ import annotations
@@ -17,10 +23,9 @@ import heapq
 import itertools
 import logging
 import os
-import queue
 import threading
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict, deque
 from collections.abc import Callable
 from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field
@@ -42,14 +47,16 @@ Entry = TypeVar("Entry")
 
 def late_message(guide: GuideRequest, timeout_s: float, *, started: bool, slots: int) -> str:
     """What the client reads when its grammar was not ready in time."""
-    where = (
-        "did not compile"
-        if started
-        else f"waited for one of the engine's {slots} grammar compile slots and did not compile"
-    )
+    if started:
+        return (
+            f"guided_decoding_guide (guide type {guide.guide_type}) did not compile within "
+            f"{timeout_s:g} s, the limit guided_decoding_compile_timeout_ms sets: send a smaller "
+            "or shallower grammar"
+        )
     return (
-        f"guided_decoding_guide (guide type {guide.guide_type}) {where} within {timeout_s:g} s, "
-        "the limit guided_decoding_compile_timeout_ms sets: send a smaller or shallower grammar"
+        f"guided_decoding_guide (guide type {guide.guide_type}) waited for one of the engine's "
+        f"{slots} grammar compile slots and did not compile within {timeout_s:g} s, the limit "
+        "guided_decoding_compile_timeout_ms sets: the compile slots were busy"
     )
 
 
@@ -58,6 +65,7 @@ class _Compile:
     """One guide's compile, shared by every request that asks for it while it runs."""
 
     guide: GuideRequest
+    owner: int | None
     waiters: list[Future[Any]] = field(default_factory=list)
     started: bool = False
 
@@ -89,9 +97,9 @@ class GrammarCompiles:
         self._cache: OrderedDict[GuideKey, tuple[Any, int]] = OrderedDict()
         self._cached_bytes = 0
         self._running: dict[GuideKey, _Compile] = {}
+        self._slots = CompileSlots(max_compiles)
         # Daemon threads, not a ThreadPoolExecutor, whose workers the interpreter joins at exit:
         # a runaway compile must not hold up the model's unload.
-        self._queue: queue.SimpleQueue[tuple[GuideKey, _Compile] | None] = queue.SimpleQueue()
         self._workers = [
             threading.Thread(target=self._work, name=f"grammar-compile-{n}", daemon=True)
             for n in range(max_compiles)
@@ -113,8 +121,9 @@ class GrammarCompiles:
             cache_bytes=settings.cache_mb << 20,
         )
 
-    def compile(self, guide: GuideRequest) -> Future[Any]:
-        """The compiled grammar of ``guide``, when it is ready."""
+    def compile(self, guide: GuideRequest, owner: int | None = None) -> Future[Any]:
+        """The compiled grammar of ``guide``, when it is ready; ``owner`` (the request's
+        ``cache_salt_id``) is whose share of the compile slots a new compile takes."""
         key: GuideKey = (guide.guide_type, guide.guide)
         waiter: Future[Any] = Future()
         with self._lock:
@@ -125,8 +134,8 @@ class GrammarCompiles:
                 return waiter
             job = self._running.get(key)
             if job is None:
-                job = self._running[key] = _Compile(guide)
-                self._queue.put((key, job))
+                job = self._running[key] = _Compile(guide, owner)
+                self._slots.put(owner, (key, job))
             job.waiters.append(waiter)
         self._deadlines.add(time.monotonic() + self.timeout_s, (key, waiter))
         return waiter
@@ -139,18 +148,20 @@ class GrammarCompiles:
     def shutdown(self) -> None:
         """Stop the deadline thread and the compile threads (each after its compile, if any)."""
         self._deadlines.stop()
-        for _ in self._workers:
-            self._queue.put(None)
+        self._slots.close()
 
     def _work(self) -> None:
         # Linux gives each thread its own nice value, and threads xgrammar starts inherit it.
         with contextlib.suppress(OSError, AttributeError):
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), COMPILE_NICENESS)
-        while (item := self._queue.get()) is not None:
+        while (taken := self._slots.take()) is not None:
+            owner, item = taken
             try:
                 self._run(*item)
             except Exception:
                 logger.exception("grammar compile failed")
+            finally:
+                self._slots.release(owner)
 
     def _run(self, key: GuideKey, job: _Compile) -> None:
         with self._lock:
@@ -198,6 +209,71 @@ class GrammarCompiles:
             waiter, late_message(guide, self.timeout_s, started=started, slots=self.max_compiles)
         ):
             logger.warning("a %s grammar missed its compile deadline", guide.guide_type)
+
+
+class CompileSlots:
+    """The compiles waiting for a slot, by owner: ``take`` gives a free slot the oldest compile
+    of the owner with the fewest running (the owners' turns rotate among equals), and no owner
+    holds more than ``slots - 1`` at once where there are two slots or more. Compiles of no
+    owner (no ``cache_salt_id``: one tenant, or a cache its tenants share) may take every slot."""
+
+    def __init__(self, slots: int) -> None:
+        self._slots = slots
+        self._cap = max(1, slots - 1)
+        self._waiting: OrderedDict[int | None, deque[Any]] = OrderedDict()
+        self._running: Counter[int | None] = Counter()
+        self._ready = threading.Condition()
+        self._closed = False
+
+    def put(self, owner: int | None, item: Any) -> None:
+        with self._ready:
+            self._waiting.setdefault(owner, deque()).append(item)
+            self._ready.notify()
+
+    def take(self) -> tuple[int | None, Any] | None:
+        """The next compile and its owner, once one may run; None once closed."""
+        with self._ready:
+            while not self._closed and not self.runnable():
+                self._ready.wait()
+            if self._closed:
+                return None
+            owner = self._next()
+            items = self._waiting[owner]
+            item = items.popleft()
+            del self._waiting[owner]  # its turn taken: back of the line
+            if items:
+                self._waiting[owner] = items
+            self._running[owner] += 1
+            return owner, item
+
+    def runnable(self) -> bool:
+        """Whether a waiting compile may take a free slot now (a slot being free aside)."""
+        return self._next() is not _NOBODY
+
+    def release(self, owner: int | None) -> None:
+        with self._ready:
+            self._running[owner] -= 1
+            if not self._running[owner]:
+                del self._running[owner]
+            self._ready.notify_all()
+
+    def close(self) -> None:
+        with self._ready:
+            self._closed = True
+            self._ready.notify_all()
+
+    def _next(self) -> Any:
+        eligible = [
+            owner
+            for owner in self._waiting
+            if self._running[owner] < (self._slots if owner is None else self._cap)
+        ]
+        if not eligible:
+            return _NOBODY
+        return min(eligible, key=lambda owner: self._running[owner])
+
+
+_NOBODY = object()
 
 
 def _resolve(waiter: Future[Any], grammar: Any) -> None:

@@ -144,7 +144,7 @@ class Engine:
         if request.guide is not None:
             if self.grammars is None:
                 raise EngineError(NOT_ENABLED)
-            grammar = self.grammars.compile(request.guide)
+            grammar = self.grammars.compile(request.guide, request.cache_salt_id)
         entry = Submission(request, callback, max_new, adapter)
         with self._lock:
             if self._closed:

@@ -236,7 +236,8 @@ def starter(attackers: int) -> Iterator[Starter]:
 def run_attacks(
     served: Starter, seconds: float, attacks: list[tuple[str, list[Attack]]]
 ) -> list[Row]:
-    """The victim quiet (after a warm-up), then beside each attack in turn: the table's rows."""
+    """The victim quiet (after a warm-up), then beside each attack in turn, then quiet again
+    (the machine's other load moves the quiet figure): the table's rows."""
     url, key, pid = served.url, served.victim_key, served.pid
     measure(url, key, pid, 2.0)
     quiet = measure(url, key, pid, seconds)
@@ -245,6 +246,7 @@ def run_attacks(
     for name, attackers in attacks:
         rows.append(Row(name, quiet_p50, measure(url, key, pid, seconds, attackers)))
         print(table(rows[-1:]).splitlines()[-1], flush=True)
+    rows.append(Row("none (quiet, after)", quiet_p50, measure(url, key, pid, seconds)))
     return rows
 
 

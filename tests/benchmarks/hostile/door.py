@@ -40,6 +40,7 @@ import httpx
 
 from deploy.sidecar.models import ensure_tiny_model
 from gateway.tenancy.keys import digest, new_key
+from tests.benchmarks.hostile.runner import rss_mb
 from tests.support.gateway import serve_process, stop_process
 
 GIANT_BYTES = 256 * 1024 * 1024
@@ -79,13 +80,6 @@ class Phase:
         return out
 
 
-def _rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
-
-
 def _cpu_s(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
@@ -94,7 +88,7 @@ def _cpu_s(pid: int) -> float:
 def _sample(pid: int, phase: Phase, stop: threading.Event) -> None:
     started, cpu = time.monotonic(), _cpu_s(pid)
     while not stop.wait(0.25):
-        phase.rss_mib.append(_rss_mib(pid))
+        phase.rss_mib.append(rss_mb(pid))
         phase.fds.append(len(list(Path(f"/proc/{pid}/fd").iterdir())))
     phase.cpu_share = (_cpu_s(pid) - cpu) / (time.monotonic() - started)
 
@@ -132,10 +126,12 @@ def giant_head(port: int, seconds: float, results: Connection) -> None:
     until = time.monotonic() + seconds
     answers: Counter[str] = Counter()
     taken: list[int] = []
+    answered_s: list[float] = []
     for _ in range(MAX_ATTEMPTS):
         if time.monotonic() >= until:
             break
         sent = 0
+        started = time.monotonic()
         with socket.create_connection(
             ("127.0.0.1", port), timeout=seconds, source_address=("127.0.0.2", 0)
         ) as sock:
@@ -148,17 +144,24 @@ def giant_head(port: int, seconds: float, results: Connection) -> None:
                 pass
             answers[_status(sock)] += 1
         taken.append(sent)
+        answered_s.append(time.monotonic() - started)
     results.send(
         {
             "heads": sum(answers.values()),
             "answers": dict(answers),
             "MiB sent per head (median)": round(statistics.median(taken) / 2**20, 1),
+            "seconds to the answer (median)": round(statistics.median(answered_s), 3),
         }
     )
 
 
 async def _loris(
-    port: int, source: str, until: float, trickle_s: float, tally: Counter[str]
+    port: int,
+    source: str,
+    until: float,
+    trickle_s: float,
+    tally: Counter[str],
+    answered_s: list[float],
 ) -> None:
     while time.monotonic() < until:
         try:
@@ -170,6 +173,7 @@ async def _loris(
             await asyncio.sleep(trickle_s)
             continue
         tally["opened"] += 1
+        opened = time.monotonic()
         answer: bytes | None = None
         try:
             writer.write(b"GET /v1/models HTTP/1.1\r\nHost: door\r\n")
@@ -186,6 +190,7 @@ async def _loris(
         if answer is not None:
             status = answer.split(b" ")[1].decode() if answer.startswith(b"HTTP/") else "closed"
             tally[f"answered {status}"] += 1
+            answered_s.append(time.monotonic() - opened)
             # A moment before the next: a flood of new connections is another attack.
             await asyncio.sleep(0.5)
 
@@ -200,14 +205,20 @@ def slowloris(
 ) -> None:
     """(b): half-open connections held open as long as the gateway lets them."""
     tally: Counter[str] = Counter()
+    answered_s: list[float] = []
     until = time.monotonic() + seconds
 
     async def attack() -> None:
         sources = [f"127.0.0.{2 + i % addresses}" for i in range(connections)]
-        await asyncio.gather(*(_loris(port, s, until, trickle_s, tally) for s in sources))
+        await asyncio.gather(
+            *(_loris(port, s, until, trickle_s, tally, answered_s) for s in sources)
+        )
 
     asyncio.run(attack())
-    results.send(dict(tally))
+    outcome: dict[str, Any] = dict(tally)
+    if answered_s:
+        outcome["seconds to the answer (median)"] = round(statistics.median(answered_s), 3)
+    results.send(outcome)
 
 
 def _run_phase(

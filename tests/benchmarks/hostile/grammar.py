@@ -1,199 +1,119 @@
-"""A tenant's latency while another sends deep JSON schemas, each a fresh grammar to compile.
+"""A tenant's latency while another sends JSON schemas, each a fresh grammar to compile.
 
-Serves the tiny model (or SmolLM2) through the gateway with two tenants. ``team-a``, the
-victim, asks one short chat completion after another; its p50 latency is measured alone, then
-while ``team-b`` sends ``response_format`` json_schema objects nested ``--depth`` deep, each
-with fresh property names (no cache holds them), from ``--attackers`` clients for
-``--attack-s`` seconds:
+Two attacks, each schema with fresh property names (no cache holds it), from two clients of
+one attacker tenant, against the runner's starter setup:
 
-    python -m tests.benchmarks.hostile.grammar [--model tiny|smollm2] [--depth 300]
-        [--attack-s 15] [--compile-timeout-ms N] [--max-compiles N]
+- ``response_format`` json_schema objects nested ``--depth`` (300) deep: past the gateway's
+  ``max_guide_depth``, refused before the engine sees them;
+- the costliest schema still within the gateway's bounds (``RequestBounds``' default
+  ``max_guide_bytes`` and ``max_guide_depth``): string properties with a bounded-repeat
+  ``pattern``, as many as fit in the bytes (992). xgrammar 0.2.8 on SmolLM2's tokenizer, one
+  thread, no cache, compiles 10 such properties in 1.5 s, 40 in 6.6 s, 120 in 23 s (the 992,
+  at that rate, in minutes), where the deepest nesting allowed (31 objects, 63 levels) takes
+  0.06 s, 300 levels 5.5 s, 64 KiB of plain string properties 0.25 s, a 64 KiB ``enum`` 0.08 s
+  and ``{1,300}`` in place of ``{1,90}`` 0.14 s for 10. So here the engine's compile pool
+  (``guided_decoding_max_compiles`` threads at a lower priority, a late 400 after
+  ``guided_decoding_compile_timeout_ms``) is what protects the victim.
 
-Prints the figures; nothing is asserted.
+    python -m tests.benchmarks.hostile.grammar [--seconds 15] [--depth 300]
+
+Prints the runner's table; nothing is asserted.
 """
 
 from __future__ import annotations
 
 import argparse
 import itertools
-import logging
-import statistics
-import tempfile
-import threading
-import time
-from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
-from pathlib import Path
+import json
 from typing import Any
 
-import msgspec
-import openai
-
-from deploy.sidecar.fleet import sidecar_from_spec
-from deploy.sidecar.models import ensure_smollm2, ensure_tiny_model
-from deploy.sidecar.spec import parse_spec
-from gateway.tenancy import KeyEntry, StoreSettings, TenancySettings, TenantPolicy
-from gateway.tenancy.keys import digest, new_key
-from tests.support.gateway import LiveGateway, sidecar_settings
+from gateway.ops.starter import MODEL
+from gateway.settings import RequestBounds
+from tests.benchmarks.hostile.runner import (
+    Attack,
+    attacker_key,
+    post_attack,
+    run_attacks,
+    starter,
+    table,
+)
 from tests.support.schemas import nested_schema
-from tests.support.sidecars import QUICK_STOP
 
-MODEL = "bench"
 ASK = [{"role": "user", "content": "Say hello."}]
-VICTIM_TOKENS = 4
 ATTACK_TOKENS = 33
+CLIENTS = 2
+"""Clients of the attacker tenant sending at once."""
+COSTLY_PATTERN = "^[a-z]{1,90}$"
+"""A bounded repeat: xgrammar expands it into 90 optional steps, each checked against the whole
+vocabulary."""
 
 
-@dataclass
-class Attack:
-    """What the attacker's requests got: status counts and latencies."""
+def patterned_schema(tag: str, max_bytes: int) -> dict[str, Any]:
+    """An object of required string properties named after ``tag``, each with
+    ``COSTLY_PATTERN``, as many as ``max_bytes`` of JSON hold."""
 
-    outcomes: Counter[str] = field(default_factory=Counter)
-    latencies: list[float] = field(default_factory=list)
-    lock: threading.Lock = field(default_factory=threading.Lock)
+    def of(count: int) -> dict[str, Any]:
+        names = [f"{tag}_{n}" for n in range(count)]
+        properties = {name: {"type": "string", "pattern": COSTLY_PATTERN} for name in names}
+        return {"type": "object", "properties": properties, "required": names}
 
-    def record(self, outcome: str, seconds: float) -> None:
-        with self.lock:
-            self.outcomes[outcome] += 1
-            self.latencies.append(seconds)
-
-
-def victim_latencies(client: openai.OpenAI, seconds: float, every_s: float) -> list[float]:
-    """Latencies of requests sent every ``every_s`` for ``seconds``, whether or not the earlier
-    ones were answered (a stalled engine shows in every request that waits on it)."""
-
-    def one() -> float:
-        started = time.perf_counter()
-        client.chat.completions.create(
-            model=MODEL,
-            messages=ASK,  # type: ignore[arg-type]
-            max_tokens=VICTIM_TOKENS,
-            temperature=0.0,
-        )
-        return time.perf_counter() - started
-
-    count = max(1, int(seconds / every_s))
-    start = time.monotonic()
-    with ThreadPoolExecutor(max_workers=count) as pool:
-        futures = []
-        for index in range(count):
-            time.sleep(max(0.0, start + index * every_s - time.monotonic()))
-            futures.append(pool.submit(one))
-        return [future.result() for future in futures]
+    # The response_format around the schema takes some bytes too.
+    budget = max_bytes - 200
+    count = budget // len(json.dumps(of(1)))
+    while len(json.dumps(of(count + 1))) <= budget:
+        count += 1
+    return of(count)
 
 
-def attacker(client: openai.OpenAI, depth: int, until: float, tags: Any, attack: Attack) -> None:
-    while time.monotonic() < until:
-        schema = nested_schema(depth, f"p{next(tags)}")
-        body = {"type": "json_schema", "json_schema": {"name": "deep", "schema": schema}}
-        started = time.perf_counter()
-        try:
-            client.chat.completions.create(
-                model=MODEL,
-                messages=ASK,  # type: ignore[arg-type]
-                max_tokens=ATTACK_TOKENS,
-                extra_body={"response_format": body},
-            )
-            outcome = "200"
-        except openai.APIStatusError as exc:
-            outcome = str(exc.status_code)
-        except openai.APIError as exc:
-            outcome = type(exc).__name__
-        attack.record(outcome, time.perf_counter() - started)
-
-
-def percentile(values: list[float], share: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(share * len(ordered)))]
-
-
-def spec_of(args: argparse.Namespace) -> Any:
-    model_dir = ensure_smollm2() if args.model == "smollm2" else ensure_tiny_model()
-    engine: dict[str, Any] = {"kind": "torch", "model_dir": str(model_dir), "max_batch_size": 8}
-    if args.compile_timeout_ms is not None:
-        engine["guided_decoding_compile_timeout_ms"] = args.compile_timeout_ms
-    if args.max_compiles is not None:
-        engine["guided_decoding_max_compiles"] = args.max_compiles
-    spec = parse_spec(
-        {
-            "models": [{"name": MODEL, "release": "latest", "engine": engine}],
-            "sidecars": [{"name": "hostile", **QUICK_STOP}],
-        }
-    )
-    return spec, model_dir
-
-
-def run(args: argparse.Namespace) -> None:
-    # The attacker's 400s are expected: the gateway's warning for each is not a figure.
-    logging.getLogger("gateway").setLevel(logging.ERROR)
-    spec, model_dir = spec_of(args)
-    keys = {"team-a": new_key(), "team-b": new_key()}
-    tenancy = TenancySettings(
-        tenants=tuple(TenantPolicy(name=name) for name in keys),
-        keys=tuple(KeyEntry(tenant=name, sha256=digest(key)) for name, key in keys.items()),
-        store=StoreSettings(kind="memory"),
-    )
-    with tempfile.TemporaryDirectory() as workdir:
-        sidecar = sidecar_from_spec(spec, spec.sidecars[0], Path(workdir))
-        sidecar.start()
-        settings = sidecar_settings(
-            sidecar, model_dir, models={MODEL: (f"{MODEL}_ensemble", "ensemble")}
-        )
-        gateway = LiveGateway(msgspec.structs.replace(settings, tenancy=tenancy)).start()
-        try:
-            measure(gateway.url, keys, args)
-        finally:
-            gateway.stop()
-            sidecar.stop()
-
-
-def measure(url: str, keys: dict[str, str], args: argparse.Namespace) -> None:
-    def client(tenant: str) -> openai.OpenAI:
-        return openai.OpenAI(base_url=f"{url}/v1", api_key=keys[tenant], max_retries=0, timeout=600)
-
-    victim = client("team-a")
-    victim_latencies(victim, 1.0, args.every_s)  # warm-up
-    quiet = victim_latencies(victim, args.quiet_s, args.every_s)
-    attack = Attack()
-    until = time.monotonic() + args.attack_s
+def guide_attack(url: str, key: str, schema_of: Any) -> list[Attack]:
+    """``CLIENTS`` clients sending chats whose ``response_format`` is ``schema_of(tag)``,
+    a fresh ``tag`` each time."""
     tags = itertools.count()
-    threads = [
-        threading.Thread(target=attacker, args=(client("team-b"), args.depth, until, tags, attack))
-        for _ in range(args.attackers)
+
+    def body() -> bytes:
+        schema = schema_of(f"p{next(tags)}")
+        response_format = {"type": "json_schema", "json_schema": {"name": "g", "schema": schema}}
+        return json.dumps(
+            {
+                "model": MODEL,
+                "messages": ASK,
+                "max_tokens": ATTACK_TOKENS,
+                "response_format": response_format,
+            }
+        ).encode()
+
+    return [post_attack(url, key, "/v1/chat/completions", body) for _ in range(CLIENTS)]
+
+
+def attacks(url: str, first_tenant: int, depth: int = 300) -> list[tuple[str, list[Attack]]]:
+    """The two schema attacks, sent by tenant ``first_tenant`` and the one after it."""
+    bounds = RequestBounds()
+    costly = patterned_schema("p", bounds.max_guide_bytes)
+    return [
+        (
+            f"json_schema nested {depth} deep, fresh names",
+            guide_attack(url, attacker_key(first_tenant), lambda t: nested_schema(depth, t)),
+        ),
+        (
+            f"json_schema of {len(costly['properties'])} patterned properties "
+            f"({len(json.dumps(costly)) // 1024} KiB), fresh names",
+            guide_attack(
+                url,
+                attacker_key(first_tenant + 1),
+                lambda t: patterned_schema(t, bounds.max_guide_bytes),
+            ),
+        ),
     ]
-    for thread in threads:
-        thread.start()
-    loaded = victim_latencies(victim, args.attack_s, args.every_s)
-    for thread in threads:
-        thread.join()
-    quiet_p50 = statistics.median(quiet)
-    loaded_p50 = statistics.median(loaded)
-    print(
-        f"model {args.model}, schema depth {args.depth}, {args.attackers} attacker clients, "
-        f"a victim request every {args.every_s} s"
-    )
-    print(f"victim quiet:        p50 {quiet_p50:.3f} s  p90 {percentile(quiet, 0.9):.3f} s  "
-          f"({len(quiet)} requests)")  # fmt: skip
-    print(f"victim under attack: p50 {loaded_p50:.3f} s  p90 {percentile(loaded, 0.9):.3f} s  "
-          f"max {max(loaded):.3f} s  ({len(loaded)} requests)")  # fmt: skip
-    print(f"victim p50 under attack / quiet: {loaded_p50 / quiet_p50:.1f}x")
-    outcomes = ", ".join(f"{code}: {count}" for code, count in sorted(attack.outcomes.items()))
-    attack_p50 = statistics.median(attack.latencies) if attack.latencies else float("nan")
-    print(f"attacker requests: {len(attack.latencies)} ({outcomes}), p50 {attack_p50:.3f} s")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", choices=("tiny", "smollm2"), default="tiny")
+    parser.add_argument("--seconds", type=float, default=15.0)
     parser.add_argument("--depth", type=int, default=300)
-    parser.add_argument("--attackers", type=int, default=2)
-    parser.add_argument("--quiet-s", type=float, default=8.0)
-    parser.add_argument("--every-s", type=float, default=0.25)
-    parser.add_argument("--attack-s", type=float, default=15.0)
-    parser.add_argument("--compile-timeout-ms", type=int)
-    parser.add_argument("--max-compiles", type=int)
-    run(parser.parse_args())
+    args = parser.parse_args()
+    with starter(2) as served:
+        rows = run_attacks(served, args.seconds, attacks(served.url, 0, args.depth))
+    print(table(rows))
 
 
 if __name__ == "__main__":

@@ -48,8 +48,9 @@ class MetricsSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     """Who may read ``/metrics`` and ``/metrics/sidecars/<name>``, and on which port."""
 
     auth: Literal["auto", "none", "admin"] = "auto"
-    """``auto``: the admin key, as a bearer token, whenever one is set (tenant names are label
-    values), else anyone; ``admin``: only the admin key; ``none``: anyone who reaches the port."""
+    """``auto``: the admin key, as a bearer token, whenever one is set or tenants' keys are
+    checked (tenant names are label values; with no admin key the metrics are then refused),
+    else anyone; ``admin``: only the admin key; ``none``: anyone who reaches the port."""
     port: int | None = None
     """A port of their own for the metrics (the API port then has none); unset: the API port."""
     host: str | None = None

@@ -15,7 +15,13 @@ from typing import Any
 import msgspec
 
 from gateway.http.errors import OversizeError
-from gateway.openai.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields, given
+from gateway.openai.protocol import (
+    ChatCompletionRequest,
+    ChatMessage,
+    CompletionRequest,
+    SamplingFields,
+    given,
+)
 from gateway.settings import RequestBounds
 
 DEFAULT_MAX_CHOICES = 64
@@ -86,11 +92,7 @@ def check_chat_bounds(request: ChatCompletionRequest, bounds: Bounds) -> None:
     _check_stops(request, limits)
     size = 0
     for message in request.messages:
-        content = message.content
-        if isinstance(content, str):
-            size += len(content.encode())
-        elif content is not None:
-            size += sum(len(text.encode()) for text in (given(p.text) for p in content) if text)
+        size += _message_bytes(message)
         if size > limits.max_prompt_bytes:
             raise OversizeError(
                 f"The messages' text holds more than the {limits.max_prompt_bytes} bytes one "
@@ -99,6 +101,22 @@ def check_chat_bounds(request: ChatCompletionRequest, bounds: Bounds) -> None:
             )
     _check_response_format(request, limits)
     _check_tools(request, limits)
+
+
+def _message_bytes(message: ChatMessage) -> int:
+    """The bytes of every text of a message the chat template renders: its content, its name,
+    the id of the call it answers and the calls it made."""
+    content = message.content
+    size = 0
+    if isinstance(content, str):
+        size += len(content.encode())
+    elif content is not None:
+        size += sum(len(text.encode()) for text in (given(p.text) for p in content) if text)
+    for text in (given(message.name), given(message.tool_call_id)):
+        size += len(text.encode()) if text else 0
+    for call in given(message.tool_calls) or ():
+        size += len(call.function.name.encode()) + len(call.function.arguments.encode())
+    return size
 
 
 def sequences_asked(request: SamplingFields, prompts: int) -> int:
@@ -185,10 +203,14 @@ def _check_response_format(request: SamplingFields, limits: RequestBounds) -> No
 
 def _check_tools(request: ChatCompletionRequest, limits: RequestBounds) -> None:
     schemas = list(_tool_schemas(request))
-    size = sum(len(msgspec.json.encode(schema)) for schema in schemas)
+    # Every tool is rendered into the prompt (its name and description too), and its schema
+    # becomes the grammar of its calls: the whole definitions count.
+    tools = [given(tool.function) for tool in given(request.tools) or ()]
+    size = sum(len(msgspec.json.encode(tool)) for tool in tools if tool is not None)
+    size += sum(len(msgspec.json.encode(legacy)) for legacy in given(request.functions) or ())
     if size > limits.max_guide_bytes:
         raise OversizeError(
-            f"The tools' parameters schemas are {size} bytes, more than the "
+            f"The tools' definitions are {size} bytes, more than the "
             f"{limits.max_guide_bytes} they may hold together.",
             param="tools",
         )

@@ -139,7 +139,7 @@ class SamplingFields(Struct, frozen=True, kw_only=True):
     """vLLM's: stop once ``n`` beams ended (true), heuristically (false), or never early."""
     best_of: PositiveInt | UnsetType | None = UNSET
     """vLLM's and trtllm-serve's: with ``use_beam_search`` the beam width (at least ``n``)."""
-    cache_salt: Annotated[str, Meta(min_length=1)] | UnsetType | None = UNSET
+    cache_salt: Annotated[str, Meta(min_length=1, max_length=256)] | UnsetType | None = UNSET
     """vLLM's: only requests with the same salt reuse each other's cached prompt blocks; here a
     narrower scope inside the tenant's KV-cache scope, never a way into another's."""
 

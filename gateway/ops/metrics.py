@@ -33,10 +33,12 @@ async def scraper(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHa
 
 
 def metrics_need_admin_key(settings: Settings) -> bool:
-    """Whether only the admin key reads the metrics: ``admin``, or ``auto`` with a key set."""
+    """Whether only the admin key reads the metrics: ``admin``, or ``auto`` with a key set or
+    tenants' keys checked (where no admin key is set, nobody reads them: tenants' names and
+    counts are in them)."""
     auth = settings.observability.metrics.auth
     has_key = settings.tenancy.admin_key_sha256 is not None
-    return auth == "admin" or (auth == "auto" and has_key)
+    return auth == "admin" or (auth == "auto" and (has_key or settings.tenancy.auth))
 
 
 @get("/metrics", media_type=CONTENT_TYPE_LATEST)

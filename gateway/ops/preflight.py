@@ -3,6 +3,7 @@ names the field and what to do, instead of a traceback from deep inside the star
 
 from __future__ import annotations
 
+import os
 import socket
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,6 +26,7 @@ BUILT_IN = "a Hugging Face folder, a hub id or a built-in name (tiny, tiny-visio
 def check_before_start(settings: Settings) -> None:
     """Raise ``SettingsError`` naming the first field that cannot work as it stands."""
     _check_listening(settings)
+    _check_store_file(settings)
     if settings.sidecars is not None:
         for field, folder, what in _spec_folders(_read_spec(settings)):
             _check_folder(f"deploy spec: {field}", folder, what)
@@ -42,6 +44,19 @@ def check_before_start(settings: Settings) -> None:
                 adapter.path,
                 "a PEFT or TensorRT-LLM LoRA folder",
             )
+
+
+def _check_store_file(settings: Settings) -> None:
+    store = settings.tenancy.store
+    if store.kind != "embedded" or store.path is None:
+        return
+    folder = Path(store.path).parent
+    probe = folder if folder.is_dir() else next((p for p in folder.parents if p.is_dir()), folder)
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise SettingsError(
+            f"tenancy.store.path: the folder {folder} cannot be written, so the admin API's "
+            "changes could not be kept: give a path in a writable folder (tenancy.store.path)"
+        )
 
 
 def _read_spec(settings: Settings) -> Spec:

@@ -241,11 +241,29 @@ def check_key(key: KeyEntry) -> None:
         raise PolicyError(f"key {key.name or key.sha256!r}: sha256 must be 64 hex digits", "sha256")
 
 
-@functools.lru_cache(maxsize=4096)
+SCOPE_BITS = 32
+"""A salt's upper bits are its scope's alone (a client's ``cache_salt`` changes only the lower
+ones), so an engine can tell whose requests are whose, e.g. to share its grammar compile slots
+fairly between scopes, whatever salts clients send."""
+
+
 def _scope_salt(kind: str, name: str, client: str | None) -> int:
-    """The salt of a scope (``kind`` ``scope`` or ``tenant``), computed once per scope and
-    client salt rather than on every request."""
-    parts = [kind, name] if client is None else [kind, name, "client", client]
+    """The salt of a scope (``kind`` ``scope`` or ``tenant``), narrowed by a client's salt."""
+    scope = _scope_hash(kind, name)
+    if client is None:
+        return scope
+    narrowed = _hash(kind, name, "client", client)
+    low = (1 << SCOPE_BITS) - 1
+    return (scope & ~low) | (narrowed & low)
+
+
+@functools.lru_cache(maxsize=4096)
+def _scope_hash(kind: str, name: str) -> int:
+    """A scope's 64-bit hash, computed once per scope rather than on every request."""
+    return _hash(kind, name)
+
+
+def _hash(*parts: str) -> int:
     digest = hashlib.blake2b(digest_size=8, person=b"kv-cache-scope")
     for part in parts:
         raw = part.encode()

@@ -78,9 +78,14 @@ class EmbeddedRedis:
         if self.data_file is None:
             return ["--save", "", "--dir", str(self.folder)]
         self.data_file.parent.mkdir(parents=True, exist_ok=True)
-        # A snapshot a second after any change, and one as the server stops on SIGTERM.
+        # A snapshot a second after any change, and one as the server stops on SIGTERM. A
+        # snapshot that cannot be written must not stop the counting: by default redis then
+        # refuses every write, and the limits would fail open.
         folder, name = self.data_file.parent, self.data_file.name
-        return ["--save", "1", "1", "--dir", str(folder), "--dbfilename", name]
+        return [
+            "--save", "1", "1", "--dir", str(folder), "--dbfilename", name,
+            "--stop-writes-on-bgsave-error", "no",
+        ]  # fmt: skip
 
     def watch(self) -> None:
         """Start the server again if it exited."""

@@ -3,6 +3,8 @@ store a settings file gets when it names none."""
 
 from __future__ import annotations
 
+import shutil
+import time
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +40,25 @@ def test_its_data_survives_a_restart(tmp_path: Path) -> None:
         assert redis.Redis(unix_socket_path=str(second.socket)).get("tgw:tenant") == b"changed"
     finally:
         second.stop()
+
+
+def test_a_snapshot_that_cannot_be_written_does_not_stop_the_counting(tmp_path: Path) -> None:
+    """Redis refuses every write after a failed snapshot unless told otherwise (MISCONF), and
+    the limits' scripts would then fail open."""
+    data = tmp_path / "state" / "tenancy.rdb"
+    (tmp_path / "run").mkdir()
+    server = EmbeddedRedis(tmp_path / "run", data).start()
+    try:
+        client = redis.Redis(unix_socket_path=str(server.socket))
+        shutil.rmtree(data.parent)  # where its snapshots go is gone
+        client.set("tgw:count", 1)
+        deadline = time.monotonic() + 30
+        while client.info("persistence")["rdb_last_bgsave_status"] == "ok":
+            assert time.monotonic() < deadline, "no snapshot was tried"
+            time.sleep(0.1)
+        assert client.incr("tgw:count") == 2
+    finally:
+        server.stop()
 
 
 def test_the_settings_name_it_and_its_file_beside_them(tmp_path: Path) -> None:

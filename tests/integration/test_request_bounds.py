@@ -52,8 +52,13 @@ class Gateway:
         return httpx.post(f"{self.url}{path}", json=body, headers=headers, timeout=60)
 
     def in_flight(self, tenant: str) -> float:
-        text = httpx.get(f"{self.url}/metrics").text
+        scraped = httpx.get(f"{self.url}/metrics", headers={"Authorization": f"Bearer {ADMIN}"})
+        text = scraped.text
         return total(text, "gateway_tenant_requests_in_flight", tenant=tenant)
+
+
+ADMIN = new_key()
+"""The admin key: the metrics are behind it, tenants' names being in them."""
 
 
 @pytest.fixture(scope="module", params=["memory", "redis"])
@@ -68,6 +73,7 @@ def gateway(
         tenants=tuple(TENANTS.values()),
         keys=tuple(KeyEntry(tenant=name, sha256=digest(key)) for name, key in KEYS.items()),
         store=store,
+        admin_key_sha256=digest(ADMIN),
     )
     settings = sidecar_settings(sidecar, tiny_model_dir)
     limits = msgspec.structs.replace(settings.limits, bounds=BOUNDS)

@@ -236,3 +236,14 @@ def test_a_replica_pool_finds_a_prefix_only_in_its_own_scope() -> None:
     assert routed(1)  # the scope's own repeat goes where its blocks are
     assert not routed(2)  # another scope's copy is no prefix of this one
     assert not routed(None)
+
+
+def test_a_client_salt_changes_only_the_lower_bits_of_its_scopes_salt() -> None:
+    """The engine tells scopes apart by a salt's upper bits (its grammar compile slots), so
+    no client salt can make a tenant a new owner there."""
+    team_a = TenantPolicy(name="team-a")
+    own = team_a.scope_salt()
+    for client in ("x", "y", "z" * 256):
+        narrowed = team_a.scope_salt(client)
+        assert narrowed >> 32 == own >> 32 and narrowed != own
+    assert TenantPolicy(name="team-b").scope_salt() >> 32 != own >> 32

@@ -18,8 +18,9 @@ from deploy.triton.engine.grammars import (
     GrammarReady,
     GrammarWait,
     GrammarWaits,
+    compile_owner,
 )
-from deploy.triton.engine.types import EngineError, GuideRequest
+from deploy.triton.engine.types import EngineError, EngineRequest, GuideRequest
 
 WAIT_S = 30.0
 """How long a test waits for something that happens at once unless the code is broken."""
@@ -252,3 +253,21 @@ def test_with_two_slots_no_owner_takes_both() -> None:
     assert slots.runnable() and slots.take() == (None, "y")  # no owner: every slot
     slots.close()
     assert slots.take() is None
+
+
+def test_each_owner_compiles_and_caches_its_own_grammars(
+    compiler: Compiler, pool: GrammarCompiles
+) -> None:
+    """No tenant learns from a compile's speed that another sent the same grammar."""
+    compiler.release("a")
+    assert pool.compile(regex("a"), 7).result(WAIT_S) == ("grammar", "a")
+    assert pool.compile(regex("a"), 7).done()  # cached for its owner
+    assert pool.compile(regex("a"), 8).result(WAIT_S) == ("grammar", "a")
+    assert compiler.calls == ["a", "a"]
+
+
+def test_a_requests_compile_owner_is_its_scope() -> None:
+    salt = (0xABCD1234 << 32) | 0x5678
+    request = EngineRequest(request_id="r", input_ids=[1], max_new_tokens=1, cache_salt_id=salt)
+    assert compile_owner(request) == 0xABCD1234
+    assert compile_owner(EngineRequest(request_id="r", input_ids=[1], max_new_tokens=1)) is None

@@ -142,8 +142,36 @@ OVER_CHAT = [
         "messages",
         "the 100 bytes",
     ),
+    (
+        {
+            "messages": [
+                {"role": "user", "content": "x", "name": "n" * 101},
+            ]
+        },
+        "messages",
+        "the 100 bytes",
+    ),
+    (
+        {
+            "messages": [
+                {"role": "user", "content": "x"},
+                {
+                    "role": "assistant",
+                    "tool_calls": [{"id": "c", "function": {"name": "f", "arguments": "a" * 101}}],
+                },
+                {"role": "tool", "content": "x", "tool_call_id": "i" * 10},
+            ]
+        },
+        "messages",
+        "the 100 bytes",
+    ),  # fmt: skip
     ({"stop": ["a", "b", "c"]}, "stop", "3 sequences"),
     ({"stop": ["abcdef", "ghijk"]}, "stop", "11 bytes"),
+    (
+        {"tools": [{"type": "function", "function": {"name": "f", "description": "d" * 201}}]},
+        "tools",
+        "more than the 200",
+    ),
     ({"tools": [tool(nested(1)), tool(nested(4))]}, "tools", "deeper than 3"),
     ({"tools": [tool(nested(1)), tool({"enum": ["v" * 200]})]}, "tools", "more than the 200"),
     ({"functions": [{"name": "f", "parameters": nested(4)}]}, "tools", "deeper than 3"),

@@ -59,3 +59,18 @@ def test_memory_named_for_several_workers_is_refused_with_what_to_change() -> No
     with pytest.raises(SettingsError, match="memory counts limits in each of the 3 workers") as e:
         check_settings(several)
     assert "leave tenancy.store.kind unset" in str(e.value)
+
+
+def test_a_store_file_in_a_folder_that_cannot_be_written_is_refused_at_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Redis could not save there: the admin API's changes would be lost on restart. (Checked
+    through ``os.access``, which root passes anywhere, so the refusal is stood in for.)"""
+    from gateway.ops import preflight
+
+    store = {"kind": "embedded", "path": str(tmp_path / "ro" / "tenancy.rdb")}
+    settings = parse_settings({"tenancy": {"auth": False, "store": store}})
+    preflight.check_before_start(settings)
+    monkeypatch.setattr(preflight.os, "access", lambda path, mode: False)
+    with pytest.raises(SettingsError, match=r"tenancy.store.path: the folder .*ro cannot be"):
+        preflight.check_before_start(settings)

@@ -226,19 +226,24 @@ def test_metrics_settings_default_to_the_api_port_behind_any_admin_key() -> None
 
 
 @pytest.mark.parametrize(
-    ("metrics", "admin_key", "behind"),
+    ("metrics", "admin_key", "auth", "behind"),
     [
-        ({}, True, True),
-        ({}, False, False),
-        ({"auth": "none"}, True, False),
-        ({"auth": "admin"}, True, True),
-        ({"port": 9090}, True, True),
+        ({}, True, False, True),
+        ({}, False, False, False),
+        ({}, False, True, True),  # tenants' keys checked: their names are in the metrics
+        ({"port": 9090}, False, True, True),
+        ({"auth": "none"}, True, False, False),
+        ({"auth": "none"}, False, True, False),
+        ({"auth": "admin"}, True, False, True),
+        ({"port": 9090}, True, False, True),
     ],
 )
 def test_the_metrics_sit_behind_the_admin_key_whenever_there_is_one(
-    metrics: dict[str, Any], admin_key: bool, behind: bool
+    metrics: dict[str, Any], admin_key: bool, auth: bool, behind: bool
 ) -> None:
-    tenancy: dict[str, Any] = {"auth": False}
+    tenancy: dict[str, Any] = {"auth": auth}
+    if auth:
+        tenancy |= {"tenants": [{"name": "t"}], "keys": [{"tenant": "t", "sha256": "ab" * 32}]}
     if admin_key:
         tenancy["admin_key_sha256"] = SHA
     settings = parse_settings({"tenancy": tenancy, "observability": {"metrics": metrics}})

@@ -1,5 +1,5 @@
 """Grammars compiled beside the engine: a bounded pool of compile threads, a deadline for each
-request's wait, and a cache of compiled grammars by content.
+request's wait, and a cache of compiled grammars by owner and content.
 
 A deep JSON schema takes xgrammar seconds to compile (a 300-deep one about 7 s on two cores).
 Compiled in ``Engine.submit`` it held up every request behind it; here a request waits for its
@@ -9,11 +9,11 @@ longest pause 15 ms), so threads suffice. A thread cannot be stopped: a compile 
 requests that gave up on it and keeps its slot until it ends, which is what bounds the CPU that
 runaway grammars take; its grammar is cached for the next request that asks.
 
-Slots are shared fairly between the requests' owners (their ``cache_salt_id``: the gateway's
-tenant or KV-cache scope): a free slot goes to the owner with the fewest compiles running, and
-with two slots or more no owner holds all of them. A tenant that sends grammars which compile
-for minutes within the gateway's bounds so holds one slot, and the other tenants' grammars keep
-compiling in the rest.
+Slots are shared fairly between the requests' owners: the upper 32 bits of their
+``cache_salt_id``, which the gateway derives from the tenant's KV-cache scope alone. A free slot
+goes to the owner with the fewest compiles running, and with two slots or more no owner holds
+all of them. A tenant that sends grammars which compile for minutes within the gateway's bounds
+so holds one slot, and the other tenants' grammars keep compiling in the rest.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field
 from typing import Any, Generic, Self, TypeVar
 
-from deploy.triton.engine.types import EngineError, GuidedConfig, GuideRequest
+from deploy.triton.engine.types import EngineError, EngineRequest, GuidedConfig, GuideRequest
 
 logger = logging.getLogger(__name__)
 
@@ -40,9 +40,21 @@ COMPILE_NICENESS = 10
 sending fresh 300-deep schemas to the tiny model on two shared cores
 (``python -m tests.benchmarks.hostile.grammar``) took a quiet 14 ms p50 chat to 58-69 ms with
 compiles at the engine's priority, 32-38 ms at nice 10 or 19."""
-GuideKey = tuple[str, str | None]
-"""A guide's content: its type and text."""
+GuideKey = tuple[int | None, str, str | None]
+"""A compile's owner and its guide's content (type and text): each owner's grammars are cached
+and compiled apart, so no tenant learns from a compile's speed which grammars another sent, nor
+waits behind another's queue for a grammar they share."""
 Entry = TypeVar("Entry")
+
+
+OWNER_SHIFT = 32
+"""A ``cache_salt_id``'s upper bits name its scope; a client's own salt changes the lower."""
+
+
+def compile_owner(request: EngineRequest) -> int | None:
+    """Whose share of the compile slots a request's grammar takes: its KV-cache scope."""
+    salt = request.cache_salt_id
+    return None if salt is None else salt >> OWNER_SHIFT
 
 
 def late_message(guide: GuideRequest, timeout_s: float, *, started: bool, slots: int) -> str:
@@ -124,7 +136,7 @@ class GrammarCompiles:
     def compile(self, guide: GuideRequest, owner: int | None = None) -> Future[Any]:
         """The compiled grammar of ``guide``, when it is ready; ``owner`` (the request's
         ``cache_salt_id``) is whose share of the compile slots a new compile takes."""
-        key: GuideKey = (guide.guide_type, guide.guide)
+        key: GuideKey = (owner, guide.guide_type, guide.guide)
         waiter: Future[Any] = Future()
         with self._lock:
             hit = self._cache.get(key)
@@ -204,7 +216,7 @@ class GrammarCompiles:
         with self._lock:
             job = self._running.get(key)
         started = job is not None and job.started
-        guide = GuideRequest(*key)
+        guide = GuideRequest(key[1], key[2])
         if _fail(
             waiter, late_message(guide, self.timeout_s, started=started, slots=self.max_compiles)
         ):

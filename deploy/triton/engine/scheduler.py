@@ -13,7 +13,13 @@ import torch
 from deploy.triton.engine.batch import DecodeBatch, SequenceState, unstarted_outputs
 from deploy.triton.engine.checks import validate_request
 from deploy.triton.engine.context import ContextJob, ContextPhase, Submission, plan_chunks
-from deploy.triton.engine.grammars import GrammarCompiles, GrammarReady, GrammarWait, GrammarWaits
+from deploy.triton.engine.grammars import (
+    GrammarCompiles,
+    GrammarReady,
+    GrammarWait,
+    GrammarWaits,
+    compile_owner,
+)
 from deploy.triton.engine.guided import NOT_ENABLED, GuidedDecoding
 from deploy.triton.engine.kvstore import KVStore
 from deploy.triton.engine.lora import LoraCache
@@ -140,11 +146,8 @@ class Engine:
         adapter = None
         if request.lora is not None:
             adapter = self.loras.resolve(request.lora, self.runner.lora_targets)
-        grammar = None
-        if request.guide is not None:
-            if self.grammars is None:
-                raise EngineError(NOT_ENABLED)
-            grammar = self.grammars.compile(request.guide, request.cache_salt_id)
+        if request.guide is not None and self.grammars is None:
+            raise EngineError(NOT_ENABLED)
         entry = Submission(request, callback, max_new, adapter)
         with self._lock:
             if self._closed:
@@ -152,6 +155,9 @@ class Engine:
             if request.request_id in self._active:
                 raise EngineError(f"request id {request.request_id!r} is already running")
             self._active[request.request_id] = request.num_return_sequences
+            grammar = None
+            if request.guide is not None and self.grammars is not None:
+                grammar = self.grammars.compile(request.guide, compile_owner(request))
             self._inbox.put(
                 entry if grammar is None else GrammarWait(request.request_id, entry, grammar)
             )

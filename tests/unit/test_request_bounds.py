@@ -164,7 +164,7 @@ OVER_CHAT = [
         },
         "messages",
         "the 100 bytes",
-    ),  # fmt: skip
+    ),
     ({"stop": ["a", "b", "c"]}, "stop", "3 sequences"),
     ({"stop": ["abcdef", "ghijk"]}, "stop", "11 bytes"),
     (

@@ -28,6 +28,9 @@ from tests.support.prometheus import total
 
 pytestmark = pytest.mark.slow
 KEY = new_key()
+ADMIN = new_key()
+ADMIN_HEADERS = {"Authorization": f"Bearer {ADMIN}"}
+"""The metrics are behind the admin key: tenants' names are in them."""
 READ = 50
 """Streamed tokens the client reads before it hangs up."""
 
@@ -37,6 +40,7 @@ def gateway(sidecar: Sidecar, tiny_model_dir: Path) -> Iterator[str]:
     tenancy = TenancySettings(
         tenants=(TenantPolicy(name="reader", max_tokens=4000),),
         keys=(KeyEntry(tenant="reader", sha256=digest(KEY)),),
+        admin_key_sha256=digest(ADMIN),
     )
     settings = msgspec.structs.replace(sidecar_settings(sidecar, tiny_model_dir), tenancy=tenancy)
     live = LiveGateway(settings).start()
@@ -45,18 +49,18 @@ def gateway(sidecar: Sidecar, tiny_model_dir: Path) -> Iterator[str]:
 
 
 def _counters(url: str) -> dict[str, float]:
-    text = httpx.get(f"{url}/metrics").text
+    text = httpx.get(f"{url}/metrics", headers=ADMIN_HEADERS).text
     families = ("prompt_tokens", "completion_tokens", "tenant_tokens")
     return {name: total(text, f"gateway_{name}_total", tenant="reader") for name in families}
 
 
 def _settled(url: str) -> None:
     deadline = time.monotonic() + 20
-    text = httpx.get(f"{url}/metrics").text
+    text = httpx.get(f"{url}/metrics", headers=ADMIN_HEADERS).text
     while total(text, "gateway_tenant_requests_in_flight", tenant="reader") > 0:
         assert time.monotonic() < deadline, "the dropped stream never ended"
         time.sleep(0.05)
-        text = httpx.get(f"{url}/metrics").text
+        text = httpx.get(f"{url}/metrics", headers=ADMIN_HEADERS).text
 
 
 def _access_line(caplog: pytest.LogCaptureFixture, request_id: str) -> dict[str, Any]:

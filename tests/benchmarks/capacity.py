@@ -243,6 +243,12 @@ def knows_transports(code: str) -> bool:
     return "transport: Transport" in (Path(code) / "gateway" / "settings.py").read_text()
 
 
+def knows_embedded_store(code: str) -> bool:
+    """Whether the checkout at ``code`` names the embedded store ``embedded`` (before, ``memory``
+    with several workers ran it)."""
+    return '"embedded"' in (Path(code) / "gateway" / "tenancy" / "config.py").read_text()
+
+
 def measure_round(targets: list[Target], args: argparse.Namespace, round_: int) -> list[Row]:
     """Every level of every target: text at each level, then chats at theirs; within a level
     the targets one after the other."""
@@ -310,6 +316,7 @@ def run(
                 config = gateway_config(
                     sidecar, tokenizer, workers, send_ahead=ahead, transport=transport,
                     before_transports=code is not None and not knows_transports(code),
+                    before_embedded=code is not None and not knows_embedded_store(code),
                 )  # fmt: skip
                 env = {"PYTHONPATH": code} if code else None
                 url, process = serve_process(config, workdir, name, timeout_s=180, env=env)

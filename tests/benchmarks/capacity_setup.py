@@ -53,9 +53,12 @@ def gateway_config(
     send_ahead: bool = True,
     transport: str = "grpc",
     before_transports: bool = False,
+    before_embedded: bool = False,
 ) -> dict[str, Any]:
     """The gateway's settings; ``before_transports`` for a checkout that knows no
-    ``transport`` setting (``--baseline``), where an HTTP address alone meant HTTP."""
+    ``transport`` setting (``--baseline``), where an HTTP address alone meant HTTP;
+    ``before_embedded`` for one that knows no ``embedded`` store, where ``memory`` with several
+    workers ran the embedded Redis."""
     model: dict[str, Any] = {
         "name": "lt",
         "triton_url": sidecar.grpc_url,
@@ -75,7 +78,10 @@ def gateway_config(
             "tenants": [tenant],
             "keys": [{"tenant": "bench", "sha256": digest(KEY)}],
             # Several workers share their limits in the embedded store, kept in no file.
-            "store": {"kind": "memory" if workers == 1 else "embedded", "send_ahead": send_ahead},
+            "store": {
+                "kind": "memory" if workers == 1 or before_embedded else "embedded",
+                "send_ahead": send_ahead,
+            },
         },
         "server": {"workers": workers},
         "limits": {"request_timeout_s": 600},

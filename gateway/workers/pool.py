@@ -7,7 +7,6 @@ import logging
 import multiprocessing
 import os
 import signal
-import socket
 import threading
 import time
 from multiprocessing.process import BaseProcess
@@ -22,7 +21,7 @@ from deploy.sidecar.fleet import sidecar_from_spec
 from deploy.sidecar.supervisor import Sidecar
 from gateway.runtime import read_spec
 from gateway.server import REPEAT_WINDOW_S
-from gateway.settings import Settings, SettingsError
+from gateway.settings import Settings
 from gateway.workers.child import CANNOT_SERVE, run_worker
 from gateway.workers.redis import EmbeddedRedis
 from gateway.workers.shared import write_state
@@ -89,7 +88,6 @@ class Pool:
         """Serve until stopped; 1 when the gateway could never serve (the reason is logged)."""
         self.metrics_dir.mkdir()
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(self.metrics_dir)
-        _check_port_free(self.settings.server.host, self.settings.server.port)
         try:
             self._prepare_sidecars()
             if self.redis is not None:
@@ -213,13 +211,3 @@ class Pool:
         if process.pid is not None:
             folder = str(self.metrics_dir)
             multiprocess.mark_process_dead(process.pid, folder)  # type: ignore[no-untyped-call]
-
-
-def _check_port_free(host: str, port: int) -> None:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    try:
-        with socket.socket(family, socket.SOCK_STREAM) as probe:
-            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            probe.bind((host, port))
-    except OSError as exc:
-        raise SettingsError(f"server: cannot listen on {host}:{port}: {exc.strerror}") from exc

@@ -14,13 +14,12 @@ import argparse
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import httpx
 import psutil
 
-from tests.support.gateway import free_port, stop_process
+from tests.support.gateway import became_ready, free_port, stop_process
 
 COMMAND = str(Path(sys.executable).parent / "triton-gateway")
 QUESTION = {"role": "user", "content": "What is the capital of France?"}
@@ -70,16 +69,8 @@ def _serve(title: str, command: list[str], headers: dict[str, str], model: str) 
     )
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 300
-        while True:
-            try:
-                if httpx.get(f"{url}/health/ready", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if process.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit(f"{title}: the gateway did not become ready")
-            time.sleep(0.5)
+        if not became_ready(url, process, 300, poll_s=0.5):
+            raise SystemExit(f"{title}: the gateway did not become ready")
         body = {"model": model, "messages": [QUESTION], "max_tokens": 16, "temperature": 0}
         for _ in range(4):
             httpx.post(f"{url}/v1/chat/completions", json=body, headers=headers, timeout=120)

@@ -6,13 +6,11 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-import httpx
 import pytest
 
-from tests.support.gateway import free_port, stop_process
+from tests.support.gateway import became_ready, free_port, stop_process
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
@@ -30,16 +28,7 @@ def _run_example(name: str, tmp_path: Path) -> tuple[str, str]:
         )  # fmt: skip
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 300
-        while True:
-            try:
-                if httpx.get(f"{url}/health/ready", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert server.poll() is None, log.read_text()
-            assert time.monotonic() < deadline, log.read_text()
-            time.sleep(0.5)
+        assert became_ready(url, server, 300, poll_s=0.5), log.read_text()
         client = subprocess.run(
             [sys.executable, f"examples/{name}/client.py"],
             cwd=ROOT, capture_output=True, text=True, timeout=300,

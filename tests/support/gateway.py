@@ -144,17 +144,27 @@ def serve_process(
             preexec_fn=preexec,
         )
     url = f"http://127.0.0.1:{port}"
+    if not became_ready(url, process, timeout_s):
+        process.kill()
+        raise RuntimeError(f"gateway {name} did not start: {log_path.read_text()}")
+    return url, process
+
+
+def became_ready(
+    url: str, process: subprocess.Popen[bytes], timeout_s: float, poll_s: float = 0.2
+) -> bool:
+    """Whether the gateway at ``url`` answered ``/health/ready`` with 200 before ``process``
+    exited or ``timeout_s`` passed."""
     deadline = time.monotonic() + timeout_s
     while True:
         try:
             if httpx.get(f"{url}/health/ready", timeout=2).status_code == 200:
-                return url, process
+                return True
         except httpx.HTTPError:
             pass
         if process.poll() is not None or time.monotonic() > deadline:
-            process.kill()
-            raise RuntimeError(f"gateway {name} did not start: {log_path.read_text()}")
-        time.sleep(0.2)
+            return False
+        time.sleep(poll_s)
 
 
 def stop_process(

@@ -6,27 +6,16 @@ import string
 from pathlib import Path
 
 import pytest
-from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from deploy.sidecar.render import RenderError, fill, render_config, render_model, render_spec
-from deploy.sidecar.spec import PIPELINE_MODELS, SpecError, load_spec, parse_spec
+from deploy.sidecar.spec import PIPELINE_MODELS, parse_spec
 from tests.support import REPO
+from tests.support.deploy_spec import TORCH, TRTLLM, one_model_spec, parse_config
 
 SHARED = REPO.parent / "shared" / "reference"
 PACKAGED = REPO / "deploy" / "sidecar" / "templates"
 RELEASES = ("v0.8", "v0.11", "v0.19", "latest")
-
-TORCH = {"kind": "torch", "model_dir": "some/hub-id"}
-TRTLLM = {"kind": "tensorrtllm", "engine_dir": "/engines/llama", "gpu_device_ids": "0,1"}
-
-
-def _spec(engine: dict[str, object], **model: object) -> dict[str, object]:
-    return {"models": [{"name": "m1", "tokenizer_dir": "tok/id", "engine": engine, **model}]}
-
-
-def parse(text: str) -> mc.ModelConfig:
-    return text_format.Parse(text, mc.ModelConfig())
 
 
 def reference_template(release: str, name: str) -> Path:
@@ -59,7 +48,7 @@ def stock_config(release: str, name: str) -> mc.ModelConfig:
         max_queue_size="0",
         triton_backend="python",
     )
-    return parse(text)
+    return parse_config(text)
 
 
 Entry = tuple[object, ...]
@@ -142,16 +131,16 @@ def expected_io(release: str, name: str) -> dict[str, list[Entry]]:
 def test_rendered_io_equals_the_release_io(
     engine: dict[str, object], name: str, release: str
 ) -> None:
-    model = parse_spec(_spec(engine, release=release)).models[0]
-    rendered = parse(render_config(model, name))
+    model = parse_spec(one_model_spec(engine, release=release)).models[0]
+    rendered = parse_config(render_config(model, name))
     assert io_signature(rendered) == expected_io(release, name)
     assert rendered.max_batch_size == 64
 
 
 @pytest.mark.parametrize("release", RELEASES)
 def test_rendered_ensemble_maps_what_the_stock_ensemble_maps(release: str) -> None:
-    model = parse_spec(_spec(TORCH, release=release)).models[0]
-    rendered = parse(render_config(model, "ensemble")).ensemble_scheduling.step
+    model = parse_spec(one_model_spec(TORCH, release=release)).models[0]
+    rendered = parse_config(render_config(model, "ensemble")).ensemble_scheduling.step
     stock = stock_config(release, "ensemble").ensemble_scheduling.step
     assert [s.model_name for s in rendered] == [f"m1_{s.model_name}" for s in stock]
     for ours, theirs in zip(rendered, stock, strict=True):
@@ -170,12 +159,12 @@ def test_rendered_ensemble_maps_what_the_stock_ensemble_maps(release: str) -> No
 
 
 def test_latest_templates_carry_the_newest_input_names() -> None:
-    model = parse_spec(_spec(TORCH, release="latest")).models[0]
-    engine = {t.name for t in parse(render_config(model, "tensorrt_llm")).input}
+    model = parse_spec(one_model_spec(TORCH, release="latest")).models[0]
+    engine = {t.name for t in parse_config(render_config(model, "tensorrt_llm")).input}
     assert {"min_tokens", "seed"} <= engine
     assert not {"min_length", "random_seed"} & engine
-    old = parse_spec(_spec(TORCH, release="v0.19")).models[0]
-    engine = {t.name for t in parse(render_config(old, "tensorrt_llm")).input}
+    old = parse_spec(one_model_spec(TORCH, release="v0.19")).models[0]
+    engine = {t.name for t in parse_config(render_config(old, "tensorrt_llm")).input}
     assert {"min_length", "random_seed"} <= engine
 
 
@@ -189,8 +178,8 @@ def test_packaged_templates_of_numbered_releases_are_the_stock_files() -> None:
 @pytest.mark.parametrize("release", RELEASES)
 @pytest.mark.parametrize("engine", [TORCH, TRTLLM], ids=["torch", "tensorrtllm"])
 def test_names_are_prefixed_and_wired(engine: dict[str, object], release: str) -> None:
-    model = parse_spec(_spec(engine, release=release)).models[0]
-    configs = {name: parse(render_config(model, name)) for name in PIPELINE_MODELS}
+    model = parse_spec(one_model_spec(engine, release=release)).models[0]
+    configs = {name: parse_config(render_config(model, name)) for name in PIPELINE_MODELS}
     assert {c.name for c in configs.values()} == {f"m1_{n}" for n in PIPELINE_MODELS}
     steps = [s.model_name for s in configs["ensemble"].ensemble_scheduling.step]
     assert steps == ["m1_preprocessing", "m1_tensorrt_llm", "m1_postprocessing"]
@@ -205,7 +194,7 @@ def test_names_are_prefixed_and_wired(engine: dict[str, object], release: str) -
 
 @pytest.mark.parametrize("release", RELEASES)
 def test_torch_engine_config(release: str) -> None:
-    spec = _spec(
+    spec = one_model_spec(
         {
             **TORCH,
             "device": "cuda:1",
@@ -215,7 +204,7 @@ def test_torch_engine_config(release: str) -> None:
         },
         release=release,
     )
-    config = parse(render_config(parse_spec(spec).models[0], "tensorrt_llm"))
+    config = parse_config(render_config(parse_spec(spec).models[0], "tensorrt_llm"))
     params = {k: v.string_value for k, v in config.parameters.items()}
     assert config.backend == "python"
     assert config.model_transaction_policy.decoupled is True
@@ -245,8 +234,8 @@ def test_torch_kv_cache_settings_reach_the_engine(release: str) -> None:
     from deploy.triton.engine.types import EngineConfig, KvCacheConfig
 
     def engine(**settings: object) -> EngineConfig:
-        spec = _spec({**TORCH, **settings}, release=release)
-        config = parse(render_config(parse_spec(spec).models[0], "tensorrt_llm"))
+        spec = one_model_spec({**TORCH, **settings}, release=release)
+        config = parse_config(render_config(parse_spec(spec).models[0], "tensorrt_llm"))
         document = json_format.MessageToDict(config, preserving_proto_field_name=True)
         read = settings_from_model_config(document).engine
         assert isinstance(read, EngineConfig)
@@ -267,18 +256,20 @@ def test_a_cpp_engines_block_size_is_read_from_its_build(tmp_path: Path) -> None
     engine_dir.mkdir()
     build = {"build_config": {"plugin_config": {"tokens_per_block": 64}}}
     (engine_dir / "config.json").write_text(json.dumps(build))
-    spec = _spec({**TRTLLM, "engine_dir": str(engine_dir)})
-    config = parse(render_config(parse_spec(spec).models[0], "tensorrt_llm"))
+    spec = one_model_spec({**TRTLLM, "engine_dir": str(engine_dir)})
+    config = parse_config(render_config(parse_spec(spec).models[0], "tensorrt_llm"))
     assert config.parameters["tokens_per_block"].string_value == "64"
-    elsewhere = parse(render_config(parse_spec(_spec(TRTLLM)).models[0], "tensorrt_llm"))
+    elsewhere = parse_config(
+        render_config(parse_spec(one_model_spec(TRTLLM)).models[0], "tensorrt_llm")
+    )
     assert "tokens_per_block" not in elsewhere.parameters
 
 
 def test_tensorrtllm_engine_config_keeps_only_set_parameters() -> None:
-    spec = _spec(
+    spec = one_model_spec(
         {**TRTLLM, "kv_cache_free_gpu_mem_fraction": 0.5, "parameters": {"decoding_mode": "top_p"}}
     )
-    config = parse(render_config(parse_spec(spec).models[0], "tensorrt_llm"))
+    config = parse_config(render_config(parse_spec(spec).models[0], "tensorrt_llm"))
     params = {k: v.string_value for k, v in config.parameters.items()}
     assert config.backend == "tensorrtllm"
     assert params["gpt_model_path"] == "/engines/llama"
@@ -291,18 +282,18 @@ def test_tensorrtllm_engine_config_keeps_only_set_parameters() -> None:
 
 
 def test_repository_files() -> None:
-    files = render_model(parse_spec(_spec(TORCH)).models[0])
+    files = render_model(parse_spec(one_model_spec(TORCH)).models[0])
     for name in ("preprocessing", "postprocessing", "tensorrt_llm_bls", "tensorrt_llm"):
         assert "TritonPythonModel" in files[f"m1_{name}/1/model.py"]
     assert "m1_ensemble/1/.keep" in files
-    trt = render_model(parse_spec(_spec(TRTLLM)).models[0])
+    trt = render_model(parse_spec(one_model_spec(TRTLLM)).models[0])
     assert "m1_tensorrt_llm/1/model.py" not in trt
     assert "m1_tensorrt_llm/1/.keep" in trt
 
 
 def test_values_are_escaped_for_pbtxt() -> None:
-    spec = _spec({**TORCH, "model_dir": 'C:\\models\\"odd"'})
-    config = parse(render_config(parse_spec(spec).models[0], "tensorrt_llm"))
+    spec = one_model_spec({**TORCH, "model_dir": 'C:\\models\\"odd"'})
+    config = parse_config(render_config(parse_spec(spec).models[0], "tensorrt_llm"))
     assert config.parameters["gpt_model_path"].string_value == 'C:\\models\\"odd"'
 
 
@@ -323,94 +314,6 @@ def test_missing_model_dir_is_named(tmp_path: Path) -> None:
         render_spec(spec, tmp_path / "out")
 
 
-def test_spec_file_relative_paths_and_two_sidecars(tmp_path: Path) -> None:
-    (tmp_path / "models" / "a").mkdir(parents=True)
-    (tmp_path / "spec.yaml").write_text(
-        "models:\n"
-        "  - {name: a, engine: {kind: torch, model_dir: ./models/a}}\n"
-        "  - name: b\n"
-        "    tokenizer_dir: ./models/a\n"
-        "    engine: {kind: tensorrtllm, engine_dir: ./models/a}\n"
-        "sidecars:\n  - {name: cpu, models: [a]}\n  - {name: gpu, models: [b]}\n"
-    )
-    spec = load_spec(tmp_path / "spec.yaml")
-    assert spec.models[0].engine.model_dir == str(tmp_path / "models" / "a")  # type: ignore[union-attr]
-    out = render_spec(spec, tmp_path / "out")
-    assert sorted(p.name for p in out["cpu"].iterdir()) == sorted(f"a_{n}" for n in PIPELINE_MODELS)
-    assert sorted(p.name for p in out["gpu"].iterdir()) == sorted(f"b_{n}" for n in PIPELINE_MODELS)
-
-
-@pytest.mark.parametrize(
-    ("data", "message"),
-    [
-        ({"models": []}, "serves no models"),
-        ({"models": [{"name": "a b", "engine": TORCH}]}, "must match"),
-        ({"models": [{"name": "a", "engine": TORCH}, {"name": "a", "engine": TORCH}]}, "twice"),
-        ({"models": [{"name": "a", "engine": {"kind": "onnx"}}]}, "invalid spec"),
-        ({"models": [{"name": "a", "engine": TORCH, "colour": 1}]}, "invalid spec"),
-        (
-            {"models": [{"name": "a", "engine": {**TORCH, "tokens_per_block": 0}}]},
-            "tokens_per_block must be >= 1",
-        ),
-        (
-            {"models": [{"name": "a", "engine": {**TORCH, "kv_cache_free_gpu_mem_fraction": 2.0}}]},
-            r"must be in \(0, 1\]",
-        ),
-        (
-            {"models": [{"name": "a", "engine": {**TORCH, "max_beam_width": 0}}]},
-            "max_beam_width must be >= 1",
-        ),
-        (
-            {"models": [{"name": "a", "engine": {**TORCH, "max_beam_width": 32}}]},
-            "max_beam_width must not exceed max_batch_size",
-        ),
-        ({"models": [{"name": "a", "engine": TRTLLM}]}, None),
-        (
-            {"models": [{"name": "a", "engine": TORCH}], "sidecars": [{"models": ["zz"]}]},
-            "no model named 'zz'",
-        ),
-        (
-            {
-                "models": [{"name": "a", "engine": TORCH}, {"name": "b", "engine": TORCH}],
-                "sidecars": [{"name": "x", "models": ["a"]}, {"name": "y", "models": ["a"]}],
-            },
-            r"not hosted by any sidecar: \['b'\]",
-        ),
-        (
-            {
-                "models": [{"name": "a", "engine": TORCH}],
-                "sidecars": [{"name": "x", "models": ["a"]}, {"name": "x", "models": ["a"]}],
-            },
-            "sidecar names must be unique",
-        ),
-        (
-            {
-                "models": [{"name": "a", "engine": TORCH}],
-                "sidecars": [{"name": "x", "stop_grace_s": -1}],
-            },
-            "sidecar 'x': stop_grace_s must be >= 0",
-        ),
-    ],
-)
-def test_spec_validation(data: dict[str, object], message: str | None) -> None:
-    if message is None:
-        with pytest.raises(SpecError, match="tokenizer_dir is required"):
-            render_model(parse_spec(data).models[0])
-        return
-    with pytest.raises(SpecError, match=message):
-        parse_spec(data)
-
-
-def test_a_pipeline_hosted_by_several_sidecars_is_served_by_each() -> None:
-    spec = parse_spec(
-        {
-            "models": [{"name": "a", "engine": TORCH}],
-            "sidecars": [{"name": "gpu0", "env": {"CUDA_VISIBLE_DEVICES": "0"}}, {"name": "gpu1"}],
-        }
-    )
-    assert [[m.name for m in spec.models_of(s)] for s in spec.sidecars] == [["a"], ["a"]]
-
-
 @pytest.mark.parametrize(
     ("release", "required"),
     [
@@ -420,65 +323,8 @@ def test_a_pipeline_hosted_by_several_sidecars_is_served_by_each() -> None:
     ],
 )
 def test_bls_learns_what_the_releases_postprocessing_requires(release: str, required: str) -> None:
-    model = parse_spec(_spec(TORCH, release=release)).models[0]
-    bls = parse(render_config(model, "tensorrt_llm_bls")).parameters
+    model = parse_spec(one_model_spec(TORCH, release=release)).models[0]
+    bls = parse_config(render_config(model, "tensorrt_llm_bls")).parameters
     assert bls["postprocessing_required_inputs"].string_value == required
     stock = {t.name for t in stock_config(release, "postprocessing").input if not t.optional}
     assert set(required.split(",")) == stock
-
-
-def test_text_python_env_goes_to_the_text_models_only(tmp_path: Path) -> None:
-    env = tmp_path / "text-env"
-    env.mkdir()
-    spec = parse_spec(_spec(TORCH, text_python_env=str(env)))
-    files = render_model(spec.models[0])
-    for name in PIPELINE_MODELS:
-        config = parse(files[f"m1_{name}/config.pbtxt"])
-        value = config.parameters.get("EXECUTION_ENV_PATH")
-        expected = (
-            str(env) if name in ("preprocessing", "postprocessing", "tensorrt_llm_bls") else None
-        )
-        assert (value.string_value if value is not None else None) == expected, name
-
-
-def test_missing_text_python_env_is_named(tmp_path: Path) -> None:
-    missing = tmp_path / "no-env"
-    spec = parse_spec(_spec(TORCH, text_python_env=str(missing)))
-    with pytest.raises(RenderError, match=f"text_python_env {missing} does not exist"):
-        render_spec(spec, tmp_path / "out")
-
-
-def test_relative_text_python_env_is_taken_from_the_spec_file(tmp_path: Path) -> None:
-    (tmp_path / "envs" / "text").mkdir(parents=True)
-    path = tmp_path / "spec.yaml"
-    path.write_text(
-        "models:\n  - name: m\n    engine: {kind: torch, model_dir: some/id}\n"
-        "    text_python_env: ./envs/text\n"
-    )
-    assert load_spec(path).models[0].text_python_env == str(tmp_path / "envs" / "text")
-
-
-def test_grammar_compile_settings_reach_the_engine() -> None:
-    from google.protobuf import json_format
-
-    from deploy.triton.engine.config import settings_from_model_config
-    from deploy.triton.engine.types import EngineConfig, EngineError, GuidedConfig
-
-    def guided(**settings: object) -> tuple[GuidedConfig | None, dict[str, object]]:
-        spec = _spec({**TORCH, **settings}, release="latest")
-        config = parse(render_config(parse_spec(spec).models[0], "tensorrt_llm"))
-        document = json_format.MessageToDict(config, preserving_proto_field_name=True)
-        read = settings_from_model_config(document).engine
-        assert isinstance(read, EngineConfig)
-        return read.guided, document
-
-    chosen, document = guided(
-        guided_decoding_compile_timeout_ms=250,
-        guided_decoding_max_compiles=3,
-        guided_decoding_cache_mb=64,
-    )
-    assert chosen == GuidedConfig(compile_timeout_ms=250, max_compiles=3, cache_mb=64)
-    assert guided()[0] == GuidedConfig()
-    document["parameters"]["guided_decoding_max_compiles"] = {"string_value": "0"}  # type: ignore[index]
-    with pytest.raises(EngineError, match="guided_decoding_max_compiles must be at least 1"):
-        settings_from_model_config(document)

@@ -10,7 +10,7 @@ Every failure a backend reports is one of::
     ├── LoraNotCached        the engine evicted the adapter: resend its weights
     └── InferenceFailed      accepted, then failed while generating
 
-The gateway maps them to its own tree of HTTP errors (``gateway/http/errors.py``).
+The gateway maps them to its own tree of HTTP errors (``gateway/errors.py``).
 """
 
 from __future__ import annotations

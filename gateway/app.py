@@ -21,8 +21,8 @@ from adapters.contract import Backend
 from gateway.catalog.lora import routes as lora_admin
 from gateway.catalog.lora.board import AdapterBoard
 from gateway.catalog.registry import ModelRegistry
+from gateway.errors import ClientDisconnected, from_http_exception, to_api_error
 from gateway.http import docs
-from gateway.http.errors import ClientDisconnected, from_http_exception, to_api_error
 from gateway.observability import Observability
 from gateway.openai.chat import routes as chat
 from gateway.openai.completions import routes as completions

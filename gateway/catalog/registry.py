@@ -18,7 +18,7 @@ from gateway.catalog.lora import LoraLibrary
 from gateway.catalog.text.prompts import PromptTokenizer
 from gateway.catalog.vision import VisionInputs, read_vision
 from gateway.core.plan import Prompt
-from gateway.http.errors import unknown_model
+from gateway.errors import unknown_model
 from gateway.replicas.settings import RoutingSettings
 from gateway.replicas.sources import DnsName, Endpoint, ReplicaSource, SourceError, parse_source
 from gateway.settings import (

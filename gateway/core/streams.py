@@ -10,7 +10,7 @@ from typing import TypeVar
 
 import anyio
 
-from gateway.http.errors import GatewayTimeoutError
+from gateway.errors import GatewayTimeoutError
 
 E = TypeVar("E")
 CLEANUP_GRACE_S = 10.0

@@ -12,16 +12,16 @@ import anyio
 import msgspec
 from litestar.types import Message, Receive, Scope, Send
 
-from gateway.http import sse
-from gateway.http.errors import (
+from gateway.errors import (
     ClientDisconnected,
+    ErrorEnvelope,
     InternalServerError,
     InvalidRequestError,
     body_too_large,
     from_decode_error,
     to_api_error,
 )
-from gateway.openai.protocol import ErrorEnvelope
+from gateway.http import sse
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -23,8 +23,8 @@ import msgspec
 from uvicorn.config import Config
 from uvicorn.server import ServerState
 
+from gateway.errors import ErrorBody, ErrorEnvelope
 from gateway.http.protocol import HeadWithBodyProtocol
-from gateway.openai.protocol import ErrorBody, ErrorEnvelope
 
 logger = logging.getLogger(__name__)
 REFUSALS_LOGGED_EVERY_S = 10.0

@@ -13,13 +13,13 @@ from typing import Any
 import msgspec
 
 from gateway.catalog.lora.routes import LoadAdapter, UnloadAdapter
+from gateway.errors import ErrorEnvelope
 from gateway.openai.protocol import (
     ChatCompletion,
     ChatCompletionChunk,
     ChatCompletionRequest,
     Completion,
     CompletionRequest,
-    ErrorEnvelope,
     ModelCard,
     ModelList,
 )

@@ -8,7 +8,7 @@ from dataclasses import replace
 
 from adapters.contract import BeamSearch, SamplingParams
 from gateway.core.plan import ChoiceSpec, Prompt
-from gateway.http.errors import InvalidRequestError
+from gateway.errors import InvalidRequestError
 from gateway.openai.protocol import SamplingFields, given
 
 _EARLY_STOPPING = {True: 1, False: 0, "never": 2}

@@ -14,7 +14,7 @@ from typing import Any
 
 import msgspec
 
-from gateway.http.errors import OversizeError
+from gateway.errors import OversizeError
 from gateway.openai.protocol import (
     ChatCompletionRequest,
     ChatMessage,

@@ -21,18 +21,18 @@ from litestar.types import ASGIApp, HTTPResponseStartEvent, HTTPScope, Receive, 
 from gateway.catalog.registry import ModelRegistry, ServedModel
 from gateway.core.generation import ChoiceResult, Event, GenerationService, UsageMeter, fold
 from gateway.core.plan import Plan
+from gateway.errors import (
+    ClientDisconnected,
+    MethodNotAllowedError,
+    OversizeError,
+    to_api_error,
+)
 from gateway.http.answers import (
     JsonAnswer,
     decode_body,
     read_body,
     stream_response,
     until_disconnect,
-)
-from gateway.http.errors import (
-    ClientDisconnected,
-    MethodNotAllowedError,
-    OversizeError,
-    to_api_error,
 )
 from gateway.observability import Observability
 from gateway.openai.bounds import Bounds

@@ -337,21 +337,6 @@ class ModelList(Struct, frozen=True, kw_only=True):
     data: list[ModelCard]
 
 
-class ErrorBody(Struct, frozen=True):
-    """OpenAI's error object."""
-
-    message: str
-    type: str
-    param: str | None
-    code: str | None
-
-
-class ErrorEnvelope(Struct, frozen=True):
-    """Body of every error response and of the in-band SSE error event."""
-
-    error: ErrorBody
-
-
 T = TypeVar("T")
 
 

@@ -11,7 +11,7 @@ from msgspec import UnsetType
 
 from adapters.contract import Guide, SamplingParams, SeedOrigin
 from gateway.core.plan import ChoiceSpec, Prompt
-from gateway.http.errors import ContextLengthExceeded, InvalidRequestError
+from gateway.errors import ContextLengthExceeded, InvalidRequestError
 from gateway.openai.protocol import SamplingFields, first_given, given
 from gateway.settings import SamplingDefaults
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from gateway.http.errors import ServiceUnavailableError
+from gateway.errors import ServiceUnavailableError
 
 logger = logging.getLogger(__name__)
 

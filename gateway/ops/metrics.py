@@ -20,7 +20,7 @@ from litestar.di import Provide
 from litestar.handlers import BaseRouteHandler
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from gateway.http.errors import ResourceNotFoundError, ServiceUnavailableError
+from gateway.errors import ResourceNotFoundError, ServiceUnavailableError
 from gateway.runtime import Runtime
 from gateway.settings import Settings
 

@@ -9,7 +9,7 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, replace
 
 from adapters.contract import BackendUnavailable, GenerationRequest, ModelTarget
-from gateway.http.errors import ServiceUnavailableError
+from gateway.errors import ServiceUnavailableError
 from gateway.replicas.affinity import AdapterIndex, PrefixIndex, block_hashes
 from gateway.replicas.health import Health, Reason, stalled
 from gateway.replicas.policy import Candidate, Request, choose

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from gateway.http.errors import RateLimitError
+from gateway.errors import RateLimitError
 from gateway.tenancy import gcra
 from gateway.tenancy.config import TenantPolicy
 from gateway.tenancy.quota import Quota, Rejected

@@ -18,8 +18,8 @@ from litestar.connection import ASGIConnection
 from litestar.handlers import BaseRouteHandler
 from litestar.status_codes import HTTP_201_CREATED, HTTP_204_NO_CONTENT
 
+from gateway.errors import ConflictError, InvalidRequestError, ResourceNotFoundError
 from gateway.http.answers import decode_body
-from gateway.http.errors import ConflictError, InvalidRequestError, ResourceNotFoundError
 from gateway.tenancy import KeyEntry, TenantPolicy
 from gateway.tenancy.config import PolicyError, TenancyConfigError, check_key
 from gateway.tenancy.directory import DirectoryReadOnly

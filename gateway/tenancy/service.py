@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import anyio
 
 from gateway.core.plan import Plan
-from gateway.http.errors import (
+from gateway.errors import (
     AuthenticationError,
     OversizeError,
     ServiceUnavailableError,

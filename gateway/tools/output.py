@@ -8,7 +8,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from adapters.contract import Guide
-from gateway.http.errors import InvalidRequestError
+from gateway.errors import InvalidRequestError
 from gateway.openai.protocol import (
     ChatCompletionRequest,
     NamedToolChoice,

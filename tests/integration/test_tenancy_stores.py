@@ -14,7 +14,7 @@ import redis
 
 from adapters.contract import SamplingParams
 from gateway.core.plan import ChoiceSpec, Plan, Prompt
-from gateway.http.errors import RateLimitError
+from gateway.errors import RateLimitError
 from gateway.tenancy.config import StoreSettings, TenancySettings, TenantPolicy
 from gateway.tenancy.quota import Limits, MemoryStore, QuotaStore, Rejected, StoreUnavailable
 from gateway.tenancy.redis_store import RedisStore

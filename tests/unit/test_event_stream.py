@@ -9,8 +9,8 @@ from typing import Any
 
 import msgspec
 
+from gateway.errors import ErrorEnvelope
 from gateway.http.answers import stream_response
-from gateway.openai.protocol import ErrorEnvelope
 
 
 class Piece(msgspec.Struct):

@@ -14,7 +14,7 @@ from adapters.contract import (
     InvalidRequest,
     ModelNotFound,
 )
-from gateway.http.errors import from_http_exception, to_api_error
+from gateway.errors import from_http_exception, to_api_error
 from gateway.openai.protocol import ChatCompletionRequest
 
 

@@ -32,7 +32,7 @@ from gateway.core.generation import (
     token_texts,
 )
 from gateway.core.plan import ChoiceSpec, Plan, Prompt
-from gateway.http.errors import GatewayTimeoutError
+from gateway.errors import GatewayTimeoutError
 from gateway.settings import SamplingDefaults
 
 

@@ -15,7 +15,7 @@ from transformers import AutoTokenizer
 
 from adapters.contract import PromptImage
 from gateway.catalog.text.prompts import INLINE_CHARS, PromptTokenizer, strip_leading_bos
-from gateway.http.errors import InvalidRequestError
+from gateway.errors import InvalidRequestError
 
 BOS = "<|endoftext|>"
 BOS_TEMPLATE = (

@@ -10,7 +10,7 @@ import pytest
 
 from adapters.contract import SamplingParams
 from gateway.core.plan import Prompt
-from gateway.http.errors import ContextLengthExceeded, InvalidRequestError
+from gateway.errors import ContextLengthExceeded, InvalidRequestError
 from gateway.openai.beams import beam_choices, beam_search
 from gateway.openai.chat.plan import check_chat, template_messages
 from gateway.openai.completions.plan import check_completion

@@ -23,7 +23,7 @@ from adapters.contract import (
     TokenChunk,
 )
 from adapters.scripted import ScriptedBackend
-from gateway.http.errors import ServiceUnavailableError
+from gateway.errors import ServiceUnavailableError
 from gateway.replicas import dispatch
 from gateway.replicas.metrics import ReplicaMetrics
 from gateway.replicas.pool import ReplicaPool

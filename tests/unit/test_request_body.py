@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
+from gateway.errors import ClientDisconnected, RequestTooLargeError
 from gateway.http.answers import read_body
-from gateway.http.errors import ClientDisconnected, RequestTooLargeError
 
 
 def _receiver(messages: list[dict[str, Any]]) -> Any:

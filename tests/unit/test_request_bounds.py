@@ -9,7 +9,7 @@ import pytest
 
 from adapters.contract import BeamSearch, SamplingParams
 from gateway.core.plan import ChoiceSpec, Plan, Prompt
-from gateway.http.errors import ContextLengthExceeded, InvalidRequestError, OversizeError
+from gateway.errors import ContextLengthExceeded, InvalidRequestError, OversizeError
 from gateway.openai.bounds import (
     DEFAULT_MAX_CHOICES,
     Bounds,

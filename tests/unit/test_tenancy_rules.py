@@ -8,8 +8,8 @@ from typing import Any
 import msgspec
 import pytest
 
+from gateway.errors import InvalidRequestError
 from gateway.http.answers import decode_body
-from gateway.http.errors import InvalidRequestError
 from gateway.ops.metrics import metrics_need_admin_key
 from gateway.settings import Settings, SettingsError, check_settings, parse_settings
 from gateway.tenancy.config import KeyEntry, PolicyError, TenancySettings, TenantPolicy

@@ -9,7 +9,7 @@ import pytest
 
 from adapters.contract import BeamSearch, SamplingParams
 from gateway.core.plan import ChoiceSpec, Plan, Prompt
-from gateway.http.errors import AuthenticationError
+from gateway.errors import AuthenticationError
 from gateway.tenancy import gcra
 from gateway.tenancy.config import (
     KeyEntry,

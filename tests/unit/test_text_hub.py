@@ -17,7 +17,7 @@ from transformers import AutoTokenizer
 from gateway.catalog.text.hub import HubTokenizer, load_tokenizer
 from gateway.catalog.text.prompts import PromptTokenizer
 from gateway.catalog.text.template import pick_template
-from gateway.http.errors import InvalidRequestError
+from gateway.errors import InvalidRequestError
 
 TOOLS = [
     {

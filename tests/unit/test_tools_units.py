@@ -12,7 +12,7 @@ import pytest
 from adapters.contract import GenerationRequest, Guide, InvalidRequest, SamplingParams
 from adapters.triton.config import parse_model_config
 from adapters.triton.tensors import build_inputs
-from gateway.http.errors import InvalidRequestError
+from gateway.errors import InvalidRequestError
 from gateway.openai.protocol import ChatCompletionRequest
 from gateway.tools import Folded, conversation, output_rules
 from gateway.tools.formats import FORMATS, Function, guess_format, tool_format

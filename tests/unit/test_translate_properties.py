@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 
 from gateway.core.plan import Prompt
 from gateway.core.stops import StopMatcher
+from gateway.errors import APIError
 from gateway.http.answers import decode_body
-from gateway.http.errors import APIError
 from gateway.openai.chat.plan import check_chat, template_messages
 from gateway.openai.completions.plan import check_completion
 from gateway.openai.protocol import ChatCompletionRequest, CompletionRequest

@@ -19,7 +19,7 @@ from adapters.contract import (
 )
 from adapters.triton.beams import beam_width_named
 from adapters.triton.errors import classify, guide_named
-from gateway.http.errors import from_backend_error, to_api_error
+from gateway.errors import from_backend_error, to_api_error
 from gateway.observability.logs import RequestIdFilter
 from gateway.observability.record import RequestRecord, begin, end
 
@@ -199,7 +199,7 @@ def test_a_refusal_tells_the_client_no_internals_and_logs_them_under_the_request
 ) -> None:
     token = begin(RequestRecord("client-7", "POST", "/v1/chat/completions"))
     try:
-        with caplog.at_level(logging.WARNING, logger="gateway.http.errors"):
+        with caplog.at_level(logging.WARNING, logger="gateway.errors"):
             error = to_api_error(classify(message, status))
         (logged,) = caplog.records
         RequestIdFilter().filter(logged)  # as the log handler does while the request runs

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
+from gateway.errors import ClientDisconnected
 from gateway.http.answers import until_disconnect
-from gateway.http.errors import ClientDisconnected
 
 
 class Client:

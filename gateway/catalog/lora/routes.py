@@ -15,8 +15,8 @@ from litestar.response import Response
 from gateway.catalog.lora import AdapterError, AdapterExists
 from gateway.catalog.lora.board import AdapterBoard
 from gateway.catalog.registry import ModelRegistry
+from gateway.errors import InvalidRequestError, ResourceNotFoundError
 from gateway.http.answers import decode_body
-from gateway.http.errors import InvalidRequestError, ResourceNotFoundError
 from gateway.openai.models.cards import adapter_card
 from gateway.openai.protocol import ModelCard
 

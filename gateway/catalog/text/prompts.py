@@ -16,7 +16,7 @@ from deploy.triton.pipeline.detokenizer import IncrementalText
 from gateway.catalog.text.hub import TextTokenizer, load_tokenizer
 from gateway.catalog.text.template import pick_template, render_chat
 from gateway.core.plan import Prompt
-from gateway.http.errors import InvalidRequestError
+from gateway.errors import InvalidRequestError
 
 T = TypeVar("T")
 INLINE_CHARS = 4096

@@ -13,7 +13,7 @@ from adapters.contract import PromptImage
 from gateway.catalog.registry import ServedModel
 from gateway.catalog.vision import VisionInputs
 from gateway.core.plan import Prompt
-from gateway.http.errors import InvalidRequestError
+from gateway.errors import InvalidRequestError
 from gateway.media import ImageError, ImagePolicy, check_image_url
 from gateway.openai.protocol import ChatMessage, ContentPart, ImageURL, given
 

@@ -9,7 +9,7 @@ import msgspec
 
 from gateway.catalog.registry import ServedModel
 from gateway.core.plan import Plan
-from gateway.http.errors import InvalidRequestError
+from gateway.errors import InvalidRequestError
 from gateway.ids import rng
 from gateway.openai.beams import beam_choices, beam_search
 from gateway.openai.chat.images import IMAGE_PART, chat_images, counted_images

@@ -8,7 +8,7 @@ from typing import Any
 from gateway.catalog.registry import ServedModel
 from gateway.catalog.vision import VisionInputs
 from gateway.core.plan import Plan, Prompt
-from gateway.http.errors import InvalidRequestError
+from gateway.errors import InvalidRequestError
 from gateway.ids import rng
 from gateway.openai.beams import beam_choices, beam_search
 from gateway.openai.protocol import (

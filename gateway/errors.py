@@ -36,6 +36,7 @@ from typing import ClassVar
 
 import msgspec
 from litestar.exceptions import HTTPException
+from msgspec import Struct
 
 from adapters.contract import (
     BackendError,
@@ -44,11 +45,25 @@ from adapters.contract import (
     InvalidRequest,
     ModelNotFound,
 )
-from gateway.openai.protocol import ErrorBody, ErrorEnvelope
 
 logger = logging.getLogger(__name__)
 _MSGSPEC_PATH = re.compile(r" - at `\$(?P<path>[^`]*)`$")
 _NAMED_FIELD = re.compile(r"(?:missing required|unknown) field `(?P<field>[^`]+)`")
+
+
+class ErrorBody(Struct, frozen=True):
+    """OpenAI's error object."""
+
+    message: str
+    type: str
+    param: str | None
+    code: str | None
+
+
+class ErrorEnvelope(Struct, frozen=True):
+    """Body of every error response and of the in-band SSE error event."""
+
+    error: ErrorBody
 
 
 class APIError(Exception):

@@ -25,7 +25,7 @@ from adapters.contract import (
 from adapters.triton.beams import beam_inputs, beam_width_named
 from adapters.triton.config import ModelInputs, parse_model_config
 from adapters.triton.errors import guide_named
-from adapters.triton.grpc_stream import (
+from adapters.triton.grpc.stream import (
     Call,
     GrpcCall,
     infer_request,
@@ -33,9 +33,9 @@ from adapters.triton.grpc_stream import (
     open_stream,
     reconnecting_channel_args,
 )
-from adapters.triton.http import HttpStreams
-from adapters.triton.http_pool import IDLE_MAX_AGE_S
-from adapters.triton.http_wire import carries, generate_body
+from adapters.triton.http.call import HttpStreams
+from adapters.triton.http.pool import IDLE_MAX_AGE_S
+from adapters.triton.http.wire import carries, generate_body
 from adapters.triton.responses import Exchange
 from adapters.triton.stopping import Stopper
 from adapters.triton.tensors import build_inputs

@@ -16,8 +16,8 @@ from typing import Any
 import grpc  # type: ignore[import-untyped]
 
 from adapters.triton.client import TritonBackend
-from adapters.triton.http import HttpStreams
-from adapters.triton.http_pool import Connection
+from adapters.triton.http.call import HttpStreams
+from adapters.triton.http.pool import Connection
 
 
 class _Replay:

@@ -13,7 +13,7 @@ import grpc  # type: ignore[import-untyped]
 
 from adapters.contract import ModelTarget
 from adapters.triton.errors import classify
-from adapters.triton.grpc_stream import Call, Opener, infer_request, map_triton_errors
+from adapters.triton.grpc.stream import Call, Opener, infer_request, map_triton_errors
 from adapters.triton.responses import Exchange
 from adapters.triton.tensors import stop_request_inputs
 

@@ -124,7 +124,7 @@ def direct_request(
     ``extras`` (of ``DIRECT_EXTRAS``)."""
     import numpy as np
 
-    from adapters.triton.grpc_stream import infer_request
+    from adapters.triton.grpc.stream import infer_request
     from adapters.triton.wire import WireTensor
 
     def tensor(name: str, value: Any, datatype: str, dtype: Any) -> WireTensor:

@@ -22,7 +22,7 @@ import grpc  # type: ignore[import-untyped]
 import msgspec
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
-from adapters.triton.http_wire import read_head
+from adapters.triton.http.wire import read_head
 
 _DONE = b"[DONE]"
 

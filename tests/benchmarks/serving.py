@@ -37,7 +37,7 @@ import grpc  # type: ignore[import-untyped]
 import numpy as np
 import psutil
 
-from adapters.triton.grpc_stream import infer_request
+from adapters.triton.grpc.stream import infer_request
 from adapters.triton.wire import WireTensor
 from deploy.sidecar import frontend
 from deploy.sidecar.fleet import sidecar_from_spec

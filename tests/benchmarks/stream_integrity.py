@@ -3,8 +3,8 @@
 One tritonserver serves the zero-compute load-test engine as the ``tensorrt_llm`` model. The
 same streamed requests (``--tokens`` responses each, ``--streams`` at once, for ``--seconds``)
 go through the gateway's two transports to Triton: ``http``, ``generate_stream`` on a connection
-per request (``adapters.triton.http``), and ``grpc``, ``ModelStreamInfer`` on one channel
-(``adapters.triton.grpc_stream``). Each request is counted as
+per request (``adapters.triton.http.call``), and ``grpc``, ``ModelStreamInfer`` on one channel
+(``adapters.triton.grpc.stream``). Each request is counted as
 
 - ``complete``: it ended with exactly ``--tokens`` responses;
 - ``short``: it ended normally with fewer (responses the engine sent were never written);
@@ -33,9 +33,9 @@ from pathlib import Path
 import numpy as np
 import tritonclient.grpc.aio as triton_aio
 
-from adapters.triton.grpc_stream import Call, GrpcCall, infer_request, open_stream
-from adapters.triton.http import HttpStreams
-from adapters.triton.http_wire import generate_body
+from adapters.triton.grpc.stream import Call, GrpcCall, infer_request, open_stream
+from adapters.triton.http.call import HttpStreams
+from adapters.triton.http.wire import generate_body
 from adapters.triton.wire import WireTensor
 from deploy.sidecar.fleet import sidecar_from_spec
 from deploy.sidecar.models import ensure_tiny_model

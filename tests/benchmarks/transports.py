@@ -7,9 +7,13 @@ sent at each concurrency through:
 - ``grpc-aio``: grpcio's asyncio API, ``ModelStreamInfer`` (the gateway's transport);
 - ``grpc-threads``: grpcio's synchronous streaming, one thread per request, each response
   handed to the event loop (what an asyncio gateway would have to do with it);
-- ``http-sse``: Triton's HTTP ``generate_stream``, a connection per request (the gateway now
-  keeps its connections alive, which costs less), server-sent events parsed on the event loop
-  (raw asyncio streams, msgspec for the JSON).
+- ``http-sse``: Triton's HTTP ``generate_stream``, a connection per request, server-sent events
+  parsed on the event loop (raw asyncio streams, msgspec for the JSON);
+- ``http-gateway``: the same through the gateway's own HTTP/1.1 client
+  (``adapters.triton.http.call``: kept-alive connections, a spare opened ahead);
+- ``http-httpx``: the same through httpx's ``AsyncClient`` (its kept-alive pool, the events
+  split from ``aiter_bytes`` and decoded with msgspec), the library the gateway's client is
+  weighed against.
 
 Each client decodes the output ids of every response, as the adapter does. Figures: tokens/s and
 this process's CPU per streamed token and per request (all threads). ``python -m
@@ -27,11 +31,13 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import grpc  # type: ignore[import-untyped]
+import httpx
 import msgspec
 import numpy as np
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
-from adapters.triton.grpc_stream import infer_request
+from adapters.triton.grpc.stream import infer_request
+from adapters.triton.http.call import HttpStreams
 from adapters.triton.wire import WireTensor
 from deploy.sidecar.fleet import sidecar_from_spec
 from deploy.sidecar.models import ensure_tiny_model
@@ -134,15 +140,7 @@ class _Event(msgspec.Struct):
 
 
 def http_sse(host: str, port: int, tokens: int) -> Callable[[], Awaitable[Send]]:
-    body = msgspec.json.encode(
-        {
-            "input_ids": PROMPT,
-            "input_lengths": [len(PROMPT)],
-            "request_output_len": [tokens],
-            "end_id": [2],
-            "streaming": [True],
-        }
-    )
+    body = _body(tokens)
     head = (
         f"POST /v2/models/{MODEL}/generate_stream HTTP/1.1\r\nHost: {host}\r\n"
         f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
@@ -156,6 +154,67 @@ def http_sse(host: str, port: int, tokens: int) -> Callable[[], Awaitable[Send]]
                 return await _read_events(reader, writer, head + body, decoder)
             finally:
                 writer.close()
+
+        return send
+
+    return connect
+
+
+def _body(tokens: int) -> bytes:
+    return msgspec.json.encode(
+        {
+            "input_ids": PROMPT,
+            "input_lengths": [len(PROMPT)],
+            "request_output_len": [tokens],
+            "end_id": [2],
+            "streaming": [True],
+        }
+    )
+
+
+def http_gateway(url: str, tokens: int) -> Callable[[], Awaitable[Send]]:
+    streams = HttpStreams()
+    body = _body(tokens)
+
+    async def connect() -> Send:
+        async def send() -> int:
+            call = streams.call(url, MODEL, body)
+            count = 0
+            while (replies := await call.read()) is not None:
+                for reply in replies:
+                    if reply.error:
+                        raise RuntimeError(reply.error)
+                    ids = reply.outputs.get("output_ids")
+                    count += 0 if ids is None else int(ids.size)
+            return count
+
+        return send
+
+    return connect
+
+
+def http_httpx(url: str, tokens: int) -> Callable[[], Awaitable[Send]]:
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=512)
+    client = httpx.AsyncClient(base_url=url, limits=limits, timeout=None)
+    body = _body(tokens)
+    decoder = msgspec.json.Decoder(_Event)
+    path = f"/v2/models/{MODEL}/generate_stream"
+
+    async def connect() -> Send:
+        async def send() -> int:
+            count = 0
+            buffer = b""
+            async with client.stream("POST", path, content=body) as response:
+                async for data in response.aiter_bytes():
+                    buffer += data
+                    *events, buffer = buffer.split(b"\n\n")
+                    for event in events:
+                        parsed = decoder.decode(event[6:])
+                        if parsed.error:
+                            raise RuntimeError(parsed.error)
+                        ids = parsed.output_ids
+                        count += 1 if isinstance(ids, int) else len(ids or ())
+            return count
 
         return send
 
@@ -236,12 +295,15 @@ async def main_async(args: argparse.Namespace, sidecar: Sidecar) -> None:
         "grpc-aio": grpc_aio(sidecar.grpc_url, args.tokens),
         "grpc-threads": grpc_threads(sidecar.grpc_url, args.tokens, pool),
         "http-sse": http_sse(host, int(port), args.tokens),
+        "http-gateway": http_gateway(sidecar.http_url, args.tokens),
+        "http-httpx": http_httpx(sidecar.http_url, args.tokens),
     }
+    chosen = {name: transports[name] for name in args.transports or transports}
     print(f"{'transport':<14}{'streams':>8}{'tokens/s':>12}{'CPU µs/token':>14}"
           f"{'CPU µs/req':>12}{'cores':>7}")  # fmt: skip
     for _ in range(args.rounds):
         for concurrency in args.levels:
-            for name, connect in transports.items():
+            for name, connect in chosen.items():
                 r = await measure(connect, concurrency, args.seconds)
                 print(f"{name:<14}{concurrency:>8}{r['tokens_per_s']:>12,.0f}"
                       f"{r['cpu_us_per_token']:>14.1f}{r['cpu_us_per_request']:>12.0f}"
@@ -256,6 +318,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--instances", type=int, default=1)
+    parser.add_argument("--transports", nargs="+", help="only these (default: every one)")
     args = parser.parse_args()
     sidecar = start_sidecar(args.instances)
     try:

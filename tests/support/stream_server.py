@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator, Awaitable, Iterable
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
-from adapters.triton.http import HttpCall
+from adapters.triton.http.call import HttpCall
 
 
 class Handler(Protocol):

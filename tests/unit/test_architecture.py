@@ -19,7 +19,7 @@ ROOT = REPO
 PACKAGES = ("gateway", "adapters", "deploy")
 TRITONCLIENT_HOMES = (
     "adapters/triton/client.py",
-    "adapters/triton/grpc_stream.py",
+    "adapters/triton/grpc/stream.py",
     "deploy/triton/pipeline/engine_client.py",
 )
 """The only modules that use tritonclient: the Triton adapter's gRPC side, and the BLS's calls
@@ -115,7 +115,7 @@ def test_imports_follow_the_layers(rel: PurePosixPath) -> None:
     [
         ("import tritonclient.grpc", "adapters/triton/tensors.py", True),
         ("import tritonclient.grpc.aio as aio", "adapters/triton/client.py", False),
-        ("from tritonclient.grpc import service_pb2", "adapters/triton/grpc_stream.py", False),
+        ("from tritonclient.grpc import service_pb2", "adapters/triton/grpc/stream.py", False),
         ("from tritonclient.utils import x", "gateway/app.py", True),
         ("from gateway.app import create_app", "deploy/sidecar/cli.py", True),
         ("from adapters.contract import Backend", "deploy/sidecar/supervisor.py", True),

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from adapters.contract import GenerationRequest, SamplingParams
 from adapters.triton.config import parse_model_config
-from adapters.triton.http_wire import ChunkedEvents, carries, generate_body, reply_of
+from adapters.triton.http.wire import ChunkedEvents, carries, generate_body, reply_of
 from adapters.triton.responses import Exchange, Reply, _ids
 from adapters.triton.tensors import build_inputs
 from adapters.triton.wire import JsonOutputs, WireTensor, first_bytes, first_int

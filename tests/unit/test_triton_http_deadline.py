@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from adapters.triton.http import HttpStreams
+from adapters.triton.http.call import HttpStreams
 from tests.support.stream_server import (
     read_request,
     serving,

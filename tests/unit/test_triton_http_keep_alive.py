@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from adapters.triton.errors import HttpError
-from adapters.triton.http import HttpStreams
+from adapters.triton.http.call import HttpStreams
 from tests.support.stream_server import Peer, read_request, serving, settle, tokens_of, write_stream
 
 

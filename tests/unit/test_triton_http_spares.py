@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from adapters.triton.http import HttpCall, HttpStreams
+from adapters.triton.http.call import HttpCall, HttpStreams
 from tests.support.stream_server import Peer, read_request, serving, settle, tokens_of, write_stream
 
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from adapters.contract import InvalidRequest
-from adapters.triton.http_wire import carries, generate_body
+from adapters.triton.http.wire import carries, generate_body
 from adapters.triton.wire import NUMPY_TYPES, WireTensor, flag, scalar, text
 
 CASES: list[tuple[str, str, Any]] = [

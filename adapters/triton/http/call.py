@@ -1,10 +1,13 @@
 """Triton's HTTP ``generate_stream`` as a transport: one request, its responses as server-sent
 events, on a connection it holds while it runs.
 
-Measured against grpcio's asyncio client (``tests/benchmarks/transports.py``) it costs the
-calling process about a third of the CPU per streamed token and per request, and Triton streams
-faster over it. Closing the connection cancels the request in Triton (the engine sees
-``is_cancelled``). What JSON cannot carry (LoRA weights in 16-bit floats) goes over gRPC instead.
+Why it exists, measured (``python -m tests.benchmarks.transports``, 2 cores, 64-token streams;
+docs/results/http-client.md): at 1, 16 and 64 streams it cost the calling process 25.9, 7.2 and
+7.0 µs of CPU per token, against 70.2, 38.8 and 116.0 through httpx's ``AsyncClient`` on the same
+requests, and 88.1, 35.2 and 27.5 through grpcio's asyncio client; per request 1.7, 0.46 and
+0.45 ms against 4.5, 2.5 and 7.4 (httpx) and 5.6, 2.3 and 1.8 (gRPC). Closing the connection
+cancels the request in Triton (the engine sees ``is_cancelled``). What JSON cannot carry (LoRA
+weights in 16-bit floats) goes over gRPC instead.
 
 A connection whose stream ended cleanly (its chunked body read to the end, Triton not closing
 it) is kept alive for the server's next call, as an HTTP client library's pool does: a call goes
@@ -35,8 +38,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from adapters.triton.errors import HttpError
-from adapters.triton.http_pool import Connection, ConnectionPool
-from adapters.triton.http_wire import (
+from adapters.triton.http.pool import Connection, ConnectionPool
+from adapters.triton.http.wire import (
     ChunkedEvents,
     error_text,
     read_head,

@@ -19,7 +19,6 @@ from gateway.settings import (
     SidecarSettings,
     check_settings,
     load_settings,
-    sidecar_served,
 )
 from gateway.tenancy import TenancySettings
 from gateway.tenancy.config import resolve_store
@@ -80,7 +79,6 @@ def serve(settings: Settings, settings_dir: Path | None = None) -> int:
     names = ", ".join(model.name for model in settings.models) or "every pipeline of the spec"
     waits = " once its sidecars have loaded" if settings.sidecars is not None else ""
     print(f"  models: {names}; ready{waits} (/health/ready); Ctrl-C stops", flush=True)
-    _say_transports(settings)
     if server.workers > 1 or settings.tenancy.store.kind == "embedded":
         return _serve_workers(settings)
     from gateway.app import create_app
@@ -96,56 +94,6 @@ def serve(settings: Settings, settings_dir: Path | None = None) -> int:
         print(f"error: {failure}", file=sys.stderr, flush=True)
         return 1
     return 0
-
-
-def _say_transports(settings: Settings) -> None:
-    """How the supervised sidecars' models reach Triton, and a warning where one takes Triton's
-    HTTP transport on a sidecar that may lose responses: without the response keeper, on this
-    host's buffer. A Triton elsewhere is out of sight: its ``transport: http`` is the operator's
-    word."""
-    from deploy.sidecar import frontend
-    from deploy.sidecar.frontend import keeper
-    from deploy.sidecar.spec import SpecError, load_spec, parse_spec
-
-    sidecars = settings.sidecars
-    if sidecars is None:
-        return
-    try:
-        spec = load_spec(sidecars.spec) if sidecars.spec else parse_spec(sidecars.inline or {})
-    except SpecError:
-        return  # the start reports it
-    served = [model for model in settings.models if sidecar_served(model)]
-    wanted = all(sidecar.keep_responses for sidecar in spec.sidecars)
-    kept = wanted and keeper.build() is not None
-    queue = frontend.queue_bytes()
-    safe = frontend.keeps_responses(queue, keeper=kept)
-    if kept:
-        why = "the response keeper is preloaded into tritonserver"
-    elif safe:
-        why = f"this host's net.core.wmem_default is {queue} bytes"
-    else:
-        buffer = "could not be read" if queue is None else f"is {queue} bytes"
-        lacks = "is off in the spec" if not wanted else "could not be built (no C compiler)"
-        why = f"the response keeper {lacks} and this host's net.core.wmem_default {buffer}"
-    fix = (
-        f"a C compiler (cc), or sysctl -w net.core.wmem_default={frontend.SAFE_QUEUE_BYTES}, "
-        "before the sidecars start (docs/deployment/transports.md)"
-    )
-    http = [model.name for model in served if model.transport == "http"]
-    if http and not safe:
-        print(
-            f"  warning: {', '.join(http)} take Triton's HTTP transport, and {why}: Triton's "
-            f"HTTP frontend loses responses when it falls behind. Give this host {fix}",
-            file=sys.stderr,
-            flush=True,
-        )
-    auto = [model.name for model in served if model.transport == "auto"]
-    if auto or not settings.models:
-        which = ", ".join(auto) or "every pipeline"
-        if safe:
-            print(f"  {which}: over Triton's HTTP generate_stream ({why})", flush=True)
-        else:
-            print(f"  {which}: over gRPC, since {why}; HTTP, cheaper, with {fix}", flush=True)
 
 
 def _serve_workers(settings: Settings) -> int:

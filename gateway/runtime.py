@@ -15,13 +15,19 @@ from typing import Protocol, runtime_checkable
 import httpx
 
 from adapters.contract import Backend, ModelTarget
-from deploy.sidecar import frontend
 from deploy.sidecar.fleet import sidecar_from_spec
 from deploy.sidecar.spec import Spec, SpecError, load_spec, parse_spec
 from deploy.sidecar.supervisor import Sidecar
 from gateway.catalog.lora import AdapterError, AdapterExists
 from gateway.catalog.lora.board import AdapterBoard
-from gateway.catalog.registry import ModelRegistry, ModelRoute, load_model, resolve_routes
+from gateway.catalog.registry import (
+    ModelRegistry,
+    ModelRoute,
+    load_model,
+    resolve_routes,
+    triton_endpoints,
+)
+from gateway.catalog.transports import build_keepers, choose_transports, log_choices
 from gateway.core.generation import GenerationService
 from gateway.observability import Observability
 from gateway.ops.drain import Lifecycle
@@ -155,8 +161,17 @@ class Runtime:
     async def _start(self) -> None:
         await self.tenancy.start()
         spec, grpc_urls, http_urls, hosts = await self._prepare_sidecars()
-        sidecar_http = self._sidecars_keep_responses()
-        routes = resolve_routes(self.settings, spec, grpc_urls, http_urls, hosts, sidecar_http)
+        kept = {sidecar.name for sidecar in self.sidecars if sidecar.keeps_responses}
+        choices = choose_transports(self.settings, spec, kept)
+        over_http = {choice.model for choice in choices if choice.transport == "http"}
+        routes = resolve_routes(self.settings, spec, grpc_urls, http_urls, hosts, over_http)
+        log_choices(choices)
+        by_name = {route.name: route for route in routes}
+        self.metrics.record_transports(
+            (choice.model, endpoint, choice.transport, choice.reason)
+            for choice in choices
+            for endpoint in triton_endpoints(by_name[choice.model])
+        )
         # One thread, one model after another: transformers' lazy imports are not thread-safe.
         models = await asyncio.to_thread(
             lambda: [load_model(route, self._executor) for route in routes]
@@ -213,20 +228,6 @@ class Runtime:
         self._executor.shutdown(wait=False, cancel_futures=True)
         await _bounded("observability", asyncio.to_thread(self.observability.close))
 
-    def _sidecars_keep_responses(self) -> bool:
-        """Whether the supervised sidecars' HTTP frontends keep every streamed response
-        (``deploy.sidecar.frontend``): each runs with the response keeper, or the host's buffer
-        is large enough, as this worker's parent read it when it built them, or as it is now,
-        just before this process starts them."""
-        if self._shared is not None:
-            state = read_state(self._shared)
-            kept = [sidecar.keeps_responses for sidecar in state.sidecars]
-            queue = state.queue_bytes
-        else:
-            kept = [sidecar.keeps_responses for sidecar in self._sidecars]
-            queue = frontend.queue_bytes()
-        return frontend.keeps_responses(queue, keeper=bool(kept) and all(kept))
-
     async def _prepare_sidecars(self) -> tuple[Spec | None, *SidecarAddresses]:
         """The sidecars built (not started), or those of this worker's parent, and their
         addresses by pipeline."""
@@ -241,8 +242,12 @@ class Runtime:
         else:
             self._workdir = Path(tempfile.mkdtemp(prefix="triton-gateway-"))
             self._temporary_workdir = True
+        keepers = await asyncio.to_thread(build_keepers, self.settings, spec)
         for sidecar_spec in spec.sidecars:
-            sidecar = await asyncio.to_thread(sidecar_from_spec, spec, sidecar_spec, self._workdir)
+            keeper = keepers[sidecar_spec.name]
+            sidecar = await asyncio.to_thread(
+                sidecar_from_spec, spec, sidecar_spec, self._workdir, response_keeper=keeper
+            )
             self._sidecars.append(sidecar)
         return spec, *shared_urls(spec, self._sidecars)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from deploy.sidecar.frontend import keeper
 from deploy.sidecar.render import render_files, write_repository
@@ -11,8 +12,20 @@ from deploy.sidecar.supervisor import Sidecar
 from deploy.sidecar.tritonbin import find_tritonserver, parse_gpu_ids
 
 
-def sidecar_from_spec(spec: Spec, sidecar: SidecarSpec, workdir: Path) -> Sidecar:
-    """Render the repository of one sidecar of a spec and build (not start) its supervisor."""
+def sidecar_from_spec(
+    spec: Spec,
+    sidecar: SidecarSpec,
+    workdir: Path,
+    *,
+    response_keeper: Path | Literal["build"] | None = "build",
+) -> Sidecar:
+    """Render the repository of one sidecar of a spec and build (not start) its supervisor.
+
+    ``response_keeper`` is the keeper its tritonserver preloads, built once by a caller that
+    starts several (the gateway), or None for none; by default it is built here where the
+    sidecar's ``keep_responses`` asks for it."""
+    if isinstance(response_keeper, str):
+        response_keeper = keeper.build() if sidecar.keep_responses else None
     repository = write_repository(
         render_files(spec, sidecar), Path(workdir) / sidecar.name / "repo"
     )
@@ -39,7 +52,7 @@ def sidecar_from_spec(spec: Spec, sidecar: SidecarSpec, workdir: Path) -> Sideca
         log_verbose=sidecar.log_verbose,
         extra_args=tuple(sidecar.extra_args),
         stop_grace_s=sidecar.stop_grace_s,
-        keeper=keeper.build() if sidecar.keep_responses else None,
+        keeper=response_keeper,
     )
 
 

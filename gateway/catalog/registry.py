@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +16,7 @@ from adapters.contract import LoraAdapter, ModelTarget
 from deploy.sidecar.spec import ModelSpec, Spec, TorchEngine
 from gateway.catalog.lora import LoraLibrary
 from gateway.catalog.text.prompts import PromptTokenizer
+from gateway.catalog.transports import served_models
 from gateway.catalog.vision import VisionInputs, read_vision
 from gateway.core.plan import Prompt
 from gateway.errors import unknown_model
@@ -28,7 +29,6 @@ from gateway.settings import (
     SamplingDefaults,
     Settings,
     SettingsError,
-    sidecar_served,
 )
 
 logger = logging.getLogger(__name__)
@@ -107,25 +107,22 @@ def resolve_routes(
     grpc_urls: Mapping[str, str],
     http_urls: Mapping[str, str] | None = None,
     sidecar_replicas: Mapping[str, Sequence[Endpoint]] | None = None,
-    sidecar_http: bool = False,
+    over_http: Collection[str] = (),
 ) -> tuple[ModelRoute, ...]:
     """Decide every model's Triton address (or replicas), model names and tokenizer (pure).
 
     ``grpc_urls`` and ``http_urls`` map a pipeline to the addresses of the sidecar hosting it;
     ``sidecar_replicas`` to every sidecar hosting it, for pipelines hosted by several. A target
-    has an HTTP address only where its model's ``transport`` is ``http``, or ``auto`` with
-    ``sidecar_http`` (Triton's HTTP frontend keeps every response on this host) for a model of
-    a supervised sidecar.
+    has an HTTP address only where its model is named in ``over_http``, the models whose
+    transport was decided to be HTTP at start (``gateway.catalog.transports``).
     """
-    models = settings.models
-    if not models and spec is not None:
-        models = tuple(ModelSettings(name=m.name, pipeline=m.name) for m in spec.models)
+    models = served_models(settings, spec)
     routes = tuple(
         _with_replicas(
-            _route(model, spec, grpc_urls, http_urls or {}, sidecar_http, settings.limits.bounds),
+            _route(model, spec, grpc_urls, http_urls or {}, over_http, settings.limits.bounds),
             model,
             sidecar_replicas or {},
-            sidecar_http,
+            over_http,
         )
         for model in models
     )
@@ -141,7 +138,7 @@ def _route(
     spec: Spec | None,
     grpc_urls: Mapping[str, str],
     http_urls: Mapping[str, str],
-    sidecar_http: bool,
+    over_http: Collection[str],
     bounds: RequestBounds,
 ) -> ModelRoute:
     pipeline = _pipeline(model, spec)
@@ -153,7 +150,7 @@ def _route(
     )
     url = model.triton_url or (grpc_urls.get(pipeline.name) if pipeline else None)
     http_url = None
-    if _takes_http(model, sidecar_http):
+    if model.name in over_http:
         http_url = model.triton_http_url
         if http_url is None and model.triton_url is None and pipeline is not None:
             http_url = http_urls.get(pipeline.name)
@@ -209,7 +206,7 @@ def _with_replicas(
     route: ModelRoute,
     model: ModelSettings,
     sidecar_replicas: Mapping[str, Sequence[Endpoint]],
-    sidecar_http: bool,
+    over_http: Collection[str],
 ) -> ModelRoute:
     """The route with its replicas: configured ones, or the sidecars hosting its pipeline."""
     source: ReplicaSource | None = None
@@ -229,11 +226,11 @@ def _with_replicas(
             )
     if source is None:
         return route
-    over_http = _takes_http(model, sidecar_http)
-    if isinstance(source, DnsName) and not over_http:
+    takes_http = model.name in over_http
+    if isinstance(source, DnsName) and not takes_http:
         source = dataclasses.replace(source, http_port=None)
     if isinstance(source, tuple):
-        if not over_http:
+        if not takes_http:
             source = tuple(dataclasses.replace(endpoint, http_url=None) for endpoint in source)
         first, http_url = source[0].url, source[0].http_url
     else:
@@ -242,13 +239,15 @@ def _with_replicas(
     return dataclasses.replace(route, target=target, replicas=source, routing=model.routing)
 
 
-def _takes_http(model: ModelSettings, sidecar_http: bool) -> bool:
-    """Whether the model's requests stream over Triton's HTTP ``generate_stream``: asked for,
-    or left to ``auto`` for a model of a supervised sidecar on a host where it is safe. Settings
-    that give an HTTP address to a model of another transport were refused before."""
-    if model.transport != "auto":
-        return model.transport == "http"
-    return sidecar_served(model) and sidecar_http
+def triton_endpoints(route: ModelRoute) -> list[str]:
+    """The Triton addresses a route's requests stream to: each one's HTTP address where it
+    has one, else its gRPC address (a DNS name's, for replicas found by DNS)."""
+    replicas = route.replicas
+    if isinstance(replicas, DnsName):
+        return [f"dns:{replicas.host}:{replicas.port}"]
+    if replicas:
+        return [endpoint.http_url or endpoint.url for endpoint in replicas]
+    return [route.target.http_url or route.target.url]
 
 
 def _pipeline(model: ModelSettings, spec: Spec | None) -> ModelSpec | None:

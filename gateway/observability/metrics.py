@@ -267,6 +267,15 @@ class GatewayMetrics:
         self._time_to_first_token = _Children(self.time_to_first_token)
         self._inter_token_latency = _Children(self.inter_token_latency)
         self._end_to_end = _Children(self.end_to_end)
+        self.transport_info = Gauge(
+            "gateway_triton_transport_info",
+            "1 for each Triton address of each served model, by the transport decided at start "
+            "(grpc or http) and why (settings, keeper, keeper_off, keeper_unbuilt, "
+            "not_supervised).",
+            ["model", "endpoint", "transport", "reason"],
+            registry=registry,
+            multiprocess_mode="max",
+        )
         self._queue_time = _Children(self.queue_time)
         self._prompt_tokens = _Children(self.prompt_tokens)
         self._completion_tokens = _Children(self.completion_tokens)
@@ -278,6 +287,11 @@ class GatewayMetrics:
         """Report the state of the supervised sidecars ``sidecars()`` returns at each scrape."""
         self._sidecars = _Sidecars(sidecars)
         self.registry.register(self._sidecars)
+
+    def record_transports(self, rows: Iterable[tuple[str, str, str, str]]) -> None:
+        """The transports decided at start: (model, endpoint, transport, reason) each."""
+        for row in rows:
+            self.transport_info.labels(*row).set(1)
 
     def record_rate_limited(self, tenant: str, limit: str) -> None:
         """A limit refused a request of ``tenant``."""

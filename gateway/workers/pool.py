@@ -16,9 +16,9 @@ from types import FrameType
 import msgspec
 from prometheus_client import multiprocess
 
-from deploy.sidecar import frontend
 from deploy.sidecar.fleet import sidecar_from_spec
 from deploy.sidecar.supervisor import Sidecar
+from gateway.catalog.transports import build_keepers
 from gateway.runtime import read_spec
 from gateway.server import REPEAT_WINDOW_S
 from gateway.settings import Settings
@@ -73,8 +73,6 @@ class Pool:
             else None
         )
         self.sidecars: list[Sidecar] = []
-        self.queue_bytes: int | None = None
-        """This host's ``net.core.wmem_default`` as the sidecars started."""
         self.ready = False
         self.failure: str | None = None
         self.stopping = threading.Event()
@@ -109,12 +107,12 @@ class Pool:
             return
         spec = read_spec(sidecars)
         workdir = Path(sidecars.workdir) if sidecars.workdir else self.folder / "sidecars"
+        keepers = build_keepers(self.settings, spec)
         self.sidecars = [
-            sidecar_from_spec(spec, sidecar_spec, workdir) for sidecar_spec in spec.sidecars
+            sidecar_from_spec(spec, s, workdir, response_keeper=keepers[s.name])
+            for s in spec.sidecars
         ]
-        # Read once, as the sidecars start: every worker takes the transport it allows.
-        self.queue_bytes = frontend.queue_bytes()
-        write_state(self.state_file, self.sidecars, ready=False, queue_bytes=self.queue_bytes)
+        write_state(self.state_file, self.sidecars, ready=False)
 
     def _start_sidecars(self) -> None:
         for sidecar in self.sidecars:
@@ -139,9 +137,7 @@ class Pool:
 
     def _watch(self, payload: bytes) -> None:
         if self.sidecars:
-            write_state(
-                self.state_file, self.sidecars, ready=self.ready, queue_bytes=self.queue_bytes
-            )
+            write_state(self.state_file, self.sidecars, ready=self.ready)
         if self.redis is not None:
             self.redis.watch()
         for index, process in enumerate(self._workers):

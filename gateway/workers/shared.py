@@ -53,14 +53,9 @@ class SharedState:
     sidecars: tuple[SidecarView, ...]
     ready: bool
     """Every sidecar has started once (its models loaded)."""
-    queue_bytes: int | None = None
-    """The host's ``net.core.wmem_default`` as the parent read it when it built the sidecars:
-    the buffer of their HTTP frontends (``deploy.sidecar.frontend``)."""
 
 
-def write_state(
-    path: Path, sidecars: Iterable[SidecarLike], *, ready: bool, queue_bytes: int | None = None
-) -> None:
+def write_state(path: Path, sidecars: Iterable[SidecarLike], *, ready: bool) -> None:
     """Replace the state file at once (readers never see half of it)."""
     views = [
         SidecarView(
@@ -68,11 +63,7 @@ def write_state(
         )
         for s in sidecars
     ]
-    data = {
-        "ready": ready,
-        "sidecars": [asdict(view) for view in views],
-        "queue_bytes": queue_bytes,
-    }
+    data = {"ready": ready, "sidecars": [asdict(view) for view in views]}
     temporary = path.with_suffix(f".{os.getpid()}.tmp")
     temporary.write_text(json.dumps(data))
     os.replace(temporary, path)
@@ -85,4 +76,4 @@ def read_state(path: Path) -> SharedState:
     except FileNotFoundError:
         return SharedState((), ready=False)
     views = tuple(SidecarView(**view) for view in data["sidecars"])
-    return SharedState(views, ready=bool(data["ready"]), queue_bytes=data.get("queue_bytes"))
+    return SharedState(views, ready=bool(data["ready"]))

@@ -39,7 +39,6 @@ import psutil
 
 from adapters.triton.grpc.stream import infer_request
 from adapters.triton.wire import WireTensor
-from deploy.sidecar import frontend
 from deploy.sidecar.fleet import sidecar_from_spec
 from deploy.sidecar.models import ensure_tiny_model
 from deploy.sidecar.spec import parse_spec
@@ -301,10 +300,7 @@ def main(argv: list[str] | None = None) -> int:
             sidecar.wait_ready(300, first_start=True)
             bench = Bench(sidecar, args.seconds, levels)
             if args.transport == "auto":
-                keeps = frontend.keeps_responses(
-                    frontend.queue_bytes(), keeper=sidecar.keeps_responses
-                )
-                args.transport = "http" if keeps else "grpc"
+                args.transport = "http" if sidecar.keeps_responses else "grpc"
             config = gateway_config(sidecar, tokenizer_dir, args.transport)
             url, gateway = serve_process(config, workdir, "gateway")
             try:

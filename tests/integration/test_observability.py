@@ -151,6 +151,19 @@ def test_metrics_follow_a_streamed_request(traced: str) -> None:
     assert grew("gateway_requests_total", **route) == 1
 
 
+def test_metrics_name_each_models_transport_to_triton(traced: str, sidecar: Sidecar) -> None:
+    exposed = [
+        (labels, value)
+        for name, labels, value in parse(httpx.get(f"{traced}/metrics").text)
+        if name == "gateway_triton_transport_info"
+    ]
+    assert (
+        {"model": ENSEMBLE_MODEL, "endpoint": sidecar.grpc_url, "transport": "grpc",
+         "reason": "settings"},
+        1.0,
+    ) in exposed  # fmt: skip
+
+
 def test_access_line_has_the_facts_and_not_the_prompt(
     traced: str, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -1,5 +1,5 @@
-"""Which transport a model's requests take to Triton, the settings that contradict it, and
-what the host's buffer says of Triton's HTTP frontend."""
+"""Which transport a model's requests take to Triton, decided at start and why, the sidecars
+that run the response keeper, and the settings that contradict a transport."""
 
 from __future__ import annotations
 
@@ -8,11 +8,16 @@ from typing import Any
 
 import pytest
 
-from deploy.sidecar import frontend
 from deploy.sidecar.frontend import keeper
 from deploy.sidecar.spec import parse_spec
-from gateway import cli
-from gateway.catalog.registry import resolve_routes
+from gateway.catalog.registry import resolve_routes, triton_endpoints
+from gateway.catalog.transports import (
+    build_keepers,
+    choose_transports,
+    keeper_sidecars,
+    log_choices,
+)
+from gateway.observability.metrics import GatewayMetrics
 from gateway.replicas.settings import RoutingSettings
 from gateway.replicas.sources import Endpoint
 from gateway.settings import ModelSettings, Settings, SettingsError, check_settings, parse_settings
@@ -28,15 +33,18 @@ HTTP = {"tiny": "http://127.0.0.1:23000"}
 
 
 def _routes(*models: dict[str, Any], hosts: Any = None, sidecar_http: bool = False) -> Any:
+    """The routes where both sidecars run the response keeper (``sidecar_http``), or neither."""
     settings = parse_settings({"models": list(models), "tenancy": {"auth": False}})
     check_settings(settings)
-    return resolve_routes(settings, SPEC, GRPC, HTTP, hosts, sidecar_http)
+    choices = choose_transports(settings, SPEC, {"a", "b"} if sidecar_http else ())
+    over_http = {choice.model for choice in choices if choice.transport == "http"}
+    return resolve_routes(settings, SPEC, GRPC, HTTP, hosts, over_http)
 
 
 @pytest.mark.parametrize(
     ("transport", "sidecar_http", "over_http"),
     [
-        # auto: HTTP only where this host's buffer keeps Triton's HTTP responses.
+        # auto: HTTP only where the sidecars run the response keeper.
         ("auto", False, False),
         ("auto", True, True),
         ("grpc", True, False),
@@ -54,8 +62,11 @@ def test_a_sidecar_model_takes_http_when_asked_or_where_it_is_safe(
 
 def test_every_pipeline_served_by_default_follows_auto() -> None:
     settings = parse_settings({"tenancy": {"auth": False}})
-    (safe,) = resolve_routes(settings, SPEC, GRPC, HTTP, None, True)
-    (unsafe,) = resolve_routes(settings, SPEC, GRPC, HTTP, None, False)
+    (kept,) = choose_transports(settings, SPEC, {"a", "b"})
+    (bare,) = choose_transports(settings, SPEC, {"a"})
+    assert (kept.model, kept.transport, bare.transport) == ("tiny", "http", "grpc")
+    (safe,) = resolve_routes(settings, SPEC, GRPC, HTTP, None, {"tiny"})
+    (unsafe,) = resolve_routes(settings, SPEC, GRPC, HTTP, None, ())
     assert (safe.target.http_url, unsafe.target.http_url) == (HTTP["tiny"], None)
 
 
@@ -95,7 +106,7 @@ def test_dns_replicas_not_over_http_keep_no_http_port() -> None:
     # Unchecked settings (resolve_routes alone) still give a gRPC model no HTTP address.
     model = ModelSettings(name="m", tokenizer_dir="/t", replicas="dns:triton:8001",
                           routing=RoutingSettings(http_port=0), transport="grpc")  # fmt: skip
-    (route,) = resolve_routes(Settings(models=(model,)), None, {}, {}, None, True)
+    (route,) = resolve_routes(Settings(models=(model,)), None, {}, {}, None, ())
     assert route.replicas.http_port is None
 
 
@@ -146,74 +157,116 @@ def test_transport_contradictions_are_refused(model: dict[str, Any], match: str)
         _routes({"name": "m", "tokenizer_dir": "/t", **model})
 
 
-def test_the_host_buffer_is_read_and_judged(tmp_path: Path) -> None:
-    wmem = tmp_path / "wmem_default"
-    wmem.write_text("212992\n")
-    assert frontend.queue_bytes(wmem) == 212992
-    assert not frontend.keeps_responses(212992)
-    assert frontend.keeps_responses(8 * 1024 * 1024)
-    assert not frontend.keeps_responses(None)
-    assert frontend.keeps_responses(212992, keeper=True)
-    assert frontend.keeps_responses(None, keeper=True)
-    assert frontend.queue_bytes(tmp_path / "absent") is None
+def _spec(keep: bool = True) -> Any:
+    engine = {"kind": "torch", "model_dir": "/m/tiny"}
+    return parse_spec(
+        {
+            "models": [{"name": "p1", "engine": engine}, {"name": "p2", "engine": engine}],
+            "sidecars": [
+                {"name": "a", "models": ["p1"]},
+                {"name": "b", "models": ["p2"], "keep_responses": keep},
+            ],
+        }
+    )
 
 
 @pytest.mark.parametrize(
-    ("keep", "wmem", "transports", "said", "warned"),
+    ("model", "keep", "kept", "transport", "reason", "warn"),
     [
-        ("built", "212992", ["auto"], "m0: over Triton's HTTP generate_stream (the response "
-         "keeper is preloaded", False),
-        ("built", "212992", ["http"], None, False),
-        ("unbuilt", "212992", ["auto"], "m0: over gRPC, since the response keeper could not be "
-         "built (no C compiler) and this host's net.core.wmem_default is 212992", False),
-        ("off", "212992", ["auto"], "since the response keeper is off in the spec", False),
-        ("off", "8388608", ["auto"], "m0: over Triton's HTTP generate_stream (this host's "
-         "net.core.wmem_default is 8388608", False),
-        ("off", "212992", ["http"], None, True),
-        ("unbuilt", "212992", ["http"], None, True),
-        ("off", "8388608", ["http"], None, False),
-        # Only the sidecar's models are named, each by what it takes.
-        ("off", "212992", ["http", "remote"], None, True),
-        ("off", "212992", ["auto", "http"], "m0: over gRPC", True),
-        ("off", "unreadable", ["auto"], "net.core.wmem_default could not be read", False),
+        ({"transport": "auto"}, True, {"b"}, "http", "keeper", False),
+        ({"transport": "auto"}, True, set(), "grpc", "keeper_unbuilt", False),
+        ({"transport": "auto"}, False, set(), "grpc", "keeper_off", False),
+        ({"transport": "grpc"}, True, {"b"}, "grpc", "settings", False),
+        ({"transport": "http"}, True, {"b"}, "http", "settings", False),
+        # Asked for without the keeper: taken, and said loudly.
+        ({"transport": "http"}, False, set(), "http", "keeper_off", True),
+        ({"transport": "http"}, True, set(), "http", "keeper_unbuilt", True),
+        # A Triton the gateway does not start: auto is gRPC, http the operator's word.
+        ({"triton_url": "t:8001", "tokenizer_dir": "/t"}, True, {"b"}, "grpc",
+         "not_supervised", False),
+        ({"triton_url": "t:8001", "tokenizer_dir": "/t", "transport": "http",
+          "triton_http_url": "http://t:8000"}, True, {"b"}, "http", "settings", False),
     ],
 )  # fmt: skip
-def test_serve_says_which_transport_and_warns_of_an_unsafe_http(
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
-    capsys: pytest.CaptureFixture[str],
-    keep: str,
-    wmem: str,
-    transports: list[str],
-    said: str | None,
-    warned: bool,
+def test_each_model_takes_one_transport_for_a_reason(
+    model: dict[str, Any], keep: bool, kept: set[str], transport: str, reason: str, warn: bool
 ) -> None:
-    path = tmp_path / "wmem_default"
-    if wmem != "unreadable":
-        path.write_text(wmem)
-    monkeypatch.setattr(frontend, "WMEM_DEFAULT", path)
-    built = tmp_path / "keep-responses.so" if keep == "built" else None
-    monkeypatch.setattr(keeper, "build", lambda folder=None: built)
-    spec = {
-        "models": [{"name": "tiny", "engine": {"kind": "torch", "model_dir": "/t"}}],
-        "sidecars": [{"keep_responses": keep != "off"}],
+    settings = parse_settings({"models": [{"name": "m", "pipeline": "p2", **model}]})
+    (choice,) = choose_transports(settings, _spec(keep), kept)
+    assert (choice.model, choice.transport, choice.reason, choice.warn) == (
+        "m",
+        transport,
+        reason,
+        warn,
+    )
+
+
+@pytest.mark.parametrize(
+    ("transports", "keep", "wanted"),
+    [
+        # A sidecar reached only over gRPC never loads the keeper.
+        (("grpc", "auto"), True, {"b"}),
+        (("auto", "grpc"), True, {"a"}),
+        (("grpc", "grpc"), True, set()),
+        (("http", "auto"), True, {"a", "b"}),
+        # Switched off in the spec: never loaded.
+        (("grpc", "http"), False, set()),
+    ],
+)
+def test_the_keeper_goes_only_where_a_model_may_take_http(
+    monkeypatch: pytest.MonkeyPatch, transports: tuple[str, str], keep: bool, wanted: set[str]
+) -> None:
+    models = [
+        {"name": f"m{i}", "pipeline": f"p{i + 1}", "transport": t} for i, t in enumerate(transports)
+    ]
+    settings = parse_settings({"models": models})
+    spec = _spec(keep)
+    assert keeper_sidecars(settings, spec) == wanted
+    builds: list[None] = []
+    library = Path("/cache/keep-responses.so")
+
+    def build(folder: Path | None = None) -> Path:
+        builds.append(None)
+        return library
+
+    monkeypatch.setattr(keeper, "build", build)
+    keepers = build_keepers(settings, spec)
+    assert keepers == {name: library if name in wanted else None for name in ("a", "b")}
+    # Built once for every sidecar that runs it, and not at all where none does.
+    assert len(builds) == (1 if wanted else 0)
+
+
+def test_the_start_up_log_names_each_models_transport_and_why(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    settings = parse_settings(
+        {"models": [{"name": "fast", "pipeline": "p2"}, {"name": "risky", "pipeline": "p2",
+                                                         "transport": "http"}]}
+    )  # fmt: skip
+    with caplog.at_level("INFO", logger="gateway.catalog.transports"):
+        log_choices(choose_transports(settings, _spec(False), ()))
+    lines = {(r.levelname, r.getMessage()) for r in caplog.records}
+    assert lines == {
+        ("INFO", "model fast reaches Triton over grpc: keep_responses: false on sidecar b"),
+        ("WARNING", "model risky reaches Triton over http: transport: http in its settings, and "
+         "keep_responses: false on sidecar b: responses may be lost"),
+    }  # fmt: skip
+
+
+def test_metrics_name_each_endpoints_transport() -> None:
+    hosts = {
+        "tiny": [Endpoint("a", "h:1", None, "http://h:2"), Endpoint("b", "k:1", None, "http://k:2")]
     }
-    models: list[dict[str, Any]] = []
-    for index, transport in enumerate(transports):
-        if transport == "remote":
-            models.append({"name": f"m{index}", "tokenizer_dir": "/t", "triton_url": "t:8001"})
-        else:
-            models.append({"name": f"m{index}", "pipeline": "tiny", "transport": transport})
-    settings = parse_settings({"sidecars": {"inline": spec}, "models": models})
-    cli._say_transports(settings)
-    out, err = capsys.readouterr()
-    if said is None:
-        assert "over" not in out
-    else:
-        assert said in out
-        assert "m1" not in out
-    assert ("take Triton's HTTP transport" in err) == warned
-    if warned:
-        assert err.split(" take ")[0].strip() == "warning: " + ", ".join(
-            f"m{i}" for i, t in enumerate(transports) if t == "http"
-        )
+    (replicated,) = _routes({"name": "m", "pipeline": "tiny"}, hosts=hosts, sidecar_http=True)
+    assert triton_endpoints(replicated) == ["http://h:2", "http://k:2"]
+    (plain,) = _routes({"name": "m", "pipeline": "tiny"})
+    assert triton_endpoints(plain) == [GRPC["tiny"]]
+    metrics = GatewayMetrics()
+    metrics.record_transports([("m", "http://h:2", "http", "keeper"),
+                               ("g", GRPC["tiny"], "grpc", "settings")])  # fmt: skip
+    text = metrics.render().decode()
+    assert (
+        'gateway_triton_transport_info{endpoint="http://h:2",model="m",reason="keeper",'
+        'transport="http"} 1.0'
+    ) in text
+    assert f'endpoint="{GRPC["tiny"]}",model="g",reason="settings",transport="grpc"' in text

@@ -1,5 +1,5 @@
-"""The state a gateway's parent writes for its workers: sidecar addresses, whether each runs
-with the response keeper, and the host buffer."""
+"""The state a gateway's parent writes for its workers: sidecar addresses and whether each runs
+with the response keeper."""
 
 from __future__ import annotations
 
@@ -13,20 +13,13 @@ SIDECAR = SidecarView(
 )
 
 
-def test_workers_read_the_buffer_the_sidecars_started_with(tmp_path: Path) -> None:
+def test_workers_read_the_sidecars_as_written(tmp_path: Path) -> None:
     path = tmp_path / "sidecars.json"
-    write_state(path, [SIDECAR], ready=True, queue_bytes=8388608)
+    write_state(path, [SIDECAR], ready=True)
     state = read_state(path)
     assert state.sidecars == (SIDECAR,)
     assert state.ready
-    assert state.queue_bytes == 8388608
-
-
-def test_a_state_without_the_buffer_reads_as_unknown(tmp_path: Path) -> None:
-    path = tmp_path / "sidecars.json"
-    path.write_text(json.dumps({"ready": False, "sidecars": []}))
-    assert read_state(path).queue_bytes is None
-    assert read_state(tmp_path / "absent.json").queue_bytes is None
+    assert read_state(tmp_path / "absent.json").sidecars == ()
 
 
 def test_a_sidecar_written_without_the_keeper_reads_as_without(tmp_path: Path) -> None:

@@ -85,13 +85,14 @@ class ModelSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     triton_url: str | None = None
     """Triton gRPC ``host:port``; defaults to the pipeline's sidecar, else 127.0.0.1:8001."""
     transport: Transport = "auto"
-    """How requests reach Triton. ``grpc``: ``ModelStreamInfer``. ``http``: Triton's HTTP
+    """How requests reach Triton, decided once at start (logged, and in ``/metrics`` as
+    ``gateway_triton_transport_info``). ``grpc``: ``ModelStreamInfer``. ``http``: Triton's HTTP
     ``generate_stream``, about a third of gRPC's CPU per token in the gateway and a shorter way
-    to the first token, but Triton's HTTP frontend drops responses when an event thread falls
-    behind by more than its host's ``net.core.wmem_default`` holds: take it for a Triton whose
-    host has that raised to 8 MiB (docs/deployment/transports.md). ``auto``: HTTP for a model
-    of a supervised sidecar when this host's ``net.core.wmem_default`` is at least 8 MiB, else
-    gRPC. Requests with LoRA weights, beams, or a BLS answering once go over gRPC either way."""
+    to the first token, but Triton's HTTP frontend loses responses when it falls behind unless
+    its tritonserver runs the response keeper (docs/operations/response-keeper.md): take it for
+    a Triton of your own only where it does. ``auto``: HTTP for a model of supervised sidecars
+    that all run the keeper, else gRPC. Requests with LoRA weights, beams, or a BLS answering
+    once go over gRPC either way."""
     triton_http_url: str | None = None
     """The same Triton's HTTP address (``http://host:port``) for ``transport: http``; the
     pipeline's sidecar's by default."""

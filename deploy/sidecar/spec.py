@@ -252,8 +252,11 @@ class SidecarSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """Further environment variables for tritonserver."""
     keep_responses: bool = True
     """Preload the response keeper (``deploy.sidecar.frontend.keeper``) into tritonserver, so
-    that its HTTP frontend waits instead of losing a streamed response when it falls behind.
-    Built on this host with its C compiler; without one the sidecar runs without it."""
+    that its HTTP frontend waits instead of losing a streamed response when it falls behind
+    (docs/operations/response-keeper.md). Built once on this host with its C compiler; without
+    one the sidecar runs without it. The gateway preloads it only where a model of the sidecar
+    may take HTTP; ``false`` leaves it out, and models left to ``transport: auto`` there take
+    gRPC."""
 
 
 class Spec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

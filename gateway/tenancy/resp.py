@@ -3,7 +3,8 @@
 RESP2 over one connection per store: every command is written at once and the replies come back
 in order (pipelined), so concurrent admissions share the connection without a pool. Measured
 against redis-py 8.1 with its hiredis parser on the tenancy bench (``python -m
-tests.benchmarks.tenancy --requests 4000``, 2 cores; docs/results/redis-client.md): an admission
+tests.benchmarks.tenancy --requests 4000 --redis-client resp``, then ``redis-py``, 2 cores;
+docs/results/redis-client.md): an admission
 and a settlement cost 86 to 106 µs of the gateway's CPU one at a time and 60 to 70 µs at 32 at
 once here, against 184 to 259 µs and 150 to 226 µs through redis-py, whose pool also holds a
 connection per command in flight (p50 at 32 at once: 3.0 to 5.8 ms against 5.8 to 22.9 ms).

@@ -49,7 +49,10 @@ class DelimitedCalls(Parser):
         self.where = "outside"
         self.held = ""
         self.raw = ""
-        """The text of the open section or call, given back if nothing in it parses."""
+        """The text of the open call, given back if it does not parse."""
+        self.opened = ""
+        """The open section's whole text, given back if no call in it parses."""
+        self.section_calls = 0
 
     def feed(self, text: str) -> list[Piece]:
         self.held += text
@@ -71,10 +74,13 @@ class DelimitedCalls(Parser):
         if not found:
             cut = min(partial_suffix(self.held, m) for m in markers)
             self._text(self.held[:cut])
+            if self.where != "outside":
+                self.opened += self.held[:cut]
             self.held = self.held[cut:]
             return False
         index, marker = min(found)
         self._text(self.held[:index])
+        self.opened += self.held[: index + len(marker)] if self.where != "outside" else marker
         self.held = self.held[index + len(marker) :]
         self._marker(marker)
         return True
@@ -95,8 +101,11 @@ class DelimitedCalls(Parser):
             # What the model writes between calls in their section is no one's content.
             self.where = "call" if marker == self.begin else "outside"
             self.raw = ""
+            if self.where == "outside" and not self.section_calls:
+                self.pieces.append(Content(self.opened))
         else:
             self.where = "section" if self.section else "call"
+            self.section_calls = 0
 
     def _call(self, body: str) -> None:
         call = self.read(body)
@@ -106,10 +115,13 @@ class DelimitedCalls(Parser):
         self.pieces.append(CallStart(self.calls, call.id or call_id(), call.name))
         self.pieces.append(Arguments(self.calls, call.arguments))
         self.calls += 1
+        self.section_calls += 1
 
     def _flush(self) -> None:
         rest = self.held
-        if self.where == "call":
+        if self.section and self.where != "outside" and not self.section_calls:
+            rest = self.opened + rest
+        elif self.where == "call":
             rest = self.begin + self.raw + rest
         if rest and (self.where != "section" or rest.strip()):
             self.pieces.append(Content(rest))

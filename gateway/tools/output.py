@@ -108,7 +108,9 @@ class OutputRules:
         else:
             parser = ContentParser()
         if self.reasoning is not None:
-            parser = self.reasoning.splitter(parser, self.reasoning_state)
+            trigger = self.tool_format.trigger() if self.tool_format else None
+            calls = (trigger,) if trigger and self.mode == "format" else ()
+            parser = self.reasoning.splitter(parser, self.reasoning_state, calls)
         return self._filtered(parser)
 
     def _filtered(self, parser: Parser) -> Parser:

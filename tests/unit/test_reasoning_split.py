@@ -124,6 +124,24 @@ def test_think_split_hands_the_answer_to_the_tool_parser(size: int) -> None:
     ]
 
 
+@pytest.mark.parametrize("size", CHUNKINGS)
+def test_a_tool_call_ends_a_reasoning_left_open(size: int) -> None:
+    """Qwen3.5's recorded call without ``</think>`` (vLLM's test_qwen3_reasoning_parser.py)."""
+    fmt = reasoning_format("think", "")
+    assert fmt is not None
+    text = (
+        "I need to read the file.\n\n<tool_call>\n<function=bash>\n<parameter=command>"
+        "\ncat /etc/hosts\n</parameter>\n</function>\n</tool_call>"
+    )
+    parser = fmt.splitter(tool_format("qwen3_coder").parser(), "open", ("<tool_call>",))
+    folded = fold(parser, text, size)
+    assert folded.reasoning == "I need to read the file."
+    assert [(c.name, json.loads(c.arguments)) for c in folded.calls] == [
+        ("bash", {"command": "cat /etc/hosts"})
+    ]
+    assert folded.content == ""
+
+
 HARMONY = (
     '<|channel|>analysis<|message|>User asks: "What is the weather in Tokyo?" We need to use '
     "get_current_weather tool.<|end|><|start|>assistant<|channel|>commentary "
@@ -215,6 +233,25 @@ def test_a_guide_starts_after_the_reasoning(state: PromptState, text: str, accep
     assert fmt is not None
     guide = reasoning_guide(Guide("json_schema", json.dumps(SCHEMA)), fmt, state)
     assert guide.guide_type == "structural_tag"
+    assert _accepts(guide, text) is accepted
+
+
+@pytest.mark.parametrize(
+    ("text", "accepted"),
+    [
+        (
+            "<|channel|>analysis<|message|>Easy.<|end|><|start|>assistant<|channel|>final"
+            '<|message|>{"a": 1}',
+            True,
+        ),
+        ('<|channel|>final<|message|>{"a": 1}', True),
+        ('<|channel|>final<|message|>{"a": "x"}', False),
+    ],
+)
+def test_a_guide_starts_at_gpt_oss_final_channel(text: str, accepted: bool) -> None:
+    fmt = reasoning_format("harmony", "")
+    assert fmt is not None
+    guide = reasoning_guide(Guide("json_schema", json.dumps(SCHEMA)), fmt, "free")
     assert _accepts(guide, text) is accepted
 
 

@@ -57,3 +57,6 @@ class Qwen3Coder(ToolFormat):
             return ReadCall(name, xml_arguments(pairs, parameters_of(functions, name)))
 
         return DelimitedCalls("<tool_call>", "</tool_call>", read)
+
+    def trigger(self) -> str | None:
+        return "<tool_call>"

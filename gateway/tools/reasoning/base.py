@@ -20,8 +20,9 @@ class ReasoningFormat:
         """Where the templated ``prompt`` leaves the model."""
         raise NotImplementedError
 
-    def splitter(self, inner: Parser, state: PromptState) -> Parser:
-        """A parser giving reasoning pieces and the answer's text to ``inner``."""
+    def splitter(self, inner: Parser, state: PromptState, calls: tuple[str, ...] = ()) -> Parser:
+        """A parser giving reasoning pieces and the answer's text to ``inner``; ``calls``: texts
+        that begin a tool call, which end the reasoning where the model wrote no end."""
         raise NotImplementedError
 
     def guide_format(self, inner: dict[str, Any], state: PromptState) -> dict[str, Any]:

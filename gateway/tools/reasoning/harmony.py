@@ -122,7 +122,7 @@ class Harmony(ReasoningFormat):
     def state(self, prompt: str) -> PromptState:
         return "free"
 
-    def splitter(self, inner: Parser, state: PromptState) -> Parser:
+    def splitter(self, inner: Parser, state: PromptState, calls: tuple[str, ...] = ()) -> Parser:
         return HarmonySplit(inner)
 
     def guide_format(self, inner: dict[str, Any], state: PromptState) -> dict[str, Any]:

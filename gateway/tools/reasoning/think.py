@@ -16,12 +16,15 @@ class ThinkSplit(Parser):
     """Reasoning between ``<think>`` and ``</think>``, the rest to ``inner``.
 
     Tags split over several deltas are held back until they are certain; the whitespace around
-    the reasoning (the newlines the models write inside and after the tags) is dropped.
+    the reasoning (the newlines the models write inside and after the tags) is dropped. A tool
+    call's opening (``calls``) ends the reasoning too, and begins the answer: Qwen3.5 may call a
+    tool without closing its reasoning.
     """
 
-    def __init__(self, inner: Parser, state: PromptState) -> None:
+    def __init__(self, inner: Parser, state: PromptState, calls: tuple[str, ...] = ()) -> None:
         super().__init__()
         self.inner = inner
+        self.ends = (END, *calls)
         self.mode = {"open": "reasoning", "closed": "after", "free": "start"}[state]
         self.held = ""
         self.began = False
@@ -71,15 +74,17 @@ class ThinkSplit(Parser):
             self.held = self.held.lstrip()
             if not self.held:
                 return False
-        end = self.held.find(END)
-        if end >= 0:
+        found = [(i, marker) for marker in self.ends if (i := self.held.find(marker)) >= 0]
+        if found:
+            end, marker = min(found)
             text = self.held[:end].rstrip()
             if text:
                 pieces.append(Reasoning(text))
-            self.mode, self.held = "after", self.held[end + len(END) :]
+            skip = len(END) if marker == END else 0
+            self.mode, self.held = "after", self.held[end + skip :]
             return True
         # Whitespace is held with a partial tag: it is dropped if the tag comes next.
-        cut = partial_suffix(self.held, END)
+        cut = min(partial_suffix(self.held, marker) for marker in self.ends)
         kept = len(self.held[:cut].rstrip())
         if kept:
             pieces.append(Reasoning(self.held[:kept]))
@@ -115,8 +120,8 @@ class Think(ReasoningFormat):
             return "closed"
         return "free"
 
-    def splitter(self, inner: Parser, state: PromptState) -> Parser:
-        return ThinkSplit(inner, state)
+    def splitter(self, inner: Parser, state: PromptState, calls: tuple[str, ...] = ()) -> Parser:
+        return ThinkSplit(inner, state, calls)
 
     def guide_format(self, inner: dict[str, Any], state: PromptState) -> dict[str, Any]:
         thought = {"type": "tag", "begin": START, "content": {"type": "any_text"}, "end": END}

@@ -11,14 +11,16 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import msgspec
 import pytest
 import xgrammar as xgr
 from xgrammar.testing import _is_grammar_accept_string
 
 from adapters.contract import Guide
+from gateway.catalog.text.template import render_chat
 from gateway.errors import InvalidRequestError
-from gateway.openai.chat.plan import template_variables
-from gateway.openai.protocol import ChatCompletionRequest
+from gateway.openai.chat.plan import template_messages, template_variables
+from gateway.openai.protocol import ChatCompletionRequest, ChatMessage
 from gateway.tools import Folded
 from gateway.tools.formats import tool_format
 from gateway.tools.output import reasoning_guide
@@ -310,3 +312,22 @@ def test_reasoning_effort_that_cannot_be_honoured_is_a_400(
     with pytest.raises(InvalidRequestError, match=message) as caught:
         template_variables(_request(reasoning_effort=effort), template)
     assert caught.value.param == "reasoning_effort"
+
+
+def test_an_earlier_answers_reasoning_reaches_the_template() -> None:
+    """Sent back as ``reasoning_content`` or ``reasoning``; templates read it as either, or as
+    ``thinking``."""
+    template = (
+        "{% for m in messages %}{% if m.thinking %}<think>{{ m.thinking }}</think>{% endif %}"
+        "{{ m.content }}|{% endfor %}"
+    )
+    for key in ("reasoning_content", "reasoning"):
+        history = msgspec.convert(
+            [
+                {"role": "user", "content": "2+2?"},
+                {"role": "assistant", "content": "4", key: "Two and two."},
+            ],
+            list[ChatMessage],
+        )
+        text = render_chat(template, template_messages(history), tools=None, special_tokens={})
+        assert text == "2+2?|<think>Two and two.</think>4|"

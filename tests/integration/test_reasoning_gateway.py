@@ -5,10 +5,12 @@ Qwen3-Thinking's do) and closes an empty one when ``enable_thinking`` is false (
 The engine is the load-test engine over the tiny model's tokenizer, which writes the prompt's own
 tokens back in a cycle: a user message holding ``</think>`` makes the model close its reasoning
 where the test chose. The same engine served without a reasoning parser gives the raw text,
-which the reasoning model's answer must split."""
+which the reasoning model's answer must split. Guided output is checked on the tiny torch
+engine, which compiles the grammars."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -135,3 +137,63 @@ def test_reasoning_effort_none_turns_thinking_off_in_the_template(
     message = ask(client, THINKING, reasoning_effort="none", max_tokens=60).choices[0].message
     assert message.model_extra.get("reasoning_content") is None
     assert message.content == raw
+
+
+FREE_TEMPLATE = (
+    "{% for message in messages %}{{ '<|im_start|>' + message.role + '\\n' }}"
+    "{% if message.reasoning_content %}{{ '<think>' + message.reasoning_content + '</think>' }}"
+    "{% endif %}{{ message.content + '<|im_end|>\\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+"""A template of a model that may think or not (Qwen3's, SmolLM3's): ``<think>`` only in the
+history, the format read from it."""
+
+
+@pytest.fixture(scope="module")
+def tiny_client(
+    sidecar: Sidecar, tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[openai.OpenAI]:
+    template = tmp_path_factory.mktemp("template") / "free.jinja"
+    template.write_text(FREE_TEMPLATE)
+    base = sidecar_settings(
+        sidecar, tiny_model_dir, models={"tiny-think": ("tiny_ensemble", "ensemble")}
+    )
+    models = tuple(msgspec.structs.replace(m, chat_template=str(template)) for m in base.models)
+    gateway = LiveGateway(msgspec.structs.replace(base, models=models)).start()
+    with openai.OpenAI(base_url=f"{gateway.url}/v1", api_key="unused", max_retries=0) as c:
+        yield c
+    gateway.stop()
+
+
+def test_the_engine_guides_an_answer_that_may_reason_first(tiny_client: openai.OpenAI) -> None:
+    """The tiny torch engine compiles the structural tag that lets ``<think>…</think>`` come
+    before the schema: with random weights some seeds answer the JSON at once and end, others
+    open a reasoning they never close (they stop at ``max_tokens``, all of it reasoning)."""
+    schema = {
+        "type": "object",
+        "properties": {"answer": {"type": "integer"}},
+        "required": ["answer"],
+        "additionalProperties": False,
+    }
+    outcomes = set()
+    for seed in range(1, 7):
+        reply = tiny_client.chat.completions.create(
+            model="tiny-think",
+            messages=ASK,
+            max_tokens=60,
+            seed=seed,
+            temperature=1.0,
+            response_format={
+                "type": "json_schema",
+                "json_schema": {"name": "a", "schema": schema},
+            },
+        )
+        (choice,) = reply.choices
+        reasoning = (choice.message.model_extra or {})["reasoning_content"]
+        if choice.finish_reason == "stop":
+            assert isinstance(json.loads(choice.message.content or "")["answer"], int)
+            outcomes.add("answered")
+        else:
+            assert choice.finish_reason == "length" and reasoning and choice.message.content is None
+            outcomes.add("reasoning")
+    assert outcomes == {"answered", "reasoning"}

@@ -14,7 +14,18 @@ from gateway.tenancy.config import TenancyConfigError, TenancySettings, check_te
 
 Transport = Literal["auto", "grpc", "http"]
 
-ToolCallFormat = Literal["hermes", "llama3_json", "mistral", "pythonic"]
+ToolCallFormat = Literal[
+    "hermes",
+    "llama3_json",
+    "mistral",
+    "pythonic",
+    "qwen3_coder",
+    "glm45",
+    "deepseek_v3",
+    "kimi_k2",
+    "harmony",
+]
+ReasoningParser = Literal["think", "harmony", "none"]
 
 
 class SettingsError(ValueError):
@@ -128,8 +139,15 @@ class ModelSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     adapters: tuple[AdapterSettings, ...] = ()
     """LoRA adapters served on this model, loaded at start-up."""
     tool_call_format: ToolCallFormat | None = None
-    """How the model writes tool calls (``hermes``, ``llama3_json``, ``mistral``, ``pythonic``);
+    """How the model writes tool calls: ``hermes`` (Hermes, Qwen 2.5/3), ``llama3_json``,
+    ``mistral``, ``pythonic`` (Llama 3.2/4), ``qwen3_coder`` (Qwen3-Coder's XML), ``glm45``
+    (GLM 4.5+), ``deepseek_v3`` (DeepSeek V3, R1, V3.1), ``kimi_k2``, ``harmony`` (gpt-oss);
     guessed from the chat template when unset."""
+    reasoning_parser: ReasoningParser | None = None
+    """How the model's reasoning is split from its answer into ``reasoning_content``:
+    ``think`` (``<think>…</think>``: DeepSeek-R1, Qwen3, SmolLM3, GLM 4.5+), ``harmony``
+    (gpt-oss's ``analysis`` channel), ``none``; guessed from the chat template when unset.
+    DeepSeek's and gpt-oss's markers are special tokens: set ``skip_special_tokens: false``."""
     tokens_per_block: Annotated[int, msgspec.Meta(ge=1)] | None = None
     """The engine's KV-cache block size, which turns its reused blocks into the prompt's
     ``cached_tokens``; needed only where the engine's config does not state it (rendered

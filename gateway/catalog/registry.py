@@ -53,6 +53,7 @@ class ModelRoute:
     defaults: SamplingDefaults
     owned_by: str
     tool_call_format: str | None = None
+    reasoning_parser: str | None = None
     skip_special_tokens: bool = True
     replicas: ReplicaSource | None = None
     """The Tritons serving the model when there are several (``target.url`` is then the
@@ -198,6 +199,7 @@ def _route(
         defaults=model.defaults,
         owned_by=model.owned_by,
         tool_call_format=model.tool_call_format,
+        reasoning_parser=model.reasoning_parser,
         skip_special_tokens=skip_special,
         images=model.images,
         counts_prompts=counts_prompts,

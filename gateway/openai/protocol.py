@@ -62,6 +62,10 @@ class ChatMessage(Struct, frozen=True):
     name: str | UnsetType = UNSET
     tool_calls: list[ToolCall] | UnsetType | None = UNSET
     tool_call_id: str | UnsetType = UNSET
+    reasoning_content: str | UnsetType | None = UNSET
+    """An earlier answer's reasoning, given back to templates that show it."""
+    reasoning: str | UnsetType | None = UNSET
+    """The same, under the name trtllm-serve and newer vLLM use."""
 
 
 class FunctionDefinition(Struct, frozen=True, kw_only=True):
@@ -156,6 +160,9 @@ class ChatCompletionRequest(SamplingFields, frozen=True, kw_only=True):
     parallel_tool_calls: bool | UnsetType | None = UNSET
     functions: list[dict[str, Any]] | UnsetType | None = UNSET
     function_call: str | dict[str, Any] | UnsetType | None = UNSET
+    reasoning_effort: str | UnsetType | None = UNSET
+    """``none``, ``minimal``, ``low``, ``medium`` or ``high``: passed to chat templates that
+    take it, and as ``enable_thinking`` (false for ``none``)."""
 
 
 class CompletionRequest(SamplingFields, frozen=True, kw_only=True):
@@ -177,14 +184,21 @@ class PromptTokensDetails(Struct, frozen=True):
     cached_tokens: int
 
 
+class CompletionTokensDetails(Struct, frozen=True):
+    """What the completion's tokens were: ``reasoning_tokens`` were the model's reasoning."""
+
+    reasoning_tokens: int
+
+
 class Usage(Struct, frozen=True):
     """Token counts of a whole request; ``prompt_tokens_details`` where the engine reports
-    the prompt tokens it found cached."""
+    the prompt tokens it found cached, ``completion_tokens_details`` where the model reasons."""
 
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
     prompt_tokens_details: PromptTokensDetails | UnsetType = UNSET
+    completion_tokens_details: CompletionTokensDetails | UnsetType = UNSET
 
 
 class TopLogprob(Struct, frozen=True):
@@ -215,6 +229,10 @@ class AssistantMessage(Struct, frozen=True, kw_only=True):
 
     role: str = "assistant"
     content: str | None
+    reasoning_content: str | UnsetType | None = UNSET
+    """The model's reasoning, for a model with a reasoning format (vLLM's name)."""
+    reasoning: str | UnsetType | None = UNSET
+    """The same reasoning under the name trtllm-serve and newer vLLM use."""
     tool_calls: list[ToolCall] | UnsetType = UNSET
 
 
@@ -259,6 +277,10 @@ class ChatDelta(Struct, frozen=True, kw_only=True):
 
     role: str | UnsetType = UNSET
     content: str | UnsetType = UNSET
+    reasoning_content: str | UnsetType | None = UNSET
+    """More of the model's reasoning."""
+    reasoning: str | UnsetType | None = UNSET
+    """The same, under the name trtllm-serve and newer vLLM use."""
     tool_calls: list[ToolCallDelta] | UnsetType = UNSET
 
 

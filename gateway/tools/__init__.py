@@ -1,7 +1,16 @@
-"""Tool calls and structured output: request fields to guides, generated text to calls."""
+"""Tool calls, structured output and reasoning: request fields to guides, generated text to
+reasoning, content and calls."""
 
 from gateway.tools.output import OutputRules, conversation, output_rules, response_guide
-from gateway.tools.parsing import Arguments, CallStart, Content, Folded, Parser, Piece
+from gateway.tools.parsing import (
+    Arguments,
+    CallStart,
+    Content,
+    Folded,
+    Parser,
+    Piece,
+    Reasoning,
+)
 
 __all__ = [
     "Arguments",
@@ -11,6 +20,7 @@ __all__ = [
     "OutputRules",
     "Parser",
     "Piece",
+    "Reasoning",
     "conversation",
     "output_rules",
     "response_guide",

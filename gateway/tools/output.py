@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
@@ -30,6 +31,7 @@ from gateway.tools.parsing import (
     ObjectCalls,
     Parser,
 )
+from gateway.tools.reasoning import PromptState, ReasoningFormat, reasoning_format
 
 Mode = Literal["text", "format", "tagged", "calls", "arguments"]
 TOOL_CHOICES = ("none", "auto", "required")
@@ -75,11 +77,22 @@ class OutputRules:
     parallel: bool = True
     template_tools: bool = False
     """Whether ``functions`` go to the chat template (else: none, or a system message)."""
+    reasoning: ReasoningFormat | None = None
+    """How the model's reasoning is told from its answer (None: it is all answer)."""
+    reasoning_state: PromptState = "free"
+    """Where the prompt leaves the model's reasoning."""
+    count_tokens: Callable[[str], int] | None = None
+    """Tokens of a text, for ``reasoning_tokens``."""
 
     @property
     def parses_calls(self) -> bool:
         """Whether the answer may hold tool calls."""
         return self.mode != "text"
+
+    @property
+    def parses(self) -> bool:
+        """Whether the answer's text is parsed (into calls, or reasoning and answer)."""
+        return self.parses_calls or self.reasoning is not None
 
     def parser(self) -> Parser:
         """A fresh parser for one choice (only its first call without parallel calls)."""
@@ -89,16 +102,60 @@ class OutputRules:
         elif self.mode == "arguments":
             parser = ArgumentsOnly(self.function or "")
         elif self.mode in ("format", "tagged") and self.tool_format is not None:
-            parser = self.tool_format.parser()
+            parser = self.tool_format.parser(self.functions)
+            if self.tool_format.reads_reasoning:
+                return self._filtered(parser)
         else:
-            return ContentParser()
-        if self.parallel and self.mode != "tagged":
+            parser = ContentParser()
+        if self.reasoning is not None:
+            trigger = self.tool_format.trigger() if self.tool_format else None
+            calls = (trigger,) if trigger and self.mode == "format" else ()
+            parser = self.reasoning.splitter(parser, self.reasoning_state, calls)
+        return self._filtered(parser)
+
+    def _filtered(self, parser: Parser) -> Parser:
+        if self.mode == "text" or (self.parallel and self.mode != "tagged"):
             return parser
         return CallFilter(parser, first_only=not self.parallel, content=self.mode != "tagged")
+
+    def for_prompt(self, prompt: str, count_tokens: Callable[[str], int]) -> OutputRules:
+        """The rules once the templated ``prompt`` is known: where it leaves the reasoning,
+        and a guide that lets the reasoning come first."""
+        if self.reasoning is None:
+            return self
+        state = self.reasoning.state(prompt)
+        guide = self.guide
+        if guide is not None and state != "closed":
+            guide = reasoning_guide(guide, self.reasoning, state)
+        return replace(self, reasoning_state=state, guide=guide, count_tokens=count_tokens)
 
 
 TEXT_ONLY = OutputRules()
 """Answers without tool calls."""
+
+
+def _format_of(guide: Guide) -> dict[str, Any]:
+    """A guide as an element of an xgrammar structural-tag format."""
+    text = guide.guide or ""
+    if guide.guide_type == "json":
+        return {"type": "json_schema", "json_schema": {"type": "object"}}
+    if guide.guide_type == "json_schema":
+        return {"type": "json_schema", "json_schema": json.loads(text)}
+    if guide.guide_type == "regex":
+        return {"type": "regex", "pattern": text}
+    if guide.guide_type == "ebnf_grammar":
+        return {"type": "grammar", "grammar": text}
+    format_: dict[str, Any] = json.loads(text)["format"]
+    return format_
+
+
+def reasoning_guide(guide: Guide, reasoning: ReasoningFormat, state: PromptState) -> Guide:
+    """``guide`` after the model's reasoning: a structural tag whose first part is the
+    reasoning, free text, and whose second is what ``guide`` asked for (as vLLM and SGLang
+    start the grammar at the reasoning's end)."""
+    format_ = reasoning.guide_format(_format_of(guide), state)
+    tag = json.dumps({"type": "structural_tag", "format": format_})
+    return Guide("structural_tag", tag, param=guide.param, optional=guide.optional)
 
 
 def _functions(tools: list[Tool] | None) -> tuple[Function, ...]:
@@ -213,9 +270,14 @@ def _required_guide(
 
 
 def output_rules(
-    request: ChatCompletionRequest, format_name: str | None, template: str, takes_tools: bool
+    request: ChatCompletionRequest,
+    format_name: str | None,
+    template: str,
+    takes_tools: bool,
+    reasoning_name: str | None = None,
 ) -> OutputRules:
-    """Check the request's output fields and decide the guide and the parsing."""
+    """Check the request's output fields and decide the guide and the parsing (the reasoning
+    format ``reasoning_name``, or the template's; ``none``: no reasoning)."""
     if given(request.functions) is not None or given(request.function_call) is not None:
         raise InvalidRequestError(
             "functions and function_call are deprecated and not supported: use tools and "
@@ -226,21 +288,27 @@ def output_rules(
     choice, named = _choice(request, functions)
     parallel = given(request.parallel_tool_calls) is not False
     formatted = response_guide(given(request.response_format))
+    format_ = format_name or guess_format(template)
+    if format_ == "harmony" and reasoning_name is None:
+        # gpt-oss's calls are messages of its channels: reading them is reading the channels.
+        reasoning_name = "harmony"
+    reasoning = reasoning_format(reasoning_name, template)
     if choice == "none":
-        return OutputRules(guide=formatted)
+        return OutputRules(guide=formatted, reasoning=reasoning)
     if formatted is not None:
         raise InvalidRequestError(
             f"response_format {formatted.guide_type} cannot be combined with tool_choice "
             f"{choice!r}: send tool_choice 'none', or leave response_format out.",
             param="response_format",
         )
-    fmt = tool_format(format_name or guess_format(template))
+    fmt = tool_format(format_)
     base = OutputRules(
         mode="format",
         functions=functions,
         tool_format=fmt,
         parallel=parallel,
         template_tools=takes_tools,
+        reasoning=reasoning,
     )
     if choice == "required" and (tagged := _required_guide(fmt, functions, parallel)):
         return replace(base, mode="tagged", guide=tagged)

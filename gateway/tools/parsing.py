@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import string
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from gateway.ids import rng
@@ -25,6 +24,13 @@ def call_id() -> str:
 @dataclass(frozen=True, slots=True)
 class Content:
     """Text for ``message.content``."""
+
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class Reasoning:
+    """Text for ``message.reasoning_content``: what the model thought before it answered."""
 
     text: str
 
@@ -46,7 +52,7 @@ class Arguments:
     text: str
 
 
-Piece = Content | CallStart | Arguments
+Piece = Content | Reasoning | CallStart | Arguments
 
 
 @dataclass(slots=True)
@@ -64,12 +70,16 @@ class Folded:
 
     content: str = ""
     calls: list[ParsedCall] = field(default_factory=list)
+    reasoning: str | None = None
+    """None where the model wrote no reasoning."""
 
     def add(self, pieces: list[Piece]) -> None:
         """Take more pieces."""
         for piece in pieces:
             if isinstance(piece, Content):
                 self.content += piece.text
+            elif isinstance(piece, Reasoning):
+                self.reasoning = (self.reasoning or "") + piece.text
             elif isinstance(piece, CallStart):
                 self.calls.append(ParsedCall(piece.id, piece.name))
             else:
@@ -228,6 +238,8 @@ def _merged(pieces: list[Piece]) -> list[Piece]:
         last = out[-1] if out else None
         if isinstance(piece, Content) and isinstance(last, Content):
             out[-1] = Content(last.text + piece.text)
+        elif isinstance(piece, Reasoning) and isinstance(last, Reasoning):
+            out[-1] = Reasoning(last.text + piece.text)
         elif (
             isinstance(piece, Arguments)
             and isinstance(last, Arguments)
@@ -303,122 +315,12 @@ class ArgumentsOnly(Parser):
             self.pieces.append(Arguments(0, "{}"))
 
 
-class TaggedCalls(Parser):
-    """Content with calls between an open and a close marker (``<tool_call>...</tool_call>``).
-
-    Text that might begin a marker is held back until it is certain; a call whose name never
-    comes out is given back as content.
-    """
-
-    def __init__(
-        self, open_tag: str, close_tag: str, inner: Callable[[], ObjectCalls] = ObjectCalls
-    ) -> None:
-        super().__init__()
-        self.open_tag, self.close_tag = open_tag, close_tag
-        self.inner_factory = inner
-        self.inner: ObjectCalls | None = None
-        self.held = ""
-
-    def _char(self, ch: str) -> None:
-        if self.inner is None:
-            self.held += ch
-            self._outside()
-        else:
-            self._inside(ch)
-
-    def _outside(self) -> None:
-        if self.held.startswith(self.open_tag):
-            self.held = ""
-            self.inner = self.inner_factory()
-            self.inner.calls = self.calls
-        elif not self.open_tag.startswith(self.held):
-            cut = _partial_suffix(self.held, self.open_tag)
-            self.pieces.append(Content(self.held[:cut]))
-            self.held = self.held[cut:]
-
-    def _inside(self, ch: str) -> None:
-        inner = self.inner
-        assert inner is not None
-        if inner.scanner is not None:
-            self.pieces.extend(inner.feed(ch))
-            return
-        self.held += ch
-        if self.held.endswith(self.close_tag):
-            self._end_call()
-        elif ch == "{":
-            text, self.held = self.held, ""
-            self.pieces.extend(inner.feed(text))
-
-    def _end_call(self) -> None:
-        inner = self.inner
-        assert inner is not None
-        self.pieces.extend(inner.finish())
-        if inner.calls == self.calls:
-            self.pieces.append(Content(self.open_tag + "".join(inner.raw) + self.held))
-        self.calls = inner.calls
-        self.inner, self.held = None, ""
-
-    def _flush(self) -> None:
-        if self.inner is not None:
-            self._end_call()
-        elif self.held:
-            self.pieces.append(Content(self.held))
-            self.held = ""
-
-
-def _partial_suffix(text: str, marker: str) -> int:
+def partial_suffix(text: str, marker: str) -> int:
     """Where the longest suffix of ``text`` that could begin ``marker`` starts."""
     for start in range(max(0, len(text) - len(marker) + 1), len(text)):
         if marker.startswith(text[start:]):
             return start
     return len(text)
-
-
-class LeadingCalls(Parser):
-    """Calls only when the output opens with them (after an optional prefix, e.g. Llama 3's
-    ``<|python_tag|>`` or Mistral's ``[TOOL_CALLS]``); otherwise it is all content."""
-
-    def __init__(self, prefixes: tuple[str, ...], opener: str, calls: Callable[[], Parser]) -> None:
-        super().__init__()
-        self.prefixes, self.opener = prefixes, opener
-        self.calls_factory = calls
-        self.mode: Parser | None = None
-        self.held = ""
-
-    def _char(self, ch: str) -> None:
-        if self.mode is not None:
-            self._forward(ch)
-            return
-        self.held += ch
-        head = self.held.lstrip()
-        if not head:
-            return
-        for prefix in self.prefixes:
-            if head.startswith(prefix):
-                self._enter(self.calls_factory(), head[len(prefix) :])
-                return
-            if prefix.startswith(head):
-                return
-        if head.startswith(self.opener):
-            self._enter(self.calls_factory(), head)
-        elif not self.opener.startswith(head):
-            self._enter(ContentParser(), self.held)
-
-    def _enter(self, mode: Parser, text: str) -> None:
-        self.mode, self.held = mode, ""
-        self._forward(text)
-
-    def _forward(self, text: str) -> None:
-        assert self.mode is not None
-        self.pieces.extend(self.mode.feed(text))
-        self.calls = self.mode.calls
-
-    def _flush(self) -> None:
-        if self.mode is None and self.held:
-            self.pieces.append(Content(self.held))
-        elif self.mode is not None:
-            self.pieces.extend(self.mode.finish())
-            self.calls = self.mode.calls
 
 
 class CallFilter(Parser):
@@ -443,5 +345,6 @@ class CallFilter(Parser):
         return [
             p
             for p in pieces
-            if (self.content if isinstance(p, Content) else not self.first_only or p.index == 0)
+            if isinstance(p, Reasoning)
+            or (self.content if isinstance(p, Content) else not self.first_only or p.index == 0)
         ]

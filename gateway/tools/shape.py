@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import msgspec
 from msgspec import UNSET
 
 from gateway.openai.protocol import (
@@ -12,7 +13,7 @@ from gateway.openai.protocol import (
     ToolCallDelta,
 )
 from gateway.tools.output import OutputRules
-from gateway.tools.parsing import Arguments, CallStart, Content, Folded, Parser, Piece
+from gateway.tools.parsing import Arguments, CallStart, Content, Folded, Parser, Piece, Reasoning
 
 
 def finish_reason(reason: str, calls: int) -> str:
@@ -20,12 +21,17 @@ def finish_reason(reason: str, calls: int) -> str:
     return "tool_calls" if calls and reason == "stop" else reason
 
 
-def whole_message(output: OutputRules, text: str) -> tuple[str | None, list[ToolCall]]:
-    """Content (None when it is only the calls) and tool calls of a whole answer."""
+def whole_message(output: OutputRules, text: str) -> Folded:
+    """Content, reasoning and calls of a whole answer (see ``message_parts``)."""
     parser = output.parser()
     folded = Folded()
     folded.add(parser.feed(text))
     folded.add(parser.finish())
+    return folded
+
+
+def message_parts(folded: Folded) -> tuple[str | None, list[ToolCall]]:
+    """Content (None when it is only the calls) and tool calls of a whole answer."""
     calls = [
         ToolCall(id=call.id, function=FunctionCall(name=call.name, arguments=call.arguments))
         for call in folded.calls
@@ -41,6 +47,8 @@ class DeltaShaper:
 
     def __init__(self, output: OutputRules) -> None:
         self.parser: Parser = output.parser()
+        self.reasoning = ""
+        """The reasoning streamed so far, counted in ``usage`` at the end."""
 
     @property
     def calls(self) -> int:
@@ -49,11 +57,20 @@ class DeltaShaper:
 
     def delta(self, text: str) -> ChatDelta | None:
         """The delta for new text, or None while it is held back."""
-        return _delta(self.parser.feed(text))
+        return self._delta(self.parser.feed(text))
 
     def end(self) -> ChatDelta | None:
         """The delta of what was held back until the end, if any."""
-        return _delta(self.parser.finish())
+        return self._delta(self.parser.finish())
+
+    def _delta(self, pieces: list[Piece]) -> ChatDelta | None:
+        reasoning = "".join(piece.text for piece in pieces if isinstance(piece, Reasoning))
+        self.reasoning += reasoning
+        delta = _delta(pieces)
+        if not reasoning:
+            return delta
+        base = delta or ChatDelta()
+        return msgspec.structs.replace(base, reasoning_content=reasoning, reasoning=reasoning)
 
 
 def _delta(pieces: list[Piece]) -> ChatDelta | None:

@@ -125,10 +125,16 @@ class PromptTokenizer:
         return self._tokenizer.decode([token], skip_special_tokens=False)
 
     async def chat_prompt(
-        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        variables: dict[str, Any] | None = None,
     ) -> Prompt:
-        """The templated conversation, ending with the assistant's turn, and its length."""
-        return await self._run(_chat_chars(messages, tools), self._chat_prompt, messages, tools)
+        """The templated conversation, ending with the assistant's turn, and its length;
+        ``variables`` go to the template beside the messages."""
+        return await self._run(
+            _chat_chars(messages, tools), self._chat_prompt, messages, tools, variables
+        )
 
     async def text_prompt(self, text: str) -> Prompt:
         """A raw completion prompt and its length; an empty one starts from start-of-text."""
@@ -156,6 +162,10 @@ class PromptTokenizer:
         """Tokens in generated text (no special tokens)."""
         return await self._run(len(text), self._count, text)
 
+    def token_count(self, text: str) -> int:
+        """Tokens in generated text, counted at once (for short texts, or off the loop)."""
+        return self._count(text)
+
     async def pieces(self, text: str) -> list[str]:
         """Generated text split into the model's tokens."""
         return await self._run(len(text), self._pieces, text)
@@ -177,7 +187,10 @@ class PromptTokenizer:
         return await loop.run_in_executor(self._executor, functools.partial(function, *args))
 
     def _chat_prompt(
-        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        variables: dict[str, Any] | None = None,
     ) -> Prompt:
         template = self._chat_template or self._tokenizer.chat_template
         if not template:
@@ -190,6 +203,7 @@ class PromptTokenizer:
                 messages,
                 tools=tools or None,
                 special_tokens=self._tokenizer.special_tokens,
+                variables=variables,
             )
         except (TemplateError, TypeError, ValueError, KeyError, IndexError) as exc:
             # The template is fixed: what fails while rendering it is the conversation's shape.

@@ -108,8 +108,10 @@ def render_chat(
     tools: list[dict[str, Any]] | None,
     special_tokens: Mapping[str, str],
     add_generation_prompt: bool = True,
+    variables: Mapping[str, Any] | None = None,
 ) -> str:
-    """The conversation as the template writes it."""
+    """The conversation as the template writes it; ``variables`` are the request's extra
+    inputs (``reasoning_effort``, ``enable_thinking``)."""
     plain = [_aliased({k: v for k, v in message.items() if v is not None}) for message in messages]
     return compile_template(source).render(
         messages=plain,
@@ -117,6 +119,7 @@ def render_chat(
         documents=None,
         add_generation_prompt=add_generation_prompt,
         **special_tokens,
+        **(variables or {}),
     )
 
 

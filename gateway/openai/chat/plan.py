@@ -38,12 +38,18 @@ async def plan_chat(
     check_chat(request, model.route.max_n)
     tokenizer = model.tokenizer
     output = output_rules(
-        request, model.route.tool_call_format, tokenizer.template_text, tokenizer.takes_tools
+        request,
+        model.route.tool_call_format,
+        tokenizer.template_text,
+        tokenizer.takes_tools,
+        model.route.reasoning_parser,
     )
+    variables = template_variables(request, tokenizer.template_text)
     images = chat_images(model, request.messages)
     parts = model.vision is not None
     messages, tools = conversation(template_messages(request.messages, parts=parts), output)
-    prompt = await tokenizer.chat_prompt(messages, tools)
+    prompt = await tokenizer.chat_prompt(messages, tools, variables)
+    output = output.for_prompt(prompt.text, tokenizer.token_count)
     if model.vision is not None:
         prompt = counted_images(prompt, len(images.urls) if images else 0, model.vision)
     requested = first_given(request.max_completion_tokens, request.max_tokens)
@@ -81,6 +87,30 @@ async def plan_chat(
     )
 
 
+REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high")
+
+
+def template_variables(request: ChatCompletionRequest, template: str) -> dict[str, Any] | None:
+    """What ``reasoning_effort`` tells the chat template: the effort itself (gpt-oss's
+    ``Reasoning: high``) and ``enable_thinking`` (Qwen3, SmolLM3: off for ``none``); a 400 for
+    a template that reads neither, where the effort could not be honoured."""
+    effort = given(request.reasoning_effort)
+    if effort is None:
+        return None
+    if effort not in REASONING_EFFORTS:
+        raise InvalidRequestError(
+            f"reasoning_effort must be one of {', '.join(REASONING_EFFORTS)}, got {effort!r}.",
+            param="reasoning_effort",
+        )
+    if "reasoning_effort" not in template and "enable_thinking" not in template:
+        raise InvalidRequestError(
+            "reasoning_effort is not supported with this model: its chat template takes no "
+            "reasoning effort nor enable_thinking.",
+            param="reasoning_effort",
+        )
+    return {"reasoning_effort": effort, "enable_thinking": effort != "none"}
+
+
 def template_messages(messages: list[ChatMessage], *, parts: bool = False) -> list[dict[str, Any]]:
     """Messages as the chat template expects them: text content, ``developer`` as ``system``;
     with ``parts`` (a model that takes images) content lists stay lists of ``text`` and
@@ -94,7 +124,7 @@ def template_messages(messages: list[ChatMessage], *, parts: bool = False) -> li
             "role": "system" if message.role == "developer" else message.role,
             "content": content,
         }
-        for key in ("name", "tool_calls", "tool_call_id"):
+        for key in ("name", "tool_calls", "tool_call_id", "reasoning_content", "reasoning"):
             value = given(getattr(message, key))
             if value is not None:
                 entry[key] = msgspec.to_builtins(value)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncGenerator, Iterable
 
+import msgspec
 from msgspec import UNSET
 
 from gateway.core.generation import ChoiceEnd, ChoiceResult, Event, TextDelta
@@ -16,10 +17,13 @@ from gateway.openai.protocol import (
     ChatCompletionChunk,
     ChatDelta,
     ChatLogprobs,
+    CompletionTokensDetails,
     TokenLogprob,
+    Usage,
 )
 from gateway.openai.shaping import Header, StreamUsage, finished, stream_shape, usage_of
-from gateway.tools.shape import DeltaShaper, whole_message
+from gateway.tools.output import OutputRules
+from gateway.tools.shape import DeltaShaper, message_parts, whole_message
 from gateway.tools.shape import finish_reason as tool_finish
 
 
@@ -37,12 +41,23 @@ def chat_completion(plan: Plan, results: list[ChoiceResult], header: Header) -> 
     """A non-streaming chat answer."""
     ends = finished(results)
     choices = []
+    reasonings: list[str] = []
     for result, end in zip(results, ends, strict=True):
         message = AssistantMessage(content=result.text)
         reason: str = end.finish_reason
-        if plan.output.parses_calls:
-            content, calls = whole_message(plan.output, result.text)
-            message = AssistantMessage(content=content, tool_calls=calls or UNSET)
+        if plan.output.parses:
+            folded = whole_message(plan.output, result.text)
+            content, calls = message_parts(folded)
+            if folded.reasoning is not None and not (content or "").strip():
+                # An answer cut off while the model still reasoned has no content yet.
+                content = None
+            message = AssistantMessage(
+                content=content,
+                reasoning_content=folded.reasoning if plan.output.reasoning else UNSET,
+                reasoning=folded.reasoning if plan.output.reasoning else UNSET,
+                tool_calls=calls or UNSET,
+            )
+            reasonings.append(folded.reasoning or "")
             reason = tool_finish(reason, len(calls))
         choices.append(
             ChatChoice(
@@ -57,8 +72,19 @@ def chat_completion(plan: Plan, results: list[ChoiceResult], header: Header) -> 
         created=header.created,
         model=header.model,
         choices=choices,
-        usage=usage_of(ends),
+        usage=with_reasoning(usage_of(ends), plan.output, reasonings),
     )
+
+
+def with_reasoning(usage: Usage, output: OutputRules, reasonings: list[str]) -> Usage:
+    """``usage`` with ``completion_tokens_details.reasoning_tokens``, for a model that reasons:
+    the tokens of its reasoning text, as the model's tokenizer counts them."""
+    if output.reasoning is None or output.count_tokens is None:
+        return usage
+    count = output.count_tokens
+    tokens = sum(count(text) for text in reasonings if text)
+    details = CompletionTokensDetails(reasoning_tokens=min(tokens, usage.completion_tokens))
+    return msgspec.structs.replace(usage, completion_tokens_details=details)
 
 
 def chat_chunks(
@@ -67,6 +93,9 @@ def chat_chunks(
     """Streamed chat: a role chunk per choice, content deltas, a finish chunk, then usage."""
 
     def wrap(choices: list[ChatChunkChoice], usage: StreamUsage) -> ChatCompletionChunk:
+        if isinstance(usage, Usage):
+            reasonings = [shaper.reasoning for shaper in shapers.values()]
+            usage = with_reasoning(usage, plan.output, reasonings)
         return ChatCompletionChunk(
             id=header.id, created=header.created, model=header.model, choices=choices, usage=usage
         )
@@ -74,7 +103,7 @@ def chat_chunks(
     shapers: dict[int, DeltaShaper] = {}
 
     def on_start(index: int) -> list[ChatChunkChoice]:
-        if plan.output.parses_calls:
+        if plan.output.parses:
             shapers[index] = DeltaShaper(plan.output)
         return [ChatChunkChoice(index=index, delta=ChatDelta(role="assistant", content=""))]
 

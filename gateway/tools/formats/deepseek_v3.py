@@ -1,0 +1,55 @@
+"""DeepSeek V3, R1 and V3.1's calls, inside ``<｜tool▁calls▁begin｜>…<｜tool▁calls▁end｜>``:
+``<｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME\n```json\nARGS\n```<｜tool▁call▁end｜>`` (V3, R1)
+or ``<｜tool▁call▁begin｜>NAME<｜tool▁sep｜>ARGS<｜tool▁call▁end｜>`` (V3.1). The markers are
+special tokens: the model's postprocessing must keep them (``skip_special_tokens: false``)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from gateway.tools.formats.base import Function, ToolFormat, call_arguments, dumps
+from gateway.tools.formats.delimited import FENCE, DelimitedCalls, ReadCall
+from gateway.tools.parsing import Parser
+
+SECTION = ("<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>")
+CALL = ("<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>")
+SEP = "<｜tool▁sep｜>"
+
+
+def read_call(body: str) -> ReadCall | None:
+    """One call's text between its markers, in either generation's form."""
+    head, sep, rest = body.partition(SEP)
+    if not sep:
+        return None
+    if head.strip() == "function":
+        name, _, text = rest.partition("\n")
+        fenced = FENCE.search(text)
+        arguments = fenced.group(1) if fenced else text.strip()
+    else:
+        name, arguments = head, rest.strip()
+    name = name.strip()
+    return ReadCall(name, arguments or "{}") if name else None
+
+
+class DeepSeekV3(ToolFormat):
+    """DeepSeek V3, R1 (0528) and V3.1."""
+
+    name = "deepseek_v3"
+
+    def howto(self) -> str:
+        return (
+            f"To call functions, write {SECTION[0]}, then for each call {CALL[0]}function{SEP}"
+            f"FUNCTION-NAME\n```json\nARGUMENTS-JSON\n```{CALL[1]}, then {SECTION[1]}"
+        )
+
+    def render_calls(self, calls: Sequence[dict[str, Any]]) -> str:
+        texts = []
+        for call in calls:
+            name, arguments = call_arguments(call)
+            body = f"function{SEP}{name}\n```json\n{dumps(arguments)}\n```"
+            texts.append(CALL[0] + body + CALL[1])
+        return SECTION[0] + "".join(texts) + SECTION[1]
+
+    def parser(self, functions: Sequence[Function] = ()) -> Parser:
+        return DelimitedCalls(CALL[0], CALL[1], read_call, section=SECTION)

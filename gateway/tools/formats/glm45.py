@@ -1,0 +1,60 @@
+"""GLM 4.5+'s calls: ``<tool_call>NAME\n<arg_key>KEY</arg_key>\n<arg_value>VALUE</arg_value>
+...</tool_call>``; values are text, typed by the tool's schema."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import Any
+
+from gateway.tools.formats.base import Function, ToolFormat, call_arguments, dumps
+from gateway.tools.formats.delimited import (
+    DelimitedCalls,
+    ReadCall,
+    parameters_of,
+    xml_arguments,
+)
+from gateway.tools.parsing import Parser
+
+_PAIR = re.compile(r"<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)</arg_value>", re.DOTALL)
+
+
+class Glm45(ToolFormat):
+    """GLM 4.5, 4.6 and 4.7."""
+
+    name = "glm45"
+
+    def howto(self) -> str:
+        return (
+            "For each call, write <tool_call>FUNCTION-NAME\n<arg_key>PARAMETER-NAME</arg_key>\n"
+            "<arg_value>VALUE</arg_value>\n</tool_call>"
+        )
+
+    def render_calls(self, calls: Sequence[dict[str, Any]]) -> str:
+        texts = []
+        for call in calls:
+            name, arguments = call_arguments(call)
+            items = arguments.items() if isinstance(arguments, dict) else ()
+            pairs = "".join(
+                f"<arg_key>{key}</arg_key>\n"
+                f"<arg_value>{value if isinstance(value, str) else dumps(value)}</arg_value>\n"
+                for key, value in items
+            )
+            texts.append(f"<tool_call>{name}\n{pairs}</tool_call>")
+        return "\n".join(texts)
+
+    def render_result(self, content: str) -> str:
+        return f"<tool_response>\n{content}\n</tool_response>"
+
+    def parser(self, functions: Sequence[Function] = ()) -> Parser:
+        def read(body: str) -> ReadCall | None:
+            name = body.split("<arg_key>", 1)[0].strip()
+            if not name or any(ch.isspace() or ch in "<>{}" for ch in name):
+                return None
+            pairs = [(key.strip(), value) for key, value in _PAIR.findall(body)]
+            return ReadCall(name, xml_arguments(pairs, parameters_of(functions, name)))
+
+        return DelimitedCalls("<tool_call>", "</tool_call>", read)
+
+    def trigger(self) -> str | None:
+        return "<tool_call>"

@@ -1,0 +1,62 @@
+"""Qwen3-Coder's XML calls: ``<tool_call>\n<function=NAME>\n<parameter=KEY>\nVALUE\n</parameter>
+...</function>\n</tool_call>``; values are text, typed by the tool's schema."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import Any
+
+from gateway.tools.formats.base import Function, ToolFormat, call_arguments, dumps
+from gateway.tools.formats.delimited import (
+    DelimitedCalls,
+    ReadCall,
+    parameters_of,
+    xml_arguments,
+)
+from gateway.tools.parsing import Parser
+
+_FUNCTION = re.compile(r"<function=([^>\n]+)>")
+_PARAMETER = re.compile(r"<parameter=([^>\n]+)>\n?(.*?)\n?</parameter>", re.DOTALL)
+
+
+class Qwen3Coder(ToolFormat):
+    """Qwen3-Coder (and Qwen3.5+'s XML form)."""
+
+    name = "qwen3_coder"
+
+    def howto(self) -> str:
+        return (
+            "For each call, write <tool_call>\n<function=FUNCTION-NAME>\n"
+            "<parameter=PARAMETER-NAME>\nVALUE\n</parameter>\n</function>\n</tool_call>"
+        )
+
+    def render_calls(self, calls: Sequence[dict[str, Any]]) -> str:
+        texts = []
+        for call in calls:
+            name, arguments = call_arguments(call)
+            items = arguments.items() if isinstance(arguments, dict) else ()
+            params = "".join(
+                f"<parameter={key}>\n{value if isinstance(value, str) else dumps(value)}\n"
+                "</parameter>\n"
+                for key, value in items
+            )
+            texts.append(f"<tool_call>\n<function={name}>\n{params}</function>\n</tool_call>")
+        return "\n".join(texts)
+
+    def render_result(self, content: str) -> str:
+        return f"<tool_response>\n{content}\n</tool_response>"
+
+    def parser(self, functions: Sequence[Function] = ()) -> Parser:
+        def read(body: str) -> ReadCall | None:
+            match = _FUNCTION.search(body)
+            if match is None:
+                return None
+            name = match.group(1).strip()
+            pairs = [(key.strip(), value) for key, value in _PARAMETER.findall(body)]
+            return ReadCall(name, xml_arguments(pairs, parameters_of(functions, name)))
+
+        return DelimitedCalls("<tool_call>", "</tool_call>", read)
+
+    def trigger(self) -> str | None:
+        return "<tool_call>"

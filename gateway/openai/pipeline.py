@@ -38,7 +38,7 @@ from gateway.observability import Observability
 from gateway.openai.bounds import Bounds
 from gateway.openai.protocol import SamplingFields
 from gateway.openai.shaping import Header
-from gateway.ops.drain import Lifecycle
+from gateway.runtime.lifecycle import Lifecycle
 from gateway.tenancy import TenantPolicy
 from gateway.tenancy.keys import credentials_headers
 from gateway.tenancy.service import Tenancy
@@ -215,7 +215,7 @@ def route(path: str, endpoint: Endpoint[Any]) -> ASGIRouteHandler:
             return
         if method != "POST":
             raise MethodNotAllowedError(f"Method {method} is not allowed for {path}.")
-        pipeline: CompletionPipeline = scope["litestar_app"].state.pipeline
+        pipeline: CompletionPipeline = scope["litestar_app"].state.runtime.pipeline
         answer = await pipeline.answer(scope, receive, endpoint)
         await answer(scope, receive, send)
 

@@ -1,6 +1,7 @@
-"""Tool calls and structured output: request fields to guides, generated text to calls."""
+"""Tool calls and structured output, free of any API's schema: guides, the models' call formats,
+generated text parsed into calls."""
 
-from gateway.tools.output import OutputRules, conversation, output_rules, response_guide
+from gateway.tools.output import OutputRules, conversation
 from gateway.tools.parsing import Arguments, CallStart, Content, Folded, Parser, Piece
 
 __all__ = [
@@ -12,6 +13,4 @@ __all__ = [
     "Parser",
     "Piece",
     "conversation",
-    "output_rules",
-    "response_guide",
 ]

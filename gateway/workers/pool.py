@@ -19,12 +19,12 @@ from prometheus_client import multiprocess
 from deploy.sidecar import frontend
 from deploy.sidecar.fleet import sidecar_from_spec
 from deploy.sidecar.supervisor import Sidecar
-from gateway.runtime import read_spec
+from gateway.runtime.shared import write_state
+from gateway.runtime.spec import read_spec
 from gateway.server import REPEAT_WINDOW_S
 from gateway.settings import Settings
 from gateway.workers.child import CANNOT_SERVE, run_worker
 from gateway.workers.redis import EmbeddedRedis
-from gateway.workers.shared import write_state
 
 logger = logging.getLogger(__name__)
 WATCH_S = 0.5

@@ -21,6 +21,7 @@ from opentelemetry.sdk.trace.export import SpanExporter
 from adapters.contract import Backend
 from deploy.sidecar.spec import Spec
 from gateway.app.docs import docs, docs_asset, openapi_json
+from gateway.app.gate import gate
 from gateway.catalog.lora.board import AdapterBoard
 from gateway.catalog.registry import ModelRegistry
 from gateway.errors import ClientDisconnected, from_http_exception, to_api_error
@@ -72,15 +73,6 @@ def error_handler(retry_after_s: int) -> Handler:
     return handle
 
 
-async def refuse_when_draining(request: Request[Any, Any, Any]) -> None:
-    """The API routers' hook: once the drain delay passed, new requests go elsewhere.
-
-    Async: litestar runs a synchronous hook in a worker thread, on every request.
-    """
-    runtime: Runtime = request.app.state.runtime
-    runtime.lifecycle.refuse_if_draining(runtime.settings.limits.retry_after_s)
-
-
 def _runtime(state: State) -> Runtime:
     return state.runtime  # type: ignore[no-any-return]
 
@@ -119,13 +111,13 @@ def routers(*, metrics_on_api_port: bool) -> list[Router | Any]:
             models.list_models,
             models.retrieve_model,
         ],
-        before_request=refuse_when_draining,
+        middleware=[gate],
     )
     admin = Router(
         "/",
         route_handlers=[*tenancy_admin.ROUTES, *lora_admin.ROUTES],
         guards=[tenancy_admin.admin_only],
-        before_request=refuse_when_draining,
+        middleware=[gate],
     )
     ops = [health.live, health.ready, openapi_json, docs, docs_asset]
     return [api, admin, *ops, *([metrics.router()] if metrics_on_api_port else [])]

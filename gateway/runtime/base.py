@@ -194,7 +194,6 @@ class Runtime(abc.ABC):
             self.tenancy,
             self.registry,
             self.observability,
-            self.lifecycle,
             retry_after_s=retry_after_s,
             max_body_bytes=self.settings.limits.max_body_bytes,
         )

@@ -28,6 +28,7 @@ from gateway.replicas.router import Router
 from gateway.replicas.sources import Endpoint, Resolver, resolve_addresses
 from gateway.runtime.lifecycle import Lifecycle
 from gateway.runtime.shared import SidecarView
+from gateway.runtime.spec import read_spec, resolve_spec
 from gateway.settings import Settings, SettingsError, check_settings
 from gateway.tenancy.service import Tenancy
 
@@ -89,8 +90,8 @@ class Runtime(abc.ABC):
         )
         """Adapters loaded at run time, shared by every process that shares the Redis store."""
         self._spec = spec
-        """The deploy spec as ``serve`` read it, built-in names resolved; read at start if not
-        given."""
+        """The deploy spec as ``serve`` read it (its built-in model names are resolved at
+        start); read at start when not given."""
         self._backend = backend
         self._owns_backend = backend is None
         self._backend_factory = backend_factory
@@ -207,11 +208,11 @@ class Runtime(abc.ABC):
         sidecars = self.settings.sidecars
         if sidecars is None:
             return None, {}, {}, {}
-        spec = self._spec
-        if spec is None:
-            from gateway.runtime.spec import read_spec
-
+        given = self._spec
+        if given is None:
             spec = await asyncio.to_thread(read_spec, sidecars)
+        else:
+            spec = await asyncio.to_thread(resolve_spec, given)
         return spec, *await self._prepare_sidecars(spec)
 
     async def _load_adapters(self, routes: tuple[ModelRoute, ...]) -> None:

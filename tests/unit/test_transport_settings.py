@@ -15,6 +15,7 @@ from gateway import cli
 from gateway.catalog.registry import resolve_routes
 from gateway.replicas.settings import RoutingSettings
 from gateway.replicas.sources import Endpoint
+from gateway.runtime.spec import parse_sidecar_spec
 from gateway.settings import ModelSettings, Settings, SettingsError, check_settings, parse_settings
 
 SPEC = parse_spec(
@@ -205,7 +206,8 @@ def test_serve_says_which_transport_and_warns_of_an_unsafe_http(
         else:
             models.append({"name": f"m{index}", "pipeline": "tiny", "transport": transport})
     settings = parse_settings({"sidecars": {"inline": spec}, "models": models})
-    cli._say_transports(settings)
+    assert settings.sidecars is not None
+    cli._say_transports(settings, parse_sidecar_spec(settings.sidecars))
     out, err = capsys.readouterr()
     if said is None:
         assert "over" not in out

@@ -7,6 +7,7 @@ import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import msgspec
 
@@ -23,6 +24,9 @@ from gateway.settings import (
 from gateway.tenancy import TenancySettings
 from gateway.tenancy.config import resolve_store
 from gateway.tenancy.keys import digest, new_key
+
+if TYPE_CHECKING:
+    from deploy.sidecar.spec import Spec
 
 logger = logging.getLogger(__name__)
 DEMO_MODEL = "smollm2"
@@ -67,24 +71,27 @@ def serve(settings: Settings, settings_dir: Path | None = None) -> int:
     auto`` keeps the embedded store's file."""
     from gateway.observability import configure_logging
     from gateway.ops.preflight import check_before_start
+    from gateway.runtime.spec import parse_sidecar_spec
 
     tenancy = resolve_store(
         settings.tenancy, settings_dir=settings_dir, workers=settings.server.workers
     )
     settings = msgspec.structs.replace(settings, tenancy=tenancy)
     configure_logging(settings.log_level, settings.observability.log_format)
-    check_before_start(settings)
+    # Read once here: the checks, the transports said and the start all take this one.
+    spec = parse_sidecar_spec(settings.sidecars) if settings.sidecars is not None else None
+    check_before_start(settings, spec)
     server = settings.server
     print(f"triton-gateway: OpenAI API on http://{server.host}:{server.port}/v1", flush=True)
     names = ", ".join(model.name for model in settings.models) or "every pipeline of the spec"
     waits = " once its sidecars have loaded" if settings.sidecars is not None else ""
     print(f"  models: {names}; ready{waits} (/health/ready); Ctrl-C stops", flush=True)
     if server.workers > 1 or settings.tenancy.store.kind == "embedded":
-        return _serve_workers(settings)
+        return _serve_workers(settings, spec)
     from gateway.app import create_app
     from gateway.server import run
 
-    app = create_app(settings)
+    app = create_app(settings, spec=spec)
     runtime = app.state["runtime"]
     # Once started: with the Redis store, the tenants and keys in force are known only then.
     failure = run(
@@ -96,7 +103,7 @@ def serve(settings: Settings, settings_dir: Path | None = None) -> int:
     return 0
 
 
-def _serve_workers(settings: Settings) -> int:
+def _serve_workers(settings: Settings, spec: Spec | None) -> int:
     import tempfile
 
     from gateway.workers.pool import Pool, embedded_data_file, needs_embedded_redis
@@ -110,7 +117,7 @@ def _serve_workers(settings: Settings) -> int:
         limits = f"limits, tenants and keys in an embedded redis-server, {kept}"
     print(f"  {server.workers} worker process(es) on the port; {limits}", flush=True)
     with tempfile.TemporaryDirectory(prefix="triton-gateway-") as folder:
-        pool = Pool(settings, Path(folder))
+        pool = Pool(settings, Path(folder), spec)
         code = pool.run()
     if pool.failure is not None:
         print(f"error: {pool.failure}", file=sys.stderr, flush=True)

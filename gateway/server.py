@@ -27,7 +27,7 @@ from litestar import Litestar
 from litestar.types import ASGIApp
 
 from gateway.http.door import Door, DoorLimits
-from gateway.runtime import Runtime
+from gateway.runtime.base import Runtime
 from gateway.settings import Settings, SettingsError
 
 logger = logging.getLogger(__name__)

@@ -16,14 +16,13 @@ import msgspec
 from litestar import asgi
 from litestar.exceptions import HTTPException
 from litestar.handlers import ASGIRouteHandler
-from litestar.types import ASGIApp, HTTPResponseStartEvent, HTTPScope, Receive, Scope, Send
+from litestar.types import ASGIApp, HTTPScope, Receive, Scope, Send
 
 from gateway.catalog.registry import ModelRegistry, ServedModel
 from gateway.core.generation import ChoiceResult, Event, GenerationService, UsageMeter, fold
 from gateway.core.plan import Plan
 from gateway.errors import (
     ClientDisconnected,
-    MethodNotAllowedError,
     OversizeError,
     to_api_error,
 )
@@ -38,7 +37,6 @@ from gateway.observability import Observability
 from gateway.openai.bounds import Bounds
 from gateway.openai.protocol import SamplingFields
 from gateway.openai.shaping import Header
-from gateway.ops.drain import Lifecycle
 from gateway.tenancy import TenantPolicy
 from gateway.tenancy.keys import credentials_headers
 from gateway.tenancy.service import Tenancy
@@ -82,7 +80,6 @@ class CompletionPipeline:
         tenancy: Tenancy,
         registry: ModelRegistry,
         observability: Observability,
-        lifecycle: Lifecycle,
         *,
         retry_after_s: int,
         max_body_bytes: int,
@@ -91,7 +88,6 @@ class CompletionPipeline:
         self.tenancy = tenancy
         self.registry = registry
         self.observability = observability
-        self.lifecycle = lifecycle
         self.retry_after_s = retry_after_s
         self.max_body_bytes = max_body_bytes
 
@@ -116,7 +112,6 @@ class CompletionPipeline:
     async def _answer(
         self, scope: Scope, receive: Receive, endpoint: Endpoint[Body], headers: dict[str, str]
     ) -> ASGIApp:
-        self.lifecycle.refuse_if_draining(self.retry_after_s)
         tenant = self.caller(credentials_headers(scope["headers"]))
         headers.update(self.tenancy.known_headers(tenant))
         self.tenancy.refuse_if_spent(tenant)
@@ -194,30 +189,15 @@ class CompletionPipeline:
             return await until_disconnect(receive, planning)
 
 
-_OPTIONS: HTTPResponseStartEvent = {
-    "type": "http.response.start",
-    "status": 204,
-    "headers": [(b"allow", b"OPTIONS, POST")],
-}
-
-
 def route(path: str, endpoint: Endpoint[Any]) -> ASGIRouteHandler:
     """``POST path`` answered by ``endpoint``: a plain ASGI handler inside the app's middleware
     and error handling, without the framework's per-request parsing of parameters and
-    injection of dependencies (the pipeline is read from the app's state)."""
+    injection of dependencies (the pipeline is read from the app's runtime). The routers' gate
+    (``gateway.app.gate``) answers its other methods and refuses it while draining."""
 
     async def handle(scope: HTTPScope, receive: Receive, send: Send) -> None:
-        method = scope["method"]
-        if method == "OPTIONS":
-            # As the framework answers it on every other route.
-            await send(_OPTIONS)
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
-            return
-        if method != "POST":
-            raise MethodNotAllowedError(f"Method {method} is not allowed for {path}.")
-        pipeline: CompletionPipeline = scope["litestar_app"].state.pipeline
+        pipeline: CompletionPipeline = scope["litestar_app"].state.runtime.pipeline
         answer = await pipeline.answer(scope, receive, endpoint)
         await answer(scope, receive, send)
 
-    # The framework sees no methods on an ASGI route: the ones it answers are declared here.
     return asgi(path, copy_scope=False, opt={"methods": ("OPTIONS", "POST")})(handle)

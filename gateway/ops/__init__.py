@@ -1,3 +1,3 @@
 """Operating the gateway: liveness and readiness (``health``), the Prometheus routes
-(``metrics``), the drain on shutdown (``drain``) and the starter configuration that
+(``metrics``), the checks before start (``preflight``) and the starter configuration that
 ``triton-gateway init`` writes (``starter``)."""

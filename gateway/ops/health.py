@@ -9,7 +9,7 @@ from typing import Any
 from litestar import MediaType, Request, Response, get
 
 from gateway.catalog.registry import ServedModel
-from gateway.runtime import Runtime
+from gateway.runtime.base import Runtime
 
 logger = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ from litestar.handlers import BaseRouteHandler
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from gateway.errors import ResourceNotFoundError, ServiceUnavailableError
-from gateway.runtime import Runtime
+from gateway.runtime.base import Runtime
 from gateway.settings import Settings
 
 

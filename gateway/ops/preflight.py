@@ -11,24 +11,22 @@ from pathlib import Path
 from deploy.sidecar.spec import (
     LoadTestEngine,
     Spec,
-    SpecError,
     TensorRTLLMEngine,
     TorchEngine,
-    load_spec,
     looks_like_path,
-    parse_spec,
 )
 from gateway.settings import Settings, SettingsError
 
 BUILT_IN = "a Hugging Face folder, a hub id or a built-in name (tiny, tiny-vision, smollm2)"
 
 
-def check_before_start(settings: Settings) -> None:
-    """Raise ``SettingsError`` naming the first field that cannot work as it stands."""
+def check_before_start(settings: Settings, spec: Spec | None) -> None:
+    """Raise ``SettingsError`` naming the first field that cannot work as it stands; ``spec`` is
+    the deploy spec of the sidecars as ``serve`` read it (``gateway.runtime.spec``)."""
     _check_listening(settings)
     _check_store_file(settings)
-    if settings.sidecars is not None:
-        for field, folder, what in _spec_folders(_read_spec(settings)):
+    if spec is not None:
+        for field, folder, what in _spec_folders(spec):
             _check_folder(f"deploy spec: {field}", folder, what)
     for model in settings.models:
         if model.tokenizer_dir is not None and looks_like_path(model.tokenizer_dir):
@@ -57,22 +55,6 @@ def _check_store_file(settings: Settings) -> None:
             f"tenancy.store.path: the folder {folder} cannot be written, so the admin API's "
             "changes could not be kept: give a path in a writable folder (tenancy.store.path)"
         )
-
-
-def _read_spec(settings: Settings) -> Spec:
-    sidecars = settings.sidecars
-    assert sidecars is not None
-    try:
-        if sidecars.spec is not None:
-            if not Path(sidecars.spec).is_file():
-                raise SettingsError(
-                    f"sidecars.spec: the deploy spec {sidecars.spec} does not exist: write it "
-                    "there, or point sidecars.spec at it (relative to the settings file)"
-                )
-            return load_spec(sidecars.spec)
-        return parse_spec(sidecars.inline or {})
-    except SpecError as exc:
-        raise SettingsError(f"deploy spec: {exc}") from exc
 
 
 def _spec_folders(spec: Spec) -> Iterator[tuple[str, str, str]]:

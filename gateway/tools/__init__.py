@@ -1,7 +1,7 @@
-"""Tool calls, structured output and reasoning: request fields to guides, generated text to
-reasoning, content and calls."""
+"""Tool calls, structured output and reasoning, free of any API's schema: guides, the models'
+call and reasoning formats, generated text parsed into reasoning, content and calls."""
 
-from gateway.tools.output import OutputRules, conversation, output_rules, response_guide
+from gateway.tools.output import OutputRules, conversation
 from gateway.tools.parsing import (
     Arguments,
     CallStart,
@@ -22,6 +22,4 @@ __all__ = [
     "Piece",
     "Reasoning",
     "conversation",
-    "output_rules",
-    "response_guide",
 ]

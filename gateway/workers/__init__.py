@@ -5,6 +5,6 @@ that keeps tenant limits exact across workers when no Redis is configured, and t
 themselves (restarted if one dies). Each worker (``child``) is a whole gateway app with its own
 Triton channels, listening on the port through ``SO_REUSEPORT`` so the kernel spreads the
 connections; the sidecars' addresses and state reach it through a file the parent keeps
-(``shared``). Signals go to the parent, which passes them on: every worker drains as one
-gateway does. Prometheus metrics are written per process and summed at each scrape.
+(``gateway.runtime.shared``). Signals go to the parent, which passes them on: every worker
+drains as one gateway does. Prometheus metrics are written per process and summed at each scrape.
 """

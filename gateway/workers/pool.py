@@ -17,14 +17,15 @@ import msgspec
 from prometheus_client import multiprocess
 
 from deploy.sidecar.fleet import sidecar_from_spec
+from deploy.sidecar.spec import Spec
 from deploy.sidecar.supervisor import Sidecar
 from gateway.catalog.transports import build_keepers
-from gateway.runtime import read_spec
+from gateway.runtime.shared import write_state
+from gateway.runtime.spec import resolve_spec
 from gateway.server import REPEAT_WINDOW_S
 from gateway.settings import Settings
-from gateway.workers.child import CANNOT_SERVE, run_worker
+from gateway.workers.child import CANNOT_SERVE, WorkerPayload, run_worker
 from gateway.workers.redis import EmbeddedRedis
-from gateway.workers.shared import write_state
 
 logger = logging.getLogger(__name__)
 WATCH_S = 0.5
@@ -62,9 +63,12 @@ class Pool:
     embedded Redis's socket.
     """
 
-    def __init__(self, settings: Settings, folder: Path) -> None:
+    def __init__(self, settings: Settings, folder: Path, spec: Spec | None) -> None:
         self.settings = settings
         self.folder = folder
+        self.spec = spec
+        """The deploy spec as ``serve`` read it; its built-in model names resolved here, once,
+        and the workers given the result."""
         self.state_file = folder / "sidecars.json"
         self.metrics_dir = folder / "metrics"
         self.redis = (
@@ -90,7 +94,9 @@ class Pool:
             self._prepare_sidecars()
             if self.redis is not None:
                 self.redis.start()
-            payload = msgspec.json.encode(worker_settings(self.settings, self.redis))
+            payload = msgspec.json.encode(
+                WorkerPayload(worker_settings(self.settings, self.redis), self.spec)
+            )
             for index in range(len(self._workers)):
                 self._start_worker(index, payload)
             self._install_signals()
@@ -103,9 +109,9 @@ class Pool:
 
     def _prepare_sidecars(self) -> None:
         sidecars = self.settings.sidecars
-        if sidecars is None:
+        if sidecars is None or self.spec is None:
             return
-        spec = read_spec(sidecars)
+        self.spec = spec = resolve_spec(self.spec)
         workdir = Path(sidecars.workdir) if sidecars.workdir else self.folder / "sidecars"
         keepers = build_keepers(self.settings, spec)
         self.sidecars = [

@@ -23,7 +23,7 @@ from deploy.triton.engine.types import (
     SamplingConfig,
 )
 from gateway.tools.formats import Function, tool_format
-from gateway.tools.output import _auto_guide, _calls_schema, _required_guide
+from gateway.tools.output import auto_guide, calls_schema, required_guide
 from tests.support.engine import Result
 
 STREAMS = 16
@@ -108,7 +108,7 @@ def compilation(model_dir: str) -> None:
     info = xgr.TokenizerInfo.from_huggingface(tokenizer)
     schemas = {
         "required, JSON list (2 tools)": GuideRequest(
-            "json_schema", json.dumps(_calls_schema(FUNCTIONS, True))
+            "json_schema", json.dumps(calls_schema(FUNCTIONS, True))
         ),
         "required, call tags (2 tools)": _tag_request(required=True),
         "auto structural tag": _tag_request(),
@@ -141,7 +141,7 @@ def mask_cost(model_dir: str) -> None:
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     guided = GuidedDecoding(xgr.TokenizerInfo.from_huggingface(tokenizer))
     compiled = guided.compile(
-        GuideRequest("json_schema", json.dumps(_calls_schema(FUNCTIONS, True)))
+        GuideRequest("json_schema", json.dumps(calls_schema(FUNCTIONS, True)))
     )
     text = '[{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}]'
     tokens = tokenizer.encode(text, add_special_tokens=False)
@@ -159,7 +159,7 @@ def mask_cost(model_dir: str) -> None:
 
 
 def _tag_request(required: bool = False) -> GuideRequest:
-    build = _required_guide if required else _auto_guide
+    build = required_guide if required else auto_guide
     guide = build(tool_format("hermes"), FUNCTIONS, True)
     assert guide is not None and guide.guide is not None
     return GuideRequest("structural_tag", guide.guide)

@@ -26,7 +26,7 @@ from schemathesis.checks import (
 
 from deploy.sidecar.supervisor import Sidecar
 from gateway.app import create_app
-from gateway.http.openapi import document
+from gateway.app.openapi import document
 from gateway.settings import LimitSettings, ModelSettings, Settings
 from gateway.tenancy import KeyEntry, TenancySettings, TenantPolicy
 from gateway.tenancy.keys import digest, new_key

@@ -2,13 +2,17 @@
 alone, its BLS streaming engine calls through one tritonclient module of its own, and the gateway
 reaches into it only through its sidecar side. No import cycles anywhere.
 
+Inside the gateway the rooms (its top-level packages and modules) run one way: each room is on a
+floor and imports only rooms on the floors below; no two rooms import each other; the generation
+core knows nothing of HTTP, OpenAI, tenancy, the catalog or the other feature rooms.
+
 Every import counts, at any depth: inside functions and under ``TYPE_CHECKING`` too.
 """
 
 from __future__ import annotations
 
 import ast
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import PurePosixPath
 
 import pytest
@@ -193,3 +197,115 @@ def test_no_import_cycles() -> None:
 def test_the_cycle_finder_finds_cycles() -> None:
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+ROOM_FLOORS: tuple[tuple[str, ...], ...] = (
+    ("errors", "ids"),
+    ("observability", "http"),
+    ("core",),
+    ("tools", "media", "replicas", "tenancy"),
+    ("settings",),
+    ("catalog",),
+    ("openai",),
+    ("runtime",),
+    ("ops", "server"),
+    ("app",),
+    ("workers",),
+    ("cli",),
+)
+"""The gateway's rooms from the ground floor up: the error tree and ids; observability and the
+HTTP plumbing (bodies, SSE, the front door); the generation core; the feature rooms; the
+settings that gather their settings; the served models; the OpenAI API; the runtime holding the
+services; the operations routes and the server; the app; the worker processes; the command."""
+CORE_KNOWS_NOTHING_OF = (
+    "http", "openai", "tenancy", "catalog", "tools", "replicas", "ops", "media", "workers"
+)  # fmt: skip
+"""The rooms the core takes small interfaces from instead of importing them."""
+
+
+def room_of(module: str) -> str | None:
+    """The gateway room a module is in (``gateway.openai.chat.plan``: ``openai``)."""
+    parts = module.split(".")
+    return parts[1] if parts[0] == "gateway" and len(parts) > 1 else None
+
+
+def room_imports(graph: Mapping[str, Iterable[str]]) -> dict[tuple[str, str], list[str]]:
+    """Each pair of rooms one imports the other, with the importing modules."""
+    found: dict[tuple[str, str], list[str]] = {}
+    for module, targets in sorted(graph.items()):
+        here = room_of(module)
+        for target in sorted(targets):
+            there = room_of(target)
+            if here is not None and there is not None and here != there:
+                found.setdefault((here, there), []).append(f"{module} imports {target}")
+    return found
+
+
+def floor_of(room: str, floors: Sequence[Sequence[str]] = ROOM_FLOORS) -> int | None:
+    return next((level for level, rooms in enumerate(floors) if room in rooms), None)
+
+
+def upward_imports(
+    graph: Mapping[str, Iterable[str]], floors: Sequence[Sequence[str]] = ROOM_FLOORS
+) -> list[str]:
+    """Imports of a room on the same floor or above, or of a room without a floor."""
+    found = []
+    for (here, there), imports in room_imports(graph).items():
+        low, high = floor_of(here, floors), floor_of(there, floors)
+        if low is None or high is None or high >= low:
+            found += [f"{line} ({here} -> {there})" for line in imports]
+    return found
+
+
+def mutual_rooms(graph: Mapping[str, Iterable[str]]) -> list[tuple[str, str]]:
+    """The pairs of rooms that import each other."""
+    pairs = room_imports(graph)
+    return sorted((a, b) for a, b in pairs if a < b and (b, a) in pairs)
+
+
+def core_imports(graph: Mapping[str, Iterable[str]]) -> list[str]:
+    """The core's imports of the rooms it must know nothing of."""
+    return [
+        line
+        for (here, there), imports in room_imports(graph).items()
+        if here == "core" and there in CORE_KNOWS_NOTHING_OF
+        for line in imports
+    ]
+
+
+def test_every_room_has_a_floor() -> None:
+    rooms = {room_of(module) for module in import_graph()} - {None}
+    assert sorted(r for r in rooms if r is not None and floor_of(r) is None) == []
+
+
+@pytest.mark.parametrize("room", [room for floor in ROOM_FLOORS for room in floor])
+def test_a_room_imports_only_the_floors_below(room: str) -> None:
+    graph = {m: targets for m, targets in import_graph().items() if room_of(m) == room}
+    assert upward_imports(graph) == []
+
+
+def test_no_two_rooms_import_each_other() -> None:
+    assert mutual_rooms(import_graph()) == []
+
+
+def test_the_core_knows_nothing_of_the_rooms_above() -> None:
+    assert core_imports(import_graph()) == []
+
+
+def test_the_room_rules_see_violations() -> None:
+    floors = (("errors",), ("core",), ("openai", "tenancy"))
+    down = {"gateway.openai.plan": {"gateway.core.plan", "gateway.errors", "adapters.contract"}}
+    assert upward_imports(down, floors) == []
+    assert mutual_rooms(down) == []
+    up = {"gateway.core.plan": {"gateway.openai.protocol"}}
+    assert upward_imports(up, floors) == [
+        "gateway.core.plan imports gateway.openai.protocol (core -> openai)"
+    ]
+    assert core_imports(up) == ["gateway.core.plan imports gateway.openai.protocol"]
+    sideways = {"gateway.openai.pipeline": {"gateway.tenancy.service"}}
+    assert len(upward_imports(sideways, floors)) == 1
+    unplaced = {"gateway.newroom.x": {"gateway.errors"}}
+    assert len(upward_imports(unplaced, floors)) == 1
+    both = {**up, "gateway.openai.protocol": {"gateway.core.plan"}}
+    assert mutual_rooms(both) == [("core", "openai")]
+    assert core_imports({"gateway.core.plan": {"gateway.observability"}}) == []

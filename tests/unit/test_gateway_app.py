@@ -230,3 +230,41 @@ def test_metrics_count_requests(client: TestClient[Any]) -> None:
     text = client.get("/metrics").text
     assert 'gateway_requests_total{method="GET",route="/v1/models",status="200"}' in text
     assert "gateway_request_duration_seconds_bucket" in text
+
+
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [
+        ("POST", "/v1/chat/completions"),
+        ("POST", "/v1/completions"),
+        ("OPTIONS", "/v1/chat/completions"),
+        ("OPTIONS", "/v1/completions"),
+        ("GET", "/v1/models"),
+        ("OPTIONS", "/v1/models"),
+        ("GET", "/admin/tenants"),
+    ],
+)
+def test_every_api_route_is_refused_while_draining(
+    client: TestClient[Any], method: str, path: str
+) -> None:
+    lifecycle = client.app.state.runtime.lifecycle
+    lifecycle.refusing = True
+    try:
+        body = {"model": "tiny", "messages": USER, "prompt": "hi"} if method == "POST" else None
+        answer = client.request(method, path, json=body)
+    finally:
+        lifecycle.refusing = False
+    assert answer.status_code == 503
+    assert answer.headers["retry-after"] == "3"
+    assert error_of(answer)["code"] == "shutting_down"
+
+
+def test_a_wrong_method_is_a_405_on_every_route_while_draining(client: TestClient[Any]) -> None:
+    lifecycle = client.app.state.runtime.lifecycle
+    lifecycle.refusing = True
+    try:
+        answers = [client.delete("/v1/models"), client.get("/v1/chat/completions")]
+    finally:
+        lifecycle.refusing = False
+    assert [answer.status_code for answer in answers] == [405, 405]
+    assert [error_of(answer)["code"] for answer in answers] == ["method_not_allowed"] * 2

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -40,3 +42,43 @@ def test_deploy_is_delegated(tmp_path: Path, tiny_model_dir: Path) -> None:
     )
     assert main(["deploy", "render", str(spec), str(tmp_path / "out")]) == 0
     assert (tmp_path / "out" / "main" / "tiny_ensemble" / "config.pbtxt").is_file()
+
+
+def test_serve_reads_the_deploy_spec_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The checks before start, the transports said and the app's start all take the spec
+    ``serve`` read; the app's start is stood in for by the spec it is given."""
+    from deploy.sidecar.frontend import keeper
+    from gateway import app, server
+    from tests.unit.test_gateway_app import closed_port
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    (tmp_path / "deploy.yaml").write_text(
+        "models: [{name: tiny, engine: {kind: torch, model_dir: ./model}}]\n"
+    )
+    (tmp_path / "gateway.yaml").write_text(
+        f"sidecars: {{spec: ./deploy.yaml}}\nserver: {{port: {closed_port()}}}\n"
+        "tenancy: {auth: false}\n"
+    )
+    deploy = tmp_path / "deploy.yaml"
+    reads: list[Path] = []
+    started_with: list[object] = []
+    read_text = Path.read_text
+
+    def counted(path: Path, *args: Any, **kwargs: Any) -> str:
+        if path == deploy:
+            reads.append(path)
+        return read_text(path, *args, **kwargs)
+
+    def create_app(settings: object, **options: object) -> object:
+        started_with.append(options.get("spec"))
+        return SimpleNamespace(state={"runtime": None})
+
+    monkeypatch.setattr(Path, "read_text", counted)
+    monkeypatch.setattr(keeper, "build", lambda folder=None: None)
+    monkeypatch.setattr(app, "create_app", create_app)
+    monkeypatch.setattr(server, "run", lambda *args, **kwargs: None)
+    assert main(["serve", "--config", str(tmp_path / "gateway.yaml")]) == 0
+    assert reads == [deploy]
+    assert started_with and started_with[0] is not None

@@ -8,7 +8,7 @@ import logging
 
 import pytest
 
-from gateway import runtime
+from gateway.runtime import base as runtime
 
 
 async def test_a_stuck_part_is_given_up_on_and_named(caplog: pytest.LogCaptureFixture) -> None:

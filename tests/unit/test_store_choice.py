@@ -70,7 +70,7 @@ def test_a_store_file_in_a_folder_that_cannot_be_written_is_refused_at_start(
 
     store = {"kind": "embedded", "path": str(tmp_path / "ro" / "tenancy.rdb")}
     settings = parse_settings({"tenancy": {"auth": False, "store": store}})
-    preflight.check_before_start(settings)
+    preflight.check_before_start(settings, None)
     monkeypatch.setattr(preflight.os, "access", lambda path, mode: False)
     with pytest.raises(SettingsError, match=r"tenancy.store.path: the folder .*ro cannot be"):
-        preflight.check_before_start(settings)
+        preflight.check_before_start(settings, None)

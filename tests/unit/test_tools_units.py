@@ -13,8 +13,9 @@ from adapters.contract import GenerationRequest, Guide, InvalidRequest, Sampling
 from adapters.triton.config import parse_model_config
 from adapters.triton.tensors import build_inputs
 from gateway.errors import InvalidRequestError
+from gateway.openai.output import output_rules
 from gateway.openai.protocol import ChatCompletionRequest
-from gateway.tools import Folded, conversation, output_rules
+from gateway.tools import Folded, conversation
 from gateway.tools.formats import FORMATS, Function, guess_format, tool_format
 from gateway.tools.parsing import ArgumentsOnly, ObjectCalls, Parser
 

@@ -15,11 +15,11 @@ from gateway.errors import APIError
 from gateway.http.answers import decode_body
 from gateway.openai.chat.plan import check_chat, template_messages
 from gateway.openai.completions.plan import check_completion
+from gateway.openai.output import output_rules, response_guide
 from gateway.openai.protocol import ChatCompletionRequest, CompletionRequest
 from gateway.openai.protocol import given as given_value
 from gateway.openai.sampling import choice_seeds, resolve_max_tokens, sampling_params
 from gateway.settings import SamplingDefaults
-from gateway.tools import output_rules, response_guide
 
 SETTINGS = settings(max_examples=200, deadline=None, suppress_health_check=list(HealthCheck))
 TEMPLATE = "{% for m in messages %}{{ m.content }}{% endfor %}"

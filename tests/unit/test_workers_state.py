@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from gateway.workers.shared import SidecarView, read_state, write_state
+from gateway.runtime.shared import SidecarView, read_state, write_state
 
 SIDECAR = SidecarView(
     "a", "127.0.0.1:1", "http://127.0.0.1:2", "http://127.0.0.1:3/metrics", 7, 0, True

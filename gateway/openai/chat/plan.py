@@ -13,6 +13,7 @@ from gateway.errors import InvalidRequestError
 from gateway.ids import rng
 from gateway.openai.beams import beam_choices, beam_search
 from gateway.openai.chat.images import IMAGE_PART, chat_images, counted_images
+from gateway.openai.output import output_rules
 from gateway.openai.protocol import (
     ChatCompletionRequest,
     ChatMessage,
@@ -27,7 +28,7 @@ from gateway.openai.sampling import (
     resolve_max_tokens,
     sampling_params,
 )
-from gateway.tools import conversation, output_rules
+from gateway.tools import conversation
 
 
 async def plan_chat(

@@ -9,6 +9,8 @@ from msgspec import UNSET
 
 from gateway.core.generation import ChoiceEnd, ChoiceResult, Event, TextDelta
 from gateway.core.plan import Plan
+from gateway.openai.chat.calls import DeltaShaper, message_parts, whole_message
+from gateway.openai.chat.calls import finish_reason as tool_finish
 from gateway.openai.protocol import (
     AssistantMessage,
     ChatChoice,
@@ -23,8 +25,6 @@ from gateway.openai.protocol import (
 )
 from gateway.openai.shaping import Header, StreamUsage, finished, stream_shape, usage_of
 from gateway.tools.output import OutputRules
-from gateway.tools.shape import DeltaShaper, message_parts, whole_message
-from gateway.tools.shape import finish_reason as tool_finish
 
 
 def chat_logprobs(tokens: Iterable[str], logprobs: Iterable[float]) -> ChatLogprobs:

@@ -11,6 +11,7 @@ from gateway.core.plan import Plan, Prompt
 from gateway.errors import InvalidRequestError
 from gateway.ids import rng
 from gateway.openai.beams import beam_choices, beam_search
+from gateway.openai.output import response_guide
 from gateway.openai.protocol import (
     CompletionRequest,
     given,
@@ -22,7 +23,6 @@ from gateway.openai.sampling import (
     resolve_max_tokens,
     sampling_params,
 )
-from gateway.tools import response_guide
 
 
 def check_completion(request: CompletionRequest, max_n: int) -> None:

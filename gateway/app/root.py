@@ -1,5 +1,6 @@
-"""The composition root: ``create_app`` builds the app, its routers and its error handling; the
-services behind the routes are built once when the app starts and read from its state."""
+"""The composition root: ``create_app`` builds the app, its routers and its error handling around
+one ``Runtime``, which holds every service behind the routes (built once when the app starts);
+the app's state holds that runtime and nothing else."""
 
 from __future__ import annotations
 
@@ -18,19 +19,21 @@ from litestar.exceptions import HTTPException
 from opentelemetry.sdk.trace.export import SpanExporter
 
 from adapters.contract import Backend
-from gateway.catalog.lora import routes as lora_admin
+from deploy.sidecar.spec import Spec
+from gateway.app.docs import docs, docs_asset, openapi_json
+from gateway.app.gate import gate
 from gateway.catalog.lora.board import AdapterBoard
 from gateway.catalog.registry import ModelRegistry
 from gateway.errors import ClientDisconnected, from_http_exception, to_api_error
-from gateway.http import docs
 from gateway.observability import Observability
 from gateway.openai.chat import routes as chat
 from gateway.openai.completions import routes as completions
+from gateway.openai.models import lora as lora_admin
 from gateway.openai.models import routes as models
-from gateway.openai.pipeline import CompletionPipeline
 from gateway.ops import health, metrics
 from gateway.replicas.sources import Resolver, resolve_addresses
-from gateway.runtime import BackendFactory, Runtime, triton_backend
+from gateway.runtime.base import BackendFactory, Runtime, triton_backend
+from gateway.runtime.modes import SupervisingRuntime, WorkerRuntime
 from gateway.server import SideListener, door_limits
 from gateway.settings import Settings, SettingsError
 from gateway.tenancy import routes as tenancy_admin
@@ -68,15 +71,6 @@ def error_handler(retry_after_s: int) -> Handler:
         return Response(error.envelope(), status_code=error.status_code, headers=error.headers)
 
     return handle
-
-
-async def refuse_when_draining(request: Request[Any, Any, Any]) -> None:
-    """The API routers' hook: once the drain delay passed, new requests go elsewhere.
-
-    Async: litestar runs a synchronous hook in a worker thread, on every request.
-    """
-    runtime: Runtime = request.app.state.runtime
-    runtime.lifecycle.refuse_if_draining(runtime.settings.limits.retry_after_s)
 
 
 def _runtime(state: State) -> Runtime:
@@ -117,15 +111,15 @@ def routers(*, metrics_on_api_port: bool) -> list[Router | Any]:
             models.list_models,
             models.retrieve_model,
         ],
-        before_request=refuse_when_draining,
+        middleware=[gate],
     )
     admin = Router(
         "/",
         route_handlers=[*tenancy_admin.ROUTES, *lora_admin.ROUTES],
         guards=[tenancy_admin.admin_only],
-        before_request=refuse_when_draining,
+        middleware=[gate],
     )
-    ops = [health.live, health.ready, docs.openapi_json, docs.docs, docs.docs_asset]
+    ops = [health.live, health.ready, openapi_json, docs, docs_asset]
     return [api, admin, *ops, *([metrics.router()] if metrics_on_api_port else [])]
 
 
@@ -137,6 +131,7 @@ def create_app(
     span_exporter: SpanExporter | None = None,
     worker: WorkerContext | None = None,
     resolver: Resolver = resolve_addresses,
+    spec: Spec | None = None,
 ) -> Litestar:
     """The gateway as an ASGI app; ``backend`` replaces the Triton backend the app would create.
 
@@ -145,18 +140,23 @@ def create_app(
     requests and stops sidecars. ``span_exporter`` receives the spans (tests pass an in-memory
     one). ``worker`` makes the app one of several worker processes: the sidecars its parent
     supervises are used, not started, and the ports are shared. ``resolver`` looks up the
-    addresses of ``dns:`` replicas (tests pass their own).
+    addresses of ``dns:`` replicas (tests pass their own). ``spec`` is the deploy spec as
+    ``serve`` read it (read at start when not given).
     """
     observability = Observability(settings.observability, span_exporter=span_exporter)
-    runtime = Runtime(
-        settings,
-        backend=backend,
-        backend_factory=backend_factory
+    services: dict[str, Any] = {
+        "backend": backend,
+        "backend_factory": backend_factory
         or functools.partial(triton_backend, keep_alive_s=settings.limits.triton_keep_alive_s),
-        observability=observability,
-        shared_sidecars=worker.shared_sidecars if worker is not None else None,
-        resolver=resolver,
-    )
+        "observability": observability,
+        "spec": spec,
+        "resolver": resolver,
+    }
+    runtime: Runtime
+    if worker is not None and worker.shared_sidecars is not None:
+        runtime = WorkerRuntime(settings, shared_sidecars=worker.shared_sidecars, **services)
+    else:
+        runtime = SupervisingRuntime(settings, **services)
     handler = error_handler(settings.limits.retry_after_s)
     beside = None
     if settings.observability.metrics.port is not None:
@@ -178,15 +178,6 @@ def create_app(
                     await beside.start()
                     stack.push_async_callback(beside.stop)
                 await runtime.start()
-                app.state.pipeline = CompletionPipeline(
-                    runtime.generation,
-                    runtime.tenancy,
-                    runtime.registry,
-                    observability,
-                    runtime.lifecycle,
-                    retry_after_s=settings.limits.retry_after_s,
-                    max_body_bytes=settings.limits.max_body_bytes,
-                )
             except SettingsError as exc:
                 # A configuration that cannot be served: `serve` exits with the reason (no
                 # traceback of a failed ASGI start-up), and the app never becomes ready.

@@ -12,8 +12,8 @@ from typing import Any
 
 import msgspec
 
-from gateway.catalog.lora.routes import LoadAdapter, UnloadAdapter
 from gateway.errors import ErrorEnvelope
+from gateway.openai.models.lora import LoadAdapter, UnloadAdapter
 from gateway.openai.protocol import (
     ChatCompletion,
     ChatCompletionChunk,

@@ -1,22 +1,21 @@
-"""The gateway's runtime: what the app starts and stops (sidecars, tokenizers, adapters, the
-backend, the generation service), with its ``Lifecycle``."""
+"""The gateway's runtime: the services the app serves with (tokenizers, adapters, the backend,
+tenancy, the generation service and the completion pipeline), built once at start and closed at
+shutdown, with its ``Lifecycle``. Where the sidecars come from is a mode of its own
+(``gateway.runtime.modes``)."""
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import logging
-import shutil
-import tempfile
 from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 import httpx
 
 from adapters.contract import Backend, ModelTarget
-from deploy.sidecar.fleet import sidecar_from_spec
-from deploy.sidecar.spec import Spec, SpecError, load_spec, parse_spec
+from deploy.sidecar.spec import Spec
 from deploy.sidecar.supervisor import Sidecar
 from gateway.catalog.lora import AdapterError, AdapterExists
 from gateway.catalog.lora.board import AdapterBoard
@@ -30,13 +29,15 @@ from gateway.catalog.registry import (
 from gateway.catalog.transports import build_keepers, choose_transports, log_choices
 from gateway.core.generation import GenerationService
 from gateway.observability import Observability
-from gateway.ops.drain import Lifecycle
+from gateway.openai.pipeline import CompletionPipeline
 from gateway.replicas.metrics import ReplicaMetrics
 from gateway.replicas.router import Router
 from gateway.replicas.sources import Endpoint, Resolver, resolve_addresses
-from gateway.settings import Settings, SettingsError, SidecarSettings, check_settings
+from gateway.runtime.lifecycle import Lifecycle
+from gateway.runtime.shared import SidecarView
+from gateway.runtime.spec import read_spec, resolve_spec
+from gateway.settings import Settings, SettingsError, check_settings
 from gateway.tenancy.service import Tenancy
-from gateway.workers.shared import SidecarView, read_state
 
 logger = logging.getLogger(__name__)
 CLOSE_S = 5.0
@@ -44,6 +45,9 @@ CLOSE_S = 5.0
 BACKEND_CLOSE_S = 15.0
 """The backend's bound: it first finishes the stop requests of abandoned calls."""
 BackendFactory = Callable[[tuple[ModelRoute, ...]], Backend]
+SidecarAddresses = tuple[dict[str, str], dict[str, str], dict[str, list[Endpoint]]]
+"""Per pipeline: the gRPC and HTTP addresses of its (first) sidecar, and where several sidecars
+host it, every one as a replica."""
 
 
 def triton_backend(routes: tuple[ModelRoute, ...], *, keep_alive_s: float) -> Backend:
@@ -57,20 +61,6 @@ def triton_backend(routes: tuple[ModelRoute, ...], *, keep_alive_s: float) -> Ba
     return TritonBackend(max_reconnect_backoff_s=backoff_s, http_keep_alive_s=keep_alive_s)
 
 
-def read_spec(sidecars: SidecarSettings) -> Spec:
-    """The deploy spec of the sidecars, built-in model names resolved (may convert a model)."""
-    from deploy.sidecar.models import resolve_aliases
-
-    try:
-        if sidecars.spec is not None:
-            spec = load_spec(sidecars.spec)
-        else:
-            spec = parse_spec(sidecars.inline or {})
-    except SpecError as exc:
-        raise SettingsError(f"deploy spec: {exc}") from exc
-    return resolve_aliases(spec)
-
-
 @runtime_checkable
 class DescribesModels(Protocol):
     """A backend that can read a model's Triton config ahead of the first request."""
@@ -80,8 +70,9 @@ class DescribesModels(Protocol):
         ...
 
 
-class Runtime:
-    """Owns what the app starts: sidecars, tokenizers, the backend and the generation service."""
+class Runtime(abc.ABC):
+    """Owns the services the app serves with; a mode (``gateway.runtime.modes``) says where the
+    sidecars come from: supervised here, or by the parent of this worker."""
 
     def __init__(
         self,
@@ -90,7 +81,7 @@ class Runtime:
         backend: Backend | None,
         backend_factory: BackendFactory,
         observability: Observability,
-        shared_sidecars: Path | None = None,
+        spec: Spec | None = None,
         resolver: Resolver = resolve_addresses,
     ) -> None:
         check_settings(settings)
@@ -105,6 +96,9 @@ class Runtime:
             self.registry, self.tenancy.redis, prefix=store.prefix, refresh_s=store.refresh_s
         )
         """Adapters loaded at run time, shared by every process that shares the Redis store."""
+        self._spec = spec
+        """The deploy spec as ``serve`` read it (its built-in model names are resolved at
+        start); read at start when not given."""
         self._backend = backend
         self._owns_backend = backend is None
         self._backend_factory = backend_factory
@@ -112,9 +106,7 @@ class Runtime:
             settings.limits.tokenizer_threads, thread_name_prefix="tokenizer"
         )
         self._generation: GenerationService | None = None
-        self._sidecars: list[Sidecar] = []
-        self._shared = shared_sidecars
-        """The state file of sidecars another process supervises (a worker's parent)."""
+        self._pipeline: CompletionPipeline | None = None
         self.metrics.watch_sidecars(lambda: self.sidecars)
         self._resolver = resolver
         self.router = Router(())
@@ -123,17 +115,29 @@ class Runtime:
         self._bring_up_task: asyncio.Task[None] | None = None
         self.http = httpx.AsyncClient()
         """One HTTP client for what the gateway fetches itself (its sidecars' metrics)."""
-        self._workdir: Path | None = None
-        self._temporary_workdir = False
         self._hurried = False
 
     @property
-    def sidecars(self) -> list[Sidecar] | list[SidecarView]:
-        """The sidecars: supervised here, or by the parent of this worker; none when the
-        gateway uses existing Tritons."""
-        if self._shared is not None:
-            return list(read_state(self._shared).sidecars)
-        return list(self._sidecars)
+    @abc.abstractmethod
+    def sidecars(self) -> Sequence[Sidecar] | Sequence[SidecarView]:
+        """The sidecars the models run in; none when the gateway uses existing Tritons."""
+
+    @property
+    @abc.abstractmethod
+    def supervised(self) -> bool:
+        """Whether the models run in sidecars that start with the gateway (readiness waits)."""
+
+    @abc.abstractmethod
+    async def _prepare_sidecars(self, spec: Spec) -> SidecarAddresses:
+        """The sidecars built (not started) and their addresses by pipeline."""
+
+    @abc.abstractmethod
+    async def _sidecars_up(self) -> bool:
+        """Wait until the sidecars take requests; ``False`` when they never will."""
+
+    @abc.abstractmethod
+    def _stop_sidecars(self) -> None:
+        """Stop what this process started of the sidecars."""
 
     @property
     def backend(self) -> Backend:
@@ -149,6 +153,13 @@ class Runtime:
             raise RuntimeError("the gateway has not started")
         return self._generation
 
+    @property
+    def pipeline(self) -> CompletionPipeline:
+        """The completion pipeline both completion routes run, once started."""
+        if self._pipeline is None:
+            raise RuntimeError("the gateway has not started")
+        return self._pipeline
+
     async def start(self) -> None:
         """Prepare sidecars, load every tokenizer, create the backend; sidecars boot meanwhile."""
         try:
@@ -160,7 +171,7 @@ class Runtime:
 
     async def _start(self) -> None:
         await self.tenancy.start()
-        spec, grpc_urls, http_urls, hosts = await self._prepare_sidecars()
+        spec, grpc_urls, http_urls, hosts = await self._addresses()
         kept = {sidecar.name for sidecar in self.sidecars if sidecar.keeps_responses}
         choices = choose_transports(self.settings, spec, kept)
         over_http = {choice.model for choice in choices if choice.transport == "http"}
@@ -183,8 +194,7 @@ class Runtime:
             self._backend = self._backend_factory(routes)
         retry_after_s = self.settings.limits.retry_after_s
         self.router = Router(routes, retry_after_s=retry_after_s, resolver=self._resolver)
-        supervised = bool(self._sidecars) or self._shared is not None
-        if not supervised:
+        if not self.supervised:
             self.router.start(self._backend, self.http)
         self._generation = GenerationService(
             self._backend,
@@ -192,10 +202,30 @@ class Runtime:
             observability=self.observability,
             router=self.router,
         )
-        self.lifecycle.sidecars_ready = not supervised
+        self._pipeline = CompletionPipeline(
+            self._generation,
+            self.tenancy,
+            self.registry,
+            self.observability,
+            retry_after_s=retry_after_s,
+            max_body_bytes=self.settings.limits.max_body_bytes,
+        )
+        self.lifecycle.sidecars_ready = not self.supervised
         self._bring_up_task = asyncio.create_task(self._bring_up(routes))
         self.lifecycle.started = True
         logger.info("gateway started with %d model(s)", len(self.registry))
+
+    async def _addresses(self) -> tuple[Spec | None, *SidecarAddresses]:
+        """The deploy spec and the addresses of its pipelines; none without sidecars."""
+        sidecars = self.settings.sidecars
+        if sidecars is None:
+            return None, {}, {}, {}
+        given = self._spec
+        if given is None:
+            spec = await asyncio.to_thread(read_spec, sidecars)
+        else:
+            spec = await asyncio.to_thread(resolve_spec, given)
+        return spec, *await self._prepare_sidecars(spec)
 
     async def _load_adapters(self, routes: tuple[ModelRoute, ...]) -> None:
         """Load the adapters the settings name; a bad one stops the start with its reason."""
@@ -228,45 +258,14 @@ class Runtime:
         self._executor.shutdown(wait=False, cancel_futures=True)
         await _bounded("observability", asyncio.to_thread(self.observability.close))
 
-    async def _prepare_sidecars(self) -> tuple[Spec | None, *SidecarAddresses]:
-        """The sidecars built (not started), or those of this worker's parent, and their
-        addresses by pipeline."""
-        sidecars = self.settings.sidecars
-        if sidecars is None:
-            return None, {}, {}, {}
-        spec = await asyncio.to_thread(read_spec, sidecars)
-        if self._shared is not None:
-            return spec, *shared_urls(spec, read_state(self._shared).sidecars)
-        if sidecars.workdir:
-            self._workdir = Path(sidecars.workdir)
-        else:
-            self._workdir = Path(tempfile.mkdtemp(prefix="triton-gateway-"))
-            self._temporary_workdir = True
-        keepers = await asyncio.to_thread(build_keepers, self.settings, spec)
-        for sidecar_spec in spec.sidecars:
-            keeper = keepers[sidecar_spec.name]
-            sidecar = await asyncio.to_thread(
-                sidecar_from_spec, spec, sidecar_spec, self._workdir, response_keeper=keeper
-            )
-            self._sidecars.append(sidecar)
-        return spec, *shared_urls(spec, self._sidecars)
-
     async def _bring_up(self, routes: tuple[ModelRoute, ...]) -> None:
-        """Start the sidecars, then read each model's Triton config so the first request is fast."""
-        if self._shared is not None:
-            while not read_state(self._shared).ready:
-                await asyncio.sleep(0.2)
-        for sidecar in self._sidecars:
-            try:
-                await asyncio.to_thread(sidecar.start)
-            except Exception as exc:
-                reason = f"sidecar {sidecar.name!r} could not start: {exc}"
-                logger.error("%s", reason)
-                self.lifecycle.fail(reason)
-                return
+        """Wait for the sidecars, then read each model's Triton config so the first request is
+        fast."""
+        if not await self._sidecars_up():
+            return
         self.lifecycle.sidecars_ready = True
         backend = self._backend
-        if (self._sidecars or self._shared is not None) and backend is not None:
+        if self.supervised and backend is not None:
             # Only once they are up: a gRPC call in flight while a sidecar is forked can crash
             # the child, and a probe of one still starting would eject it.
             self.router.start(backend, self.http)
@@ -304,19 +303,8 @@ class Runtime:
         """Stop without waiting for requests (a second signal); sidecars get a short grace."""
         self._hurried = True
 
-    def _stop_sidecars(self) -> None:
-        for sidecar in reversed(self._sidecars):
-            sidecar.stop(min(2.0, sidecar.stop_grace_s) if self._hurried else None)
-        if self._temporary_workdir and self._workdir is not None:
-            shutil.rmtree(self._workdir, ignore_errors=True)
 
-
-SidecarAddresses = tuple[dict[str, str], dict[str, str], dict[str, list[Endpoint]]]
-"""Per pipeline: the gRPC and HTTP addresses of its (first) sidecar, and where several sidecars
-host it, every one as a replica."""
-
-
-def shared_urls(
+def sidecar_addresses(
     spec: Spec, sidecars: Sequence[Sidecar] | Sequence[SidecarView]
 ) -> SidecarAddresses:
     """The addresses of each pipeline, from the sidecars hosting it."""

@@ -11,7 +11,7 @@ from typing import Any
 from litestar import MediaType, Request, Response, get
 from litestar.exceptions import NotFoundException
 
-from gateway.http.openapi import docs_page, document
+from gateway.app.openapi import docs_page, document
 from gateway.tenancy.service import Tenancy
 
 # The Swagger UI files the page loads, from the swagger-ui-py wheel: no CDN, so the page works

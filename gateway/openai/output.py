@@ -16,13 +16,13 @@ from gateway.openai.protocol import (
     given,
 )
 from gateway.tools.formats import Function, guess_format, tool_format
-from gateway.tools.reasoning import reasoning_format
 from gateway.tools.output import (
     OutputRules,
     auto_guide,
     calls_schema,
     required_guide,
 )
+from gateway.tools.reasoning import reasoning_format
 
 TOOL_CHOICES = ("none", "auto", "required")
 

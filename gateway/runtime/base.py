@@ -26,7 +26,7 @@ from gateway.catalog.registry import (
     resolve_routes,
     triton_endpoints,
 )
-from gateway.catalog.transports import build_keepers, choose_transports, log_choices
+from gateway.catalog.transports import choose_transports, log_choices
 from gateway.core.generation import GenerationService
 from gateway.observability import Observability
 from gateway.openai.pipeline import CompletionPipeline

@@ -24,7 +24,7 @@ from deploy.triton.engine.blocks import BlockTable
 from deploy.triton.engine.sampling import hits_stop_word
 from deploy.triton.engine.types import (
     Beams,
-    BeamSearch,
+    EngineBeamSearch,
     EngineRequest,
     FinishReason,
     SequenceOutput,
@@ -128,7 +128,7 @@ def candidates(
 
 def choose(
     ranked: Sequence[Candidate],
-    search: BeamSearch,
+    search: EngineBeamSearch,
     end_ids: Sequence[int],
     generated: int,
     finished: Finished,
@@ -156,7 +156,7 @@ def choose(
 
 
 def is_done(
-    finished: Finished, search: BeamSearch, best_rank: float, generated: int, max_new: int
+    finished: Finished, search: EngineBeamSearch, best_rank: float, generated: int, max_new: int
 ) -> bool:
     """Whether the search is over after a step that left ``generated`` tokens per beam: with
     ``width`` finished beams, at once (``early_stopping`` 1), or once the best candidate cannot
@@ -201,7 +201,7 @@ class BeamGroup:
 
     def __init__(
         self,
-        search: BeamSearch,
+        search: EngineBeamSearch,
         rows: Sequence[BeamRow],
         store: Regrouper,
         end_ids: Sequence[int],

@@ -40,7 +40,7 @@ def normalised(cum_log_prob: float, length: int, length_penalty: float) -> float
 
 
 @dataclass(frozen=True)
-class Candidate:
+class BeamCandidate:
     """A possible next beam: ``parent`` extended by ``token`` (None: the parent ended on a stop
     word and offers itself as finished), with its cumulative log prob and its rank."""
 
@@ -100,7 +100,7 @@ def candidates(
     count: int,
     first: bool,
     stopped: Sequence[bool],
-) -> list[Candidate]:
+) -> list[BeamCandidate]:
     """The ``count`` best continuations of the beams, best rank first. ``log_probs`` is
     ``[beams, vocab]``; a stopped beam offers only itself."""
     beams = 1 if first else log_probs.shape[0]
@@ -114,12 +114,12 @@ def candidates(
         rank[ended] = float("-inf")
     values, indices = rank.reshape(-1).topk(min(count, rank.numel()))
     found = [
-        Candidate(index // vocab, index % vocab, float(total.view(-1)[index]), float(value))
+        BeamCandidate(index // vocab, index % vocab, float(total.view(-1)[index]), float(value))
         for value, index in zip(values.tolist(), indices.tolist(), strict=True)
         if value != float("-inf")
     ]
     found += [
-        Candidate(beam, None, float(cum[beam]), float(cum[beam] + diversity_rate * beam))
+        BeamCandidate(beam, None, float(cum[beam]), float(cum[beam] + diversity_rate * beam))
         for beam in ended
     ]
     found.sort(key=lambda candidate: -candidate.rank)
@@ -127,19 +127,19 @@ def candidates(
 
 
 def choose(
-    ranked: Sequence[Candidate],
+    ranked: Sequence[BeamCandidate],
     search: EngineBeamSearch,
     end_ids: Sequence[int],
     generated: int,
     finished: Finished,
-    make: Callable[[Candidate, float], Hypothesis],
-) -> list[Candidate]:
+    make: Callable[[BeamCandidate, float], Hypothesis],
+) -> list[BeamCandidate]:
     """Walk the ranked candidates: an end among the first ``width`` joins ``finished`` (made
     by ``make`` with its score) unless ``finished`` is full of better ones; other tokens
     continue until ``width`` beams are chosen. (The C++ decoder also stops walking at a worse
     end once full with ``early_stopping`` set; a full search with ``early_stopping`` 1 is
     already over, and walking on keeps ``width`` beams otherwise.)"""
-    chosen: list[Candidate] = []
+    chosen: list[BeamCandidate] = []
     for rank, candidate in enumerate(ranked):
         if candidate.token is None or candidate.token in end_ids:
             if rank >= search.width:
@@ -267,14 +267,14 @@ class BeamGroup:
         self._due = request.streaming
         return parents
 
-    def _hypothesis(self, candidate: Candidate, score: float) -> Hypothesis:
+    def _hypothesis(self, candidate: BeamCandidate, score: float) -> Hypothesis:
         parent = self.rows[candidate.parent]
         reason = FinishReason.STOP_WORDS if candidate.token is None else FinishReason.END_ID
         return Hypothesis(
             tuple(parent.generated), tuple(parent.log_probs), candidate.value, score, reason
         )
 
-    def _advance(self, chosen: Sequence[Candidate]) -> None:
+    def _advance(self, chosen: Sequence[BeamCandidate]) -> None:
         """Rewrite the rows as the chosen beams and their KV tables to match."""
         old = [
             (list(row.history), list(row.generated), list(row.log_probs), row.cum_log_prob)

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from deploy.triton.engine.beams import (
-    Candidate,
+    BeamCandidate,
     Finished,
     Hypothesis,
     candidates,
@@ -247,31 +247,31 @@ def test_the_first_step_and_stopped_beams_offer_what_tensorrt_llm_offers() -> No
     stopped = candidates(
         log_probs, [-1.0, -0.5], diversity_rate=0.0, count=4, first=False, stopped=[False, True]
     )
-    assert Candidate(1, None, -0.5, -0.5) in stopped
+    assert BeamCandidate(1, None, -0.5, -0.5) in stopped
     assert all(c.token is None for c in stopped if c.parent == 1)
 
 
-def _hypothesis(candidate: Candidate, score: float) -> Hypothesis:
+def _hypothesis(candidate: BeamCandidate, score: float) -> Hypothesis:
     return Hypothesis((), (), candidate.value, score, FinishReason.END_ID)
 
 
 def test_choose_takes_ends_among_the_first_width_and_continues_the_rest() -> None:
     search = EngineBeamSearch(2)
     ranked = [
-        Candidate(0, 7, -0.1, -0.1),
-        Candidate(0, 9, -0.2, -0.2),
-        Candidate(1, 7, -0.3, -0.3),
-        Candidate(1, 4, -0.4, -0.4),
+        BeamCandidate(0, 7, -0.1, -0.1),
+        BeamCandidate(0, 9, -0.2, -0.2),
+        BeamCandidate(1, 7, -0.3, -0.3),
+        BeamCandidate(1, 4, -0.4, -0.4),
     ]
     finished = Finished(2)
     chosen = choose(ranked, search, (9,), 3, finished, _hypothesis)
     assert [(c.parent, c.token) for c in chosen] == [(0, 7), (1, 7)]
     assert [h.cum_log_prob for h in finished.items] == [-0.2]
     late = [
-        Candidate(0, 9, -0.1, -0.1),
-        Candidate(0, 7, -0.2, -0.2),
-        Candidate(1, 9, -0.3, -0.3),
-        Candidate(1, 4, -0.4, -0.4),
+        BeamCandidate(0, 9, -0.1, -0.1),
+        BeamCandidate(0, 7, -0.2, -0.2),
+        BeamCandidate(1, 9, -0.3, -0.3),
+        BeamCandidate(1, 4, -0.4, -0.4),
     ]
     fresh = Finished(2)
     chosen = choose(late, search, (9,), 3, fresh, _hypothesis)
@@ -283,7 +283,11 @@ def test_a_full_set_of_finished_beams_takes_only_better_ones() -> None:
     finished = Finished(2)
     for score in (-1.0, -2.0):
         finished.offer(Hypothesis((), (), score, score, FinishReason.END_ID))
-    ranked = [Candidate(0, 9, -3.0, -3.0), Candidate(1, 9, -1.5, -1.5), Candidate(0, 5, -4.0, -4.0)]
+    ranked = [
+        BeamCandidate(0, 9, -3.0, -3.0),
+        BeamCandidate(1, 9, -1.5, -1.5),
+        BeamCandidate(0, 5, -4.0, -4.0),
+    ]
     choose(ranked, EngineBeamSearch(2), (9,), 0, finished, _hypothesis)
     assert sorted(h.score for h in finished.items) == [-1.5, -1.0]
 

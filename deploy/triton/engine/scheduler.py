@@ -23,7 +23,7 @@ from deploy.triton.engine.grammars import (
 from deploy.triton.engine.guided import NOT_ENABLED, GuidedDecoding
 from deploy.triton.engine.kvstore import KVStore
 from deploy.triton.engine.lora import LoraCache
-from deploy.triton.engine.mixed import Chunks, MixedBatching, decode_pass
+from deploy.triton.engine.mixed import MixedBatching, PromptChunks, decode_pass
 from deploy.triton.engine.runner import ModelRunner
 from deploy.triton.engine.types import (
     EngineConfig,
@@ -311,7 +311,7 @@ class Engine:
             self._waiting.popleft()
             self._jobs.append(ContextJob(entry, admission))
 
-    def _iterate(self, chunks: Chunks) -> int:
+    def _iterate(self, chunks: PromptChunks) -> int:
         """Prefill ``chunks`` and decode a token for every running sequence: in one packed pass
         where mixed batching takes them, else a pass per chunk and one for the batch. Returns
         the sequences decoded."""
@@ -354,7 +354,7 @@ class Engine:
         self._release(finished)
         self._batch.extend(group)
 
-    def _step(self, chunks: Chunks = ()) -> int:
+    def _step(self, chunks: PromptChunks = ()) -> int:
         """A token for every running sequence; ``chunks`` ride in the same pass (mixed batching).
         Returns the sequences decoded."""
         batch = self._batch

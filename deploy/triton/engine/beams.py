@@ -25,8 +25,8 @@ from deploy.triton.engine.sampling import hits_stop_word
 from deploy.triton.engine.types import (
     Beams,
     EngineBeamSearch,
+    EngineFinishReason,
     EngineRequest,
-    FinishReason,
     SequenceOutput,
     Timings,
 )
@@ -58,7 +58,7 @@ class Hypothesis:
     log_probs: tuple[float, ...]
     cum_log_prob: float
     score: float
-    reason: FinishReason
+    reason: EngineFinishReason
 
 
 class Finished:
@@ -182,7 +182,7 @@ class BeamRow(Protocol):
     log_probs: list[float]
     cum_log_prob: float
     table: BlockTable
-    finish: FinishReason | None
+    finish: EngineFinishReason | None
     scheduled_ns: int
     first_token_ns: int
     last_token_ns: int
@@ -216,7 +216,7 @@ class BeamGroup:
         self.stopped = [False] * search.width
         self.first = True
         self.result: list[Hypothesis] | None = None
-        self.reason: FinishReason | None = None
+        self.reason: EngineFinishReason | None = None
         self._due = False
         self._sent_final = False
 
@@ -262,14 +262,15 @@ class BeamGroup:
         parents = [candidate.parent for candidate in chosen]
         self._advance(chosen)
         if generated + 1 >= self.max_new_tokens:
-            self._conclude(FinishReason.LENGTH)
+            self._conclude(EngineFinishReason.LENGTH)
             return None
         self._due = request.streaming
         return parents
 
     def _hypothesis(self, candidate: BeamCandidate, score: float) -> Hypothesis:
         parent = self.rows[candidate.parent]
-        reason = FinishReason.STOP_WORDS if candidate.token is None else FinishReason.END_ID
+        stopped = candidate.token is None
+        reason = EngineFinishReason.STOP_WORDS if stopped else EngineFinishReason.END_ID
         return Hypothesis(
             tuple(parent.generated), tuple(parent.log_probs), candidate.value, score, reason
         )
@@ -299,7 +300,7 @@ class BeamGroup:
             for row in self.rows
         ]
 
-    def _conclude(self, reason: FinishReason | None) -> None:
+    def _conclude(self, reason: EngineFinishReason | None) -> None:
         """End the search: the running beams join the finished ones unless the search ended on
         its own (``reason`` None), and the best ``width`` are the result."""
         if reason is not None:
@@ -312,12 +313,13 @@ class BeamGroup:
                     )
                 )
         self.result = self.finished.best(self.search.width)
-        self.reason = reason or (self.result[0].reason if self.result else FinishReason.END_ID)
+        best = self.result[0].reason if self.result else EngineFinishReason.END_ID
+        self.reason = reason or best
         for row in self.rows:
             row.finish = self.reason
         self._due = True
 
-    def stop(self, reason: FinishReason) -> None:
+    def stop(self, reason: EngineFinishReason) -> None:
         """End the search early (cancellation): the running beams are the result."""
         if not self.done:
             self._conclude(reason)

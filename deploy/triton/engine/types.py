@@ -166,7 +166,7 @@ class EngineRequest:
         return self.num_return_sequences * width
 
 
-class FinishReason(enum.Enum):
+class EngineFinishReason(enum.Enum):
     """Why a sequence stopped."""
 
     LENGTH = "length"
@@ -234,7 +234,7 @@ class SequenceOutput:
     token_ids: npt.NDArray[np.int32]
     log_probs: npt.NDArray[np.float32] | None
     cum_log_prob: float
-    finish_reason: FinishReason | None = None
+    finish_reason: EngineFinishReason | None = None
     error: str | None = None
     new_from: int = 0
     """Index of the first token of `token_ids` among all tokens generated so far."""

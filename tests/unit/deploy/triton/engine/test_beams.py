@@ -26,7 +26,7 @@ from deploy.triton.engine.types import (
     EngineBeamSearch,
     EngineConfig,
     EngineError,
-    FinishReason,
+    EngineFinishReason,
     GuideRequest,
     KvCacheConfig,
 )
@@ -138,7 +138,7 @@ def test_sampled_rows_decode_exactly_as_without_a_beam_search_beside_them(
     sampled = submit(engine, make(prompt, 20, sampling=SAMPLED))
     assert greedy.wait().tokens() == greedy_alone
     assert sampled.wait().tokens() == sampled_alone
-    assert beams.wait().final().finish_reason is FinishReason.LENGTH
+    assert beams.wait().final().finish_reason is EngineFinishReason.LENGTH
     assert engine.stats().max_running >= 5
 
 
@@ -169,7 +169,7 @@ def test_a_stopped_beam_search_answers_once_with_its_beams_and_frees_its_blocks(
         time.sleep(0.005)
     engine.stop(request.request_id)
     final = result.wait().final()
-    assert final.finish_reason is FinishReason.CANCELLED
+    assert final.finish_reason is EngineFinishReason.CANCELLED
     assert final.beams is not None and len(final.beams.token_ids) == 3
     assert sum(output.finished for output in result.outputs) == 1
     time.sleep(0.05)
@@ -252,7 +252,7 @@ def test_the_first_step_and_stopped_beams_offer_what_tensorrt_llm_offers() -> No
 
 
 def _hypothesis(candidate: BeamCandidate, score: float) -> Hypothesis:
-    return Hypothesis((), (), candidate.value, score, FinishReason.END_ID)
+    return Hypothesis((), (), candidate.value, score, EngineFinishReason.END_ID)
 
 
 def test_choose_takes_ends_among_the_first_width_and_continues_the_rest() -> None:
@@ -282,7 +282,7 @@ def test_choose_takes_ends_among_the_first_width_and_continues_the_rest() -> Non
 def test_a_full_set_of_finished_beams_takes_only_better_ones() -> None:
     finished = Finished(2)
     for score in (-1.0, -2.0):
-        finished.offer(Hypothesis((), (), score, score, FinishReason.END_ID))
+        finished.offer(Hypothesis((), (), score, score, EngineFinishReason.END_ID))
     ranked = [
         BeamCandidate(0, 9, -3.0, -3.0),
         BeamCandidate(1, 9, -1.5, -1.5),
@@ -311,7 +311,7 @@ def test_early_stopping_judges_the_best_candidate_at_the_length_tensorrt_llm_tak
     the worst finished -2.25, but over the 10 tokens "never" assumes it is -0.9."""
     finished = Finished(2)
     for score in (-1.0, -2.25):
-        finished.offer(Hypothesis((), (), score, score, FinishReason.END_ID))
+        finished.offer(Hypothesis((), (), score, score, EngineFinishReason.END_ID))
     search = EngineBeamSearch(2, length_penalty=penalty, early_stopping=early)
     assert is_done(finished, search, best_rank, generated=3, max_new=10) is done
     assert not is_done(Finished(2), search, best_rank, generated=3, max_new=10)

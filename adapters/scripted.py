@@ -21,7 +21,7 @@ from adapters.contract import (
 )
 
 Step = TokenChunk | BackendError
-Script = Sequence[Step] | Callable[[GenerationRequest], Sequence[Step]]
+ChunkScript = Sequence[Step] | Callable[[GenerationRequest], Sequence[Step]]
 
 
 class ScriptedBackend:
@@ -31,7 +31,7 @@ class ScriptedBackend:
     not in ``down``, whose requests fail with ``BackendUnavailable`` before any chunk.
     """
 
-    def __init__(self, script: Script, *, delay_s: float = 0.0, ready: bool = True) -> None:
+    def __init__(self, script: ChunkScript, *, delay_s: float = 0.0, ready: bool = True) -> None:
         self._script = script
         self.delay_s = delay_s
         self.ready = ready

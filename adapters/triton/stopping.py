@@ -13,7 +13,7 @@ import grpc  # type: ignore[import-untyped]
 
 from adapters.contract import ModelTarget
 from adapters.triton.errors import classify
-from adapters.triton.grpc.stream import Call, Opener, infer_request, map_triton_errors
+from adapters.triton.grpc.stream import Call, CallOpener, infer_request, map_triton_errors
 from adapters.triton.responses import Exchange
 from adapters.triton.tensors import stop_request_inputs
 
@@ -26,7 +26,7 @@ class Stopper:
     """Ends calls, stopping abandoned ones at their engine; ``stop_timeout_s`` bounds each stop
     request."""
 
-    def __init__(self, open_call: Opener, stop_timeout_s: float) -> None:
+    def __init__(self, open_call: CallOpener, stop_timeout_s: float) -> None:
         self._open = open_call
         self._stop_timeout_s = stop_timeout_s
         self._background: set[asyncio.Task[None]] = set()

@@ -154,7 +154,7 @@ class LoadTestEngine(
     response waits behind every response due before it."""
 
 
-Engine = TorchEngine | TensorRTLLMEngine | LoadTestEngine
+EngineSpec = TorchEngine | TensorRTLLMEngine | LoadTestEngine
 
 
 class ModelSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -162,7 +162,7 @@ class ModelSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
     name: str
     """Pipeline name; Triton models are called ``<name>_ensemble``, ``<name>_tensorrt_llm``..."""
-    engine: Engine
+    engine: EngineSpec
     """The ``tensorrt_llm`` model's engine."""
     release: Release = "v0.19"
     """TensorRT-LLM release whose model configs are rendered: ``v0.8``, ``v0.11``, ``v0.19``, or
@@ -321,7 +321,7 @@ def _resolve(value: str | None, base_dir: Path) -> str | None:
 def _resolve_paths(spec: Spec, base_dir: Path) -> Spec:
     models = []
     for model in spec.models:
-        engine: Engine
+        engine: EngineSpec
         if isinstance(model.engine, TorchEngine):
             model_dir = _resolve(model.engine.model_dir, base_dir)
             engine = msgspec.structs.replace(model.engine, model_dir=model_dir or "")

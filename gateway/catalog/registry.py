@@ -21,7 +21,13 @@ from gateway.catalog.vision import VisionInputs, read_vision
 from gateway.core.plan import Prompt
 from gateway.errors import unknown_model
 from gateway.replicas.settings import RoutingSettings
-from gateway.replicas.sources import DnsName, Endpoint, ReplicaSource, SourceError, parse_source
+from gateway.replicas.sources import (
+    DnsName,
+    ReplicaAddress,
+    ReplicaSource,
+    SourceError,
+    parse_source,
+)
 from gateway.settings import (
     ImageSettings,
     ModelSettings,
@@ -107,7 +113,7 @@ def resolve_routes(
     spec: Spec | None,
     grpc_urls: Mapping[str, str],
     http_urls: Mapping[str, str] | None = None,
-    sidecar_replicas: Mapping[str, Sequence[Endpoint]] | None = None,
+    sidecar_replicas: Mapping[str, Sequence[ReplicaAddress]] | None = None,
     over_http: Collection[str] | None = None,
 ) -> tuple[ModelRoute, ...]:
     """Decide every model's Triton address (or replicas), model names and tokenizer (pure).
@@ -211,7 +217,7 @@ def _route(
 def _with_replicas(
     route: ModelRoute,
     model: ModelSettings,
-    sidecar_replicas: Mapping[str, Sequence[Endpoint]],
+    sidecar_replicas: Mapping[str, Sequence[ReplicaAddress]],
     over_http: Collection[str],
 ) -> ModelRoute:
     """The route with its replicas: configured ones, or the sidecars hosting its pipeline."""

@@ -23,7 +23,7 @@ from gateway.settings import ModelSettings, Settings, sidecar_served
 
 logger = logging.getLogger(__name__)
 
-Reason = Literal["settings", "keeper", "keeper_off", "keeper_unbuilt", "not_supervised"]
+TransportReason = Literal["settings", "keeper", "keeper_off", "keeper_unbuilt", "not_supervised"]
 """Why a model takes its transport, as the ``reason`` label of ``/metrics`` reads."""
 
 
@@ -33,7 +33,7 @@ class TransportChoice:
 
     model: str
     transport: Literal["grpc", "http"]
-    reason: Reason
+    reason: TransportReason
     detail: str
     """The reason in words, for the start-up log."""
     warn: bool = False
@@ -102,7 +102,7 @@ def _choose(model: ModelSettings, spec: Spec | None, kept: Collection[str]) -> T
             return TransportChoice(name, "http", "settings", f"transport: http; {detail}")
         return TransportChoice(name, "http", "keeper", detail)
     off = [s.name for s in hosts if not s.keep_responses]
-    reason: Reason = "keeper_off" if off else "keeper_unbuilt"
+    reason: TransportReason = "keeper_off" if off else "keeper_unbuilt"
     lacks = (
         f"keep_responses: false on sidecar {', '.join(off)}"
         if off

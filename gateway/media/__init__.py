@@ -13,8 +13,8 @@ import asyncio
 import httpx
 
 from gateway.media.addresses import (
+    HostResolver,
     IPAddress,
-    Resolver,
     StaticResolver,
     is_public,
     system_resolver,
@@ -30,11 +30,11 @@ from gateway.media.policy import ImageError, ImagePolicy
 
 __all__ = [
     "CheckedImage",
+    "HostResolver",
     "IPAddress",
     "ImageError",
     "ImagePolicy",
     "MediaType",
-    "Resolver",
     "StaticResolver",
     "check_image_url",
     "is_public",
@@ -45,7 +45,7 @@ async def check_image_url(
     url: str,
     policy: ImagePolicy,
     *,
-    resolver: Resolver = system_resolver,
+    resolver: HostResolver = system_resolver,
     transport: httpx.AsyncBaseTransport | None = None,
 ) -> CheckedImage:
     """The image an ``image_url`` names: fetched or unpacked, decoded in a worker thread within
@@ -60,7 +60,7 @@ async def check_image_url(
 async def _image_bytes(
     url: str,
     policy: ImagePolicy,
-    resolver: Resolver,
+    resolver: HostResolver,
     transport: httpx.AsyncBaseTransport | None,
 ) -> tuple[MediaType | None, bytes]:
     """The declared type (of a ``data:`` URL) and the encoded bytes an ``image_url`` names."""

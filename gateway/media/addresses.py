@@ -89,7 +89,7 @@ def literal_address(host: str) -> IPAddress | None:
         return None
 
 
-class Resolver(Protocol):
+class HostResolver(Protocol):
     """Turns a host name into the addresses a connection may use, in the order to try them."""
 
     async def __call__(self, host: str, port: int) -> list[IPAddress]:

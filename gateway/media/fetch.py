@@ -20,8 +20,8 @@ from typing import Final
 import httpx
 
 from gateway.media.addresses import (
+    HostResolver,
     IPAddress,
-    Resolver,
     is_public,
     literal_address,
     system_resolver,
@@ -38,7 +38,7 @@ async def fetch_image(
     url: str,
     policy: ImagePolicy,
     *,
-    resolver: Resolver = system_resolver,
+    resolver: HostResolver = system_resolver,
     transport: httpx.AsyncBaseTransport | None = None,
 ) -> bytes:
     """The body of an image URL, following at most ``policy.max_redirects`` redirects.
@@ -58,7 +58,7 @@ async def fetch_image(
 async def _follow(
     url: str,
     policy: ImagePolicy,
-    resolver: Resolver,
+    resolver: HostResolver,
     transport: httpx.AsyncBaseTransport | None,
 ) -> bytes:
     target = checked_url(url)
@@ -106,7 +106,7 @@ def _redirect_target(current: httpx.URL, location: str) -> httpx.URL:
 
 
 async def _vetted_addresses(
-    target: httpx.URL, policy: ImagePolicy, resolver: Resolver
+    target: httpx.URL, policy: ImagePolicy, resolver: HostResolver
 ) -> list[IPAddress]:
     host = target.raw_host.decode("ascii")
     literal = literal_address(host)

@@ -117,8 +117,9 @@ class TokenGaps:
     its count; a scrape sees a stream's gaps up to ``GAP_BATCH - 1`` late, and a worker killed
     outright loses those of its open streams. The writing reaches into prometheus_client's
     histogram child (``_sum``, ``_buckets``, ``_upper_bounds``: what its own ``observe`` does,
-    summed), which ``tests/unit/test_metrics_batching.py`` holds against ``observe``; a child
-    without them (another prometheus_client) is given one ``observe`` per gap instead.
+    summed), which ``tests/unit/gateway/observability/test_metrics_batching.py`` holds against
+    ``observe``; a child without them (another prometheus_client) is given one ``observe`` per
+    gap instead.
     """
 
     __slots__ = ("_bounds", "_child", "_counts", "_pending", "_total")

@@ -15,7 +15,7 @@ from gateway.replicas.health import Health, Reason, stalled
 from gateway.replicas.policy import Candidate, Request, choose
 from gateway.replicas.settings import RoutingSettings
 from gateway.replicas.signals import EngineSignals
-from gateway.replicas.sources import Endpoint
+from gateway.replicas.sources import ReplicaAddress
 
 logger = logging.getLogger(__name__)
 Clock = Callable[[], float]
@@ -26,7 +26,7 @@ _STALE_SCRAPES = 4
 class Replica:
     """One Triton replica of a model as the router sees it."""
 
-    def __init__(self, endpoint: Endpoint, target: ModelTarget, health: Health) -> None:
+    def __init__(self, endpoint: ReplicaAddress, target: ModelTarget, health: Health) -> None:
         self.endpoint = endpoint
         self.target = replace(target, url=endpoint.url, http_url=endpoint.http_url)
         """The model's target with this replica's addresses."""
@@ -105,7 +105,7 @@ class ReplicaPool:
         """Requests refused because every replica was saturated."""
         self._turn = 0
 
-    def update(self, endpoints: Sequence[Endpoint]) -> tuple[list[str], list[str]]:
+    def update(self, endpoints: Sequence[ReplicaAddress]) -> tuple[list[str], list[str]]:
         """Make the pool these endpoints: the names added and removed. Requests in flight on a
         removed replica finish there."""
         wanted = {endpoint.name: endpoint for endpoint in endpoints}

@@ -20,7 +20,7 @@ class SourceError(ValueError):
 
 
 @dataclass(frozen=True, slots=True)
-class Endpoint:
+class ReplicaAddress:
     """One Triton replica: its name in metrics and traces, gRPC address and metrics URL, and
     its HTTP address where its model's requests take Triton's HTTP ``generate_stream``."""
 
@@ -39,15 +39,15 @@ class DnsName:
     metrics_port: int
     http_port: int | None = None
 
-    def endpoints(self, addresses: Sequence[str]) -> tuple[Endpoint, ...]:
-        """The endpoints of the addresses the name resolved to."""
+    def endpoints(self, addresses: Sequence[str]) -> tuple[ReplicaAddress, ...]:
+        """The replicas at the addresses the name resolved to."""
         return tuple(
             address_endpoint(address, self.port, self.metrics_port, self.http_port)
             for address in sorted(set(addresses))
         )
 
 
-ReplicaSource = tuple[Endpoint, ...] | DnsName
+ReplicaSource = tuple[ReplicaAddress, ...] | DnsName
 
 
 def _host(address: str) -> str:
@@ -61,11 +61,11 @@ def _host(address: str) -> str:
 
 def address_endpoint(
     address: str, port: int, metrics_port: int, http_port: int | None = None
-) -> Endpoint:
-    """The endpoint of one resolved address."""
+) -> ReplicaAddress:
+    """The replica at one resolved address."""
     host = _host(address)
     url = f"{host}:{port}"
-    return Endpoint(name=url, url=url, metrics_url=f"http://{host}:{metrics_port}/metrics",
+    return ReplicaAddress(name=url, url=url, metrics_url=f"http://{host}:{metrics_port}/metrics",
                     http_url=_http_url(host, http_port))  # fmt: skip
 
 
@@ -82,14 +82,14 @@ def _split(url: str) -> tuple[str, int]:
 
 def endpoint_of(
     entry: str | EndpointSettings, metrics_port: int, http_port: int | None = None
-) -> Endpoint:
+) -> ReplicaAddress:
     """One listed replica, its metrics and HTTP URLs filled in from its host when not given."""
     settings = EndpointSettings(url=entry) if isinstance(entry, str) else entry
     host, _ = _split(settings.url)
     metrics_url = settings.metrics_url or f"http://{host}:{metrics_port}/metrics"
     http_url = settings.http_url or _http_url(host, http_port)
-    return Endpoint(name=settings.name or settings.url, url=settings.url, metrics_url=metrics_url,
-                    http_url=http_url)  # fmt: skip
+    name = settings.name or settings.url
+    return ReplicaAddress(name=name, url=settings.url, metrics_url=metrics_url, http_url=http_url)
 
 
 def parse_source(

@@ -32,7 +32,7 @@ from gateway.observability import Observability
 from gateway.openai.pipeline import CompletionPipeline
 from gateway.replicas.metrics import ReplicaMetrics
 from gateway.replicas.router import Router
-from gateway.replicas.sources import Endpoint, Resolver, resolve_addresses
+from gateway.replicas.sources import ReplicaAddress, Resolver, resolve_addresses
 from gateway.runtime.lifecycle import Lifecycle
 from gateway.runtime.shared import SidecarView
 from gateway.runtime.spec import read_spec, resolve_spec
@@ -45,7 +45,7 @@ CLOSE_S = 5.0
 BACKEND_CLOSE_S = 15.0
 """The backend's bound: it first finishes the stop requests of abandoned calls."""
 BackendFactory = Callable[[tuple[ModelRoute, ...]], Backend]
-SidecarAddresses = tuple[dict[str, str], dict[str, str], dict[str, list[Endpoint]]]
+SidecarAddresses = tuple[dict[str, str], dict[str, str], dict[str, list[ReplicaAddress]]]
 """Per pipeline: the gRPC and HTTP addresses of its (first) sidecar, and where several sidecars
 host it, every one as a replica."""
 
@@ -311,12 +311,14 @@ def sidecar_addresses(
     by_name = {sidecar.name: sidecar for sidecar in sidecars}
     grpc_urls: dict[str, str] = {}
     http_urls: dict[str, str] = {}
-    hosts: dict[str, list[Endpoint]] = {}
+    hosts: dict[str, list[ReplicaAddress]] = {}
     for sidecar_spec in spec.sidecars:
         sidecar = by_name.get(sidecar_spec.name)
         if sidecar is None:
             raise SettingsError(f"sidecar {sidecar_spec.name!r} is not among the shared ones")
-        endpoint = Endpoint(sidecar.name, sidecar.grpc_url, sidecar.metrics_url, sidecar.http_url)
+        endpoint = ReplicaAddress(
+            sidecar.name, sidecar.grpc_url, sidecar.metrics_url, sidecar.http_url
+        )
         for model in spec.models_of(sidecar_spec):
             grpc_urls.setdefault(model.name, sidecar.grpc_url)
             http_urls.setdefault(model.name, sidecar.http_url)

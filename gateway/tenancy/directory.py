@@ -41,7 +41,7 @@ class Change:
     revoked: tuple[KeyEntry, ...] = ()
 
 
-Plan = Callable[[Snapshot], Change | None]
+ChangeDecision = Callable[[Snapshot], Change | None]
 """Decides a change from the state in force; ``None`` when there is nothing to change."""
 
 
@@ -147,41 +147,41 @@ class Directory:
         """Replace the tenant called ``name`` with ``edit`` of its policy in force, atomically;
         None if there is no such tenant."""
 
-        def plan(snapshot: Snapshot) -> Change | None:
+        def decide(snapshot: Snapshot) -> Change | None:
             current = snapshot.tenants.get(name)
             return None if current is None else Change(put=(edit(current),))
 
-        change = await self._apply(plan)
+        change = await self._apply(decide)
         return None if change is None else change.put[0]
 
     async def delete_tenant(self, name: str) -> bool:
         """Remove a tenant and revoke its keys; False if there is none."""
 
-        def plan(snapshot: Snapshot) -> Change | None:
+        def decide(snapshot: Snapshot) -> Change | None:
             if name not in snapshot.tenants:
                 return None
             keys = tuple(k for k in snapshot.keys.entries() if k.tenant == name)
             return Change(deleted=(name,), revoked=keys)
 
-        return await self._apply(plan) is not None
+        return await self._apply(decide) is not None
 
     async def add_key(self, entry: KeyEntry) -> bool:
         """Store a new key's digest; False if its tenant does not exist."""
 
-        def plan(snapshot: Snapshot) -> Change | None:
+        def decide(snapshot: Snapshot) -> Change | None:
             return Change(added=(entry,)) if entry.tenant in snapshot.tenants else None
 
-        return await self._apply(plan) is not None
+        return await self._apply(decide) is not None
 
     async def revoke(self, key_id: str) -> KeyEntry | None:
         """Revoke the key whose id (or full digest) is ``key_id``; None if there is none."""
 
-        def plan(snapshot: Snapshot) -> Change | None:
+        def decide(snapshot: Snapshot) -> Change | None:
             entries = snapshot.keys.entries()
             entry = next((k for k in entries if key_id in (k.key_id, k.sha256)), None)
             return None if entry is None else Change(revoked=(entry,))
 
-        change = await self._apply(plan)
+        change = await self._apply(decide)
         return None if change is None else change.revoked[0]
 
     def tenants(self) -> list[TenantPolicy]:
@@ -192,7 +192,7 @@ class Directory:
         """Every key that opens something."""
         return sorted(self.snapshot.keys.entries(), key=lambda k: (k.tenant, k.name, k.key_id))
 
-    async def _apply(self, plan: Plan) -> Change | None:
+    async def _apply(self, decide: ChangeDecision) -> Change | None:
         """Decide a change from the state in force and write it, unless another change came
         in between (then decide again)."""
         client = self._require()
@@ -200,7 +200,7 @@ class Directory:
             while True:
                 await pipe.watch(self._version_key)
                 await self.refresh(force=True)
-                change = plan(self.snapshot)
+                change = decide(self.snapshot)
                 if change is None:
                     return None
                 pipe.multi()  # type: ignore[no-untyped-call]

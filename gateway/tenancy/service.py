@@ -2,10 +2,10 @@
 
 ``authenticate`` turns credentials into a tenant (401 otherwise). ``admit`` reserves a request's
 worst case (its prompt plus every choice's ``max_tokens``) against the tenant's limits in one
-store call and returns a ``Ticket`` (``admission``: a shared store answers while the request is
-prepared); the ticket meters what the request really used and gives the rest back when its
-events end, whether they end normally, with an error or because the client left. Every answer
-carries OpenAI's ``x-ratelimit-*`` headers.
+store call and returns a ``TenantTicket`` (``admission``: a shared store answers while the
+request is prepared); the ticket meters what the request really used and gives the rest back
+when its events end, whether they end normally, with an error or because the client left. Every
+answer carries OpenAI's ``x-ratelimit-*`` headers.
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ _MISSING_KEY = (
 
 
 @dataclass(eq=False)
-class Ticket:
+class TenantTicket:
     """One admitted request: its reservation, lease and headers, settled once its answer ends."""
 
     tenancy: Tenancy
@@ -233,7 +233,9 @@ class Tenancy:
         counted = self._counted(name, tokens, ticket)
         return Admission.pending(counted, headers, bound_s, expected=expected)
 
-    async def _counted(self, name: str, tokens: int, ticket: Awaitable[Ticket]) -> Ticket:
+    async def _counted(
+        self, name: str, tokens: int, ticket: Awaitable[TenantTicket]
+    ) -> TenantTicket:
         """``ticket``, counted among the tenant's admissions waiting for their answer."""
         try:
             return await ticket
@@ -242,7 +244,7 @@ class Tenancy:
             if requests > 1:
                 self._unanswered[name] = (requests - 1, reserved - tokens)
 
-    def admit(self, tenant: TenantPolicy, plan: Plan) -> Awaitable[Ticket]:
+    def admit(self, tenant: TenantPolicy, plan: Plan) -> Awaitable[TenantTicket]:
         """Reserve the plan's worst case against every limit of the tenant, or refuse it (when
         awaited). A shared store's command is on its way when this returns, so the result must
         be awaited and its ticket settled (``admission`` sees to both)."""
@@ -292,13 +294,13 @@ class Tenancy:
 
     def _admit(
         self, tenant: TenantPolicy, limits: Limits, tokens: int, width: int
-    ) -> Awaitable[Ticket]:
+    ) -> Awaitable[TenantTicket]:
         self._check_fits(limits, tokens, width)
         return self._sent(tenant, limits, tokens, width)
 
     def _sent(
         self, tenant: TenantPolicy, limits: Limits, tokens: int, width: int
-    ) -> Awaitable[Ticket]:
+    ) -> Awaitable[TenantTicket]:
         """The ticket of a reservation that fits, its store command written now."""
         lease = random_hex(16)
         admitting = self.store.admit(tenant.name, limits, tokens, lease, width)
@@ -306,7 +308,7 @@ class Tenancy:
 
     async def _sent_later(
         self, tenant: TenantPolicy, limits: Limits, tokens: int, width: int
-    ) -> Ticket:
+    ) -> TenantTicket:
         """``_sent``, its command written once this is first awaited."""
         return await self._sent(tenant, limits, tokens, width)
 
@@ -317,7 +319,7 @@ class Tenancy:
         tokens: int,
         lease: str,
         admitting: Awaitable[Quota],
-    ) -> Ticket:
+    ) -> TenantTicket:
         quota: Quota | None = None
         try:
             quota = await admitting
@@ -331,10 +333,10 @@ class Tenancy:
             self._recovered()
             self._remember(tenant, quota)
         self.metrics.tenant_in_flight(tenant.name, +1)
-        return Ticket(self, tenant, limits, tokens, lease, quota)
+        return TenantTicket(self, tenant, limits, tokens, lease, quota)
 
-    async def settle(self, ticket: Ticket, used: int) -> None:
-        """The store side of ``Ticket.settle``; a store failure only costs the refund."""
+    async def settle(self, ticket: TenantTicket, used: int) -> None:
+        """The store side of ``TenantTicket.settle``; a store failure only costs the refund."""
         self.metrics.tenant_in_flight(ticket.tenant.name, -1)
         self.metrics.record_tenant_tokens(ticket.tenant.name, used)
         if ticket.quota is None:

@@ -44,7 +44,7 @@ from deploy.sidecar.supervisor import Sidecar
 from tests.benchmarks.transports import MODEL, PROMPT
 
 OUTPUTS = ["output_ids", "sequence_length"]
-Opener = Callable[[str], Call]
+CallOpener = Callable[[str], Call]
 
 
 def _tensors(tokens: int) -> list[WireTensor]:
@@ -59,7 +59,7 @@ def _tensors(tokens: int) -> list[WireTensor]:
     ]
 
 
-async def _one(open_call: Opener, request_id: str, tokens: int, timeout_s: float) -> str:
+async def _one(open_call: CallOpener, request_id: str, tokens: int, timeout_s: float) -> str:
     """One request's outcome: complete, short, stalled or broken."""
     call = open_call(request_id)
     responses = 0
@@ -85,7 +85,7 @@ async def _one(open_call: Opener, request_id: str, tokens: int, timeout_s: float
     return "complete" if responses == tokens else "short"
 
 
-async def _run(open_call: Opener, streams: int, tokens: int, seconds: float,
+async def _run(open_call: CallOpener, streams: int, tokens: int, seconds: float,
                timeout_s: float) -> Counter[str]:  # fmt: skip
     outcomes: Counter[str] = Counter()
     stop_at = time.monotonic() + seconds

@@ -71,13 +71,28 @@ async def test_uniform_load_is_spread_evenly(replicas: Replicas) -> None:
     assert set(means) == {"r1", "r2", "r3"}
     assert max(means.values()) / min(means.values()) <= 1.5, means
     after = replicas.served()
-    # Even load is even work in flight (above). The requests each replica answered follow its
-    # speed: on a 2-core machine one of four tritonservers may get a fraction of the cores
-    # (34, 13 and 49 answers with balanced work in flight). None is left out: each took at
-    # least a quarter of its share (a third of the requests).
-    served = {name: after[name] - before[name] for name in ("r1", "r2", "r3")}
-    assert all(count >= CLIENTS * EACH / 12 for count in served.values()), served
+    # Even load is even work in flight (above). How many requests each replica answered under
+    # this load follows its speed, which a 2-core machine shares unevenly between tritonservers
+    # (34, 13 and 49 answers with balanced work in flight): the counts are checked one request
+    # at a time (below), where every replica runs alone.
     assert after["r4"] == before["r4"]
+
+
+async def test_one_request_at_a_time_goes_round_the_replicas(replicas: Replicas) -> None:
+    # Nothing in flight at each choice and prompts shorter than an affinity block: the replicas
+    # tie on load and affinity, and ties go round them in turn (8 each when run alone). The
+    # engines' signals, polled, can break a tie now and then; each still answers three quarters
+    # of its share. Ties always broken to the first replica tied gave 13, 11 and 0.
+    before = replicas.served()
+    async with httpx.AsyncClient(base_url=replicas.url, timeout=60) as client:
+        answers = await closed_loop(
+            client, lambda w, i: (body("tiny", f"{WORDS[i % 18]}", 4), {}), clients=1, each=24
+        )
+    assert {a.status_code for a in answers} == {200}
+    after = replicas.served()
+    served = {name: after[name] - before[name] for name in ("r1", "r2", "r3", "r4")}
+    assert all(served[name] >= 24 / 3 * 3 / 4 for name in ("r1", "r2", "r3")), served
+    assert served["r4"] == 0
 
 
 async def test_a_slow_replica_gets_less_traffic(replicas: Replicas) -> None:

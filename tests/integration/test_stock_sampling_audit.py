@@ -4,7 +4,7 @@ ensemble and BLS, arrives at ``tensorrt_llm`` with its value, or the request is 
 Behind the stock models runs the load-test engine that writes down each request's inputs
 (``tests/recording_engine.py``), so this checks the stock Python models' real forwarding, not a
 table of what they are believed to forward. The v0.11.0 BLS does not load on Python 3.11; its
-config is checked in ``test_triton_tensors.py``.
+config is checked in ``tests/unit/adapters/triton/test_tensors.py``.
 """
 
 from __future__ import annotations

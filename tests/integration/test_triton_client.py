@@ -26,6 +26,7 @@ from adapters.contract import (
     SamplingParams,
     TokenChunk,
 )
+from adapters.scripted import ScriptedBackend
 from adapters.triton import TritonBackend
 from deploy.sidecar.fleet import sidecar_from_spec
 from deploy.sidecar.models import ensure_tiny_model
@@ -34,6 +35,7 @@ from deploy.sidecar.spec import parse_spec
 from deploy.sidecar.supervisor import Sidecar
 from gateway.catalog.text.prompts import PromptTokenizer
 from tests.support.engine_probe import EngineProcess
+from tests.support.protocols import mismatches, protocol_methods
 
 PROMPT = "def add(a, b):\n"
 MODELS = [
@@ -99,8 +101,10 @@ async def collect(
     return [chunk async for chunk in backend.generate(where, addressed(where, request))]
 
 
-def test_backend_satisfies_the_contract() -> None:
-    assert isinstance(TritonBackend(), Backend)
+@pytest.mark.parametrize("implementation", [TritonBackend, ScriptedBackend])
+def test_backend_satisfies_the_contract(implementation: type) -> None:
+    assert protocol_methods(Backend), "the contract declares the backend's methods"
+    assert mismatches(implementation, Backend) == []
 
 
 async def test_unreachable_server_is_unavailable_quickly() -> None:

@@ -20,7 +20,7 @@ from deploy.triton.engine.wire import parse_items
 from gateway.replicas.affinity import block_hashes
 from gateway.replicas.pool import ReplicaPool
 from gateway.replicas.settings import RoutingSettings
-from gateway.replicas.sources import Endpoint
+from gateway.replicas.sources import ReplicaAddress
 from gateway.tenancy.config import PolicyError, TenancySettings, TenantPolicy, check_policy
 from gateway.tenancy.service import Tenancy
 
@@ -217,7 +217,7 @@ def test_prefix_routing_keeps_scopes_apart() -> None:
 
 def test_a_replica_pool_finds_a_prefix_only_in_its_own_scope() -> None:
     pool = ReplicaPool("m", TARGET, RoutingSettings(prefix_block_tokens=4), retry_after_s=3)
-    pool.update([Endpoint(name, f"{name}:1", None) for name in ("a", "b")])
+    pool.update([ReplicaAddress(name, f"{name}:1", None) for name in ("a", "b")])
     for replica in pool.replicas.values():
         pool.probed(replica, True)
 

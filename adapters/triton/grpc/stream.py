@@ -56,7 +56,7 @@ def infer_request(
     return message
 
 
-Opener = Callable[[str, service_pb2.ModelInferRequest, float], Any]
+CallOpener = Callable[[str, service_pb2.ModelInferRequest, float], Any]
 """Starts a ``ModelStreamInfer`` call carrying one request on the client of a URL."""
 
 

@@ -23,8 +23,8 @@ from deploy.triton.engine.sampling import (
 )
 from deploy.triton.engine.types import (
     Beams,
+    EngineFinishReason,
     EngineRequest,
-    FinishReason,
     OutputCallback,
     RequestBlocks,
     SequenceOutput,
@@ -52,7 +52,7 @@ class SequenceState:
     log_probs: list[float] = field(default_factory=list)
     cum_log_prob: float = 0.0
     emitted: int = 0
-    finish: FinishReason | None = None
+    finish: EngineFinishReason | None = None
     context_logits: npt.NDArray[np.float32] | None = None
     generation_logits: list[npt.NDArray[np.float32]] = field(default_factory=list)
     scheduled_ns: int = 0
@@ -89,13 +89,13 @@ class SequenceState:
 
     def accept(
         self, token: int, log_prob: float, logits: npt.NDArray[np.float32] | None = None
-    ) -> FinishReason | None:
+    ) -> EngineFinishReason | None:
         """Take the chosen token (and the raw logits it came from, when they are returned)."""
         now = time.time_ns()
         self.first_token_ns = self.first_token_ns or now
         self.last_token_ns = now
         if token in self.end_ids or (self.grammar is not None and token in self.grammar.stops):
-            self.finish = FinishReason.END_ID
+            self.finish = EngineFinishReason.END_ID
             return self.finish
         if self.grammar is not None and not self.grammar.accept(token):
             logger.warning(
@@ -111,9 +111,9 @@ class SequenceState:
         if count >= self.request.sampling.min_tokens and hits_stop_word(
             self.generated, self.request.stop_words
         ):
-            self.finish = FinishReason.STOP_WORDS
+            self.finish = EngineFinishReason.STOP_WORDS
         elif count >= self.max_new_tokens:
-            self.finish = FinishReason.LENGTH
+            self.finish = EngineFinishReason.LENGTH
         return self.finish
 
     def take_output(self) -> SequenceOutput | None:
@@ -157,20 +157,20 @@ class SequenceState:
 
     def error_output(self, message: str) -> SequenceOutput:
         """A final output reporting a failure."""
-        self.finish = FinishReason.ERROR
+        self.finish = EngineFinishReason.ERROR
         return SequenceOutput(
             request_id=self.request.request_id,
             sequence_index=self.index,
             token_ids=np.zeros(0, dtype=np.int32),
             log_probs=None,
             cum_log_prob=self.cum_log_prob,
-            finish_reason=FinishReason.ERROR,
+            finish_reason=EngineFinishReason.ERROR,
             error=message,
         )
 
 
 def unstarted_outputs(
-    request: EngineRequest, reason: FinishReason, error: str | None
+    request: EngineRequest, reason: EngineFinishReason, error: str | None
 ) -> list[SequenceOutput]:
     """The final outputs of a request that ends before its first token: one per sequence."""
     beam = request.beam

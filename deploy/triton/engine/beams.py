@@ -24,9 +24,9 @@ from deploy.triton.engine.blocks import BlockTable
 from deploy.triton.engine.sampling import hits_stop_word
 from deploy.triton.engine.types import (
     Beams,
-    BeamSearch,
+    EngineBeamSearch,
+    EngineFinishReason,
     EngineRequest,
-    FinishReason,
     SequenceOutput,
     Timings,
 )
@@ -40,7 +40,7 @@ def normalised(cum_log_prob: float, length: int, length_penalty: float) -> float
 
 
 @dataclass(frozen=True)
-class Candidate:
+class BeamCandidate:
     """A possible next beam: ``parent`` extended by ``token`` (None: the parent ended on a stop
     word and offers itself as finished), with its cumulative log prob and its rank."""
 
@@ -58,7 +58,7 @@ class Hypothesis:
     log_probs: tuple[float, ...]
     cum_log_prob: float
     score: float
-    reason: FinishReason
+    reason: EngineFinishReason
 
 
 class Finished:
@@ -100,7 +100,7 @@ def candidates(
     count: int,
     first: bool,
     stopped: Sequence[bool],
-) -> list[Candidate]:
+) -> list[BeamCandidate]:
     """The ``count`` best continuations of the beams, best rank first. ``log_probs`` is
     ``[beams, vocab]``; a stopped beam offers only itself."""
     beams = 1 if first else log_probs.shape[0]
@@ -114,12 +114,12 @@ def candidates(
         rank[ended] = float("-inf")
     values, indices = rank.reshape(-1).topk(min(count, rank.numel()))
     found = [
-        Candidate(index // vocab, index % vocab, float(total.view(-1)[index]), float(value))
+        BeamCandidate(index // vocab, index % vocab, float(total.view(-1)[index]), float(value))
         for value, index in zip(values.tolist(), indices.tolist(), strict=True)
         if value != float("-inf")
     ]
     found += [
-        Candidate(beam, None, float(cum[beam]), float(cum[beam] + diversity_rate * beam))
+        BeamCandidate(beam, None, float(cum[beam]), float(cum[beam] + diversity_rate * beam))
         for beam in ended
     ]
     found.sort(key=lambda candidate: -candidate.rank)
@@ -127,19 +127,19 @@ def candidates(
 
 
 def choose(
-    ranked: Sequence[Candidate],
-    search: BeamSearch,
+    ranked: Sequence[BeamCandidate],
+    search: EngineBeamSearch,
     end_ids: Sequence[int],
     generated: int,
     finished: Finished,
-    make: Callable[[Candidate, float], Hypothesis],
-) -> list[Candidate]:
+    make: Callable[[BeamCandidate, float], Hypothesis],
+) -> list[BeamCandidate]:
     """Walk the ranked candidates: an end among the first ``width`` joins ``finished`` (made
     by ``make`` with its score) unless ``finished`` is full of better ones; other tokens
     continue until ``width`` beams are chosen. (The C++ decoder also stops walking at a worse
     end once full with ``early_stopping`` set; a full search with ``early_stopping`` 1 is
     already over, and walking on keeps ``width`` beams otherwise.)"""
-    chosen: list[Candidate] = []
+    chosen: list[BeamCandidate] = []
     for rank, candidate in enumerate(ranked):
         if candidate.token is None or candidate.token in end_ids:
             if rank >= search.width:
@@ -156,7 +156,7 @@ def choose(
 
 
 def is_done(
-    finished: Finished, search: BeamSearch, best_rank: float, generated: int, max_new: int
+    finished: Finished, search: EngineBeamSearch, best_rank: float, generated: int, max_new: int
 ) -> bool:
     """Whether the search is over after a step that left ``generated`` tokens per beam: with
     ``width`` finished beams, at once (``early_stopping`` 1), or once the best candidate cannot
@@ -182,7 +182,7 @@ class BeamRow(Protocol):
     log_probs: list[float]
     cum_log_prob: float
     table: BlockTable
-    finish: FinishReason | None
+    finish: EngineFinishReason | None
     scheduled_ns: int
     first_token_ns: int
     last_token_ns: int
@@ -201,7 +201,7 @@ class BeamGroup:
 
     def __init__(
         self,
-        search: BeamSearch,
+        search: EngineBeamSearch,
         rows: Sequence[BeamRow],
         store: Regrouper,
         end_ids: Sequence[int],
@@ -216,7 +216,7 @@ class BeamGroup:
         self.stopped = [False] * search.width
         self.first = True
         self.result: list[Hypothesis] | None = None
-        self.reason: FinishReason | None = None
+        self.reason: EngineFinishReason | None = None
         self._due = False
         self._sent_final = False
 
@@ -262,19 +262,20 @@ class BeamGroup:
         parents = [candidate.parent for candidate in chosen]
         self._advance(chosen)
         if generated + 1 >= self.max_new_tokens:
-            self._conclude(FinishReason.LENGTH)
+            self._conclude(EngineFinishReason.LENGTH)
             return None
         self._due = request.streaming
         return parents
 
-    def _hypothesis(self, candidate: Candidate, score: float) -> Hypothesis:
+    def _hypothesis(self, candidate: BeamCandidate, score: float) -> Hypothesis:
         parent = self.rows[candidate.parent]
-        reason = FinishReason.STOP_WORDS if candidate.token is None else FinishReason.END_ID
+        stopped = candidate.token is None
+        reason = EngineFinishReason.STOP_WORDS if stopped else EngineFinishReason.END_ID
         return Hypothesis(
             tuple(parent.generated), tuple(parent.log_probs), candidate.value, score, reason
         )
 
-    def _advance(self, chosen: Sequence[Candidate]) -> None:
+    def _advance(self, chosen: Sequence[BeamCandidate]) -> None:
         """Rewrite the rows as the chosen beams and their KV tables to match."""
         old = [
             (list(row.history), list(row.generated), list(row.log_probs), row.cum_log_prob)
@@ -299,7 +300,7 @@ class BeamGroup:
             for row in self.rows
         ]
 
-    def _conclude(self, reason: FinishReason | None) -> None:
+    def _conclude(self, reason: EngineFinishReason | None) -> None:
         """End the search: the running beams join the finished ones unless the search ended on
         its own (``reason`` None), and the best ``width`` are the result."""
         if reason is not None:
@@ -312,12 +313,13 @@ class BeamGroup:
                     )
                 )
         self.result = self.finished.best(self.search.width)
-        self.reason = reason or (self.result[0].reason if self.result else FinishReason.END_ID)
+        best = self.result[0].reason if self.result else EngineFinishReason.END_ID
+        self.reason = reason or best
         for row in self.rows:
             row.finish = self.reason
         self._due = True
 
-    def stop(self, reason: FinishReason) -> None:
+    def stop(self, reason: EngineFinishReason) -> None:
         """End the search early (cancellation): the running beams are the result."""
         if not self.done:
             self._conclude(reason)

@@ -14,7 +14,7 @@ from deploy.triton.engine.batch import DecodeBatch, SequenceState
 from deploy.triton.engine.beams import BeamGroup
 from deploy.triton.engine.blocks import BlockTable
 from deploy.triton.engine.guided import GrammarState, GuidedDecoding
-from deploy.triton.engine.kvstore import Admission, KVStore
+from deploy.triton.engine.kvstore import AdmittedBlocks, KVStore
 from deploy.triton.engine.lora import LoadedLora
 from deploy.triton.engine.runner import ModelRunner
 from deploy.triton.engine.sampling import SamplingRows, sequence_seed, static_bias
@@ -43,7 +43,7 @@ class ContextJob:
     """A request whose prompt is being prefilled."""
 
     entry: Submission
-    admission: Admission
+    admission: AdmittedBlocks
     alloc_total: int = 0
     alloc_new: int = 0
     context_logits: list[torch.Tensor] = field(default_factory=list)

@@ -22,7 +22,7 @@ logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class Admission:
+class AdmittedBlocks:
     """A request let in: its table (cached prefix taken, the rest reserved) and the per-sequence
     worst case of blocks."""
 
@@ -77,7 +77,7 @@ class KVStore:
         shared = prompt // size
         return shared + request.rows * (per_sequence - shared), per_sequence
 
-    def admit(self, request: EngineRequest, max_new_tokens: int) -> Admission | None:
+    def admit(self, request: EngineRequest, max_new_tokens: int) -> AdmittedBlocks | None:
         """Take the cached prefix of ``request``'s prompt and reserve the rest, or None when
         the pool cannot hold it beside what is already admitted.
 
@@ -95,7 +95,7 @@ class KVStore:
         missed = blocks_for(len(prompt), size) - len(matched)
         if not self.manager.admit(table, matched, total - len(matched), missed):
             return None
-        return Admission(table, len(matched), per_sequence)
+        return AdmittedBlocks(table, len(matched), per_sequence)
 
     def grow(self, table: BlockTable, tokens: int) -> int:
         """Room in ``table`` for ``tokens`` more; returns the new blocks that held no cache."""

@@ -20,7 +20,7 @@ from deploy.triton.engine.types import EngineError
 
 logger = logging.getLogger(__name__)
 
-Chunks = Sequence[tuple[ContextJob, int]]
+PromptChunks = Sequence[tuple[ContextJob, int]]
 """Prompt chunks of one iteration: each job with the tokens it prefills."""
 
 _PROBE_BLOCK = 4
@@ -77,7 +77,7 @@ class MixedBatching:
         return all(seq.adapter is None for seq in batch.sequences)
 
     def run(
-        self, batch: DecodeBatch, chunks: Chunks
+        self, batch: DecodeBatch, chunks: PromptChunks
     ) -> tuple[torch.Tensor, list[tuple[ContextJob, torch.Tensor | None]]]:
         """One pass for a token of every row of ``batch`` and the ``chunks``: the rows' logits
         [rows, vocab], and each chunk's job with its next-token logits once its prompt is whole

@@ -23,14 +23,14 @@ from deploy.triton.engine.grammars import (
 from deploy.triton.engine.guided import NOT_ENABLED, GuidedDecoding
 from deploy.triton.engine.kvstore import KVStore
 from deploy.triton.engine.lora import LoraCache
-from deploy.triton.engine.mixed import Chunks, MixedBatching, decode_pass
+from deploy.triton.engine.mixed import MixedBatching, PromptChunks, decode_pass
 from deploy.triton.engine.runner import ModelRunner
 from deploy.triton.engine.types import (
     EngineConfig,
     EngineError,
+    EngineFinishReason,
     EngineRequest,
     EngineStats,
-    FinishReason,
     IterationStats,
     OutputCallback,
     SequenceOutput,
@@ -238,7 +238,7 @@ class Engine:
             return
         error = ready.grammar.exception()
         if error is not None:
-            self._emit_unstarted(entry, FinishReason.ERROR, str(error))
+            self._emit_unstarted(entry, EngineFinishReason.ERROR, str(error))
         else:
             self._waiting.append(replace(entry, grammar=ready.grammar.result()))
 
@@ -265,31 +265,33 @@ class Engine:
         except Exception:
             logger.exception("output callback of request %s failed", output.request_id)
 
-    def _emit_unstarted(self, entry: Submission, reason: FinishReason, error: str | None) -> None:
+    def _emit_unstarted(
+        self, entry: Submission, reason: EngineFinishReason, error: str | None
+    ) -> None:
         for output in unstarted_outputs(entry.request, reason, error):
             self._emit(entry.callback, output)
 
     def _cancel(self, request_id: str) -> None:
         compiling = self._compiling.pop(request_id)
         if compiling is not None:
-            self._emit_unstarted(compiling, FinishReason.CANCELLED, None)
+            self._emit_unstarted(compiling, EngineFinishReason.CANCELLED, None)
         for entry in [e for e in self._waiting if e.request.request_id == request_id]:
             self._waiting.remove(entry)
-            self._emit_unstarted(entry, FinishReason.CANCELLED, None)
+            self._emit_unstarted(entry, EngineFinishReason.CANCELLED, None)
         for job in [j for j in self._jobs if j.request.request_id == request_id]:
-            self._drop_job(job, FinishReason.CANCELLED, None)
+            self._drop_job(job, EngineFinishReason.CANCELLED, None)
         keep: list[int] = []
         for row, seq in enumerate(self._batch.sequences):
             if seq.request.request_id != request_id:
                 keep.append(row)
                 continue
-            seq.finish = FinishReason.CANCELLED
+            seq.finish = EngineFinishReason.CANCELLED
             output = seq.take_output()
             if output is not None:
                 self._emit(seq.callback, output)
         self._release(self._batch.keep(keep))
 
-    def _drop_job(self, job: ContextJob, reason: FinishReason, error: str | None) -> None:
+    def _drop_job(self, job: ContextJob, reason: EngineFinishReason, error: str | None) -> None:
         self._jobs.remove(job)
         self.store.release(job.admission.table)
         self._emit_unstarted(job.entry, reason, error)
@@ -311,7 +313,7 @@ class Engine:
             self._waiting.popleft()
             self._jobs.append(ContextJob(entry, admission))
 
-    def _iterate(self, chunks: Chunks) -> int:
+    def _iterate(self, chunks: PromptChunks) -> int:
         """Prefill ``chunks`` and decode a token for every running sequence: in one packed pass
         where mixed batching takes them, else a pass per chunk and one for the batch. Returns
         the sequences decoded."""
@@ -334,7 +336,7 @@ class Engine:
             logits = self.context.prefill(job, take)
         except Exception as exc:
             logger.exception("prefill of request %s failed", job.request.request_id)
-            self._drop_job(job, FinishReason.ERROR, f"prefill failed: {exc}")
+            self._drop_job(job, EngineFinishReason.ERROR, f"prefill failed: {exc}")
             return
         if logits is not None:
             self._start(job, logits)
@@ -347,14 +349,14 @@ class Engine:
         except Exception as exc:
             logger.exception("start of request %s failed", job.request.request_id)
             self.store.release(job.admission.table)
-            self._emit_unstarted(job.entry, FinishReason.ERROR, f"prefill failed: {exc}")
+            self._emit_unstarted(job.entry, EngineFinishReason.ERROR, f"prefill failed: {exc}")
             return
         for seq, output in outputs:
             self._emit(seq.callback, output)
         self._release(finished)
         self._batch.extend(group)
 
-    def _step(self, chunks: Chunks = ()) -> int:
+    def _step(self, chunks: PromptChunks = ()) -> int:
         """A token for every running sequence; ``chunks`` ride in the same pass (mixed batching).
         Returns the sequences decoded."""
         batch = self._batch
@@ -371,7 +373,7 @@ class Engine:
         except Exception as exc:
             logger.exception("forward pass failed: %d sequences, %d prompts", rows, len(chunks))
             for job, _ in chunks:
-                self._drop_job(job, FinishReason.ERROR, f"prefill failed: {exc}")
+                self._drop_job(job, EngineFinishReason.ERROR, f"prefill failed: {exc}")
             if rows:
                 self._fail_batch(f"decode failed: {exc}")
             return 0
@@ -412,7 +414,7 @@ class Engine:
         self._batch = DecodeBatch.empty(self.runner.vocab_size, self.runner.device)
 
     def _abort_all(self, failure: str | None) -> None:
-        reason = FinishReason.CANCELLED if failure is None else FinishReason.ERROR
+        reason = EngineFinishReason.CANCELLED if failure is None else EngineFinishReason.ERROR
         while True:
             try:
                 command = self._inbox.get_nowait()
@@ -432,7 +434,7 @@ class Engine:
                 if seq.reports:
                     self._emit(seq.callback, seq.error_output(failure))
                 continue
-            seq.finish = FinishReason.CANCELLED
+            seq.finish = EngineFinishReason.CANCELLED
             output = seq.take_output()
             if output is not None:
                 self._emit(seq.callback, output)

@@ -111,7 +111,7 @@ class SamplingConfig:
 
 
 @dataclass(frozen=True)
-class BeamSearch:
+class EngineBeamSearch:
     """Beam search with TensorRT-LLM's parameters and defaults: ``width`` beams, scores
     ``cum_log_prob / generated ** length_penalty``, ``early_stopping`` 1 (stop once ``width``
     beams ended), 0 (stop when no running beam can beat the finished ones, judged at the
@@ -153,7 +153,7 @@ class EngineRequest:
     prompt_table: npt.NDArray[Any] | None = None
     """``[rows, hidden]`` embeddings that prompt ids ``vocab_size + r`` stand for
     (``prompt_embedding_table``: image features of a multimodal prompt), or None."""
-    beam: BeamSearch | None = None
+    beam: EngineBeamSearch | None = None
     """Beam search (``beam_width`` above 1): one output holding every beam."""
     cache_salt_id: int | None = None
     """TensorRT-LLM's ``cache_salt_id``: a 64-bit salt mixed into the hash of every KV block of
@@ -166,7 +166,7 @@ class EngineRequest:
         return self.num_return_sequences * width
 
 
-class FinishReason(enum.Enum):
+class EngineFinishReason(enum.Enum):
     """Why a sequence stopped."""
 
     LENGTH = "length"
@@ -234,7 +234,7 @@ class SequenceOutput:
     token_ids: npt.NDArray[np.int32]
     log_probs: npt.NDArray[np.float32] | None
     cum_log_prob: float
-    finish_reason: FinishReason | None = None
+    finish_reason: EngineFinishReason | None = None
     error: str | None = None
     new_from: int = 0
     """Index of the first token of `token_ids` among all tokens generated so far."""

@@ -13,7 +13,7 @@ import numpy.typing as npt
 
 from deploy.triton.engine.outputs import ItemContext
 from deploy.triton.engine.types import (
-    BeamSearch,
+    EngineBeamSearch,
     EngineError,
     EngineRequest,
     GuideRequest,
@@ -172,7 +172,7 @@ def _sampling(inputs: Inputs, item: int) -> SamplingConfig:
     )
 
 
-def _beam(inputs: Inputs, item: int) -> BeamSearch | None:
+def _beam(inputs: Inputs, item: int) -> EngineBeamSearch | None:
     """Beam search for ``beam_width`` above 1 (TensorRT-LLM's defaults: no length penalty,
     early stopping, no diversity); ``early_stopping`` may be a bool or TensorRT-LLM's int."""
     width = _scalar(inputs, ("beam_width",), item, int)
@@ -181,7 +181,7 @@ def _beam(inputs: Inputs, item: int) -> BeamSearch | None:
     if width < 1:
         raise EngineError(f"beam_width must be at least 1, got {width}")
     early = _scalar(inputs, ("early_stopping",), item, int)
-    return BeamSearch(
+    return EngineBeamSearch(
         width=width,
         length_penalty=_scalar(inputs, ("len_penalty", "length_penalty"), item, float) or 0.0,
         early_stopping=1 if early is None else early,

@@ -27,9 +27,9 @@ import numpy.typing as npt
 from deploy.triton.engine.checks import validate_request
 from deploy.triton.engine.types import (
     EngineError,
+    EngineFinishReason,
     EngineRequest,
     EngineStats,
-    FinishReason,
     OutputCallback,
     SequenceOutput,
     Timings,
@@ -103,11 +103,11 @@ class _Sequence:
         self.first_token_ns = self.first_token_ns or now
         self.last_token_ns = now
 
-    def output(self, finish: FinishReason | None) -> SequenceOutput:
+    def output(self, finish: EngineFinishReason | None) -> SequenceOutput:
         """The next output: the new tokens when streaming (none once cancelled), else all."""
         streaming = self.request.streaming
         start = self.sent if streaming else 0
-        upto = self.sent if streaming and finish is FinishReason.CANCELLED else self.generated
+        upto = self.sent if streaming and finish is EngineFinishReason.CANCELLED else self.generated
         log_probs = np.zeros(upto, np.float32) if self.request.return_log_probs else None
         self.sent = upto
         return SequenceOutput(
@@ -262,7 +262,7 @@ class PacedEngine:
         self._due = [d for d in self._due if not d.sequence.stopped]
         heapq.heapify(self._due)
         self._waiting = deque(s for s in self._waiting if not s.stopped)
-        return [self._finish(sequence, FinishReason.CANCELLED) for sequence in stopped]
+        return [self._finish(sequence, EngineFinishReason.CANCELLED) for sequence in stopped]
 
     def _advanced(self, now: float) -> list[Ready]:
         """Sequences whose next token is due: the streamed ones' outputs and the finished."""
@@ -274,14 +274,14 @@ class PacedEngine:
             paced = self.config.token_s > 0 or sequence.request.streaming
             sequence.advance(min(total, sequence.generated + 1) if paced else total)
             if sequence.generated >= total:
-                ready.append(self._finish(sequence, FinishReason.LENGTH))
+                ready.append(self._finish(sequence, EngineFinishReason.LENGTH))
                 continue
             heapq.heappush(self._due, _Due(due.at + self.config.token_s, due.order, sequence))
             if sequence.request.streaming:
                 ready.append((sequence.callback, sequence.output(None)))
         return ready
 
-    def _finish(self, sequence: _Sequence, reason: FinishReason) -> Ready:
+    def _finish(self, sequence: _Sequence, reason: EngineFinishReason) -> Ready:
         """Take a sequence out; its request leaves once all of its sequences did."""
         request_id = sequence.request.request_id
         siblings = self._running.get(request_id, [])

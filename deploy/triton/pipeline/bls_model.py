@@ -6,7 +6,7 @@ import json
 import logging
 import threading
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -21,7 +21,7 @@ from deploy.triton.pipeline.engine_client import EngineCallError, EngineClient, 
 
 logger = logging.getLogger(__name__)
 
-Outputs = dict[str, npt.NDArray[Any]]
+Outputs = Mapping[str, npt.NDArray[Any]]
 _PLACEHOLDERS = {
     "CUM_LOG_PROBS": np.zeros((1, 1), np.float32),
     "OUTPUT_LOG_PROBS": np.zeros((1, 1, 1), np.float32),

@@ -33,7 +33,7 @@ DEFAULT_URL = "127.0.0.1:8001"
 _FINAL = "triton_final_response"
 _UNLIMITED = [("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1)]
 
-Arrays = dict[str, npt.NDArray[Any]]
+Arrays = Mapping[str, npt.NDArray[Any]]
 
 
 class EngineCallError(RuntimeError):

@@ -19,7 +19,7 @@ from adapters.triton.client import TritonBackend
 from gateway.app import create_app
 from gateway.settings import LimitSettings, ModelSettings, Settings
 from gateway.tenancy import TenancySettings, TenantPolicy
-from tests.unit.test_gateway_app import closed_port
+from tests.unit.gateway.test_app import closed_port
 
 TOKENS_PER_IMAGE = 16
 TEXT_ONLY_TEMPLATE = (

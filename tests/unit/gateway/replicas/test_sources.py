@@ -14,7 +14,7 @@ from gateway.replicas.settings import EndpointSettings, RoutingSettings
 from gateway.replicas.signals import EngineSignals, parse_signals
 from gateway.replicas.sources import (
     DnsName,
-    Endpoint,
+    ReplicaAddress,
     SourceError,
     parse_source,
     resolve_addresses,
@@ -67,8 +67,8 @@ def test_parse_signals(text: str, model: str | None, expected: EngineSignals | N
         (
             ("10.0.0.5:8001", EndpointSettings(url="h:9", metrics_url="http://h:1/m", name="n")),
             (
-                Endpoint("10.0.0.5:8001", "10.0.0.5:8001", "http://10.0.0.5:8002/metrics"),
-                Endpoint("n", "h:9", "http://h:1/m"),
+                ReplicaAddress("10.0.0.5:8001", "10.0.0.5:8001", "http://10.0.0.5:8002/metrics"),
+                ReplicaAddress("n", "h:9", "http://h:1/m"),
             ),
         ),
         ("dns:triton.ns.svc:8001", DnsName("triton.ns.svc", 8001, 8002)),
@@ -96,8 +96,8 @@ def test_bad_sources(replicas: object, match: str) -> None:
 def test_dns_endpoints_bracket_ipv6() -> None:
     name = DnsName("t", 8001, 8002)
     assert name.endpoints(["fd00::2", "10.0.0.1", "10.0.0.1"]) == (
-        Endpoint("10.0.0.1:8001", "10.0.0.1:8001", "http://10.0.0.1:8002/metrics"),
-        Endpoint("[fd00::2]:8001", "[fd00::2]:8001", "http://[fd00::2]:8002/metrics"),
+        ReplicaAddress("10.0.0.1:8001", "10.0.0.1:8001", "http://10.0.0.1:8002/metrics"),
+        ReplicaAddress("[fd00::2]:8001", "[fd00::2]:8001", "http://[fd00::2]:8002/metrics"),
     )
 
 
@@ -144,8 +144,8 @@ SIDECAR_SPEC = parse_spec(
 )
 HOSTS = {
     "tiny": [
-        Endpoint("gpu0", "127.0.0.1:1", "http://127.0.0.1:3/metrics"),
-        Endpoint("gpu1", "127.0.0.1:4", "http://127.0.0.1:6/metrics"),
+        ReplicaAddress("gpu0", "127.0.0.1:1", "http://127.0.0.1:3/metrics"),
+        ReplicaAddress("gpu1", "127.0.0.1:4", "http://127.0.0.1:6/metrics"),
     ]
 }
 
@@ -162,8 +162,8 @@ HOSTS = {
             ModelSettings(name="t", tokenizer_dir="/t", replicas=("a:1", "b:1")),
             "a:1",
             (
-                Endpoint("a:1", "a:1", "http://a:8002/metrics"),
-                Endpoint("b:1", "b:1", "http://b:8002/metrics"),
+                ReplicaAddress("a:1", "a:1", "http://a:8002/metrics"),
+                ReplicaAddress("b:1", "b:1", "http://b:8002/metrics"),
             ),
         ),
         (

@@ -17,7 +17,7 @@ from deploy.triton.engine.scheduler import Engine
 from deploy.triton.engine.types import (
     EngineConfig,
     EngineError,
-    FinishReason,
+    EngineFinishReason,
     SamplingConfig,
     SequenceOutput,
 )
@@ -108,7 +108,7 @@ def test_streaming_sends_one_token_per_output_and_an_empty_final_on_end_id(
     result = run(engine, make(prompts[0], end_ids=(full[stop_at],), streaming=True))
     assert [o.token_ids.tolist() for o in result.outputs[:-1]] == [[t] for t in full[:stop_at]]
     last = result.outputs[-1]
-    assert last.finish_reason is FinishReason.END_ID
+    assert last.finish_reason is EngineFinishReason.END_ID
     assert last.token_ids.size == 0
     assert [o.finished for o in result.outputs].count(True) == 1
 
@@ -118,7 +118,7 @@ def test_non_streaming_sends_everything_once(
 ) -> None:
     result = run(engine, make(prompts[1], 7, end_ids=()))
     assert len(result.outputs) == 1
-    assert result.final().finish_reason is FinishReason.LENGTH
+    assert result.final().finish_reason is EngineFinishReason.LENGTH
     assert len(result.tokens()) == 7
 
 
@@ -132,7 +132,7 @@ def test_stop_words_end_generation_and_stay_in_the_output(
         engine, make(prompts[0], end_ids=(), stop_words=((full[0], full[0], full[0]), word))
     )
     assert result.tokens() == full[: at + 1]
-    assert result.final().finish_reason is FinishReason.STOP_WORDS
+    assert result.final().finish_reason is EngineFinishReason.STOP_WORDS
 
 
 def test_bad_words_are_never_generated(engine: Engine, prompts: list[tuple[int, ...]]) -> None:
@@ -161,7 +161,7 @@ def test_output_never_exceeds_the_sequence_limit(
     prompt = (prompts[3] * 40)[: MAX_SEQ_LEN - 5]
     result = run(engine, make(prompt, 50, end_ids=()))
     assert len(result.tokens()) == 5
-    assert result.final().finish_reason is FinishReason.LENGTH
+    assert result.final().finish_reason is EngineFinishReason.LENGTH
     with pytest.raises(EngineError, match="torch_max_seq_len"):
         engine.submit(make((prompts[3] * 40)[:MAX_SEQ_LEN]), Result(1))
 
@@ -275,7 +275,7 @@ def test_stop_ends_a_request_and_frees_its_slot(
     engine.stop(request.request_id)
     result.wait()
     for index in (0, 1):
-        assert result.final(index).finish_reason is FinishReason.CANCELLED
+        assert result.final(index).finish_reason is EngineFinishReason.CANCELLED
         assert len(result.tokens(index)) < MAX_SEQ_LEN - len(prompts[0])
     assert run(engine, make(prompts[2], 3)).tokens()
     assert engine.stats().running_sequences == 0
@@ -300,7 +300,7 @@ def test_shutdown_ends_every_request_with_a_final_output(tiny_model_dir: Path) -
         time.sleep(0.01)
     assert running.outputs
     engine.shutdown()
-    assert running.wait().final().finish_reason is FinishReason.CANCELLED
-    assert waiting.wait().final().finish_reason is FinishReason.CANCELLED
+    assert running.wait().final().finish_reason is EngineFinishReason.CANCELLED
+    assert waiting.wait().final().finish_reason is EngineFinishReason.CANCELLED
     with pytest.raises(EngineError, match="shut down"):
         engine.submit(make((5,)), Result(1))

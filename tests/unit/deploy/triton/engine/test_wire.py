@@ -11,7 +11,7 @@ import pytest
 
 from deploy.triton.engine.config import settings_from_model_config
 from deploy.triton.engine.types import (
-    BeamSearch,
+    EngineBeamSearch,
     EngineConfig,
     EngineError,
     SamplingConfig,
@@ -270,7 +270,7 @@ def test_prompt_table_extra_ids_salt_the_prompt() -> None:
     [
         ({}, None),
         ({"beam_width": np.array([[1]], np.int32)}, None),
-        ({"beam_width": np.array([[3]], np.int32)}, BeamSearch(3)),
+        ({"beam_width": np.array([[3]], np.int32)}, EngineBeamSearch(3)),
         (
             {
                 "beam_width": np.array([[2]], np.int32),
@@ -278,15 +278,17 @@ def test_prompt_table_extra_ids_salt_the_prompt() -> None:
                 "early_stopping": np.array([[False]]),
                 "beam_search_diversity_rate": np.array([[-0.25]], np.float32),
             },
-            BeamSearch(2, length_penalty=0.5, early_stopping=0, diversity_rate=-0.25),
+            EngineBeamSearch(2, length_penalty=0.5, early_stopping=0, diversity_rate=-0.25),
         ),
         (
             {"beam_width": np.array([[2]], np.int32), "early_stopping": np.array([[3]], np.int32)},
-            BeamSearch(2, early_stopping=3),
+            EngineBeamSearch(2, early_stopping=3),
         ),
     ],
 )
-def test_parse_items_reads_beam_search(extra: dict[str, Any], beam: BeamSearch | None) -> None:
+def test_parse_items_reads_beam_search(
+    extra: dict[str, Any], beam: EngineBeamSearch | None
+) -> None:
     inputs = _inputs(**extra)
     ((request, context),) = parse_items(inputs, id_prefix="k", exclude_input_default=False)
     assert request.beam == beam

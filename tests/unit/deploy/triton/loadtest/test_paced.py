@@ -10,7 +10,12 @@ from dataclasses import dataclass, field
 import numpy as np
 import pytest
 
-from deploy.triton.engine.types import EngineError, EngineRequest, FinishReason, SequenceOutput
+from deploy.triton.engine.types import (
+    EngineError,
+    EngineFinishReason,
+    EngineRequest,
+    SequenceOutput,
+)
 from deploy.triton.loadtest.paced import PacedConfig, PacedEngine, fake_tokens
 
 PROMPT = (5, 7, 2, 9)
@@ -57,7 +62,7 @@ def test_streaming_sends_one_token_per_output_the_last_one_final(engine: PacedEn
     outputs = got.wait()
     assert [o.token_ids.tolist() for o in outputs] == [[5], [7], [9], [5], [7], [9]]
     assert [o.new_from for o in outputs] == [0, 1, 2, 3, 4, 5]
-    assert [o.finish_reason for o in outputs] == [None] * 5 + [FinishReason.LENGTH]
+    assert [o.finish_reason for o in outputs] == [None] * 5 + [EngineFinishReason.LENGTH]
     assert [o.log_probs.size for o in outputs if o.log_probs is not None] == [1, 2, 3, 4, 5, 6]
     engine.shutdown()
 
@@ -114,7 +119,7 @@ def test_a_stop_ends_the_stream_with_an_empty_final() -> None:
         time.sleep(0.01)
     engine.stop("c")
     outputs = got.wait()
-    assert outputs[-1].finish_reason is FinishReason.CANCELLED
+    assert outputs[-1].finish_reason is EngineFinishReason.CANCELLED
     assert outputs[-1].token_ids.size == 0
     assert len(outputs) < 100
     assert engine.stats().running_sequences == 0
@@ -153,4 +158,4 @@ def test_shutdown_ends_what_runs() -> None:
     got = Collected()
     engine.submit(_request("long", streaming=True, max_new_tokens=50), got)
     engine.shutdown()
-    assert got.wait()[-1].finish_reason is FinishReason.CANCELLED
+    assert got.wait()[-1].finish_reason is EngineFinishReason.CANCELLED

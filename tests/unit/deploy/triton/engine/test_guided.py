@@ -19,7 +19,7 @@ from deploy.triton.engine.scheduler import Engine
 from deploy.triton.engine.types import (
     EngineConfig,
     EngineError,
-    FinishReason,
+    EngineFinishReason,
     GuidedConfig,
     GuideRequest,
     SamplingConfig,
@@ -90,21 +90,21 @@ def test_json_schema_output_validates_and_ends_when_complete(
     document = json.loads(text_of(tokenizer, result.tokens()))
     validate(document, WEATHER)
     # The tiny model suppresses its end id; the completed grammar ends the sequence anyway.
-    assert final.finish_reason is FinishReason.END_ID
+    assert final.finish_reason is EngineFinishReason.END_ID
 
 
 def test_unguided_output_of_the_same_prompt_is_not_json(engine: Engine, tokenizer: Any) -> None:
     result = run(engine, make(encode(tokenizer, "What is the weather in Paris?"), 60))
     with pytest.raises(ValueError):
         json.loads(text_of(tokenizer, result.tokens()))
-    assert result.final().finish_reason is FinishReason.LENGTH
+    assert result.final().finish_reason is EngineFinishReason.LENGTH
 
 
 def test_regex_and_ebnf(engine: Engine, tokenizer: Any) -> None:
     prompt = encode(tokenizer, "The year after 2024 is")
     regex = run(engine, make(prompt, 40, guide=GuideRequest("regex", r"(yes|no), [0-9]{4}")))
     assert re.fullmatch(r"(yes|no), [0-9]{4}", text_of(tokenizer, regex.tokens()))
-    assert regex.final().finish_reason is FinishReason.END_ID
+    assert regex.final().finish_reason is EngineFinishReason.END_ID
     grammar = 'root ::= "[" item ("," item){0,2} "]"\nitem ::= [a-c]'
     ebnf = run(engine, make(prompt, 40, guide=GuideRequest("ebnf_grammar", grammar)))
     assert re.fullmatch(r"\[[a-c](,[a-c]){0,2}\]", text_of(tokenizer, ebnf.tokens()))
@@ -116,7 +116,7 @@ def test_builtin_json_grammar_keeps_valid_json_prefixes(engine: Engine, tokenize
     result = run(engine, make(encode(tokenizer, "Hello"), 80, guide=GuideRequest("json")))
     text = text_of(tokenizer, result.tokens()).lstrip()
     assert text[:1] in ("{", "[")
-    if result.final().finish_reason is FinishReason.END_ID:
+    if result.final().finish_reason is EngineFinishReason.END_ID:
         json.loads(text)
 
 
@@ -143,7 +143,7 @@ def test_structural_tag_forces_the_tagged_call(engine: Engine, tokenizer: Any) -
     validate(json.loads(match.group(1)), WEATHER)
     legacy = {"structures": [{**call, "schema": WEATHER}], "triggers": ["<tool_call>"]}
     free = run(engine, make(prompt, 30, guide=GuideRequest("structural_tag", json.dumps(legacy))))
-    assert free.final().finish_reason is not FinishReason.ERROR
+    assert free.final().finish_reason is not EngineFinishReason.ERROR
 
 
 def test_guided_and_free_requests_share_decode_steps(engine: Engine, tokenizer: Any) -> None:
@@ -188,9 +188,9 @@ def test_a_bad_guide_fails_only_its_request(
     prompt = encode(tokenizer, "hello")
     running = submit(engine, make(prompt, 60))
     bad = submit(engine, make(prompt, 10, guide=GuideRequest(*guide))).wait().final()
-    assert bad.finish_reason is FinishReason.ERROR
+    assert bad.finish_reason is EngineFinishReason.ERROR
     assert bad.error is not None and says in bad.error
-    assert running.wait().final().finish_reason is FinishReason.LENGTH
+    assert running.wait().final().finish_reason is EngineFinishReason.LENGTH
 
 
 @pytest.mark.parametrize(
@@ -307,7 +307,7 @@ def test_a_request_stopped_while_its_grammar_compiles_ends_cancelled(
     assert guided.entered.wait(HELD_S)
     engine.stop(request.request_id)
     final = waiting.wait().final()
-    assert final.finish_reason is FinishReason.CANCELLED and final.error is None
+    assert final.finish_reason is EngineFinishReason.CANCELLED and final.error is None
     guided.release.set()
     assert engine.grammars is not None
     for _ in range(int(HELD_S / 0.05)):

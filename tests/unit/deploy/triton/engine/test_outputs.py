@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from deploy.triton.engine.outputs import ItemContext, OutputLayout, response_tensors
-from deploy.triton.engine.types import FinishReason, RequestBlocks, SequenceOutput, Timings
+from deploy.triton.engine.types import EngineFinishReason, RequestBlocks, SequenceOutput, Timings
 
 
 def _context(**overrides: Any) -> ItemContext:
@@ -37,7 +37,7 @@ OUTPUT = SequenceOutput(
     token_ids=np.array([7, 8, 9], np.int32),
     log_probs=np.array([-0.5, -1.0, -0.25], np.float32),
     cum_log_prob=-1.75,
-    finish_reason=FinishReason.LENGTH,
+    finish_reason=EngineFinishReason.LENGTH,
     context_logits=np.ones((2, 4), np.float32),
     generation_logits=LOGITS,
     timings=Timings(10, 20, 30, 40),
@@ -195,7 +195,7 @@ def test_response_tensors_send_only_what_was_requested_and_asked_for() -> None:
 
 
 def test_response_tensors_of_an_empty_final_chunk() -> None:
-    empty = SequenceOutput("k/0", 0, np.zeros(0, np.int32), None, 0.0, FinishReason.END_ID)
+    empty = SequenceOutput("k/0", 0, np.zeros(0, np.int32), None, 0.0, EngineFinishReason.END_ID)
     tensors = response_tensors(empty, _context(streaming=True), ALL, V019)
     assert tensors["output_ids"].shape == (1, 1, 0)
     assert tensors["num_output_tokens"].tolist() == [[0]]

@@ -19,7 +19,7 @@ from gateway.catalog.transports import (
 )
 from gateway.observability.metrics import GatewayMetrics
 from gateway.replicas.settings import RoutingSettings
-from gateway.replicas.sources import Endpoint
+from gateway.replicas.sources import ReplicaAddress
 from gateway.settings import ModelSettings, Settings, SettingsError, check_settings, parse_settings
 
 SPEC = parse_spec(
@@ -72,7 +72,10 @@ def test_every_pipeline_served_by_default_follows_auto() -> None:
 
 def test_sidecar_replicas_keep_their_http_addresses_only_for_http() -> None:
     hosts = {
-        "tiny": [Endpoint("a", "h:1", None, "http://h:2"), Endpoint("b", "k:1", None, "http://k:2")]
+        "tiny": [
+            ReplicaAddress("a", "h:1", None, "http://h:2"),
+            ReplicaAddress("b", "k:1", None, "http://k:2"),
+        ]
     }
     (plain,) = _routes({"name": "m", "pipeline": "tiny"}, hosts=hosts)
     assert [e.http_url for e in plain.replicas] == [None, None]
@@ -112,7 +115,10 @@ def test_dns_replicas_not_over_http_keep_no_http_port() -> None:
 
 def test_a_triton_http_url_on_a_pipeline_of_several_sidecars_is_refused() -> None:
     hosts = {
-        "tiny": [Endpoint("a", "h:1", None, "http://h:2"), Endpoint("b", "k:1", None, "http://k:2")]
+        "tiny": [
+            ReplicaAddress("a", "h:1", None, "http://h:2"),
+            ReplicaAddress("b", "k:1", None, "http://k:2"),
+        ]
     }
     model = {"name": "m", "pipeline": "tiny", "transport": "http", "triton_http_url": "http://x:1"}
     with pytest.raises(SettingsError, match="runs on several sidecars"):
@@ -255,7 +261,10 @@ def test_the_start_up_log_names_each_models_transport_and_why(
 
 def test_metrics_name_each_endpoints_transport() -> None:
     hosts = {
-        "tiny": [Endpoint("a", "h:1", None, "http://h:2"), Endpoint("b", "k:1", None, "http://k:2")]
+        "tiny": [
+            ReplicaAddress("a", "h:1", None, "http://h:2"),
+            ReplicaAddress("b", "k:1", None, "http://k:2"),
+        ]
     }
     (replicated,) = _routes({"name": "m", "pipeline": "tiny"}, hosts=hosts, sidecar_http=True)
     assert triton_endpoints(replicated) == ["http://h:2", "http://k:2"]

@@ -1,6 +1,6 @@
 """The HTTP transport's spare connections, against a real local HTTP server that answers
 ``generate_stream`` as Triton does, with no connection kept alive (``keep_alive_s=0``; the
-kept-alive ones are ``test_triton_http_keep_alive``'s): every call after the first is sent on a
+kept-alive ones are ``test_http_keep_alive``'s): every call after the first is sent on a
 connection opened ahead; a spare the server closed, or an old one, is never sent on; a spare
 that fails before any answer is replaced and the request sent once more; closing closes the
 spares too."""

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from deploy.triton.engine.beams import (
-    Candidate,
+    BeamCandidate,
     Finished,
     Hypothesis,
     candidates,
@@ -23,10 +23,10 @@ from deploy.triton.engine.beams import (
 )
 from deploy.triton.engine.scheduler import Engine
 from deploy.triton.engine.types import (
-    BeamSearch,
+    EngineBeamSearch,
     EngineConfig,
     EngineError,
-    FinishReason,
+    EngineFinishReason,
     GuideRequest,
     KvCacheConfig,
 )
@@ -82,7 +82,7 @@ def test_beams_match_transformers_generate(
 ) -> None:
     """The end ids are tokens the tiny model emits, so that beams end before the limit."""
     for prompt in prompts:
-        beam = BeamSearch(width, length_penalty=penalty, early_stopping=_EARLY[early])
+        beam = EngineBeamSearch(width, length_penalty=penalty, early_stopping=_EARLY[early])
         final = run(engine, make(prompt, max_new, beam=beam, end_ids=(eos,))).final()
         assert final.beams is not None
         ours = [tokens.tolist() for tokens in final.beams.token_ids]
@@ -95,7 +95,7 @@ def test_beams_match_transformers_generate(
 def test_beams_end_on_the_end_id_and_report_their_log_probs(
     engine: Engine, prompts: list[tuple[int, ...]]
 ) -> None:
-    request = make(prompts[0], 20, beam=BeamSearch(4), end_ids=(12,), return_log_probs=True)
+    request = make(prompts[0], 20, beam=EngineBeamSearch(4), end_ids=(12,), return_log_probs=True)
     result = run(engine, request)
     assert len(result.outputs) == 1
     beams = result.final().beams
@@ -115,7 +115,7 @@ def test_beams_end_on_the_end_id_and_report_their_log_probs(
 def test_streaming_sends_every_beam_so_far_then_the_result(
     engine: Engine, prompts: list[tuple[int, ...]]
 ) -> None:
-    request = make(prompts[1], 8, beam=BeamSearch(3))
+    request = make(prompts[1], 8, beam=EngineBeamSearch(3))
     whole = run(engine, request).final()
     streamed = run(engine, dataclasses.replace(request, request_id="s", streaming=True))
     assert len(streamed.outputs) == 8
@@ -133,12 +133,12 @@ def test_sampled_rows_decode_exactly_as_without_a_beam_search_beside_them(
     prompt = prompts[0]
     greedy_alone = run(engine, make(prompt, 20)).tokens()
     sampled_alone = run(engine, make(prompt, 20, sampling=SAMPLED)).tokens()
-    beams = submit(engine, make(prompts[2], 40, beam=BeamSearch(4)))
+    beams = submit(engine, make(prompts[2], 40, beam=EngineBeamSearch(4)))
     greedy = submit(engine, make(prompt, 20))
     sampled = submit(engine, make(prompt, 20, sampling=SAMPLED))
     assert greedy.wait().tokens() == greedy_alone
     assert sampled.wait().tokens() == sampled_alone
-    assert beams.wait().final().finish_reason is FinishReason.LENGTH
+    assert beams.wait().final().finish_reason is EngineFinishReason.LENGTH
     assert engine.stats().max_running >= 5
 
 
@@ -146,7 +146,7 @@ def test_kv_blocks_add_up_while_beams_fork_and_all_return(
     engine: Engine, prompts: list[tuple[int, ...]]
 ) -> None:
     """Blocks of 4 tokens: beams fork partial blocks at almost every step."""
-    pending = [submit(engine, make(p, 30, beam=BeamSearch(4))) for p in prompts[:2]]
+    pending = [submit(engine, make(p, 30, beam=EngineBeamSearch(4))) for p in prompts[:2]]
     seen_used = 0
     while not all(result.done.is_set() for result in pending):
         kv = engine.stats().kv_cache
@@ -163,13 +163,13 @@ def test_kv_blocks_add_up_while_beams_fork_and_all_return(
 def test_a_stopped_beam_search_answers_once_with_its_beams_and_frees_its_blocks(
     engine: Engine, prompts: list[tuple[int, ...]]
 ) -> None:
-    request = make(prompts[0], 200, beam=BeamSearch(3), streaming=True)
+    request = make(prompts[0], 200, beam=EngineBeamSearch(3), streaming=True)
     result = submit(engine, request)
     while len(result.outputs) < 3:
         time.sleep(0.005)
     engine.stop(request.request_id)
     final = result.wait().final()
-    assert final.finish_reason is FinishReason.CANCELLED
+    assert final.finish_reason is EngineFinishReason.CANCELLED
     assert final.beams is not None and len(final.beams.token_ids) == 3
     assert sum(output.finished for output in result.outputs) == 1
     time.sleep(0.05)
@@ -180,10 +180,11 @@ def test_a_stopped_beam_search_answers_once_with_its_beams_and_frees_its_blocks(
 def test_stop_words_end_a_beam_with_the_word_in_it(
     engine: Engine, prompts: list[tuple[int, ...]]
 ) -> None:
-    free = run(engine, make(prompts[0], 12, beam=BeamSearch(3))).final()
+    free = run(engine, make(prompts[0], 12, beam=EngineBeamSearch(3))).final()
     assert free.beams is not None
     word = (int(free.beams.token_ids[0][3]),)
-    stopped = run(engine, make(prompts[0], 12, beam=BeamSearch(3), stop_words=(word,))).final()
+    asked = make(prompts[0], 12, beam=EngineBeamSearch(3), stop_words=(word,))
+    stopped = run(engine, asked).final()
     assert stopped.beams is not None
     for tokens in stopped.beams.token_ids:
         ids = tokens.tolist()
@@ -195,10 +196,13 @@ def test_stop_words_end_a_beam_with_the_word_in_it(
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        ({"beam": BeamSearch(5)}, "max_beam_width 4"),
-        ({"beam": BeamSearch(2), "num_return_sequences": 2}, "num_return_sequences > 1"),
-        ({"beam": BeamSearch(2), "guide": GuideRequest("json")}, "guided decoding"),
-        ({"beam": BeamSearch(2), "return_generation_logits": True}, "return_generation_logits"),
+        ({"beam": EngineBeamSearch(5)}, "max_beam_width 4"),
+        ({"beam": EngineBeamSearch(2), "num_return_sequences": 2}, "num_return_sequences > 1"),
+        ({"beam": EngineBeamSearch(2), "guide": GuideRequest("json")}, "guided decoding"),
+        (
+            {"beam": EngineBeamSearch(2), "return_generation_logits": True},
+            "return_generation_logits",
+        ),
     ],
 )
 def test_beam_requests_the_engine_cannot_serve_are_refused(
@@ -243,31 +247,31 @@ def test_the_first_step_and_stopped_beams_offer_what_tensorrt_llm_offers() -> No
     stopped = candidates(
         log_probs, [-1.0, -0.5], diversity_rate=0.0, count=4, first=False, stopped=[False, True]
     )
-    assert Candidate(1, None, -0.5, -0.5) in stopped
+    assert BeamCandidate(1, None, -0.5, -0.5) in stopped
     assert all(c.token is None for c in stopped if c.parent == 1)
 
 
-def _hypothesis(candidate: Candidate, score: float) -> Hypothesis:
-    return Hypothesis((), (), candidate.value, score, FinishReason.END_ID)
+def _hypothesis(candidate: BeamCandidate, score: float) -> Hypothesis:
+    return Hypothesis((), (), candidate.value, score, EngineFinishReason.END_ID)
 
 
 def test_choose_takes_ends_among_the_first_width_and_continues_the_rest() -> None:
-    search = BeamSearch(2)
+    search = EngineBeamSearch(2)
     ranked = [
-        Candidate(0, 7, -0.1, -0.1),
-        Candidate(0, 9, -0.2, -0.2),
-        Candidate(1, 7, -0.3, -0.3),
-        Candidate(1, 4, -0.4, -0.4),
+        BeamCandidate(0, 7, -0.1, -0.1),
+        BeamCandidate(0, 9, -0.2, -0.2),
+        BeamCandidate(1, 7, -0.3, -0.3),
+        BeamCandidate(1, 4, -0.4, -0.4),
     ]
     finished = Finished(2)
     chosen = choose(ranked, search, (9,), 3, finished, _hypothesis)
     assert [(c.parent, c.token) for c in chosen] == [(0, 7), (1, 7)]
     assert [h.cum_log_prob for h in finished.items] == [-0.2]
     late = [
-        Candidate(0, 9, -0.1, -0.1),
-        Candidate(0, 7, -0.2, -0.2),
-        Candidate(1, 9, -0.3, -0.3),
-        Candidate(1, 4, -0.4, -0.4),
+        BeamCandidate(0, 9, -0.1, -0.1),
+        BeamCandidate(0, 7, -0.2, -0.2),
+        BeamCandidate(1, 9, -0.3, -0.3),
+        BeamCandidate(1, 4, -0.4, -0.4),
     ]
     fresh = Finished(2)
     chosen = choose(late, search, (9,), 3, fresh, _hypothesis)
@@ -278,9 +282,13 @@ def test_choose_takes_ends_among_the_first_width_and_continues_the_rest() -> Non
 def test_a_full_set_of_finished_beams_takes_only_better_ones() -> None:
     finished = Finished(2)
     for score in (-1.0, -2.0):
-        finished.offer(Hypothesis((), (), score, score, FinishReason.END_ID))
-    ranked = [Candidate(0, 9, -3.0, -3.0), Candidate(1, 9, -1.5, -1.5), Candidate(0, 5, -4.0, -4.0)]
-    choose(ranked, BeamSearch(2), (9,), 0, finished, _hypothesis)
+        finished.offer(Hypothesis((), (), score, score, EngineFinishReason.END_ID))
+    ranked = [
+        BeamCandidate(0, 9, -3.0, -3.0),
+        BeamCandidate(1, 9, -1.5, -1.5),
+        BeamCandidate(0, 5, -4.0, -4.0),
+    ]
+    choose(ranked, EngineBeamSearch(2), (9,), 0, finished, _hypothesis)
     assert sorted(h.score for h in finished.items) == [-1.5, -1.0]
 
 
@@ -303,7 +311,7 @@ def test_early_stopping_judges_the_best_candidate_at_the_length_tensorrt_llm_tak
     the worst finished -2.25, but over the 10 tokens "never" assumes it is -0.9."""
     finished = Finished(2)
     for score in (-1.0, -2.25):
-        finished.offer(Hypothesis((), (), score, score, FinishReason.END_ID))
-    search = BeamSearch(2, length_penalty=penalty, early_stopping=early)
+        finished.offer(Hypothesis((), (), score, score, EngineFinishReason.END_ID))
+    search = EngineBeamSearch(2, length_penalty=penalty, early_stopping=early)
     assert is_done(finished, search, best_rank, generated=3, max_new=10) is done
     assert not is_done(Finished(2), search, best_rank, generated=3, max_new=10)

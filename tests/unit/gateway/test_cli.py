@@ -49,7 +49,7 @@ def test_serve_reads_the_deploy_spec_once(tmp_path: Path, monkeypatch: pytest.Mo
     ``serve`` read; the app's start is stood in for by the spec it is given."""
     from deploy.sidecar.frontend import keeper
     from gateway import app, server
-    from tests.unit.test_gateway_app import closed_port
+    from tests.unit.gateway.test_app import closed_port
 
     model = tmp_path / "model"
     model.mkdir()

@@ -29,7 +29,7 @@ from gateway.replicas.metrics import ReplicaMetrics
 from gateway.replicas.pool import ReplicaPool
 from gateway.replicas.router import Router
 from gateway.replicas.settings import RoutingSettings
-from gateway.replicas.sources import DnsName, Endpoint
+from gateway.replicas.sources import DnsName, ReplicaAddress
 from gateway.replicas.watch import PoolWatch
 
 TARGET = ModelTarget(url="unused", triton_model="m_ensemble", kind="ensemble")
@@ -55,7 +55,7 @@ def request(ids: Sequence[int] = (), adapter: str | None = None) -> GenerationRe
 def pool_of(names: Sequence[str], clock: Clock | None = None, **routing: object) -> ReplicaPool:
     settings = RoutingSettings(**routing)  # type: ignore[arg-type]
     pool = ReplicaPool("m", TARGET, settings, retry_after_s=3, clock=clock or Clock())
-    pool.update([Endpoint(name, f"{name}:1", None) for name in names])
+    pool.update([ReplicaAddress(name, f"{name}:1", None) for name in names])
     for replica in pool.replicas.values():
         pool.probed(replica, True)
     return pool
@@ -230,7 +230,7 @@ def test_membership_changes_keep_replicas_and_forget_the_removed() -> None:
     pool = pool_of(["a", "b"])
     a = pool.replicas["a"]
     pool.prefixes.record([1, 2], "b")
-    added, removed = pool.update([Endpoint("a", "a:1"), Endpoint("c", "c:1")])
+    added, removed = pool.update([ReplicaAddress("a", "a:1"), ReplicaAddress("c", "c:1")])
     assert (added, removed) == (["c"], ["b"])
     assert pool.replicas["a"] is a and a.health.routable
     assert pool.replicas["c"].health.state == "pending"
@@ -279,7 +279,7 @@ async def test_a_router_runs_its_watches_until_closed() -> None:
     class Model:
         name = "m"
         target = TARGET
-        replicas = (Endpoint("a", "a:1"), Endpoint("b", "b:1"))
+        replicas = (ReplicaAddress("a", "a:1"), ReplicaAddress("b", "b:1"))
         routing = RoutingSettings(probe_interval_s=0.01)
 
     router = Router([Model()])
@@ -322,7 +322,9 @@ async def test_replica_metrics() -> None:
 def test_each_replica_is_reached_at_its_own_addresses() -> None:
     first = dataclasses.replace(TARGET, url="a:1", http_url="http://a:2")
     pool = ReplicaPool("m", first, RoutingSettings(), clock=Clock())
-    pool.update([Endpoint("a", "a:1", None, "http://a:2"), Endpoint("b", "b:1", None, None)])
+    pool.update(
+        [ReplicaAddress("a", "a:1", None, "http://a:2"), ReplicaAddress("b", "b:1", None, None)]
+    )
     targets = {name: replica.target for name, replica in pool.replicas.items()}
     assert (targets["a"].url, targets["a"].http_url) == ("a:1", "http://a:2")
     # A replica without an HTTP address never inherits another's: it is reached over gRPC.

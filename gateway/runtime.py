@@ -175,7 +175,7 @@ class Runtime:
             self._backend,
             timeout_s=self.settings.limits.request_timeout_s,
             observability=self.observability,
-            router=self.router,
+            dispatcher=self.router,
         )
         self.lifecycle.sidecars_ready = not supervised
         self._bring_up_task = asyncio.create_task(self._bring_up(routes))

@@ -1,9 +1,9 @@
-"""Event streams under a deadline: one in the caller's task, or several interleaved."""
+"""Streams under a deadline: one read in the caller's task, or several interleaved."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass
 from typing import TypeVar
@@ -82,12 +82,12 @@ async def merge(
             await asyncio.gather(*tasks, return_exceptions=True)
 
 
-class _Deadline:
+class Deadline:
     """The deadline of one choice's stream: one timer for the whole stream, not one per event.
 
     When it passes while the stream awaits the backend, the awaiting task is cancelled (and the
     cancellation turned into the timeout, as ``asyncio.timeout`` does); when it passes while
-    the consumer is busy elsewhere, the next event reports it.
+    the consumer is busy elsewhere, the next item reports it. ``cancel`` once the stream ends.
     """
 
     __slots__ = ("cancelled", "cancelling", "expired", "handle", "timeout_s", "waiting")
@@ -106,31 +106,24 @@ class _Deadline:
         if self.waiting is not None:
             self.cancelled = self.waiting.cancel()
 
-    def error(self) -> GatewayTimeoutError:
-        return _timed_out(self.timeout_s)
-
-
-async def single(stream: AsyncGenerator[E, None], timeout_s: float) -> AsyncGenerator[E, None]:
-    """One choice's events under the deadline, in the caller's task (no queue, no task)."""
-    deadline = _Deadline(timeout_s)
-    try:
+    async def next(self, stream: AsyncIterator[E]) -> E:
+        """The stream's next item within the deadline (``StopAsyncIteration`` at its end), read
+        in the caller's task (no queue, no task)."""
         task = asyncio.current_task()
-        async with aclosing(stream):
-            while True:
-                deadline.waiting, deadline.cancelling = task, task.cancelling() if task else 0
-                try:
-                    event = await anext(stream)
-                except StopAsyncIteration:
-                    return
-                except asyncio.CancelledError:
-                    # Ours (and nobody else's): the deadline. Anything else goes on.
-                    if deadline.cancelled and task and task.uncancel() <= deadline.cancelling:
-                        raise deadline.error() from None
-                    raise
-                finally:
-                    deadline.waiting = None
-                if deadline.expired:
-                    raise deadline.error()
-                yield event
-    finally:
-        deadline.handle.cancel()
+        self.waiting, self.cancelling = task, task.cancelling() if task else 0
+        try:
+            item = await anext(stream)
+        except asyncio.CancelledError:
+            # Ours (and nobody else's): the deadline. Anything else goes on.
+            if self.cancelled and task and task.uncancel() <= self.cancelling:
+                raise _timed_out(self.timeout_s) from None
+            raise
+        finally:
+            self.waiting = None
+        if self.expired:
+            raise _timed_out(self.timeout_s)
+        return item
+
+    def cancel(self) -> None:
+        """The stream ended: the timer goes."""
+        self.handle.cancel()

@@ -6,7 +6,7 @@ from collections.abc import AsyncGenerator, Iterable
 
 from msgspec import UNSET
 
-from gateway.core.generation import ChoiceEnd, ChoiceResult, Event, TextDelta
+from gateway.core.events import ChoiceEnd, ChoiceResult, Event, TextDelta
 from gateway.core.plan import Plan
 from gateway.openai.protocol import (
     AssistantMessage,

@@ -13,7 +13,7 @@ from gateway.core.events import ChoiceEnd, Event, TextDelta, UsageMeter, finish_
 from gateway.core.plan import ChoiceSpec
 from gateway.core.ports import ModelTokenizer
 from gateway.core.stops import Cut, StopCutter, Token
-from gateway.core.streams import CLEANUP_GRACE_S
+from gateway.core.streams import CLEANUP_GRACE_S, Deadline
 
 logger = logging.getLogger(__name__)
 
@@ -91,6 +91,45 @@ class Choice:
         self._meter.ended(end)
         events.append(end)
         return events
+
+
+class ChoiceReader:
+    """A request's one choice read in the caller's task under the deadline: ``next`` returns
+    its events one by one (``None`` after its end), with no generator of its own between the
+    backend's stream and the core's."""
+
+    def __init__(self, choice: Choice, chunks: AsyncIterator[TokenChunk], timeout_s: float) -> None:
+        self._choice = choice
+        self._chunks = chunks
+        self._deadline = Deadline(timeout_s)
+        self._ending: list[Event] | None = None
+        self._open = True
+
+    async def next(self) -> Event | None:
+        """The choice's next event: shown text, then what was held back and its ending."""
+        ending = self._ending
+        if ending is None:
+            choice = self._choice
+            while not choice.stopped:
+                try:
+                    chunk = await self._deadline.next(self._chunks)
+                except StopAsyncIteration:
+                    self._open = False
+                    break
+                delta = await choice.feed(chunk)
+                if delta is not None:
+                    return delta
+            await self.close()
+            ending = self._ending = await choice.end()
+        return ending.pop(0) if ending else None
+
+    async def close(self) -> None:
+        """Stop the timer and close the backend's stream (cancelling its request) if it is
+        still open."""
+        self._deadline.cancel()
+        if self._open:
+            self._open = False
+            await close_quietly(self._chunks)
 
 
 async def choice_events(choice: Choice, chunks: AsyncIterator[TokenChunk]) -> AsyncGenerator[Event]:

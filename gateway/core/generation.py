@@ -13,19 +13,40 @@ from __future__ import annotations
 
 import functools
 from collections.abc import AsyncGenerator, Mapping, Sequence
-from contextlib import aclosing
+from typing import Protocol
 
 from adapters.contract import Backend, GenerationRequest, PreparedRequest
-from gateway.core.choices import Choice, beam_events, choice_events, close_quietly
+from gateway.core.choices import Choice, ChoiceReader, beam_events, choice_events
 from gateway.core.events import ChoiceEnd, ChoiceResult, Event, UsageMeter, fold
 from gateway.core.plan import ChoiceSpec, Plan
 from gateway.core.ports import Dispatcher, GeneratedModel, PendingAdmission, Prepare
-from gateway.core.streams import Deadline, merge
+from gateway.core.streams import merge
 from gateway.ids import random_hex
 from gateway.observability import GenerationWatch, Observability, ObservabilitySettings
 
 Placement = tuple[int, int | None]
 """A request's Triton priority (0: the model's default) and KV-cache salt."""
+
+
+class EventSource(Protocol):
+    """A request's events as the core reads them, one ``next`` at a time (None: the end)."""
+
+    async def next(self) -> Event | None: ...
+
+    async def close(self) -> None: ...
+
+
+class _Merged:
+    """Several choices' interleaved events (``merge``), read as an ``EventSource``."""
+
+    def __init__(self, events: AsyncGenerator[Event, None]) -> None:
+        self._events = events
+
+    async def next(self) -> Event | None:
+        return await anext(self._events, None)
+
+    async def close(self) -> None:
+        await self._events.aclose()
 
 
 class GenerationService:
@@ -105,11 +126,11 @@ class GenerationService:
                 choice = Choice(
                     plan.choices[0], model.tokenizer, logprobs=plan.logprobs, meter=meter
                 )
-                events = self._one(choice, prepared[0])
+                source: EventSource = ChoiceReader(choice, prepared[0].stream(), self._timeout_s)
             else:
-                events = self._several(model, plan, meter, groups, prepared)
-            async with aclosing(events):
-                async for event in events:
+                source = _Merged(self._several(model, plan, meter, groups, prepared))
+            try:
+                while (event := await source.next()) is not None:
                     if isinstance(event, ChoiceEnd):
                         unfinished.discard(event.index)
                         watch.ended(
@@ -121,6 +142,8 @@ class GenerationService:
                     elif event.text:
                         watch.text(event.index)
                     yield event
+            finally:
+                await source.close()
         except BaseException as exc:
             error = exc
             raise
@@ -132,28 +155,6 @@ class GenerationService:
             cut = sum(meter.choices.get(index, 0) for index in unfinished)
             watch.cut_short(meter.prompts, cut)
             watch.close(error)
-
-    async def _one(self, choice: Choice, prepared: PreparedRequest) -> AsyncGenerator[Event, None]:
-        """The events of a plan's one choice, read in the caller's task under the deadline."""
-        chunks = prepared.stream()
-        deadline = Deadline(self._timeout_s)
-        exhausted = False
-        try:
-            while not choice.stopped:
-                try:
-                    chunk = await deadline.next(chunks)
-                except StopAsyncIteration:
-                    exhausted = True
-                    break
-                delta = await choice.feed(chunk)
-                if delta is not None:
-                    yield delta
-        finally:
-            deadline.cancel()
-            if not exhausted:
-                await close_quietly(chunks)
-        for event in await choice.end():
-            yield event
 
     def _several(
         self,

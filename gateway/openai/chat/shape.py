@@ -8,6 +8,7 @@ from msgspec import UNSET
 
 from gateway.core.events import ChoiceEnd, ChoiceResult, Event, TextDelta
 from gateway.core.plan import Plan
+from gateway.openai.chat.plan import output_of
 from gateway.openai.protocol import (
     AssistantMessage,
     ChatChoice,
@@ -36,12 +37,13 @@ def chat_logprobs(tokens: Iterable[str], logprobs: Iterable[float]) -> ChatLogpr
 def chat_completion(plan: Plan, results: list[ChoiceResult], header: Header) -> ChatCompletion:
     """A non-streaming chat answer."""
     ends = finished(results)
+    output = output_of(plan)
     choices = []
     for result, end in zip(results, ends, strict=True):
         message = AssistantMessage(content=result.text)
         reason: str = end.finish_reason
-        if plan.output.parses_calls:
-            content, calls = whole_message(plan.output, result.text)
+        if output.parses_calls:
+            content, calls = whole_message(output, result.text)
             message = AssistantMessage(content=content, tool_calls=calls or UNSET)
             reason = tool_finish(reason, len(calls))
         choices.append(
@@ -72,10 +74,11 @@ def chat_chunks(
         )
 
     shapers: dict[int, DeltaShaper] = {}
+    output = output_of(plan)
 
     def on_start(index: int) -> list[ChatChunkChoice]:
-        if plan.output.parses_calls:
-            shapers[index] = DeltaShaper(plan.output)
+        if output.parses_calls:
+            shapers[index] = DeltaShaper(output)
         return [ChatChunkChoice(index=index, delta=ChatDelta(role="assistant", content=""))]
 
     def on_delta(event: TextDelta) -> list[ChatChunkChoice]:

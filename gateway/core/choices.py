@@ -50,8 +50,17 @@ class Choice:
         """A stop sequence was met: nothing more of the backend's stream is wanted."""
         return self._cutter.stopped
 
-    async def feed(self, chunk: TokenChunk) -> TextDelta | None:
-        """The text of ``chunk`` that is shown (None: none yet)."""
+    def wants_tokens(self, chunk: TokenChunk) -> bool:
+        """Whether ``chunk``'s tokens are to be lined up with its text (``tokens``) first."""
+        return self._logprobs and bool(chunk.logprobs)
+
+    async def tokens(self, chunk: TokenChunk) -> list[Token]:
+        """The tokens behind ``chunk``'s text, with their log probs."""
+        return await _tokens(self._tokenizer, chunk.text, chunk.logprobs, True)
+
+    def feed(self, chunk: TokenChunk, tokens: Sequence[Token] = ()) -> TextDelta | None:
+        """The text of ``chunk`` that is shown (None: none yet); ``tokens`` where it
+        ``wants_tokens``."""
         spec = self.spec
         self._meter.generated(spec, chunk.token_count)
         self._raw.append(chunk.text)
@@ -60,11 +69,6 @@ class Choice:
         self._prompt_tokens = chunk.prompt_tokens or self._prompt_tokens
         if self._cached is None:
             self._cached = chunk.cached_tokens
-        tokens = (
-            await _tokens(self._tokenizer, chunk.text, chunk.logprobs, True)
-            if self._logprobs and chunk.logprobs
-            else []
-        )
         cut = self._cutter.feed(chunk.text, tokens)
         return _delta(spec.index, cut) if cut.text or cut.tokens else None
 
@@ -116,7 +120,8 @@ class ChoiceReader:
                 except StopAsyncIteration:
                     self._open = False
                     break
-                delta = await choice.feed(chunk)
+                tokens = await choice.tokens(chunk) if choice.wants_tokens(chunk) else ()
+                delta = choice.feed(chunk, tokens)
                 if delta is not None:
                     return delta
             await self.close()
@@ -138,7 +143,8 @@ async def choice_events(choice: Choice, chunks: AsyncIterator[TokenChunk]) -> As
     exhausted = False
     try:
         async for chunk in chunks:
-            delta = await choice.feed(chunk)
+            tokens = await choice.tokens(chunk) if choice.wants_tokens(chunk) else ()
+            delta = choice.feed(chunk, tokens)
             if delta is not None:
                 yield delta
             if choice.stopped:

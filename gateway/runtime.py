@@ -175,7 +175,8 @@ class Runtime:
             self._backend,
             timeout_s=self.settings.limits.request_timeout_s,
             observability=self.observability,
-            dispatcher=self.router,
+            # Models without a pool go straight to their Triton: no dispatcher to ask.
+            dispatcher=self.router or None,
         )
         self.lifecycle.sidecars_ready = not supervised
         self._bring_up_task = asyncio.create_task(self._bring_up(routes))

@@ -3,6 +3,7 @@ lined up with the text; a beam search's answer made into its choices."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 
@@ -32,35 +33,38 @@ async def close_quietly(chunks: AsyncIterator[TokenChunk]) -> None:
 class Choice:
     """One choice as its chunks arrive: ``feed`` each, then ``end``."""
 
+    __slots__ = (
+        "_cached",
+        "_counted",
+        "_meter",
+        "_prompt_tokens",
+        "_raw",
+        "_tokenizer",
+        "cutter",
+        "logprobs",
+        "spec",
+    )
+
     def __init__(
         self, spec: ChoiceSpec, tokenizer: ModelTokenizer, *, logprobs: bool, meter: UsageMeter
     ) -> None:
         self.spec = spec
         self._tokenizer = tokenizer
-        self._logprobs = logprobs
+        self.logprobs = logprobs
         self._meter = meter
-        self._cutter = StopCutter(spec.params.stop, by_token=logprobs)
+        self.cutter = StopCutter(spec.params.stop, by_token=logprobs)
         self._raw: list[str] = []
         self._counted: int | None = 0
         self._prompt_tokens: int | None = None
         self._cached: int | None = None
-
-    @property
-    def stopped(self) -> bool:
-        """A stop sequence was met: nothing more of the backend's stream is wanted."""
-        return self._cutter.stopped
-
-    def wants_tokens(self, chunk: TokenChunk) -> bool:
-        """Whether ``chunk``'s tokens are to be lined up with its text (``tokens``) first."""
-        return self._logprobs and bool(chunk.logprobs)
 
     async def tokens(self, chunk: TokenChunk) -> list[Token]:
         """The tokens behind ``chunk``'s text, with their log probs."""
         return await _tokens(self._tokenizer, chunk.text, chunk.logprobs, True)
 
     def feed(self, chunk: TokenChunk, tokens: Sequence[Token] = ()) -> TextDelta | None:
-        """The text of ``chunk`` that is shown (None: none yet); ``tokens`` where it
-        ``wants_tokens``."""
+        """The text of ``chunk`` that is shown (None: none yet); ``tokens`` (``tokens(chunk)``)
+        where log probs were asked and the chunk has them."""
         spec = self.spec
         self._meter.generated(spec, chunk.token_count)
         self._raw.append(chunk.text)
@@ -69,12 +73,12 @@ class Choice:
         self._prompt_tokens = chunk.prompt_tokens or self._prompt_tokens
         if self._cached is None:
             self._cached = chunk.cached_tokens
-        cut = self._cutter.feed(chunk.text, tokens)
+        cut = self.cutter.feed(chunk.text, tokens)
         return _delta(spec.index, cut) if cut.text or cut.tokens else None
 
     async def end(self) -> list[Event]:
         """The text held back, and the choice's ending."""
-        spec, cutter = self.spec, self._cutter
+        spec, cutter = self.spec, self.cutter
         tail = cutter.flush()
         events: list[Event] = [_delta(spec.index, tail)] if tail.text or tail.tokens else []
         completion_tokens = self._counted
@@ -102,6 +106,8 @@ class ChoiceReader:
     its events one by one (``None`` after its end), with no generator of its own between the
     backend's stream and the core's."""
 
+    __slots__ = ("_choice", "_chunks", "_deadline", "_ending", "_open")
+
     def __init__(self, choice: Choice, chunks: AsyncIterator[TokenChunk], timeout_s: float) -> None:
         self._choice = choice
         self._chunks = chunks
@@ -113,14 +119,25 @@ class ChoiceReader:
         """The choice's next event: shown text, then what was held back and its ending."""
         ending = self._ending
         if ending is None:
-            choice = self._choice
-            while not choice.stopped:
+            choice, chunks, deadline = self._choice, self._chunks, self._deadline
+            cutter, logprobs = choice.cutter, choice.logprobs
+            # Read here rather than through a coroutine of its own: one frame less a token.
+            task = asyncio.current_task()
+            while not cutter.stopped:
+                deadline.waiting, deadline.cancelling = task, task.cancelling() if task else 0
                 try:
-                    chunk = await self._deadline.next(self._chunks)
+                    chunk = await anext(chunks)
                 except StopAsyncIteration:
                     self._open = False
                     break
-                tokens = await choice.tokens(chunk) if choice.wants_tokens(chunk) else ()
+                except asyncio.CancelledError:
+                    deadline.raise_if_expired(task)
+                    raise
+                finally:
+                    deadline.waiting = None
+                if deadline.expired:
+                    raise deadline.error()
+                tokens = await choice.tokens(chunk) if logprobs and chunk.logprobs else ()
                 delta = choice.feed(chunk, tokens)
                 if delta is not None:
                     return delta
@@ -143,11 +160,11 @@ async def choice_events(choice: Choice, chunks: AsyncIterator[TokenChunk]) -> As
     exhausted = False
     try:
         async for chunk in chunks:
-            tokens = await choice.tokens(chunk) if choice.wants_tokens(chunk) else ()
+            tokens = await choice.tokens(chunk) if choice.logprobs and chunk.logprobs else ()
             delta = choice.feed(chunk, tokens)
             if delta is not None:
                 yield delta
-            if choice.stopped:
+            if choice.cutter.stopped:
                 break
         else:
             exhausted = True

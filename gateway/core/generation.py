@@ -116,10 +116,9 @@ class GenerationService:
             groups = _groups(plan)
             trace_headers = watch.trace_headers()
             requests = [
-                self._request(model, plan, specs[0], f"{request_id}-{specs[0].index}", placement,
-                              trace_headers)
+                self._request(model, plan, specs[0], request_id, placement, trace_headers)
                 for specs in groups
-            ]  # fmt: skip
+            ]
             prepared = await _prepare(self._preparer(model, watch), requests, admission)
             await _admit(prepared, admission, watch)
             if len(groups) == 1 and plan.choices[0].params.beam is None:
@@ -191,7 +190,7 @@ class GenerationService:
     ) -> GenerationRequest:
         priority, cache_salt = placement
         return GenerationRequest(
-            request_id=request_id,
+            request_id=f"{request_id}-{spec.index}",
             prompt=spec.prompt.text,
             prompt_ids=spec.prompt.ids,
             tokens=model.tokenizer if model.target.kind == "tensorrt_llm" else None,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass
 from typing import TypeVar
@@ -85,9 +85,11 @@ async def merge(
 class Deadline:
     """The deadline of one choice's stream: one timer for the whole stream, not one per event.
 
-    When it passes while the stream awaits the backend, the awaiting task is cancelled (and the
-    cancellation turned into the timeout, as ``asyncio.timeout`` does); when it passes while
-    the consumer is busy elsewhere, the next item reports it. ``cancel`` once the stream ends.
+    The reader sets ``waiting`` (and the task's ``cancelling`` count) while it awaits the
+    stream: when the deadline passes then, the awaiting task is cancelled, and the reader turns
+    the cancellation into the timeout (``raise_if_expired``, as ``asyncio.timeout`` does); when
+    it passes while the consumer is busy elsewhere, ``expired`` says so at the next item.
+    ``cancel`` once the stream ends.
     """
 
     __slots__ = ("cancelled", "cancelling", "expired", "handle", "timeout_s", "waiting")
@@ -106,23 +108,15 @@ class Deadline:
         if self.waiting is not None:
             self.cancelled = self.waiting.cancel()
 
-    async def next(self, stream: AsyncIterator[E]) -> E:
-        """The stream's next item within the deadline (``StopAsyncIteration`` at its end), read
-        in the caller's task (no queue, no task)."""
-        task = asyncio.current_task()
-        self.waiting, self.cancelling = task, task.cancelling() if task else 0
-        try:
-            item = await anext(stream)
-        except asyncio.CancelledError:
-            # Ours (and nobody else's): the deadline. Anything else goes on.
-            if self.cancelled and task and task.uncancel() <= self.cancelling:
-                raise _timed_out(self.timeout_s) from None
-            raise
-        finally:
-            self.waiting = None
-        if self.expired:
-            raise _timed_out(self.timeout_s)
-        return item
+    def raise_if_expired(self, task: asyncio.Task[object] | None) -> None:
+        """Where the cancellation of ``task`` (waiting for the stream) was the deadline's, and
+        nobody else's, the timeout is raised in its place."""
+        if self.cancelled and task and task.uncancel() <= self.cancelling:
+            raise self.error() from None
+
+    def error(self) -> GatewayTimeoutError:
+        """The timeout, as the client is told."""
+        return _timed_out(self.timeout_s)
 
     def cancel(self) -> None:
         """The stream ended: the timer goes."""

@@ -294,9 +294,14 @@ class TritonRequest:
         self._tensors = tensors
 
     def send(self) -> None:
-        """Open the call (sent at once, or on a spare HTTP connection being dialled)."""
-        if self._call is not None:
-            return
+        """Put the request on its way now: on the spare HTTP connection where one is ready,
+        else on one dialled meanwhile (a gRPC call goes as it is opened)."""
+        if self._call is None:
+            self._open().start()
+
+    def _open(self) -> Call:
+        """The request's call, opened: a gRPC call goes at once, an HTTP one at its first read
+        (on a kept-alive connection where one is idle) unless ``send`` sent it."""
         backend, target = self._backend, self._target
         if self._lora_key is not None and self._weights:
             reason = "evicted" if self._lora_key in backend._lora_sent else "first"
@@ -310,8 +315,8 @@ class TritonRequest:
             self._exchange.streaming,
             type(call).__name__,
         )
-        call.start()
         self._call = call
+        return call
 
     async def stream(self) -> AsyncGenerator[TokenChunk, None]:
         """The call's chunks: its responses fed to the exchange; the call released on every
@@ -319,9 +324,7 @@ class TritonRequest:
         params = self._request.params
         yielded = False
         while True:
-            self.send()
-            call, exchange = self._call, self._exchange
-            assert call is not None
+            call, exchange = self._call or self._open(), self._exchange
             try:
                 with (
                     guide_named(params.guide),

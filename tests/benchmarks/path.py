@@ -41,8 +41,9 @@ ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("gateway", "adapters")
 DOUBLE = "adapters.triton.replay"
 """The replayed calls stand in for Triton: not a module a real request crosses."""
-SEND = "_open"
-"""The backend's method that opens the Triton call (gRPC ``ModelStreamInfer``)."""
+SEND = "Backend._open"
+"""The end of the qualified name of the backend's method that opens the Triton call (gRPC
+``ModelStreamInfer``)."""
 PER_TOKEN = "on_replies"
 """The exchange's method that decodes Triton's responses into a chunk: called once a token."""
 MODELS = ("loadtest", "loadtest-engine")
@@ -77,7 +78,7 @@ class Trace:
             return
         name = frame.f_code.co_name
         if not self.sent:
-            if name == SEND and module.startswith("adapters.triton"):
+            if frame.f_code.co_qualname.endswith(SEND) and module.startswith("adapters.triton"):
                 self.sent = True
             elif module != DOUBLE:
                 self.before_send.add(module)

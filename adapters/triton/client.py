@@ -294,8 +294,8 @@ class TritonRequest:
         self._tensors = tensors
 
     def send(self) -> None:
-        """Put the request on its way now: on the spare HTTP connection where one is ready,
-        else on one dialled meanwhile (a gRPC call goes as it is opened)."""
+        """Put the request on its way now: on a ready HTTP connection (kept alive, or the
+        spare), else on one dialled meanwhile (a gRPC call goes as it is opened)."""
         if self._call is None:
             self._open().start()
 

@@ -15,7 +15,7 @@ The gateway maps them to its own tree of HTTP errors (``gateway/errors.py``).
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol, runtime_checkable
 
@@ -174,20 +174,6 @@ class GenerationRequest:
     prompt, tokenized as the deployment's preprocessing tokenizes it): the backend then does not
     ask the engine to count it again in every response. ``None`` (or a prompt with images, whose
     length only the engine knows) leaves the count to the engine."""
-    admitted: Callable[[], Awaitable[None]] | None = None
-    """Awaited once the request is prepared and before anything of it is sent (or, with
-    ``send_ahead``, right after it is sent): the caller's admission, answered meanwhile. What
-    it raises ends the request, which never reached the server (or is stopped there), and is
-    passed on as it is."""
-    send_ahead: bool = False
-    """The caller expects ``admitted`` to admit (its tenant is far from its limits): the request
-    may be sent before the answer comes, and is awaited right after. A refusal then stops the
-    request at the server before any of its output is passed on."""
-
-    async def wait_admitted(self) -> None:
-        """Await ``admitted``, where the caller gave one."""
-        if self.admitted is not None:
-            await self.admitted()
 
 
 @dataclass(frozen=True, slots=True)
@@ -224,16 +210,35 @@ class TokenChunk:
     """A beam search's beams, best first (``text`` is the first's), in one final chunk."""
 
 
+class PreparedRequest(Protocol):
+    """A request encoded for its server (everything that needs no answer from it), not sent.
+
+    Nothing of it reaches the server until ``send`` or ``stream``; whoever decides that a request
+    may go (its tenant's admission) does so in between. A prepared request that is not to be
+    read (refused, or its caller gone) is ``discard``ed.
+    """
+
+    def send(self) -> None:
+        """Put the request on its way now, its output left for ``stream``; optional (``stream``
+        sends what was not sent)."""
+        ...
+
+    def stream(self) -> AsyncIterator[TokenChunk]:
+        """The request's chunks; closing the iteration, or cancelling it, stops the request."""
+        ...
+
+    def discard(self) -> None:
+        """Give the request up without reading it: one already sent is stopped at its server."""
+        ...
+
+
 @runtime_checkable
 class Backend(Protocol):
-    """A text-generation backend that streams typed chunks."""
+    """A text-generation backend: prepares a request for a target, then streams it."""
 
-    def generate(
-        self, target: ModelTarget, request: GenerationRequest
-    ) -> AsyncIterator[TokenChunk]:
-        """Stream the completion of one prompt; cancelling the iteration cancels the request.
-        ``request.wait_admitted()`` is awaited before anything of it is sent, or with
-        ``request.send_ahead`` before any of its output is yielded."""
+    async def prepare(self, target: ModelTarget, request: GenerationRequest) -> PreparedRequest:
+        """Encode ``request`` for ``target`` (reading what the target takes, once): nothing is
+        sent. A request the target cannot take is refused here (``InvalidRequest``...)."""
         ...
 
     async def is_ready(self, target: ModelTarget) -> bool:

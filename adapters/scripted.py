@@ -49,33 +49,16 @@ class ScriptedBackend:
         """The chunks ``request`` is answered with."""
         return self._script(request) if callable(self._script) else self._script
 
+    async def prepare(self, target: ModelTarget, request: GenerationRequest) -> ScriptedRequest:
+        """A request ready to replay its script; nothing is recorded until it is sent."""
+        return ScriptedRequest(self, target, request)
+
     async def generate(
         self, target: ModelTarget, request: GenerationRequest
     ) -> AsyncIterator[TokenChunk]:
-        """Replay the script; a stream closed before its end is recorded in ``closed_early``
-        (a request sent ahead of its admission and refused included)."""
-        if not request.send_ahead:
-            await request.wait_admitted()
-        self.requests.append(request)
-        self.urls.append(target.url)
-        if target.url in self.down:
-            raise BackendUnavailable(f"{target.url}: failed to connect")
-        finished = False
-        try:
-            if request.send_ahead:
-                await request.wait_admitted()
-            if target.url in self.hung:
-                await asyncio.Event().wait()
-            for step in self.chunks_for(request):
-                # Even at 0 this yields to the loop, as a real stream does between chunks.
-                await asyncio.sleep(self.delay_s)
-                if isinstance(step, BackendError):
-                    raise step
-                yield step
-            finished = True
-        finally:
-            if not finished:
-                self.closed_early.append(request.request_id)
+        """Prepare and stream at once."""
+        async for chunk in (await self.prepare(target, request)).stream():
+            yield chunk
 
     async def is_ready(self, target: ModelTarget) -> bool:
         """``ready``, for every server not in ``down``; a ``hung`` one never answers."""
@@ -86,3 +69,50 @@ class ScriptedBackend:
     async def close(self) -> None:
         """Nothing to release; remembers it was called."""
         self.closed = True
+
+
+class ScriptedRequest:
+    """One request of a ``ScriptedBackend``: recorded (``requests``, ``urls``) once sent; a
+    stream closed before its end, or a sent request discarded unread, in ``closed_early``."""
+
+    def __init__(
+        self, backend: ScriptedBackend, target: ModelTarget, request: GenerationRequest
+    ) -> None:
+        self._backend = backend
+        self._target = target
+        self._request = request
+        self._sent = False
+        self._finished = False
+
+    def send(self) -> None:
+        """Record the request as sent to its server."""
+        if not self._sent:
+            self._sent = True
+            self._backend.requests.append(self._request)
+            self._backend.urls.append(self._target.url)
+
+    async def stream(self) -> AsyncIterator[TokenChunk]:
+        """Replay the script (``BackendUnavailable`` at once from a server in ``down``)."""
+        backend, url = self._backend, self._target.url
+        self.send()
+        if url in backend.down:
+            self._finished = True
+            raise BackendUnavailable(f"{url}: failed to connect")
+        try:
+            if url in backend.hung:
+                await asyncio.Event().wait()
+            for step in backend.chunks_for(self._request):
+                # Even at 0 this yields to the loop, as a real stream does between chunks.
+                await asyncio.sleep(backend.delay_s)
+                if isinstance(step, BackendError):
+                    raise step
+                yield step
+            self._finished = True
+        finally:
+            self.discard()
+
+    def discard(self) -> None:
+        """A request sent and not read to its end counts as closed early (once)."""
+        if self._sent and not self._finished:
+            self._finished = True
+            self._backend.closed_early.append(self._request.request_id)

@@ -157,44 +157,21 @@ class TritonBackend:
             return False
         return bool(ready)
 
-    def generate(
-        self, target: ModelTarget, request: GenerationRequest
-    ) -> AsyncGenerator[TokenChunk, None]:
-        """Stream the completion; ``aclose()`` or cancelling the task cancels the Triton request."""
-        if request.lora is None:
-            return self._stream(target, request)
-        return self._with_adapter(target, request)
-
-    async def _with_adapter(
-        self, target: ModelTarget, request: GenerationRequest
-    ) -> AsyncGenerator[TokenChunk, None]:
-        """The stream of a LoRA request: the adapter's weights go with its first request to a
-        server, and again once if the engine evicted them before any output."""
-        assert request.lora is not None
-        # Admitted before an adapter load is counted: a refused request loads nothing.
-        await request.wait_admitted()
+    async def prepare(self, target: ModelTarget, request: GenerationRequest) -> TritonRequest:
+        """Read the target's inputs (once, then cached) and encode the request for them."""
         deadline = asyncio.get_running_loop().time() + request.timeout_s
-        lora_key = (target.url, target.triton_model, request.lora.task_id)
-        send_weights = lora_key not in self._lora_sent
-        yielded = False
-        while True:
-            if send_weights:
-                reason = "evicted" if lora_key in self._lora_sent else "first"
-                self.adapter_loads[(target.url, target.triton_model, reason)] += 1
-            chunks = self._stream(target, request, deadline=deadline, send_weights=send_weights)
-            try:
-                async with aclosing(chunks):
-                    async for chunk in chunks:
-                        yielded = True
-                        yield chunk
-            except LoraNotCached:
-                if yielded or send_weights or request.lora.weights is None:
-                    raise
-                logger.info("LoRA task %d was evicted; resending its weights", request.lora.task_id)
-                send_weights = True
-                continue
-            self._lora_sent.add(lora_key)
-            return
+        with map_triton_errors(f"describing {target.triton_model}"):
+            model = await self.describe(target, deadline=deadline)
+        return TritonRequest(self, target, request, model, deadline)
+
+    async def generate(
+        self, target: ModelTarget, request: GenerationRequest
+    ) -> AsyncGenerator[TokenChunk, None]:
+        """Prepare and stream at once, for a caller with nothing to decide in between."""
+        prepared = await self.prepare(target, request)
+        async with aclosing(prepared.stream()) as chunks:
+            async for chunk in chunks:
+                yield chunk
 
     @property
     def open_http_connections(self) -> int:
@@ -238,58 +215,6 @@ class TritonBackend:
         """Start a ``ModelStreamInfer`` call carrying one request on the client of ``url``."""
         return open_stream(self._client(url)._client_stub, request, timeout, metadata)
 
-    async def _stream(
-        self,
-        target: ModelTarget,
-        request: GenerationRequest,
-        *,
-        deadline: float | None = None,
-        send_weights: bool = False,
-    ) -> AsyncGenerator[TokenChunk, None]:
-        """One Triton request's chunks: encode, open the call (it carries the deadline), feed
-        its responses to the exchange, release the call."""
-        if deadline is None:
-            deadline = asyncio.get_running_loop().time() + request.timeout_s
-        try:
-            with map_triton_errors(f"describing {target.triton_model}"):
-                model = await self.describe(target, deadline=deadline)
-            request_id = f"{request.request_id or self._unnamed}-{next(self._calls):x}"
-            exchange = Exchange.of(request, model)
-            tensors = build_inputs(request, model, lora_weights=send_weights)
-            if request.params.beam is not None:
-                tensors.extend(
-                    beam_inputs(request.params.beam, model, logprobs=request.params.logprobs)
-                )
-        except Exception:
-            # The admission answers first, as it did before the request was prepared: a refusal
-            # is the request's answer, and an admitted one's error carries its quota.
-            await request.wait_admitted()
-            raise
-        operation = f"request {request_id} to {target.triton_model}"
-        if not request.send_ahead:
-            await request.wait_admitted()
-        call = self._call(target, request, request_id, tensors, exchange, deadline)
-        logger.debug("%s: streaming=%s via %s", operation, exchange.streaming, type(call).__name__)
-        try:
-            if request.send_ahead:
-                # On its way while the admission is answered: a refusal stops it before anything
-                # of it is read (``Stopper.release``).
-                call.start()
-                await request.wait_admitted()
-            params = request.params
-            with (
-                guide_named(params.guide),
-                beam_width_named(params.beam),
-                map_triton_errors(operation),
-            ):
-                while not exchange.finished:
-                    chunk = exchange.on_replies(await call.read())
-                    if chunk is not None:
-                        yield chunk
-                await call.drain()
-        finally:
-            self._stopper.release(call, exchange, target, request_id, operation)
-
     def _call(
         self,
         target: ModelTarget,
@@ -330,3 +255,106 @@ class TritonBackend:
 
 def _remaining(deadline: float) -> float:
     return max(deadline - asyncio.get_running_loop().time(), 0.0)
+
+
+class TritonRequest:
+    """A request encoded for one Triton model (its tensors, the exchange that decodes its
+    answers) and, once sent, its call. A LoRA request carries its adapter's weights to a server
+    that has not seen them, and again once where the engine evicted them before any output."""
+
+    def __init__(
+        self,
+        backend: TritonBackend,
+        target: ModelTarget,
+        request: GenerationRequest,
+        model: ModelInputs,
+        deadline: float,
+    ) -> None:
+        self._backend = backend
+        self._target = target
+        self._request = request
+        self._model = model
+        self._deadline = deadline
+        self._call: Call | None = None
+        lora = request.lora
+        self._lora_key = None if lora is None else (target.url, target.triton_model, lora.task_id)
+        self._weights = self._lora_key is not None and self._lora_key not in backend._lora_sent
+        self._encode()
+
+    def _encode(self) -> None:
+        backend, request, model = self._backend, self._request, self._model
+        self._request_id = f"{request.request_id or backend._unnamed}-{next(backend._calls):x}"
+        self._operation = f"request {self._request_id} to {self._target.triton_model}"
+        self._exchange = Exchange.of(request, model)
+        tensors = build_inputs(request, model, lora_weights=self._weights)
+        if request.params.beam is not None:
+            tensors.extend(
+                beam_inputs(request.params.beam, model, logprobs=request.params.logprobs)
+            )
+        self._tensors = tensors
+
+    def send(self) -> None:
+        """Put the request on its way now: on a ready HTTP connection (kept alive, or the
+        spare), else on one dialled meanwhile (a gRPC call goes as it is opened)."""
+        if self._call is None:
+            self._open().start()
+
+    def _open(self) -> Call:
+        """The request's call, opened: a gRPC call goes at once, an HTTP one at its first read
+        (on a kept-alive connection where one is idle) unless ``send`` sent it."""
+        backend, target = self._backend, self._target
+        if self._lora_key is not None and self._weights:
+            reason = "evicted" if self._lora_key in backend._lora_sent else "first"
+            backend.adapter_loads[(target.url, target.triton_model, reason)] += 1
+        call = backend._call(
+            target, self._request, self._request_id, self._tensors, self._exchange, self._deadline
+        )
+        logger.debug(
+            "%s: streaming=%s via %s",
+            self._operation,
+            self._exchange.streaming,
+            type(call).__name__,
+        )
+        self._call = call
+        return call
+
+    async def stream(self) -> AsyncGenerator[TokenChunk, None]:
+        """The call's chunks: its responses fed to the exchange; the call released on every
+        exit (``Stopper.release``)."""
+        params = self._request.params
+        yielded = False
+        while True:
+            call, exchange = self._call or self._open(), self._exchange
+            try:
+                with (
+                    guide_named(params.guide),
+                    beam_width_named(params.beam),
+                    map_triton_errors(self._operation),
+                ):
+                    while not exchange.finished:
+                        chunk = exchange.on_replies(await call.read())
+                        if chunk is not None:
+                            yielded = True
+                            yield chunk
+                    await call.drain()
+            except LoraNotCached:
+                lora = self._request.lora
+                if yielded or self._weights or lora is None or lora.weights is None:
+                    raise
+                logger.info("LoRA task %d was evicted; resending its weights", lora.task_id)
+            else:
+                if self._lora_key is not None:
+                    self._backend._lora_sent.add(self._lora_key)
+                return
+            finally:
+                self.discard()
+            self._weights = True
+            self._encode()
+
+    def discard(self) -> None:
+        """Release the call, if one was opened: an unfinished one is stopped at its engine."""
+        call, self._call = self._call, None
+        if call is not None:
+            self._backend._stopper.release(
+                call, self._exchange, self._target, self._request_id, self._operation
+            )

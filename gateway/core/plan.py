@@ -7,7 +7,6 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from adapters.contract import PromptImage, SamplingParams
-from gateway.tools.output import TEXT_ONLY, OutputRules
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,8 +57,6 @@ class Plan:
     include_usage: bool
     logprobs: bool = False
     echo: bool = False
-    output: OutputRules = TEXT_ONLY
-    """How the answer's text becomes content and tool calls (chat)."""
     images: Callable[[], Awaitable[tuple[PromptImage, ...]]] | None = None
     """Loads the images of the prompt (a chat has one), once the request is admitted: the
     plan counts them in its tokens without fetching or decoding them."""

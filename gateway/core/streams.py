@@ -1,4 +1,4 @@
-"""Event streams under a deadline: one in the caller's task, or several interleaved."""
+"""Streams under a deadline: one read in the caller's task, or several interleaved."""
 
 from __future__ import annotations
 
@@ -82,12 +82,14 @@ async def merge(
             await asyncio.gather(*tasks, return_exceptions=True)
 
 
-class _Deadline:
+class Deadline:
     """The deadline of one choice's stream: one timer for the whole stream, not one per event.
 
-    When it passes while the stream awaits the backend, the awaiting task is cancelled (and the
-    cancellation turned into the timeout, as ``asyncio.timeout`` does); when it passes while
-    the consumer is busy elsewhere, the next event reports it.
+    The reader sets ``waiting`` (and the task's ``cancelling`` count) while it awaits the
+    stream: when the deadline passes then, the awaiting task is cancelled, and the reader turns
+    the cancellation into the timeout (``raise_if_expired``, as ``asyncio.timeout`` does); when
+    it passes while the consumer is busy elsewhere, ``expired`` says so at the next item.
+    ``cancel`` once the stream ends.
     """
 
     __slots__ = ("cancelled", "cancelling", "expired", "handle", "timeout_s", "waiting")
@@ -106,31 +108,16 @@ class _Deadline:
         if self.waiting is not None:
             self.cancelled = self.waiting.cancel()
 
+    def raise_if_expired(self, task: asyncio.Task[object] | None) -> None:
+        """Where the cancellation of ``task`` (waiting for the stream) was the deadline's, and
+        nobody else's, the timeout is raised in its place."""
+        if self.cancelled and task and task.uncancel() <= self.cancelling:
+            raise self.error() from None
+
     def error(self) -> GatewayTimeoutError:
+        """The timeout, as the client is told."""
         return _timed_out(self.timeout_s)
 
-
-async def single(stream: AsyncGenerator[E, None], timeout_s: float) -> AsyncGenerator[E, None]:
-    """One choice's events under the deadline, in the caller's task (no queue, no task)."""
-    deadline = _Deadline(timeout_s)
-    try:
-        task = asyncio.current_task()
-        async with aclosing(stream):
-            while True:
-                deadline.waiting, deadline.cancelling = task, task.cancelling() if task else 0
-                try:
-                    event = await anext(stream)
-                except StopAsyncIteration:
-                    return
-                except asyncio.CancelledError:
-                    # Ours (and nobody else's): the deadline. Anything else goes on.
-                    if deadline.cancelled and task and task.uncancel() <= deadline.cancelling:
-                        raise deadline.error() from None
-                    raise
-                finally:
-                    deadline.waiting = None
-                if deadline.expired:
-                    raise deadline.error()
-                yield event
-    finally:
-        deadline.handle.cancel()
+    def cancel(self) -> None:
+        """The stream ended: the timer goes."""
+        self.handle.cancel()

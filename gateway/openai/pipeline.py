@@ -19,7 +19,8 @@ from litestar.handlers import ASGIRouteHandler
 from litestar.types import ASGIApp, HTTPScope, Receive, Scope, Send
 
 from gateway.catalog.registry import ModelRegistry, ServedModel
-from gateway.core.generation import ChoiceResult, Event, GenerationService, UsageMeter, fold
+from gateway.core.events import ChoiceResult, Event, UsageMeter, fold
+from gateway.core.generation import GenerationService
 from gateway.core.plan import Plan
 from gateway.errors import (
     ClientDisconnected,
@@ -151,8 +152,7 @@ class CompletionPipeline:
                 cache_salt=self.tenancy.cache_salt(
                     tenant, shared=model.route.shared_kv_cache, client=body.cache_salt or None
                 ),
-                admitted=admission.admitted,
-                send_ahead=admission.expected,
+                admission=admission,
             )
             if plan.stream:
                 # Once the stream is answered, it settles the ticket when it ends, however.

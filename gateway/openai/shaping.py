@@ -12,7 +12,7 @@ from typing import TypeVar
 
 from msgspec import UNSET, UnsetType
 
-from gateway.core.generation import ChoiceEnd, ChoiceResult, Event, TextDelta
+from gateway.core.events import ChoiceEnd, ChoiceResult, Event, TextDelta
 from gateway.core.plan import Plan
 from gateway.ids import random_hex
 from gateway.openai.protocol import PromptTokensDetails, Usage

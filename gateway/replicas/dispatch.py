@@ -1,5 +1,5 @@
-"""A request's stream over a pool: routed, counted, and retried once on another replica when it
-fails before its first token (nothing has reached the client then)."""
+"""A request's stream over a pool: routed once admitted, counted, and retried once on another
+replica when it fails before its first token (nothing has reached the client then)."""
 
 from __future__ import annotations
 
@@ -66,55 +66,96 @@ async def _first(chunks: AsyncIterator[TokenChunk], replica: Replica) -> TokenCh
         raise
 
 
-async def stream(
+class PooledRequest:
+    """A request for a pool: prepared on the replica picked once it is streamed, that is once
+    it was admitted, so a refused request counts against no replica."""
+
+    def __init__(
+        self,
+        pool: ReplicaPool,
+        backend: Backend,
+        request: GenerationRequest,
+        observer: AttemptObserver | None = None,
+    ) -> None:
+        self._pool = pool
+        self._backend = backend
+        self._request = request
+        self._observer = observer
+
+    def send(self) -> None:
+        """Nothing goes before the replica is picked (``stream``)."""
+
+    def discard(self) -> None:
+        """Nothing was sent."""
+
+    async def _attempt(
+        self, replica: Replica
+    ) -> tuple[AsyncIterator[TokenChunk], TokenChunk | None]:
+        """The request sent to ``replica``: its stream and first chunk (None: it has none)."""
+        if self._observer is not None:
+            self._observer.replica(replica.name, replica.endpoint.url)
+        replica.started(self._pool.clock())
+        chunks: AsyncIterator[TokenChunk] | None = None
+        try:
+            prepared = await self._backend.prepare(replica.target, self._request)
+            chunks = prepared.stream()
+            return chunks, await _first(chunks, replica)
+        except BaseException:
+            replica.ended()
+            if chunks is not None:
+                await _close(chunks)
+            raise
+
+    async def stream(self) -> AsyncGenerator[TokenChunk, None]:
+        """The chunks from a replica of the pool; one failure before the first token moves the
+        request to another replica, later failures end it (in-band for a running stream)."""
+        pool, tried = self._pool, list[Replica]()
+        while True:
+            replica = pool.pick(self._request, exclude=tried).replica
+            try:
+                chunks, first = await self._attempt(replica)
+                break
+            except RETRIED as exc:
+                if isinstance(exc, EJECTING) and not isinstance(exc, ReplicaLost):
+                    pool.failed(replica, "unavailable")
+                if tried or len(pool.replicas) < 2:
+                    raise
+                tried.append(replica)
+                replica.retries += 1
+                if self._observer is not None:
+                    self._observer.failover(replica.name, exc)
+        try:
+            if first is None:
+                return
+            clock = pool.clock
+            replica.last_progress = clock()
+            yield first
+            async for chunk in chunks:
+                replica.last_progress = clock()
+                yield chunk
+        except EJECTING:
+            pool.failed(replica, "unavailable")
+            raise
+        finally:
+            replica.ended()
+            await _close(chunks)
+
+
+async def prepare(
+    pool: ReplicaPool,
+    backend: Backend,
+    observer: AttemptObserver | None,
+    request: GenerationRequest,
+) -> PooledRequest:
+    """``request`` ready for ``pool``: nothing is encoded before its replica is picked."""
+    return PooledRequest(pool, backend, request, observer)
+
+
+def stream(
     pool: ReplicaPool,
     backend: Backend,
     request: GenerationRequest,
     observer: AttemptObserver | None = None,
 ) -> AsyncGenerator[TokenChunk, None]:
-    """The chunks of ``request`` from a replica of ``pool``; one failure before the first
-    token moves it to another replica, later failures end it (in-band for a running stream)."""
-    # Admitted before a replica is picked, a refused request counting against none; or, sent
-    # ahead of its admission, stopped by a refusal as its first chunk is awaited.
-    if not request.send_ahead:
-        await request.wait_admitted()
-    tried: list[Replica] = []
-    while True:
-        replica = pool.pick(request, exclude=tried).replica
-        if observer is not None:
-            observer.replica(replica.name, replica.endpoint.url)
-        replica.started(pool.clock())
-        chunks = backend.generate(replica.target, request)
-        try:
-            first = await _first(chunks, replica)
-            break
-        except RETRIED as exc:
-            replica.ended()
-            await _close(chunks)
-            if isinstance(exc, EJECTING) and not isinstance(exc, ReplicaLost):
-                pool.failed(replica, "unavailable")
-            if tried or len(pool.replicas) < 2:
-                raise
-            tried.append(replica)
-            replica.retries += 1
-            if observer is not None:
-                observer.failover(replica.name, exc)
-        except BaseException:
-            replica.ended()
-            await _close(chunks)
-            raise
-    try:
-        if first is None:
-            return
-        clock = pool.clock
-        replica.last_progress = clock()
-        yield first
-        async for chunk in chunks:
-            replica.last_progress = clock()
-            yield chunk
-    except EJECTING:
-        pool.failed(replica, "unavailable")
-        raise
-    finally:
-        replica.ended()
-        await _close(chunks)
+    """The chunks of an admitted ``request`` from a replica of ``pool``."""
+    return PooledRequest(pool, backend, request, observer).stream()

@@ -1,16 +1,17 @@
 """Every pool of the app: built from the served models, watched while the app runs, and the
-small interface the request path calls (``pool``, ``stream``, ``ready``)."""
+small interface the request path calls (``pool``, ``preparer``)."""
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
-from collections.abc import AsyncGenerator, Iterable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from typing import Protocol
 
 import httpx
 
-from adapters.contract import Backend, GenerationRequest, ModelTarget, TokenChunk
+from adapters.contract import Backend, GenerationRequest, ModelTarget, PreparedRequest
 from gateway.replicas import dispatch
 from gateway.replicas.dispatch import AttemptObserver
 from gateway.replicas.pool import Clock, ReplicaPool
@@ -85,12 +86,12 @@ class Router:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks.clear()
 
-    def stream(
-        self,
-        pool: ReplicaPool,
-        backend: Backend,
-        request: GenerationRequest,
-        observer: AttemptObserver | None = None,
-    ) -> AsyncGenerator[TokenChunk, None]:
-        """The chunks of ``request`` from one of ``pool``'s replicas."""
-        return dispatch.stream(pool, backend, request, observer)
+    def preparer(
+        self, model: str, backend: Backend, observer: AttemptObserver | None = None
+    ) -> Callable[[GenerationRequest], Awaitable[PreparedRequest]] | None:
+        """How requests of the base model ``model`` are prepared for its pool (their replica
+        picked once they are admitted); None when it has one Triton."""
+        pool = self._pools.get(model)
+        if pool is None:
+            return None
+        return functools.partial(dispatch.prepare, pool, backend, observer)

@@ -200,7 +200,8 @@ class Runtime(abc.ABC):
             self._backend,
             timeout_s=self.settings.limits.request_timeout_s,
             observability=self.observability,
-            router=self.router,
+            # Models without a pool go straight to their Triton: no dispatcher to ask.
+            dispatcher=self.router or None,
         )
         self._pipeline = CompletionPipeline(
             self._generation,

@@ -2,8 +2,8 @@
 
 A shared store (Redis) answers an admission after a round trip: two wake-ups and a script, a few
 hundred microseconds on an idle host. Its command is sent as soon as the plan is counted, and
-the answer is awaited only once the Triton request is built, just before anything is sent to
-Triton (``GenerationRequest.admitted``), so the two overlap, and a refused request never reaches
+the answer is awaited only once the Triton request is prepared, just before anything is sent
+to Triton (``gateway/core/generation.py``), so the two overlap, and a refused request never reaches
 Triton. For a tenant that its last answer left far from every limit (``quota.far_from_limits``)
 the request goes to Triton before its command is even written (``Tenancy.admission``), and the
 answer then overlaps the engine's first token; should the answer refuse after all, the request

@@ -3,6 +3,7 @@ tokens, fan out ``n`` choices."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import msgspec
@@ -29,6 +30,19 @@ from gateway.openai.sampling import (
     sampling_params,
 )
 from gateway.tools import conversation
+from gateway.tools.output import TEXT_ONLY, OutputRules
+
+
+@dataclass(frozen=True, slots=True)
+class ChatPlan(Plan):
+    """A chat's plan, with how its answer's text becomes content and tool calls."""
+
+    output: OutputRules = TEXT_ONLY
+
+
+def output_of(plan: Plan) -> OutputRules:
+    """How a plan's answer text is shaped: a chat plan's rules, else text only."""
+    return plan.output if isinstance(plan, ChatPlan) else TEXT_ONLY
 
 
 async def plan_chat(
@@ -77,7 +91,7 @@ async def plan_chat(
         if beam is None
         else beam_choices([prompt], n, [params], beam)
     )
-    return Plan(
+    return ChatPlan(
         model=model.name,
         choices=choices,
         stream=bool(given(request.stream)),

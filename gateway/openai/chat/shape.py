@@ -7,10 +7,11 @@ from collections.abc import AsyncGenerator, Iterable
 import msgspec
 from msgspec import UNSET
 
-from gateway.core.generation import ChoiceEnd, ChoiceResult, Event, TextDelta
+from gateway.core.events import ChoiceEnd, ChoiceResult, Event, TextDelta
 from gateway.core.plan import Plan
 from gateway.openai.chat.calls import DeltaShaper, message_parts, whole_message
 from gateway.openai.chat.calls import finish_reason as tool_finish
+from gateway.openai.chat.plan import output_of
 from gateway.openai.protocol import (
     AssistantMessage,
     ChatChoice,
@@ -40,21 +41,22 @@ def chat_logprobs(tokens: Iterable[str], logprobs: Iterable[float]) -> ChatLogpr
 def chat_completion(plan: Plan, results: list[ChoiceResult], header: Header) -> ChatCompletion:
     """A non-streaming chat answer."""
     ends = finished(results)
+    output = output_of(plan)
     choices = []
     reasonings: list[str] = []
     for result, end in zip(results, ends, strict=True):
         message = AssistantMessage(content=result.text)
         reason: str = end.finish_reason
-        if plan.output.parses:
-            folded = whole_message(plan.output, result.text)
+        if output.parses:
+            folded = whole_message(output, result.text)
             content, calls = message_parts(folded)
             if folded.reasoning is not None and not (content or "").strip():
                 # An answer cut off while the model still reasoned has no content yet.
                 content = None
             message = AssistantMessage(
                 content=content,
-                reasoning_content=folded.reasoning if plan.output.reasoning else UNSET,
-                reasoning=folded.reasoning if plan.output.reasoning else UNSET,
+                reasoning_content=folded.reasoning if output.reasoning else UNSET,
+                reasoning=folded.reasoning if output.reasoning else UNSET,
                 tool_calls=calls or UNSET,
             )
             reasonings.append(folded.reasoning or "")
@@ -72,7 +74,7 @@ def chat_completion(plan: Plan, results: list[ChoiceResult], header: Header) -> 
         created=header.created,
         model=header.model,
         choices=choices,
-        usage=with_reasoning(usage_of(ends), plan.output, reasonings),
+        usage=with_reasoning(usage_of(ends), output, reasonings),
     )
 
 
@@ -95,16 +97,17 @@ def chat_chunks(
     def wrap(choices: list[ChatChunkChoice], usage: StreamUsage) -> ChatCompletionChunk:
         if isinstance(usage, Usage):
             reasonings = [shaper.reasoning for shaper in shapers.values()]
-            usage = with_reasoning(usage, plan.output, reasonings)
+            usage = with_reasoning(usage, output, reasonings)
         return ChatCompletionChunk(
             id=header.id, created=header.created, model=header.model, choices=choices, usage=usage
         )
 
     shapers: dict[int, DeltaShaper] = {}
+    output = output_of(plan)
 
     def on_start(index: int) -> list[ChatChunkChoice]:
-        if plan.output.parses:
-            shapers[index] = DeltaShaper(plan.output)
+        if output.parses:
+            shapers[index] = DeltaShaper(output)
         return [ChatChunkChoice(index=index, delta=ChatDelta(role="assistant", content=""))]
 
     def on_delta(event: TextDelta) -> list[ChatChunkChoice]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncGenerator
 
-from gateway.core.generation import ChoiceEnd, ChoiceResult, Event, TextDelta
+from gateway.core.events import ChoiceEnd, ChoiceResult, Event, TextDelta
 from gateway.core.plan import Plan
 from gateway.openai.protocol import (
     Completion,

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from adapters.contract import (
+    BackendError,
     BackendUnavailable,
     Beam,
     BeamSearch,
@@ -22,17 +24,20 @@ from adapters.contract import (
 )
 from adapters.scripted import ScriptedBackend
 from gateway.catalog.registry import ModelRoute, ServedModel, load_model
-from gateway.core.generation import (
+from gateway.core.events import (
     ChoiceEnd,
     Event,
-    GenerationService,
     TextDelta,
     UsageMeter,
     finish_reason,
     token_texts,
 )
+from gateway.core.generation import GenerationService
 from gateway.core.plan import ChoiceSpec, Plan, Prompt
 from gateway.errors import GatewayTimeoutError
+from gateway.replicas.router import Router
+from gateway.replicas.settings import RoutingSettings
+from gateway.replicas.sources import ReplicaAddress
 from gateway.settings import SamplingDefaults
 
 
@@ -158,19 +163,17 @@ async def test_n_choices_are_merged_with_distinct_request_ids(served: ServedMode
 async def test_a_failing_choice_fails_the_request_and_closes_the_others(
     served: ServedModel,
 ) -> None:
-    class OneFails(ScriptedBackend):
-        async def generate(
-            self, target: ModelTarget, request: GenerationRequest
-        ) -> AsyncIterator[TokenChunk]:
-            if request.request_id.endswith("-1"):
-                raise BackendUnavailable("down")
-            async for chunk in super().generate(target, request):
-                yield chunk
+    def script(request: GenerationRequest) -> list[TokenChunk | BackendError]:
+        if request.request_id.endswith("-1"):
+            return [BackendUnavailable("down")]
+        return [*chunks(*["t"] * 50)]
 
-    backend = OneFails(chunks(*["t"] * 50), delay_s=0.01)
+    backend = ScriptedBackend(script, delay_s=0.01)
     with pytest.raises(BackendUnavailable):
         await GenerationService(backend, timeout_s=5).collect(served, plan(2))
-    assert len(backend.closed_early) == 1
+    assert [r.request_id for r in backend.requests if r.request_id.endswith("-0")] == [
+        id_ for id_ in backend.closed_early if id_.endswith("-0")
+    ]
 
 
 async def test_closing_the_stream_early_cancels_every_backend_request(
@@ -248,59 +251,61 @@ async def test_a_beam_search_closed_after_its_answer_is_charged_every_beam(
     assert meter.total() == 3 + 4 + 5 + 6
 
 
+class Gate:
+    """An admission answered when the test sets ``answered``; ``waited`` counts its awaits."""
+
+    def __init__(self, *, expected: bool = False) -> None:
+        self.answered: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.expected = expected
+        self.waited = 0
+
+    async def admitted(self) -> None:
+        self.waited += 1
+        await asyncio.shield(self.answered)
+
+
 def _gated(
-    served: ServedModel, choices: int, *, send_ahead: bool = False
-) -> tuple[asyncio.Future[None], ScriptedBackend, AsyncGenerator[Event, None]]:
+    served: ServedModel, choices: int, *, expected: bool = False
+) -> tuple[Gate, ScriptedBackend, AsyncGenerator[Event, None]]:
     """Events of ``choices`` scripted choices behind an admission answered when the test sets
-    the future it returns."""
-    answered: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-
-    async def admitted() -> None:
-        await asyncio.shield(answered)
-
+    its gate's future."""
+    gate = Gate(expected=expected)
     backend = ScriptedBackend(chunks("x", "y"))
     service = GenerationService(backend, timeout_s=5)
-    events = service.events(served, plan(choices), admitted=admitted, send_ahead=send_ahead)
-    return answered, backend, events
+    return gate, backend, service.events(served, plan(choices), admission=gate)
 
 
 async def test_every_choice_waits_for_its_admission_and_a_refusal_sends_nothing(
     served: ServedModel,
 ) -> None:
-    answered, backend, events = _gated(served, 3)
+    gate, backend, events = _gated(served, 3)
     first = asyncio.ensure_future(anext(events))
     await asyncio.sleep(0.05)
     assert not first.done() and backend.requests == []
-    answered.set_exception(PermissionError("refused"))
+    gate.answered.set_exception(PermissionError("refused"))
     with pytest.raises(PermissionError):
         await first
     await events.aclose()
-    assert backend.requests == []
+    assert backend.requests == [] and backend.closed_early == []
 
 
 async def test_an_admitted_request_runs_every_choice(served: ServedModel) -> None:
-    waited = 0
-
-    async def admitted() -> None:
-        nonlocal waited
-        waited += 1
-
-    backend = ScriptedBackend(chunks("x", "y"))
-    service = GenerationService(backend, timeout_s=5)
-    events = [e async for e in service.events(served, plan(2), admitted=admitted)]
-    assert sorted(e.index for e in events if isinstance(e, ChoiceEnd)) == [0, 1]
-    assert waited >= 2 and len(backend.requests) == 2
+    gate, backend, events = _gated(served, 2)
+    gate.answered.set_result(None)
+    answered = [e async for e in events]
+    assert sorted(e.index for e in answered if isinstance(e, ChoiceEnd)) == [0, 1]
+    assert gate.waited == 1 and len(backend.requests) == 2
 
 
 async def test_a_request_sent_ahead_goes_before_its_answer_and_a_refusal_passes_nothing_on(
     served: ServedModel,
 ) -> None:
-    answered, backend, events = _gated(served, 2, send_ahead=True)
+    gate, backend, events = _gated(served, 2, expected=True)
     first = asyncio.ensure_future(anext(events))
     await asyncio.sleep(0.05)
     assert not first.done(), "nothing is passed on before the answer"
-    assert len(backend.requests) == 2 and all(r.send_ahead for r in backend.requests)
-    answered.set_exception(PermissionError("refused"))
+    assert len(backend.requests) == 2
+    gate.answered.set_exception(PermissionError("refused"))
     with pytest.raises(PermissionError):
         await first
     await events.aclose()
@@ -310,14 +315,46 @@ async def test_a_request_sent_ahead_goes_before_its_answer_and_a_refusal_passes_
 async def test_a_request_sent_ahead_and_admitted_streams_as_any_other(
     served: ServedModel,
 ) -> None:
-    answered, backend, events = _gated(served, 1, send_ahead=True)
+    gate, backend, events = _gated(served, 1, expected=True)
     first = asyncio.ensure_future(anext(events))
     await asyncio.sleep(0.05)
     assert not first.done() and len(backend.requests) == 1
-    answered.set_result(None)
+    gate.answered.set_result(None)
     rest = [await first] + [event async for event in events]
     assert "".join(e.text for e in rest if isinstance(e, TextDelta)) == "xy"
     assert backend.closed_early == []
+
+
+async def test_cancelled_while_awaiting_its_admission_a_request_leaves_nothing_behind(
+    served: ServedModel,
+) -> None:
+    gate, backend, events = _gated(served, 2)
+    first = asyncio.ensure_future(anext(events))
+    await asyncio.sleep(0.05)
+    first.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await first
+    await events.aclose()
+    gate.answered.set_result(None)
+    await asyncio.sleep(0.05)
+    assert backend.requests == [] and backend.closed_early == []
+
+
+async def test_a_request_that_cannot_be_prepared_answers_with_its_refusal_first(
+    served: ServedModel,
+) -> None:
+    class Unpreparable(ScriptedBackend):
+        async def prepare(self, target: ModelTarget, request: GenerationRequest) -> Any:
+            raise BackendUnavailable("no server")
+
+    gate = Gate()
+    events = GenerationService(Unpreparable([]), timeout_s=5).events(served, plan(), admission=gate)
+    first = asyncio.ensure_future(anext(events))
+    await asyncio.sleep(0.05)
+    assert not first.done(), "the admission answers first"
+    gate.answered.set_exception(PermissionError("refused"))
+    with pytest.raises(PermissionError):
+        await first
 
 
 def _cut_pieces(pieces: list[str], length: int) -> list[str]:
@@ -375,3 +412,33 @@ async def test_a_beams_log_probs_after_a_stop_cut_are_those_of_its_text(
     assert result.text == "the beam."
     assert result.tokens == _cut_pieces(pieces, len(result.text))
     assert result.logprobs == list(logprobs[: len(result.tokens)])
+
+
+async def test_a_pooled_request_sent_ahead_still_waits_for_its_admission_to_pick_a_replica(
+    served: ServedModel,
+) -> None:
+    class Pooled:
+        name = "tiny"
+        target = served.target
+        replicas = (ReplicaAddress("a", "a:1"), ReplicaAddress("b", "b:1"))
+        routing = RoutingSettings()
+
+    router = Router([Pooled()])
+    pool = router.pool("tiny")
+    assert pool is not None
+    pool.update(list(Pooled.replicas))
+    for replica in pool.replicas.values():
+        pool.probed(replica, True)
+    backend = ScriptedBackend(chunks("x", "y"))
+    gate = Gate(expected=True)
+    service = GenerationService(backend, timeout_s=5, dispatcher=router)
+    events = service.events(served, plan(2), admission=gate)
+    first = asyncio.ensure_future(anext(events))
+    await asyncio.sleep(0.05)
+    assert backend.requests == [], "a pool's request goes once admitted"
+    assert [r.routed for r in pool.replicas.values()] == [0, 0]
+    gate.answered.set_exception(PermissionError("refused"))
+    with pytest.raises(PermissionError):
+        await first
+    await events.aclose()
+    assert backend.requests == [] and [r.in_flight for r in pool.replicas.values()] == [0, 0]

@@ -7,7 +7,7 @@ from collections.abc import AsyncGenerator, Sequence
 import msgspec
 
 from adapters.contract import SamplingParams
-from gateway.core.generation import ChoiceEnd, ChoiceResult, Event, TextDelta
+from gateway.core.events import ChoiceEnd, ChoiceResult, Event, TextDelta
 from gateway.core.plan import ChoiceSpec, Plan, Prompt
 from gateway.openai.chat.shape import chat_chunks, chat_completion
 from gateway.openai.completions.shape import completion_chunks, text_completion

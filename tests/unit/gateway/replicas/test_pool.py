@@ -286,6 +286,9 @@ async def test_a_router_runs_its_watches_until_closed() -> None:
     pool = router.pool("m")
     assert pool is not None and router.pool("other") is None
     backend = ScriptedBackend(CHUNKS)
+    assert router.preparer("other", backend) is None
+    prepare = router.preparer("m", backend)
+    assert prepare is not None
     backend.down.add("b:1")
     async with httpx.AsyncClient() as http:
         router.start(backend, http)
@@ -295,7 +298,7 @@ async def test_a_router_runs_its_watches_until_closed() -> None:
             "b": "pending",
         }
         await router.close()
-    assert await drain(router.stream(pool, backend, request())) == ["a", "b"]
+    assert await drain((await prepare(request())).stream()) == ["a", "b"]
 
 
 async def test_replica_metrics() -> None:

@@ -104,6 +104,57 @@ def pairs(reply: list[bytes]) -> dict[bytes, bytes]:
     return dict(zip(reply[::2], reply[1::2], strict=True))
 
 
+_MORE: Any = object()
+"""What ``_Partial.resume`` answers while its reply is still incomplete."""
+
+
+class _Partial:
+    """A reply that arrives in several reads, its arrays built element by element as the bytes
+    come, so that a large reply (a directory of many keys) is parsed once, not once a read."""
+
+    def __init__(self) -> None:
+        self._open: list[tuple[list[Any], int]] = []
+        """The arrays under construction, outermost first, each with its length."""
+
+    def resume(self, buffer: bytes | bytearray, pos: int) -> tuple[Any, int]:
+        """The whole reply and where the next starts, or ``_MORE`` and where to resume."""
+        while True:
+            try:
+                value, pos = _element(buffer, pos)
+            except Incomplete:
+                return _MORE, pos
+            if isinstance(value, _Open):
+                self._open.append(([], value.count))
+                continue
+            while self._open:
+                items, count = self._open[-1]
+                items.append(value)
+                if len(items) < count:
+                    break
+                value = self._open.pop()[0]
+            else:
+                return value, pos
+
+
+class _Open:
+    """The header of a non-empty array: its elements follow."""
+
+    def __init__(self, count: int) -> None:
+        self.count = count
+
+
+def _element(buffer: bytes | bytearray, pos: int) -> tuple[Any, int]:
+    """A value, or an array's header (``_Open``) without its elements."""
+    if buffer[pos : pos + 1] == b"*":
+        end = buffer.find(b"\r\n", pos)
+        if end < 0:
+            raise Incomplete
+        count = int(buffer[pos + 1 : end])
+        if count > 0:
+            return _Open(count), end + 2
+    return parse(buffer, pos)
+
+
 class _Protocol(asyncio.Protocol):
     """Replies matched to the commands waiting for them, first sent first answered."""
 
@@ -113,6 +164,7 @@ class _Protocol(asyncio.Protocol):
         self.lost: BaseException | None = None
         self.answered = False
         self._buffer = bytearray()
+        self._partial: _Partial | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports are not asyncio.Transport subclasses, though they write alike.
@@ -123,14 +175,21 @@ class _Protocol(asyncio.Protocol):
         pos = 0
         try:
             while self.waiting:
-                reply, pos = parse(self._buffer, pos)
+                if self._partial is None:
+                    try:
+                        reply, pos = parse(self._buffer, pos)
+                    except Incomplete:
+                        self._partial = _Partial()
+                if self._partial is not None:
+                    reply, pos = self._partial.resume(self._buffer, pos)
+                    if reply is _MORE:
+                        break
+                    self._partial = None
                 future = self.waiting.popleft()
                 self.answered = True
                 # A command whose caller gave up (a timeout) still has its reply read here.
                 if not future.done():
                     future.set_result(reply)
-        except Incomplete:
-            pass
         except (RespError, ValueError) as exc:
             self._fail(ConnectionError(f"unreadable reply from Redis: {exc}"))
             assert self.transport is not None

@@ -14,6 +14,7 @@ import redis.asyncio as aioredis
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gateway.tenancy import resp
 from gateway.tenancy.resp import Incomplete, RespError, RespLink, Script, encode, pairs, parse
 from tests.support.redis_server import RedisServer
 
@@ -203,3 +204,48 @@ async def test_a_transaction_on_a_connection_redis_dropped_is_sent_again() -> No
     finally:
         await link.close()
         server.stop()
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.binary(max_size=30), max_size=60), st.integers(1, 40))
+def test_a_reply_read_in_pieces_is_the_reply_sent(items: list[bytes], piece: int) -> None:
+    wire = b"*%d\r\n" % len(items) + b"".join(b"$%d\r\n%s\r\n" % (len(i), i) for i in items)
+    loop = asyncio.new_event_loop()
+    try:
+        protocol = resp._Protocol()
+        replies = [loop.create_future() for _ in range(2)]
+        protocol.waiting.extend(replies)
+        for start in range(0, len(wire) + 5, piece):
+            protocol.data_received((wire + b":7\r\n")[start : start + piece])
+        assert [reply.result() for reply in replies] == [items, 7]
+    finally:
+        loop.close()
+
+
+def test_a_large_reply_read_in_pieces_is_parsed_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each read parses on from where the last stopped, so a directory of many keys costs the
+    gateway in proportion to its size, not to its size times the reads it arrives in."""
+    items = [b"%d" % i * 20 for i in range(2000)]
+    wire = b"*%d\r\n" % len(items) + b"".join(b"$%d\r\n%s\r\n" % (len(i), i) for i in items)
+    calls = 0
+    whole = resp.parse
+
+    def counted(buffer: bytes | bytearray, pos: int = 0) -> tuple[object, int]:
+        nonlocal calls
+        calls += 1
+        return whole(buffer, pos)
+
+    monkeypatch.setattr(resp, "parse", counted)
+    loop = asyncio.new_event_loop()
+    try:
+        protocol = resp._Protocol()
+        reply = loop.create_future()
+        protocol.waiting.append(reply)
+        for start in range(0, len(wire), 1024):
+            protocol.data_received(wire[start : start + 1024])
+        assert reply.result() == items
+    finally:
+        loop.close()
+    # One parse of each element, one retried for each read that ended inside it, and the
+    # first attempt at the whole.
+    assert calls <= len(items) + 2 * (len(wire) // 1024 + 1)

@@ -93,7 +93,11 @@ class Runtime(abc.ABC):
         self.tenancy = Tenancy(settings.tenancy, self.metrics)
         store = settings.tenancy.store
         self.adapter_board = AdapterBoard(
-            self.registry, self.tenancy.redis, prefix=store.prefix, refresh_s=store.refresh_s
+            self.registry,
+            self.tenancy.redis,
+            prefix=store.prefix,
+            refresh_s=store.refresh_s,
+            timeout_s=store.timeout_s,
         )
         """Adapters loaded at run time, shared by every process that shares the Redis store."""
         self._spec = spec

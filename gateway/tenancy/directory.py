@@ -3,10 +3,11 @@
 With the Redis store, the admin API writes tenants, keys, revocations and deletions to Redis and
 bumps a version number; every replica polls that number and reloads on a change, so a revoked
 key is locked out everywhere within the polling period. How the run-time state and the settings
-file combine is ``gateway.tenancy.state``'s rule. Each change is one optimistic transaction
-(WATCH on the version, MULTI/EXEC) computed from the state it replaces, so two replicas patching
-one tenant at once never lose either change. The directory's keys share the hash tag
-``{directory}``, so each transaction stays in one Cluster slot.
+file combine is ``gateway.tenancy.state``'s rule. The state is read with its version in one
+``MULTI``/``EXEC``; each change is computed from the state it replaces and written by one script
+that first checks that the version is still the one read (else the change is decided again), so
+two replicas patching one tenant at once never lose either change. The directory's keys share
+the hash tag ``{directory}``, so each read and each write stays in one Cluster slot.
 """
 
 from __future__ import annotations
@@ -18,13 +19,50 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import msgspec
-import redis.asyncio as aioredis
-from redis.exceptions import RedisError, WatchError
 
 from gateway.tenancy.config import KeyEntry, TenancySettings, TenantPolicy, check_policy
+from gateway.tenancy.resp import Arg, RespError, RespLink, Script, pairs
 from gateway.tenancy.state import RunTimeChanges, Snapshot, differences, in_force
 
 logger = logging.getLogger(__name__)
+
+# KEYS: version, tenants, keys, revoked, deleted. ARGV: the version the change was decided from
+# ('' for none), then each part as its count and its items: tenants put (name, policy), tenants
+# deleted (name), keys added (digest, entry), keys revoked (digest). Replies 0, writing nothing,
+# when the version moved since.
+WRITE = """
+if (redis.call('GET', KEYS[1]) or '') ~= ARGV[1] then
+  return 0
+end
+local at = 1
+local function take()
+  at = at + 1
+  return ARGV[at]
+end
+for _ = 1, tonumber(take()) do
+  local name = take()
+  redis.call('HSET', KEYS[2], name, take())
+  redis.call('SREM', KEYS[5], name)
+end
+for _ = 1, tonumber(take()) do
+  local name = take()
+  redis.call('HDEL', KEYS[2], name)
+  redis.call('SADD', KEYS[5], name)
+end
+for _ = 1, tonumber(take()) do
+  local digest = take()
+  redis.call('HSET', KEYS[3], digest, take())
+end
+for _ = 1, tonumber(take()) do
+  local digest = take()
+  redis.call('HDEL', KEYS[3], digest)
+  redis.call('SADD', KEYS[4], digest)
+end
+redis.call('INCR', KEYS[1])
+return 1
+"""
+
+_FAILURES = (RespError, OSError, TimeoutError)
 
 
 class DirectoryReadOnly(Exception):
@@ -51,14 +89,14 @@ class Directory:
     def __init__(
         self,
         settings: TenancySettings,
-        client: aioredis.Redis | None = None,
+        link: RespLink | None = None,
         *,
         prefix: str = "tgw",
         refresh_s: float = 0.25,
         timeout_s: float = 0.25,
     ) -> None:
         self._settings = settings
-        self._client = client
+        self._link = link
         self._refresh_s = refresh_s
         self._timeout_s = timeout_s
         base = f"{prefix}:{{directory}}"
@@ -66,14 +104,15 @@ class Directory:
         self._revoked_key, self._deleted_key = f"{base}:revoked", f"{base}:deleted"
         self._version_key = f"{base}:version"
         self.snapshot = in_force(settings)
-        self._version: bytes | str | None = None
+        self._version: bytes | None = None
+        """The version the snapshot was read at (None before the first read, or none set)."""
         self._reported = False
         self._poller: asyncio.Task[None] | None = None
 
     @property
     def shared(self) -> bool:
         """Whether run-time changes are possible (and shared by every replica)."""
-        return self._client is not None
+        return self._link is not None
 
     def tenant(self, name: str) -> TenantPolicy | None:
         """The tenant called ``name``."""
@@ -89,11 +128,11 @@ class Directory:
 
     async def start(self) -> None:
         """Load the run-time state once, then keep polling for changes."""
-        if self._client is None:
+        if self._link is None:
             return
         try:
             await self.refresh()
-        except (RedisError, OSError, TimeoutError) as exc:
+        except _FAILURES as exc:
             logger.warning(
                 "could not read the run-time tenants and keys from redis (%s); the settings "
                 "file's are in force until it answers",
@@ -110,23 +149,25 @@ class Directory:
 
     async def refresh(self, *, force: bool = False) -> None:
         """Reload from Redis when its version changed since the last load."""
-        client = self._require()
+        link = self._require()
         async with asyncio.timeout(self._timeout_s * 4):
-            version = await client.get(self._version_key)
-            if version == self._version and not force:
+            if not force and await link.call("GET", self._version_key) == self._version:
                 return
-            async with client.pipeline(transaction=True) as pipe:
-                pipe.hgetall(self._tenants_key)
-                pipe.hgetall(self._keys_key)
-                pipe.smembers(self._revoked_key)
-                pipe.smembers(self._deleted_key)
-                tenants, keys, revoked, deleted = await pipe.execute()
+            version, tenants, keys, revoked, deleted = await link.transaction(
+                ("GET", self._version_key),
+                ("HGETALL", self._tenants_key),
+                ("HGETALL", self._keys_key),
+                ("SMEMBERS", self._revoked_key),
+                ("SMEMBERS", self._deleted_key),
+            )
         changes = RunTimeChanges(
             tenants={
                 policy.name: policy
-                for policy in (msgspec.json.decode(v, type=TenantPolicy) for v in tenants.values())
+                for policy in (
+                    msgspec.json.decode(v, type=TenantPolicy) for v in pairs(tenants).values()
+                )
             },
-            keys=tuple(msgspec.json.decode(v, type=KeyEntry) for v in keys.values()),
+            keys=tuple(msgspec.json.decode(v, type=KeyEntry) for v in pairs(keys).values()),
             revoked=frozenset(v.decode() for v in revoked),
             deleted=frozenset(v.decode() for v in deleted),
         )
@@ -195,37 +236,24 @@ class Directory:
     async def _apply(self, decide: ChangeDecision) -> Change | None:
         """Decide a change from the state in force and write it, unless another change came
         in between (then decide again)."""
-        client = self._require()
-        async with asyncio.timeout(self._timeout_s * 4), client.pipeline() as pipe:
+        write = Script(self._require(), WRITE)
+        keys = (
+            self._version_key,
+            self._tenants_key,
+            self._keys_key,
+            self._revoked_key,
+            self._deleted_key,
+        )
+        async with asyncio.timeout(self._timeout_s * 4):
             while True:
-                await pipe.watch(self._version_key)
                 await self.refresh(force=True)
-                change = decide(self.snapshot)
+                version, change = self._version, decide(self.snapshot)
                 if change is None:
                     return None
-                pipe.multi()  # type: ignore[no-untyped-call]
-                self._write(pipe, change)
-                try:
-                    await pipe.execute()
-                except WatchError:
-                    continue
-                break
+                if await write(keys=keys, args=[version or b"", *_written(change)]):
+                    break
         await self.refresh(force=True)
         return change
-
-    def _write(self, pipe: aioredis.client.Pipeline, change: Change) -> None:
-        for policy in change.put:
-            pipe.hset(self._tenants_key, policy.name, msgspec.json.encode(policy))
-            pipe.srem(self._deleted_key, policy.name)
-        for name in change.deleted:
-            pipe.hdel(self._tenants_key, name)
-            pipe.sadd(self._deleted_key, name)
-        for entry in change.added:
-            pipe.hset(self._keys_key, entry.sha256, msgspec.json.encode(entry))
-        for entry in change.revoked:
-            pipe.hdel(self._keys_key, entry.sha256)
-            pipe.sadd(self._revoked_key, entry.sha256)
-        pipe.incr(self._version_key)
 
     def _report(self, changes: RunTimeChanges) -> None:
         """Log once what the run-time state changes from the settings file."""
@@ -241,8 +269,8 @@ class Directory:
         for line in differences(settings, changes):
             logger.warning("run-time state differs from the settings file: %s", line)
 
-    def _require(self) -> aioredis.Redis:
-        if self._client is None:
+    def _require(self) -> RespLink:
+        if self._link is None:
             raise DirectoryReadOnly(
                 "tenants and keys change at run time only with a Redis store, and this "
                 "gateway counts in memory: remove tenancy.store.kind: memory from the settings "
@@ -250,12 +278,27 @@ class Directory:
                 "beside the file), or set tenancy.store.kind: embedded or kind: redis with its "
                 "url, and restart; with kind: memory, edit the settings file instead"
             )
-        return self._client
+        return self._link
 
     async def _poll(self) -> None:
         while True:
             await asyncio.sleep(self._refresh_s)
             try:
                 await self.refresh()
-            except (RedisError, OSError, TimeoutError) as exc:
+            except _FAILURES as exc:
                 logger.debug("reading tenants and keys from redis failed: %s", exc)
+
+
+def _written(change: Change) -> list[Arg]:
+    """The change as ``WRITE``'s arguments after the version."""
+    args: list[Arg] = [len(change.put)]
+    for policy in change.put:
+        args += [policy.name, msgspec.json.encode(policy)]
+    args.append(len(change.deleted))
+    args += change.deleted
+    args.append(len(change.added))
+    for entry in change.added:
+        args += [entry.sha256, msgspec.json.encode(entry)]
+    args.append(len(change.revoked))
+    args += [entry.sha256 for entry in change.revoked]
+    return args

@@ -6,8 +6,9 @@ sorted set scored by their expiry, one member per engine sequence of a request (
 then ``id.2``, ``id.3``...): a gateway renews its leases while their requests run, so the leases
 of a gateway that died expire on their own.
 
-The scripts go over the store's own pipelined connection (``resp``), the cheapest way a request
-can wait on Redis; what else the replicas share in Redis uses the redis-py client beside it.
+The scripts go over the store's pipelined connection (``gateway.tenancy.resp``), the cheapest way
+a request can wait on Redis; what else the replicas share in Redis (the directory of tenants and
+keys, the run-time LoRA adapters) goes over the same ``link``.
 """
 
 from __future__ import annotations
@@ -17,12 +18,6 @@ import contextlib
 import logging
 from collections.abc import Awaitable
 from typing import Any
-
-import redis.asyncio as aioredis
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisError
 
 from gateway.tenancy.gcra import Decision, Limit
 from gateway.tenancy.quota import (
@@ -150,7 +145,7 @@ end
 return 1
 """
 
-_FAILURES = (RedisError, RespError, OSError, TimeoutError)
+_FAILURES = (RespError, OSError, TimeoutError)
 
 
 def _args(limit: Limit | None) -> tuple[float, float]:
@@ -162,16 +157,14 @@ class RedisStore:
 
     def __init__(
         self,
-        client: aioredis.Redis,
         link: RespLink,
         *,
         prefix: str = "tgw",
         timeout_s: float = 0.25,
         lease_ttl_s: float = 30.0,
     ) -> None:
-        self.client = client
-        """redis-py, for what else the replicas share (the scripts go over ``link``)."""
-        self._link = link
+        self.link = link
+        """The connection, for what else the replicas share in Redis."""
         self._prefix = prefix
         self._timeout_s = timeout_s
         self._lease_ttl_s = lease_ttl_s
@@ -184,22 +177,13 @@ class RedisStore:
 
     @classmethod
     def connect(cls, url: str, **options: Any) -> RedisStore:
-        """A store over new connections to ``url`` (opened on first use).
+        """A store over a new connection to ``url`` (opened on first use).
 
         A connection that Redis closed (a restart, an idle timeout) fails its next command;
         that command is sent once more on a fresh connection, at once, so only a Redis that
         stays unreachable counts as an outage.
         """
-        timeout = options.get("timeout_s", 0.25)
-        client = aioredis.from_url(
-            url,
-            socket_timeout=timeout,
-            socket_connect_timeout=timeout,
-            health_check_interval=10,
-            retry=Retry(NoBackoff(), 1),
-            retry_on_error=[RedisConnectionError],
-        )
-        return cls(client, RespLink(url), **options)
+        return cls(RespLink(url), **options)
 
     def keys(self, tenant: str) -> list[str]:
         """The tenant's keys: its three buckets and its leases, all in slot ``{tenant}``."""
@@ -248,13 +232,12 @@ class RedisStore:
         await self._call(self._settle, [keys[1], keys[2], keys[3]], args)
 
     async def close(self) -> None:
-        """Stop renewing leases and close the connection pool."""
+        """Stop renewing leases and close the connection."""
         if self._renewer is not None:
             self._renewer.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._renewer
-        await self._link.close()
-        await self.client.aclose()
+        await self.link.close()
 
     @staticmethod
     def _decisions(limits: Limits, values: list[float], *, allowed: bool) -> dict[str, Decision]:

@@ -1,20 +1,32 @@
-"""A lean Redis connection for the tenancy store's scripts, on the path of every request.
+"""The gateway's one Redis client: RESP2 over one pipelined connection per store.
 
-RESP2 over one connection per store: every command is written at once and the replies come back
-in order (pipelined), so concurrent admissions share the connection without a pool. Measured
-against redis-py 8.1 with its hiredis parser on the tenancy bench (``python -m
-tests.benchmarks.tenancy --requests 4000 --redis-client resp``, then ``redis-py``, 2 cores;
-docs/results/redis-client.md): an admission
-and a settlement cost 86 to 106 µs of the gateway's CPU one at a time and 60 to 70 µs at 32 at
-once here, against 184 to 259 µs and 150 to 226 µs through redis-py, whose pool also holds a
-connection per command in flight (p50 at 32 at once: 3.0 to 5.8 ms against 5.8 to 22.9 ms).
-The directory, the admin routes and the workers' notifications, off the request's path, keep
-redis-py; URLs mean what they mean to redis-py (``redis://``, ``rediss://``, ``unix://``, user,
-password and database), whose parser reads them.
+Every command is written at once and the replies come back in order (pipelined), so concurrent
+admissions share the connection without a pool. Measured against redis-py 8.1 with its hiredis
+parser on the tenancy bench (``python -m tests.benchmarks.tenancy --requests 4000
+--redis-client resp``, then ``redis-py``, 2 cores; tests/benchmarks/results/redis-client.md): an
+admission and a settlement cost 86 to 106 µs of the gateway's CPU one at a time and 60 to 70 µs
+at 32 at once here, against 184 to 259 µs and 150 to 226 µs through redis-py, whose pool also
+holds a connection per command in flight (p50 at 32 at once: 3.0 to 5.8 ms against 5.8 to
+22.9 ms). So everything the gateway sends to Redis goes through this module: the limits'
+scripts, the directory of tenants and keys (its reads a ``MULTI``/``EXEC`` batch, its writes a
+script that checks the version they were decided from), and the run-time LoRA adapters' list
+(``MULTI``/``EXEC`` batches, its version polled). Three ways to send:
+
+- ``RespLink.call(*args)`` (or ``submit``, written before it returns): any command, its reply
+  as Redis sends it (bulk strings as bytes, ``HGETALL`` a flat list, ``OK`` as ``b"OK"``);
+- ``RespLink.transaction(*commands)``: ``MULTI``, the commands and ``EXEC`` written as one
+  batch, so no other command of the connection comes between; the commands' replies;
+- ``Script(link, source)(keys=..., args=...)``: a Lua script by ``EVALSHA``, sent whole by
+  ``EVAL`` when Redis does not know it (redis-py's ``register_script``).
+
+redis-py stays only as the parser of URLs and their options (``redis://``, ``rediss://``,
+``unix://``, user, password and database mean what they mean to redis-py); nothing else in the
+gateway imports it (tests/unit/test_architecture.py).
 
 A connection that Redis closed (a restart, an idle timeout) is noticed when it closes and a new
-one opened for the next command. A command that was on a connection when it broke, a connection
-that had answered before, is sent once more on a new one at once, as redis-py's retry did.
+one opened for the next command. A command (or a transaction) that was on a connection when it
+broke, a connection that had answered before, is sent once more on a new one at once, as
+redis-py's retry did.
 """
 
 from __future__ import annotations
@@ -23,7 +35,7 @@ import asyncio
 import hashlib
 import ssl
 from collections import deque
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Sequence
 from typing import Any, cast
 
 from redis.asyncio.connection import SSLConnection, UnixDomainSocketConnection, parse_url
@@ -87,6 +99,62 @@ def parse(buffer: bytes | bytearray, pos: int = 0) -> tuple[Any, int]:
     raise RespError(f"unexpected reply type {kind!r} from Redis")
 
 
+def pairs(reply: list[bytes]) -> dict[bytes, bytes]:
+    """A flat ``HGETALL`` (or ``CONFIG GET``) reply as the mapping it stands for."""
+    return dict(zip(reply[::2], reply[1::2], strict=True))
+
+
+_MORE: Any = object()
+"""What ``_Partial.resume`` answers while its reply is still incomplete."""
+
+
+class _Partial:
+    """A reply that arrives in several reads, its arrays built element by element as the bytes
+    come, so that a large reply (a directory of many keys) is parsed once, not once a read."""
+
+    def __init__(self) -> None:
+        self._open: list[tuple[list[Any], int]] = []
+        """The arrays under construction, outermost first, each with its length."""
+
+    def resume(self, buffer: bytes | bytearray, pos: int) -> tuple[Any, int]:
+        """The whole reply and where the next starts, or ``_MORE`` and where to resume."""
+        while True:
+            try:
+                value, pos = _element(buffer, pos)
+            except Incomplete:
+                return _MORE, pos
+            if isinstance(value, _Open):
+                self._open.append(([], value.count))
+                continue
+            while self._open:
+                items, count = self._open[-1]
+                items.append(value)
+                if len(items) < count:
+                    break
+                value = self._open.pop()[0]
+            else:
+                return value, pos
+
+
+class _Open:
+    """The header of a non-empty array: its elements follow."""
+
+    def __init__(self, count: int) -> None:
+        self.count = count
+
+
+def _element(buffer: bytes | bytearray, pos: int) -> tuple[Any, int]:
+    """A value, or an array's header (``_Open``) without its elements."""
+    if buffer[pos : pos + 1] == b"*":
+        end = buffer.find(b"\r\n", pos)
+        if end < 0:
+            raise Incomplete
+        count = int(buffer[pos + 1 : end])
+        if count > 0:
+            return _Open(count), end + 2
+    return parse(buffer, pos)
+
+
 class _Protocol(asyncio.Protocol):
     """Replies matched to the commands waiting for them, first sent first answered."""
 
@@ -96,6 +164,7 @@ class _Protocol(asyncio.Protocol):
         self.lost: BaseException | None = None
         self.answered = False
         self._buffer = bytearray()
+        self._partial: _Partial | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports are not asyncio.Transport subclasses, though they write alike.
@@ -106,14 +175,21 @@ class _Protocol(asyncio.Protocol):
         pos = 0
         try:
             while self.waiting:
-                reply, pos = parse(self._buffer, pos)
+                if self._partial is None:
+                    try:
+                        reply, pos = parse(self._buffer, pos)
+                    except Incomplete:
+                        self._partial = _Partial()
+                if self._partial is not None:
+                    reply, pos = self._partial.resume(self._buffer, pos)
+                    if reply is _MORE:
+                        break
+                    self._partial = None
                 future = self.waiting.popleft()
                 self.answered = True
                 # A command whose caller gave up (a timeout) still has its reply read here.
                 if not future.done():
                     future.set_result(reply)
-        except Incomplete:
-            pass
         except (RespError, ValueError) as exc:
             self._fail(ConnectionError(f"unreadable reply from Redis: {exc}"))
             assert self.transport is not None
@@ -168,6 +244,34 @@ class RespLink:
             raise reply
         return reply
 
+    async def transaction(self, *commands: tuple[Arg, ...]) -> list[Any]:
+        """The replies of ``commands`` run as one ``MULTI``/``EXEC`` transaction, written as one
+        batch. A command Redis refuses to queue fails the whole (nothing runs); one that fails
+        as it runs raises its error once the transaction is over, the others' effects kept, as
+        in Redis (and as redis-py's pipelines raise)."""
+        batch = (("MULTI",), *commands, ("EXEC",))
+        protocol = await self._ready()
+        replies = await self._gathered(self._send_all(protocol, batch))
+        if any(isinstance(reply, ConnectionError) for reply in replies):
+            if not protocol.answered:
+                raise next(r for r in replies if isinstance(r, ConnectionError))
+            replies = await self._gathered(self._send_all(await self._ready(), batch))
+        for reply in replies:
+            if isinstance(reply, BaseException):
+                raise reply
+        result = replies[-1]
+        if not isinstance(result, list):
+            raise RespError(f"transaction not run: {result!r}")
+        for reply in result:
+            if isinstance(reply, RespError):
+                raise reply
+        return result
+
+    @staticmethod
+    async def _gathered(futures: list[asyncio.Future[Any]]) -> list[Any]:
+        # Every reply (or failure) taken, so none is left unretrieved when the batch breaks.
+        return await asyncio.gather(*futures, return_exceptions=True)
+
     async def close(self) -> None:
         """Close the connection (a later command opens another)."""
         protocol, self._protocol = self._protocol, None
@@ -183,6 +287,20 @@ class RespLink:
         protocol.waiting.append(future)
         protocol.transport.write(encode(args))
         return future
+
+    @staticmethod
+    def _send_all(
+        protocol: _Protocol, batch: tuple[tuple[Arg, ...], ...]
+    ) -> list[asyncio.Future[Any]]:
+        loop = asyncio.get_running_loop()
+        futures = [loop.create_future() for _ in batch]
+        if protocol.lost is not None or protocol.transport is None:
+            for future in futures:
+                future.set_exception(ConnectionError(str(protocol.lost or "not connected")))
+            return futures
+        protocol.waiting.extend(futures)
+        protocol.transport.write(b"".join(encode(command) for command in batch))
+        return futures
 
     async def _ready(self) -> _Protocol:
         protocol = self._protocol
@@ -243,13 +361,15 @@ class Script:
         self._source = source
         self._sha = hashlib.sha1(source.encode()).hexdigest()
 
-    def __call__(self, keys: list[str], args: list[Arg]) -> Awaitable[Any]:
+    def __call__(self, keys: Sequence[str] = (), args: Sequence[Arg] = ()) -> Awaitable[Any]:
         """The script's reply for ``keys`` and ``args``, its command written before this
         returns where the connection is open (``RespLink.submit``)."""
         sent = self._link.submit("EVALSHA", self._sha, len(keys), *keys, *args)
         return self._or_whole(sent, keys, args)
 
-    async def _or_whole(self, sent: Awaitable[Any], keys: list[str], args: list[Arg]) -> Any:
+    async def _or_whole(
+        self, sent: Awaitable[Any], keys: Sequence[str], args: Sequence[Arg]
+    ) -> Any:
         try:
             return await sent
         except RespError as exc:

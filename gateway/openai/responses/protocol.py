@@ -191,9 +191,11 @@ OutputItem = Message | FunctionCall | Reasoning
 # The response object.
 
 
-class InputTokensDetails(Struct, frozen=True):
-    """``usage.input_tokens_details``."""
+class InputTokensDetails(Struct, frozen=True, kw_only=True):
+    """``usage.input_tokens_details``: the prompt tokens the engine found in its KV cache;
+    what it wrote there the engine does not report (0)."""
 
+    cache_write_tokens: int = 0
     cached_tokens: int = 0
 
 

@@ -86,6 +86,8 @@ OPERATIONS = (
               parameters=("name",)),
     Operation("delete", "/admin/tenants/{name}", "Remove a tenant", "Admin", status=204,
               security="admin", parameters=("name",)),
+    Operation("get", "/admin/tenants/{name}/responses", "List the ids of a tenant's stored "
+              "responses", "Admin", answer=Listing, security="admin", parameters=("name",)),
     Operation("get", "/admin/keys", "List API keys", "Admin", answer=Listing, security="admin"),
     Operation("post", "/admin/keys", "Create an API key", "Admin", KeyRequest, status=201,
               security="admin"),

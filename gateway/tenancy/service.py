@@ -42,9 +42,9 @@ from gateway.tenancy.quota import (
     far_from_limits,
     requests_left,
 )
-from gateway.tenancy.responses_store import response_store
 from gateway.tenancy.redis_store import RedisStore
 from gateway.tenancy.refusals import rate_limit_error, rate_limit_headers
+from gateway.tenancy.responses_store import response_store
 
 logger = logging.getLogger(__name__)
 

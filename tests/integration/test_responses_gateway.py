@@ -25,6 +25,7 @@ from tests.support.redis_server import RedisServer
 
 pytestmark = pytest.mark.slow
 KEYS = {name: new_key() for name in ("alpha", "beta")}
+ADMIN_KEY = new_key()
 QUESTION = "What is the weather in Paris?"
 WEATHER_TOOL: dict[str, Any] = {
     "type": "function",
@@ -69,6 +70,7 @@ def gateway(
         tenants=tuple(TenantPolicy(name=name) for name in KEYS),
         keys=tuple(KeyEntry(tenant=name, sha256=digest(key)) for name, key in KEYS.items()),
         store=StoreSettings(kind=request.param, url=redis_server.url, prefix=request.param),
+        admin_key_sha256=digest(ADMIN_KEY),
     )
     settings = msgspec.structs.replace(sidecar_settings(sidecar, tiny_model_dir), tenancy=tenancy)
     live = LiveGateway(settings).start()
@@ -235,6 +237,18 @@ def test_another_tenant_gets_404(gateway: Gateway) -> None:
     with pytest.raises(openai.NotFoundError):
         beta.responses.create(model="tiny", input="Hi", previous_response_id=made.id)
     assert gateway.client("alpha").responses.retrieve(made.id).id == made.id
+
+
+def test_the_admin_lists_a_tenants_stored_responses(gateway: Gateway) -> None:
+    made = gateway.client("beta").responses.create(model="tiny", input="Hi", max_output_tokens=2)
+    path = f"{gateway.url}/admin/tenants/beta/responses"
+    listed = httpx.get(path, headers={"Authorization": f"Bearer {ADMIN_KEY}"})
+    assert listed.status_code == 200
+    assert made.id in listed.json()["data"]
+    assert httpx.get(path, headers={"Authorization": f"Bearer {KEYS['beta']}"}).status_code in (
+        401,
+        403,
+    )
 
 
 def test_store_false_keeps_nothing(gateway: Gateway) -> None:

@@ -19,6 +19,7 @@ from gateway.openai.protocol import (
     ChatChunkChoice,
     ChatCompletion,
     ChatCompletionChunk,
+    ChatCompletionRequest,
     ChatDelta,
     FunctionCall,
     FunctionCallDelta,
@@ -152,6 +153,17 @@ def test_the_chat_request_carries_tools_choice_format_and_budget() -> None:
     assert msgspec.to_builtins(chat.tool_choice) == named
     assert chat.response_format is not None and chat.response_format is not UNSET
     assert chat.response_format.type == "json_schema"
+
+
+def test_a_reasoning_effort_chat_cannot_take_is_refused_not_dropped() -> None:
+    asked = request(input="Hi", reasoning={"effort": "high"})
+    if "reasoning_effort" in ChatCompletionRequest.__struct_fields__:
+        chat = chat_request(asked, [{"role": "user", "content": "Hi"}], stream=False)
+        assert chat.reasoning_effort == "high"  # type: ignore[attr-defined]
+        return
+    with pytest.raises(InvalidRequestError) as refused:
+        chat_request(asked, [{"role": "user", "content": "Hi"}], stream=False)
+    assert refused.value.param == "reasoning.effort"
 
 
 def _draft() -> Any:

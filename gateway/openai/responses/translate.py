@@ -302,22 +302,9 @@ def chat_request(
     body["stream_options"] = {"include_usage": True} if stream else None
     if (tokens := given(request.max_output_tokens)) is not None:
         body["max_completion_tokens"] = tokens
-    tools = given(request.tools) or []
-    for index, tool in enumerate(tools):
-        if tool.type != "function":
-            _refuse(
-                f"tools[{index}].type",
-                f"Tools of type {tool.type!r} are built into "
-                "OpenAI's service and cannot run here: send function tools.",
-            )
-        if not given(tool.name):
-            _refuse(f"tools[{index}].name", "A function tool needs its name.")
+    tools = _chat_tools(request)
     if tools:
-        body["tools"] = [
-            {"type": "function", "function": msgspec.to_builtins(tool)} for tool in tools
-        ]
-        for tool in body["tools"]:
-            tool["function"].pop("type", None)
+        body["tools"] = tools
     choice = _tool_choice(
         None if isinstance(request.tool_choice, msgspec.UnsetType) else request.tool_choice
     )
@@ -330,9 +317,37 @@ def chat_request(
     if effort is not None and effort.effort is not None:
         body["reasoning_effort"] = effort.effort
     try:
-        return msgspec.convert(body, ChatCompletionRequest)
+        chat = msgspec.convert(body, ChatCompletionRequest)
     except msgspec.ValidationError as exc:
         raise InvalidRequestError(f"Invalid request: {exc}") from None
+    if "reasoning_effort" in body and getattr(chat, "reasoning_effort", None) is None:
+        # Chat takes the effort where templates can be given it; until then it is refused,
+        # never dropped.
+        _refuse(
+            "reasoning.effort",
+            "reasoning.effort is not supported by this gateway's chat templates.",
+        )
+    return chat
+
+
+def _chat_tools(request: ResponsesRequest) -> list[dict[str, Any]]:
+    """The request's function tools as chat's; a 400 naming any other kind of tool."""
+    tools = given(request.tools) or []
+    for index, tool in enumerate(tools):
+        if tool.type != "function":
+            _refuse(
+                f"tools[{index}].type",
+                f"Tools of type {tool.type!r} are built into "
+                "OpenAI's service and cannot run here: send function tools.",
+            )
+        if not given(tool.name):
+            _refuse(f"tools[{index}].name", "A function tool needs its name.")
+    converted = []
+    for tool in tools:
+        function = msgspec.to_builtins(tool)
+        function.pop("type", None)
+        converted.append({"type": "function", "function": function})
+    return converted
 
 
 def _tool_choice(choice: str | ToolChoiceObject | None) -> str | dict[str, Any] | None:

@@ -306,6 +306,35 @@ def test_what_cannot_be_honoured_is_a_400_naming_the_field(
     assert (error["type"], error["param"]) == ("invalid_request_error", param)
 
 
+def test_a_continued_conversation_must_fit_the_context(
+    sidecar: Sidecar, tiny_model_dir: Path
+) -> None:
+    """The stored turns are part of the prompt: the turn that makes it overflow the context
+    is refused, though its own input is short."""
+    settings = sidecar_settings(sidecar, tiny_model_dir)
+    short = msgspec.structs.replace(settings.models[0], context_length=160)
+    live = LiveGateway(msgspec.structs.replace(settings, models=(short,))).start()
+    try:
+        client = openai.OpenAI(base_url=f"{live.url}/v1", api_key="unused", max_retries=0)
+        last = client.responses.create(model="tiny", input="Hi " * 20, max_output_tokens=20)
+        refused = None
+        for _ in range(8):
+            try:
+                last = client.responses.create(
+                    model="tiny",
+                    input="Go on.",
+                    previous_response_id=last.id,
+                    max_output_tokens=20,
+                )
+            except openai.BadRequestError as exc:
+                refused = exc
+                break
+        assert refused is not None
+        assert refused.code == "context_length_exceeded"
+    finally:
+        live.stop()
+
+
 def test_unknown_previous_response_is_a_404_in_openai_shape(gateway: Gateway) -> None:
     answer = gateway.post({"model": "tiny", "input": "Hi", "previous_response_id": "resp_none"})
     assert answer.status_code == 404

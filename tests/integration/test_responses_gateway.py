@@ -205,6 +205,31 @@ def test_three_turns_with_a_function_call(gateway: Gateway) -> None:
     assert item.type == "function_call_output" and item.call_id == call.call_id
 
 
+def test_a_streamed_function_call(gateway: Gateway) -> None:
+    with gateway.client().responses.stream(
+        model="tiny",
+        input=QUESTION,
+        tools=[WEATHER_TOOL],  # type: ignore[list-item]
+        tool_choice={"type": "function", "name": "get_weather"},
+        max_output_tokens=200,
+    ) as stream:
+        events = list(stream)
+        final = stream.get_final_response()
+    kinds = [event.type for event in events]
+    assert kinds[2] == "response.output_item.added"
+    assert "response.function_call_arguments.delta" in kinds
+    assert kinds[-3:] == [
+        "response.function_call_arguments.done",
+        "response.output_item.done",
+        "response.completed",
+    ]
+    (call,) = final.output
+    assert call.type == "function_call" and call.name == "get_weather"
+    done = next(e for e in events if e.type == "response.function_call_arguments.done")
+    assert json.loads(done.arguments) == json.loads(call.arguments)
+    assert json.loads(call.arguments).keys() == {"city"}
+
+
 def test_retrieve_delete_and_input_items(gateway: Gateway) -> None:
     client = gateway.client()
     made = client.responses.create(

@@ -27,7 +27,8 @@ from gateway.openai.protocol import (
     ToolCallDelta,
     Usage,
 )
-from gateway.openai.responses.protocol import ResponsesRequest
+from gateway.openai.responses.protocol import InputText, Message, ResponsesRequest
+from gateway.openai.responses.routes import page_of
 from gateway.openai.responses.shape import EventWriter, draft_now, whole_response
 from gateway.openai.responses.translate import (
     chat_messages,
@@ -237,6 +238,26 @@ def test_streamed_chunks_become_numbered_events_the_sdk_reads() -> None:
     assert [item.type for item in final.output] == ["reasoning", "message", "function_call"]
     assert final.output[0].content[0].text == "Hmm, weather."
     assert [event.output_index for event in parsed if event.type.endswith("item.done")] == [0, 1, 2]
+
+
+@pytest.mark.parametrize(
+    ("order", "limit", "after", "ids", "more"),
+    [
+        ("desc", 20, None, ["c", "b", "a"], False),
+        ("asc", 2, None, ["a", "b"], True),
+        ("desc", 1, "c", ["b"], True),
+        ("asc", 0, "b", ["c"], False),
+        ("asc", 5, "gone", [], False),
+    ],
+)
+def test_input_items_come_a_page_at_a_time(
+    order: str, limit: int, after: str | None, ids: list[str], more: bool
+) -> None:
+    items: list[Any] = [Message(id=name, role="user", content=[InputText(name)]) for name in "abc"]
+    page = page_of(items, order, limit, after)
+    assert [item.id for item in page.data] == ids
+    assert page.has_more is more
+    assert (page.first_id, page.last_id) == ((ids[0], ids[-1]) if ids else (None, None))
 
 
 class Clock:

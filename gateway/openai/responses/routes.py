@@ -4,7 +4,7 @@ response is its tenant's: any other caller gets the 404 of a response that does 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 from litestar import Request, delete, get
@@ -191,7 +191,7 @@ async def list_input_items(
     response_id: str,
     request: Request[Any, Any, Any],
     state: State,
-    order: str = "desc",
+    order: Literal["asc", "desc"] = "desc",
     limit: int = 20,
     after: str | None = None,
 ) -> InputItemList:
@@ -199,16 +199,22 @@ async def list_input_items(
     ``order=asc``, ``limit`` at a time after the item ``after``."""
     tenancy, tenant = _caller(request, state)
     record = await stored(tenancy.responses, tenant.name, response_id, "response_id")
-    items = list(record.input) if order == "asc" else list(reversed(record.input))
+    return page_of(record.input, order, limit, after)
+
+
+def page_of(items: list[Item], order: str, limit: int, after: str | None) -> InputItemList:
+    """One page of ``items``: newest first unless ``order`` is ``asc``, at most ``limit``
+    (1 to 100), starting after the item ``after``."""
+    ordered = list(items) if order == "asc" else list(reversed(items))
     if after is not None:
-        ids = [item.id for item in items]
-        items = items[ids.index(after) + 1 :] if after in ids else []
-    page = items[: max(1, min(limit, 100))]
+        ids = [item.id for item in ordered]
+        ordered = ordered[ids.index(after) + 1 :] if after in ids else []
+    page = ordered[: max(1, min(limit, 100))]
     return InputItemList(
         data=page,
         first_id=page[0].id if page else None,
         last_id=page[-1].id if page else None,
-        has_more=len(items) > len(page),
+        has_more=len(ordered) > len(page),
     )
 
 

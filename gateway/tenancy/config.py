@@ -137,6 +137,9 @@ class ResponseStoreSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_un
     and ``GET /v1/responses/{id}`` then answer 404)."""
     max_per_tenant: Annotated[int, msgspec.Meta(ge=1)] = 1000
     """Most stored responses one tenant keeps; making one more forgets its oldest."""
+    max_bytes_per_tenant: Annotated[int, msgspec.Meta(ge=1)] = 64 * 1024 * 1024
+    """Most bytes of stored responses (each with the conversation before it) one tenant keeps;
+    past it the oldest are forgotten (the newest is kept whatever its size)."""
 
 
 class TenancySettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

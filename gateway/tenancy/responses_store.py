@@ -66,8 +66,12 @@ class MemoryResponses:
         kept = self._live(tenant)
         kept.pop(response_id, None)
         kept[response_id] = (self._clock() + self._settings.ttl_s, record)
-        while len(kept) > self._settings.max_per_tenant:
-            kept.popitem(last=False)
+        held = sum(len(found) for _, found in kept.values())
+        while len(kept) > 1 and (
+            len(kept) > self._settings.max_per_tenant or held > self._settings.max_bytes_per_tenant
+        ):
+            _, (_, oldest) = kept.popitem(last=False)
+            held -= len(oldest)
 
     async def get(self, tenant: str, response_id: str) -> bytes | None:
         found = self._live(tenant).get(response_id)
@@ -80,29 +84,47 @@ class MemoryResponses:
         return list(self._live(tenant))
 
 
-# KEYS: the tenant's index (a sorted set of ids by the time they were made, in ms).
-# ARGV: 1 the prefix of record keys, 2 id, 3 record, 4 ttl in ms, 5 most records kept.
+# KEYS: the tenant's index (a sorted set of ids by the time they were made, in ms, times 1000
+# plus the order of storing within one), the sizes of its records (a hash) and the counter of
+# that order. ARGV: 1 the prefix of record keys, 2 id, 3 record, 4 ttl in ms, 5 most
+# records kept, 6 most bytes kept. The newest record is kept whatever its size.
 _PUT = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local ttl = tonumber(ARGV[4])
-redis.call('SET', ARGV[1] .. ARGV[2], ARGV[3], 'PX', ttl)
-redis.call('ZADD', KEYS[1], now, ARGV[2])
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - ttl)
-local over = redis.call('ZCARD', KEYS[1]) - tonumber(ARGV[5])
-if over > 0 then
-  for _, old in ipairs(redis.call('ZRANGE', KEYS[1], 0, over - 1)) do
-    redis.call('DEL', ARGV[1] .. old)
-  end
-  redis.call('ZREMRANGEBYRANK', KEYS[1], 0, over - 1)
+local oldest_kept = (now - ttl) * 1000
+for _, old in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', oldest_kept)) do
+  redis.call('HDEL', KEYS[2], old)
 end
-redis.call('PEXPIRE', KEYS[1], ttl)
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', oldest_kept)
+redis.call('SET', ARGV[1] .. ARGV[2], ARGV[3], 'PX', ttl)
+-- Milliseconds, then the order of storing within one: oldest first, never by id.
+local order = redis.call('INCR', KEYS[3]) % 1000
+redis.call('ZADD', KEYS[1], now * 1000 + order, ARGV[2])
+redis.call('HSET', KEYS[2], ARGV[2], string.len(ARGV[3]))
+local held = 0
+for _, size in ipairs(redis.call('HVALS', KEYS[2])) do held = held + tonumber(size) end
+local count = redis.call('ZCARD', KEYS[1])
+while count > 1 and (count > tonumber(ARGV[5]) or held > tonumber(ARGV[6])) do
+  local oldest = redis.call('ZRANGE', KEYS[1], 0, 0)[1]
+  held = held - tonumber(redis.call('HGET', KEYS[2], oldest) or '0')
+  redis.call('DEL', ARGV[1] .. oldest)
+  redis.call('HDEL', KEYS[2], oldest)
+  redis.call('ZREM', KEYS[1], oldest)
+  count = count - 1
+end
+for _, key in ipairs(KEYS) do redis.call('PEXPIRE', key, ttl) end
 """
-# KEYS: the index. ARGV: the ttl in ms. Drops the ids whose records expired, then lists.
+# KEYS: the index and the sizes. ARGV: the ttl in ms. Forgets the ids whose records expired,
+# then lists.
 _IDS = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - tonumber(ARGV[1]))
+local ttl = tonumber(ARGV[1])
+for _, old in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', (now - ttl) * 1000)) do
+  redis.call('HDEL', KEYS[2], old)
+end
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', (now - ttl) * 1000)
 return redis.call('ZRANGE', KEYS[1], 0, -1)
 """
 
@@ -111,8 +133,9 @@ class RedisResponses:
     """Stored responses in the tenancy store's Redis, shared by every worker and replica.
 
     Each record is a key of its own that Redis expires; the tenant's index (a sorted set by
-    time made) enforces the bound in the same script that stores, so workers storing at once
-    never keep more than the bound. Both keys share the hash tag ``{tenant}``.
+    time made) and the sizes of its records enforce the bounds in the same script that stores,
+    so workers storing at once never keep more than the bounds. Every key of a tenant shares
+    the hash tag ``{tenant}``.
     """
 
     def __init__(
@@ -134,32 +157,35 @@ class RedisResponses:
     async def put(self, tenant: str, response_id: str, record: bytes) -> None:
         base = self._base(tenant)
         args: list[bytes | str | int] = [
-            f"{base}:",
+            f"{base}:record:",
             response_id,
             record,
             self._ttl_ms,
             self._settings.max_per_tenant,
+            self._settings.max_bytes_per_tenant,
         ]
         with _reachable():
-            await self._put(keys=[base], args=args)
+            await self._put(keys=[base, f"{base}:sizes", f"{base}:order"], args=args)
 
     async def get(self, tenant: str, response_id: str) -> bytes | None:
         with _reachable():
-            found = await self._client.get(f"{self._base(tenant)}:{response_id}")
+            found = await self._client.get(f"{self._base(tenant)}:record:{response_id}")
         return found.encode() if isinstance(found, str) else found
 
     async def delete(self, tenant: str, response_id: str) -> bool:
         base = self._base(tenant)
         with _reachable():
             async with self._client.pipeline(transaction=True) as pipe:
-                pipe.delete(f"{base}:{response_id}")
+                pipe.delete(f"{base}:record:{response_id}")
                 pipe.zrem(base, response_id)
-                deleted, _ = await pipe.execute()
+                pipe.hdel(f"{base}:sizes", response_id)
+                deleted, *_ = await pipe.execute()
         return bool(deleted)
 
     async def ids(self, tenant: str) -> list[str]:
         with _reachable():
-            found = await self._ids(keys=[self._base(tenant)], args=[self._ttl_ms])
+            base = self._base(tenant)
+            found = await self._ids(keys=[base, f"{base}:sizes"], args=[self._ttl_ms])
         return [item.decode() if isinstance(item, bytes) else str(item) for item in found]
 
 

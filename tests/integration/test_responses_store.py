@@ -28,9 +28,27 @@ async def test_redis_keeps_each_tenants_own_within_the_bound_and_ttl(
     assert await store.ids("b") == ["r0"]
     others = [found for found in kept if found != "r0"]
     assert [await store.get("b", found) for found in others] == [None] * len(others)
-    ttl = await client.pttl(f"resp-test:{{a}}:responses:{kept[-1]}")
+    ttl = await client.pttl(f"resp-test:{{a}}:responses:record:{kept[-1]}")
     assert 0 < ttl <= 600_000
     assert await store.delete("a", kept[-1])
     assert not await store.delete("a", kept[-1])
     assert await store.ids("a") == kept[:-1]
+    await client.aclose()
+
+
+async def test_redis_keeps_a_tenants_bytes_within_its_bound(redis_server: RedisServer) -> None:
+    client = aioredis.from_url(redis_server.url)
+    settings = ResponseStoreSettings(ttl_s=600, max_bytes_per_tenant=10)
+    store = RedisResponses(client, settings, prefix="resp-bytes")
+    for name in ("r1", "r2", "r3"):
+        await store.put("a", name, b"1234")
+    assert await store.ids("a") == ["r2", "r3"]
+    assert await store.get("a", "r1") is None
+    await store.put("a", "big", b"x" * 50)  # the newest stays, alone, whatever its size
+    assert await store.ids("a") == ["big"]
+    assert await store.delete("a", "big")
+    await store.put("a", "r4", b"1234")
+    await store.put("a", "r5", b"1234")
+    assert await store.ids("a") == ["r4", "r5"]  # the deleted one's bytes no longer count
+    assert await store.get("a", "sizes") is None  # no id reaches the store's own keys
     await client.aclose()

@@ -260,6 +260,16 @@ def test_input_items_come_a_page_at_a_time(
     assert (page.first_id, page.last_id) == ((ids[0], ids[-1]) if ids else (None, None))
 
 
+async def test_the_memory_store_keeps_a_tenants_bytes_within_its_bound() -> None:
+    store = MemoryResponses(ResponseStoreSettings(max_bytes_per_tenant=10))
+    await store.put("a", "r1", b"1234")
+    await store.put("a", "r2", b"1234")
+    await store.put("a", "r3", b"1234")
+    assert await store.ids("a") == ["r2", "r3"]
+    await store.put("a", "big", b"x" * 50)  # the newest stays, alone, whatever its size
+    assert await store.ids("a") == ["big"]
+
+
 class Clock:
     def __init__(self) -> None:
         self.now = 0.0

@@ -46,6 +46,7 @@ test: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python -m tests.benchmarks.serving --out $(BENCH_OUT)
 	$(BIN)/python -m tests.benchmarks.gateway_cpu --out $(BENCH_OUT)
+	$(BIN)/python -m tests.benchmarks.responses_cpu --out $(BENCH_OUT)
 	$(BIN)/python -m deploy.devtools.bench
 	$(BIN)/python -m tests.benchmarks.tenancy
 	$(BIN)/python -m tests.benchmarks.lora

@@ -8,7 +8,7 @@ Every error a client sees is an ``APIError``, rendered as OpenAI's ``{"error": {
     │       └── ContextLengthExceeded     400 context_length_exceeded
     ├── AuthenticationError               401 invalid_api_key
     ├── ModelNotFoundError                404 model_not_found
-    ├── ResourceNotFoundError             404 not_found (admin resources)
+    ├── ResourceNotFoundError             404 not_found (admin resources, stored responses)
     ├── RouteNotFoundError                404 unknown_url
     ├── MethodNotAllowedError             405 method_not_allowed
     ├── ConflictError                     409 conflict
@@ -145,7 +145,7 @@ class RateLimitError(APIError):
 
 
 class ResourceNotFoundError(APIError):
-    """An admin API resource (tenant, key) that does not exist."""
+    """An admin API resource (tenant, key) or a stored response the caller does not have."""
 
     status_code = 404
     error_type = "invalid_request_error"

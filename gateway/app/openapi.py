@@ -23,6 +23,12 @@ from gateway.openai.protocol import (
     ModelCard,
     ModelList,
 )
+from gateway.openai.responses.protocol import (
+    DeletedResponse,
+    InputItemList,
+    ResponseObject,
+    ResponsesRequest,
+)
 from gateway.tenancy import TenantPolicy
 from gateway.tenancy.edits import TenantFields
 from gateway.tenancy.routes import KeyRequest, Listing
@@ -55,6 +61,14 @@ OPERATIONS = (
               ChatCompletionRequest, ChatCompletion, ChatCompletionChunk),
     Operation("post", "/v1/completions", "Complete prompts", "OpenAI",
               CompletionRequest, Completion, Completion),
+    Operation("post", "/v1/responses", "Create a response (events when streamed: see the "
+              "Responses API page)", "OpenAI", ResponsesRequest, ResponseObject),
+    Operation("get", "/v1/responses/{response_id}", "A stored response of the caller",
+              "OpenAI", answer=ResponseObject, parameters=("response_id",)),
+    Operation("delete", "/v1/responses/{response_id}", "Forget a stored response", "OpenAI",
+              answer=DeletedResponse, parameters=("response_id",)),
+    Operation("get", "/v1/responses/{response_id}/input_items", "The input items of a stored "
+              "response", "OpenAI", answer=InputItemList, parameters=("response_id",)),
     Operation("get", "/v1/models", "List the models the caller may use", "OpenAI",
               answer=ModelList),
     Operation("get", "/v1/models/{model_id}", "Describe one model", "OpenAI",
@@ -72,6 +86,8 @@ OPERATIONS = (
               parameters=("name",)),
     Operation("delete", "/admin/tenants/{name}", "Remove a tenant", "Admin", status=204,
               security="admin", parameters=("name",)),
+    Operation("get", "/admin/tenants/{name}/responses", "List the ids of a tenant's stored "
+              "responses", "Admin", answer=Listing, security="admin", parameters=("name",)),
     Operation("get", "/admin/keys", "List API keys", "Admin", answer=Listing, security="admin"),
     Operation("post", "/admin/keys", "Create an API key", "Admin", KeyRequest, status=201,
               security="admin"),

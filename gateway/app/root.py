@@ -30,6 +30,7 @@ from gateway.openai.chat import routes as chat
 from gateway.openai.completions import routes as completions
 from gateway.openai.models import lora as lora_admin
 from gateway.openai.models import routes as models
+from gateway.openai.responses import routes as responses
 from gateway.ops import health, metrics
 from gateway.replicas.sources import Resolver, resolve_addresses
 from gateway.runtime.base import BackendFactory, Runtime, triton_backend
@@ -110,6 +111,7 @@ def routers(*, metrics_on_api_port: bool) -> list[Router | Any]:
             completions.create_completion,
             models.list_models,
             models.retrieve_model,
+            *responses.ROUTES,
         ],
         middleware=[gate],
     )

@@ -8,7 +8,7 @@ OpenAI's answers do, whatever failed.
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Callable, Coroutine, Mapping
+from collections.abc import AsyncGenerator, Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -70,6 +70,11 @@ class Endpoint(Generic[Body]):
     """Of the answer's id: ``chatcmpl``, ``cmpl``."""
     chunks: Chunks
     whole: Whole
+    bind: Callable[[Tenancy, TenantPolicy, Body], Awaitable[Endpoint[Body]]] | None = None
+    """For an answer that depends on what its caller stored (a conversation it continues):
+    the endpoint bound to the caller and its body, before anything of it is bounded."""
+    keep: Callable[[msgspec.Struct], Awaitable[None]] | None = None
+    """Runs on a whole answer before it is sent (keeps it where the caller asked)."""
 
 
 class CompletionPipeline:
@@ -118,6 +123,8 @@ class CompletionPipeline:
         self.tenancy.refuse_if_spent(tenant)
         body = decode_body(await read_body(scope, receive, self.max_body_bytes), endpoint.schema)
         model = self.registry.get(body.model, tenant.allows_model, tenant.allows_adapter)
+        if endpoint.bind is not None:
+            endpoint = await until_disconnect(receive, endpoint.bind(self.tenancy, tenant, body))
         try:
             route = model.route
             endpoint.bounds(body, Bounds.of(route.bounds, route.max_n, tenant.max_choices))
@@ -165,7 +172,10 @@ class CompletionPipeline:
                 )
             results = await until_disconnect(receive, fold(plan, events))
             await settle()
-            return JsonAnswer(endpoint.whole(plan, results, header), headers)
+            answer = endpoint.whole(plan, results, header)
+            if endpoint.keep is not None:
+                await endpoint.keep(answer)
+            return JsonAnswer(answer, headers)
         except BaseException:
             # Settles what was not: the events never started, failed or were cut off.
             await settle()

@@ -7,7 +7,7 @@ import functools
 import hashlib
 import re
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 import msgspec
 
@@ -129,6 +129,19 @@ class StoreSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     every request waits for its answer, and a refused one never reaches Triton."""
 
 
+class ResponseStoreSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """How long and how many stored responses each tenant keeps."""
+
+    ttl_s: Annotated[float, msgspec.Meta(gt=0)] = 86400.0
+    """A stored response is forgotten this long after it was made (``previous_response_id``
+    and ``GET /v1/responses/{id}`` then answer 404)."""
+    max_per_tenant: Annotated[int, msgspec.Meta(ge=1)] = 1000
+    """Most stored responses one tenant keeps; making one more forgets its oldest."""
+    max_bytes_per_tenant: Annotated[int, msgspec.Meta(ge=1)] = 64 * 1024 * 1024
+    """Most bytes of stored responses (each with the conversation before it) one tenant keeps;
+    past it the oldest are forgotten (the newest is kept whatever its size)."""
+
+
 class TenancySettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """API keys, tenants and limits."""
 
@@ -144,6 +157,9 @@ class TenancySettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     """The policy of every request while ``auth`` is off."""
     store: StoreSettings = StoreSettings()
     """Where limits are counted."""
+    responses: ResponseStoreSettings = ResponseStoreSettings()
+    """How long and how many stored responses (``/v1/responses``) each tenant keeps, in the
+    same store as the limits."""
 
 
 STORE_FILE = "tenancy.rdb"

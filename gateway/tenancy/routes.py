@@ -126,6 +126,13 @@ async def delete_tenant(name: str, tenancy: Tenancy) -> None:
             raise ResourceNotFoundError(f"No tenant called {name!r}.", param="name")
 
 
+@get("/admin/tenants/{name:str}/responses")
+async def list_stored_responses(name: str, tenancy: Tenancy) -> Listing:
+    """The ids of the responses a tenant keeps stored now, oldest first (their content stays
+    the tenant's: only its keys read it)."""
+    return Listing(data=await tenancy.responses.ids(name))
+
+
 @get("/admin/keys")
 async def list_keys(tenancy: Tenancy) -> Listing:
     """Every working key: its id, tenant and name (keys themselves are never stored)."""
@@ -153,4 +160,13 @@ async def revoke_key(key_id: str, tenancy: Tenancy) -> None:
             raise ResourceNotFoundError(f"No key with id {key_id!r}.", param="key_id")
 
 
-ROUTES = [list_tenants, put_tenant, patch_tenant, delete_tenant, list_keys, create_key, revoke_key]
+ROUTES = [
+    list_tenants,
+    put_tenant,
+    patch_tenant,
+    delete_tenant,
+    list_stored_responses,
+    list_keys,
+    create_key,
+    revoke_key,
+]

@@ -44,6 +44,7 @@ from gateway.tenancy.quota import (
 )
 from gateway.tenancy.redis_store import RedisStore
 from gateway.tenancy.refusals import rate_limit_error, rate_limit_headers
+from gateway.tenancy.responses_store import response_store
 
 logger = logging.getLogger(__name__)
 
@@ -119,6 +120,8 @@ class Tenancy:
         self.redis = client
         """The store's Redis connection (None with the memory store), for what else the
         replicas share."""
+        self.responses = response_store(settings.responses, client, prefix=store.prefix)
+        """Stored responses, each tenant's its own, where the limits are kept."""
         self.directory = Directory(
             settings,
             client,

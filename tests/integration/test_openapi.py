@@ -236,7 +236,7 @@ def fuzz_target(sidecar: Sidecar, tiny_model_dir: Path) -> Iterator[str]:
 
 
 SCHEMA = schemathesis.openapi.from_dict(DOCUMENT).include(
-    path_regex=r"^/v1/(chat/completions|completions|models.*)$"
+    path_regex=r"^/v1/(chat/completions|completions|responses.*|models.*)$"
 )
 
 
@@ -249,7 +249,7 @@ SCHEMA = schemathesis.openapi.from_dict(DOCUMENT).include(
     database=None,
 )
 def test_fuzzed_requests_get_answers_or_openai_errors(case: Any, fuzz_target: str) -> None:
-    if isinstance(case.body, dict) and case.operation.path.endswith("completions"):
+    if isinstance(case.body, dict) and case.operation.path.endswith(("completions", "responses")):
         case.body["model"] = ENSEMBLE_MODEL  # reach the model, not only the 404
         case.body["stream"] = False
     response = case.call(base_url=fuzz_target, timeout=60)

@@ -167,7 +167,12 @@ class Runtime:
         if self._backend is None:
             self._backend = self._backend_factory(routes)
         retry_after_s = self.settings.limits.retry_after_s
-        self.router = Router(routes, retry_after_s=retry_after_s, resolver=self._resolver)
+        self.router = Router(
+            routes,
+            retry_after_s=retry_after_s,
+            resolver=self._resolver,
+            queueing=self.settings.queueing,
+        )
         supervised = bool(self._sidecars) or self._shared is not None
         if not supervised:
             self.router.start(self._backend, self.http)

@@ -286,12 +286,16 @@ class GenerationService:
     def _opener(self, model: ServedModel, watch: GenerationWatch) -> Opener:
         """How the model's requests reach Triton: its one server, or a replica of its pool."""
         router = self._router
-        pool = router.pool(model.base or model.name) if router else None
-        if router is None or pool is None:
-            backend, target = self._backend, model.target
-            return lambda request: backend.generate(target, request)
-        backend = self._backend
-        return lambda request: router.stream(pool, backend, request, watch)
+        base = model.base or model.name
+        backend, target = self._backend, model.target
+        if router is not None:
+            pool = router.pool(base)
+            if pool is not None:
+                return lambda request: router.stream(pool, backend, request, watch)
+            slots = router.slots(base)
+            if slots is not None:
+                return lambda request: router.stream_one(slots, backend, target, request)
+        return lambda request: backend.generate(target, request)
 
     async def _observed(
         self,

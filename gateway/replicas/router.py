@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncGenerator, Iterable, Iterator
+from collections.abc import AsyncGenerator, Callable, Iterable, Iterator
 from typing import Protocol
 
 import httpx
 
 from adapters.contract import Backend, GenerationRequest, ModelTarget, TokenChunk
+from gateway.queueing.gate import ModelSlots
+from gateway.queueing.held import held
+from gateway.queueing.settings import QueueSettings
 from gateway.replicas import dispatch
 from gateway.replicas.dispatch import AttemptObserver
 from gateway.replicas.pool import Clock, ReplicaPool
@@ -37,6 +40,11 @@ class PooledModel(Protocol):
     def routing(self) -> RoutingSettings: ...
 
 
+def _fixed(limit: int) -> Callable[[], int]:
+    """A model's slots on its one Triton: its ``max_in_flight``."""
+    return lambda: limit
+
+
 class Router:
     """The replica pools of the models served by several Tritons (none for the others)."""
 
@@ -47,12 +55,22 @@ class Router:
         retry_after_s: int = 5,
         resolver: Resolver = resolve_addresses,
         clock: Clock | None = None,
+        queueing: QueueSettings | None = None,
     ) -> None:
         self._pools: dict[str, ReplicaPool] = {}
         self._sources: dict[str, ReplicaSource] = {}
+        self._slots: dict[str, ModelSlots] = {}
         self._resolver = resolver
         self._tasks: list[asyncio.Task[None]] = []
         for model in models:
+            limit = model.routing.max_in_flight
+            if limit is not None:
+                self._slots[model.name] = ModelSlots(
+                    model.name,
+                    _fixed(limit) if model.replicas is None else self._pool_capacity(model.name),
+                    queueing or QueueSettings(),
+                    retry_after_s=retry_after_s,
+                )
             if model.replicas is None:
                 continue
             extra = {"clock": clock} if clock is not None else {}
@@ -60,6 +78,18 @@ class Router:
                 model.name, model.target, model.routing, retry_after_s=retry_after_s, **extra
             )
             self._sources[model.name] = model.replicas
+
+    def _pool_capacity(self, model: str) -> Callable[[], int]:
+        """A pool's slots: ``max_in_flight`` on each routable replica (on one while none is,
+        so that a request finds the pool down rather than waiting for it)."""
+
+        def capacity() -> int:
+            pool = self._pools[model]
+            limit = pool.settings.max_in_flight or 0
+            routable = sum(1 for replica in pool.replicas.values() if replica.health.routable)
+            return limit * max(routable, 1)
+
+        return capacity
 
     def __iter__(self) -> Iterator[ReplicaPool]:
         return iter(self._pools.values())
@@ -70,6 +100,14 @@ class Router:
     def pool(self, model: str) -> ReplicaPool | None:
         """The pool of the base model ``model``; None when it has one Triton."""
         return self._pools.get(model)
+
+    def slots(self, model: str) -> ModelSlots | None:
+        """The slots of the base model ``model``; None when it has no ``max_in_flight``."""
+        return self._slots.get(model)
+
+    def all_slots(self) -> Iterator[ModelSlots]:
+        """Every model's slots."""
+        return iter(self._slots.values())
 
     def start(self, backend: Backend, http: httpx.AsyncClient) -> None:
         """Start probing, scraping and resolving every pool's replicas."""
@@ -92,5 +130,16 @@ class Router:
         request: GenerationRequest,
         observer: AttemptObserver | None = None,
     ) -> AsyncGenerator[TokenChunk, None]:
-        """The chunks of ``request`` from one of ``pool``'s replicas."""
-        return dispatch.stream(pool, backend, request, observer)
+        """The chunks of ``request`` from one of ``pool``'s replicas, once it holds one of the
+        model's slots."""
+        slots = self._slots.get(pool.model)
+        if slots is None:
+            return dispatch.stream(pool, backend, request, observer)
+        return held(slots, request, lambda: dispatch.stream(pool, backend, request, observer))
+
+    def stream_one(
+        self, slots: ModelSlots, backend: Backend, target: ModelTarget, request: GenerationRequest
+    ) -> AsyncGenerator[TokenChunk, None]:
+        """The chunks of ``request`` from a model's one Triton, once it holds one of its
+        slots."""
+        return held(slots, request, lambda: backend.generate(target, request))

@@ -25,6 +25,7 @@ from gateway.catalog.registry import ModelRegistry, ModelRoute, load_model, reso
 from gateway.core.generation import GenerationService
 from gateway.observability import Observability
 from gateway.ops.drain import Lifecycle
+from gateway.queueing.metrics import QueueMetrics
 from gateway.replicas.metrics import ReplicaMetrics
 from gateway.replicas.router import Router
 from gateway.replicas.sources import Endpoint, Resolver, resolve_addresses
@@ -114,6 +115,7 @@ class Runtime:
         self.router = Router(())
         """The replica pools of models served by several Tritons."""
         self.metrics.registry.register(ReplicaMetrics(lambda: self.router, lambda: self._backend))
+        self.metrics.registry.register(QueueMetrics(lambda: self.router.all_slots()))
         self._bring_up_task: asyncio.Task[None] | None = None
         self.http = httpx.AsyncClient()
         """One HTTP client for what the gateway fetches itself (its sidecars' metrics)."""

@@ -18,6 +18,7 @@ from deploy.sidecar.supervisor import Sidecar
 from gateway.queueing.settings import QueueSettings
 from gateway.tenancy import TenantPolicy
 from tests.support.paced_stack import (
+    MODEL,
     Answer,
     Stack,
     completion,
@@ -26,6 +27,7 @@ from tests.support.paced_stack import (
     paced_sidecar,
     stream_one,
 )
+from tests.support.prometheus import total
 
 pytestmark = pytest.mark.slow
 SLOTS = 2
@@ -90,6 +92,7 @@ async def test_a_quiet_tenant_beside_a_flood_gets_no_error_and_waits_one_request
             flood(client, stack, "flood", body, streams=6 * SLOTS, until=until, answers=flooded)
         )
         await _until(lambda: stack.slots().waiting() >= 4 * SLOTS, "the flood queued")
+        scraped = (await client.get("/metrics", headers=stack.admin())).text
         beside = [await stream_one(client, stack, "quiet", body) for _ in range(4)]
         until.set()
         await flooding
@@ -99,6 +102,10 @@ async def test_a_quiet_tenant_beside_a_flood_gets_no_error_and_waits_one_request
     ttft_beside = statistics.median(answer.ttft for answer in beside)
     # Served first whenever a slot frees, quiet waits for one running request at most.
     assert ttft_beside <= ttft_solo + length, (ttft_solo, ttft_beside, length)
+    assert total(scraped, "gateway_model_saturation", model=MODEL) >= 3.0
+    assert total(scraped, "gateway_queue_depth", model=MODEL, tenant="flood") >= 4 * SLOTS
+    assert total(scraped, "gateway_queue_served_tokens_total", model=MODEL, tenant="quiet") > 0
+    assert total(scraped, "gateway_model_slots", model=MODEL) == SLOTS
 
 
 async def _shares(stack: Stack, tenants: tuple[str, str], count: int) -> Counter[str]:

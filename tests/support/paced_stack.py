@@ -78,6 +78,9 @@ class Stack:
         assert slots is not None
         return slots  # type: ignore[no-any-return]
 
+    def admin(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.admin_key}"}
+
     def headers(self, tenant: str) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.keys[tenant]}"}
 

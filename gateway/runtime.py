@@ -26,6 +26,7 @@ from gateway.core.generation import GenerationService
 from gateway.observability import Observability
 from gateway.ops.drain import Lifecycle
 from gateway.queueing.metrics import QueueMetrics
+from gateway.queueing.shared import shared_ledgers
 from gateway.replicas.metrics import ReplicaMetrics
 from gateway.replicas.router import Router
 from gateway.replicas.sources import Endpoint, Resolver, resolve_addresses
@@ -169,12 +170,18 @@ class Runtime:
         if self._backend is None:
             self._backend = self._backend_factory(routes)
         retry_after_s = self.settings.limits.retry_after_s
+        queueing = self.settings.queueing
+        client = self.tenancy.redis
         self.router = Router(
             routes,
             retry_after_s=retry_after_s,
             resolver=self._resolver,
-            queueing=self.settings.queueing,
+            queueing=queueing,
+            ledgers=shared_ledgers(client, self.settings.tenancy.store.prefix, queueing.half_life_s)
+            if client is not None and queueing.shared
+            else None,
         )
+        self.router.share_queues()
         supervised = bool(self._sidecars) or self._shared is not None
         if not supervised:
             self.router.start(self._backend, self.http)

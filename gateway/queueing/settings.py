@@ -19,6 +19,12 @@ class QueueSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     503 (the model is full), both with ``Retry-After``."""
     half_life_s: float = 30.0
     """Half-life of a tenant's attained service: tokens served this long ago count half."""
+    shared: bool = True
+    """With a Redis tenancy store (several workers, several gateways), order every process's
+    queue by the tenants' service across all of them; ``false``: each by its own."""
+    sync_interval_s: float = 0.1
+    """How often a process sends its charges to Redis and reads everyone's, while it has
+    charges to send or requests waiting (one script call per model)."""
 
 
 def check_queueing(settings: QueueSettings) -> list[str]:
@@ -26,7 +32,7 @@ def check_queueing(settings: QueueSettings) -> list[str]:
     problems = []
     if settings.max_queued < 0:
         problems.append("max_queued must be >= 0")
-    for name in ("max_queue_wait_s", "half_life_s"):
+    for name in ("max_queue_wait_s", "half_life_s", "sync_interval_s"):
         if getattr(settings, name) <= 0:
             problems.append(f"{name} must be > 0")
     return problems

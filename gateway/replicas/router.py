@@ -13,7 +13,9 @@ import httpx
 from adapters.contract import Backend, GenerationRequest, ModelTarget, TokenChunk
 from gateway.queueing.gate import ModelSlots
 from gateway.queueing.held import held
+from gateway.queueing.scheduler import Ledger
 from gateway.queueing.settings import QueueSettings
+from gateway.queueing.shared import SharedLedger
 from gateway.replicas import dispatch
 from gateway.replicas.dispatch import AttemptObserver
 from gateway.replicas.pool import Clock, ReplicaPool
@@ -56,7 +58,10 @@ class Router:
         resolver: Resolver = resolve_addresses,
         clock: Clock | None = None,
         queueing: QueueSettings | None = None,
+        ledgers: Callable[[str], Ledger] | None = None,
     ) -> None:
+        """``ledgers`` gives each model's ledger of attained service (shared by the gateway's
+        processes); by default each model keeps its own."""
         self._pools: dict[str, ReplicaPool] = {}
         self._sources: dict[str, ReplicaSource] = {}
         self._slots: dict[str, ModelSlots] = {}
@@ -70,6 +75,7 @@ class Router:
                     _fixed(limit) if model.replicas is None else self._pool_capacity(model.name),
                     queueing or QueueSettings(),
                     retry_after_s=retry_after_s,
+                    ledger=ledgers(model.name) if ledgers is not None else None,
                 )
             if model.replicas is None:
                 continue
@@ -108,6 +114,15 @@ class Router:
     def all_slots(self) -> Iterator[ModelSlots]:
         """Every model's slots."""
         return iter(self._slots.values())
+
+    def share_queues(self) -> None:
+        """Start synchronising the models' shared ledgers, where they have one."""
+        for slots in self._slots.values():
+            ledger = slots.ledger
+            if isinstance(ledger, SharedLedger):
+                interval = slots.settings.sync_interval_s
+                sync = ledger.run(interval, lambda slots=slots: bool(slots.queue))  # type: ignore[misc]
+                self._tasks.append(asyncio.create_task(sync, name=f"fairq-{slots.model}"))
 
     def start(self, backend: Backend, http: httpx.AsyncClient) -> None:
         """Start probing, scraping and resolving every pool's replicas."""

@@ -16,7 +16,7 @@ import pytest
 
 from deploy.sidecar.supervisor import Sidecar
 from gateway.queueing.settings import QueueSettings
-from gateway.tenancy import TenantPolicy
+from gateway.tenancy import StoreSettings, TenantPolicy
 from tests.support.paced_stack import (
     MODEL,
     Answer,
@@ -28,6 +28,7 @@ from tests.support.paced_stack import (
     stream_one,
 )
 from tests.support.prometheus import total
+from tests.support.redis_server import RedisServer
 
 pytestmark = pytest.mark.slow
 SLOTS = 2
@@ -209,3 +210,53 @@ async def test_a_client_that_leaves_while_queued_leaves_nothing_behind(stack: St
         held = await asyncio.gather(*holding)
     assert all(answer.status == 200 for answer in held)
     await _until(lambda: stack.slots().in_flight == 0, "every slot given back")
+
+
+@pytest.fixture(scope="module")
+def two_gateways(
+    sidecar: Sidecar, tiny_model_dir: Path, redis_server: RedisServer
+) -> Iterator[tuple[Stack, Stack]]:
+    """Two gateways sharing one Redis store, as the workers of one gateway do."""
+    store = StoreSettings(kind="redis", url=redis_server.url, prefix="fairq")
+    tenants = {name: TenantPolicy(name=name) for name in ("everywhere", "one-place")}
+    queueing = QueueSettings(half_life_s=600.0, sync_interval_s=0.05)
+    with paced_gateway(
+        sidecar, tiny_model_dir, tenants, max_in_flight=SLOTS, queueing=queueing, store=store
+    ) as first:
+        same = {"keys": first.keys, "admin_key": first.admin_key}
+        with paced_gateway(
+            sidecar,
+            tiny_model_dir,
+            tenants,
+            max_in_flight=SLOTS,
+            queueing=queueing,
+            store=store,
+            **same,  # type: ignore[arg-type]
+        ) as second:
+            yield first, second
+
+
+async def test_shares_hold_across_gateways_sharing_the_store(
+    two_gateways: tuple[Stack, Stack],
+) -> None:
+    """``everywhere`` floods both gateways, ``one-place`` only the second: the second, seeing
+    what ``everywhere`` gets from the first, gives its slots to ``one-place``, so the two
+    split the whole gateway's tokens evenly (each gateway by its own standings: 3 to 1)."""
+    first, second = two_gateways
+    body = completion(10)
+    until = asyncio.Event()
+    answers: list[Answer] = []
+    count = 60
+    async with _client(first) as one, _client(second) as two:
+        running = asyncio.gather(
+            flood(one, first, "everywhere", body, streams=3 * SLOTS, until=until, answers=answers),
+            flood(two, second, "everywhere", body, streams=3 * SLOTS, until=until, answers=answers),
+            flood(two, second, "one-place", body, streams=3 * SLOTS, until=until, answers=answers),
+        )
+        await _until(lambda: len(answers) >= 2 * WARM_UP + count, f"{count} answers")
+        until.set()
+        await running
+    assert all(answer.status == 200 for answer in answers)
+    window = sorted(answers, key=lambda answer: answer.ended)[2 * WARM_UP : 2 * WARM_UP + count]
+    served = Counter(answer.tenant for answer in window)
+    assert served["everywhere"] / served["one-place"] == pytest.approx(1.0, rel=0.1), served

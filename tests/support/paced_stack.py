@@ -20,7 +20,7 @@ from gateway.queueing.gate import ModelSlots
 from gateway.queueing.settings import QueueSettings
 from gateway.replicas.settings import RoutingSettings
 from gateway.settings import LimitSettings, ModelSettings, Settings
-from gateway.tenancy import KeyEntry, TenancySettings, TenantPolicy
+from gateway.tenancy import KeyEntry, StoreSettings, TenancySettings, TenantPolicy
 from gateway.tenancy.keys import digest, new_key
 from tests.support.gateway import LiveGateway
 from tests.support.sidecars import QUICK_STOP
@@ -93,11 +93,14 @@ def paced_gateway(
     *,
     max_in_flight: int,
     queueing: QueueSettings | None = None,
+    store: StoreSettings | None = None,
+    keys: Mapping[str, str] | None = None,
+    admin_key: str | None = None,
 ) -> Iterator[Stack]:
     """A gateway serving the paced engine as ``paced`` to ``tenants``, ``max_in_flight`` at
     once."""
-    keys = {name: new_key() for name in tenants}
-    admin_key = new_key()
+    keys = dict(keys or {name: new_key() for name in tenants})
+    admin_key = admin_key or new_key()
     settings = Settings(
         models=(
             ModelSettings(
@@ -114,6 +117,7 @@ def paced_gateway(
             tenants=tuple(tenants.values()),
             keys=tuple(KeyEntry(tenant=name, sha256=digest(key)) for name, key in keys.items()),
             admin_key_sha256=digest(admin_key),
+            store=store or StoreSettings(),
         ),
         queueing=queueing or QueueSettings(),
     )

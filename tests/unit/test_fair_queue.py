@@ -137,9 +137,9 @@ def _slots(capacity: int, **settings: object) -> ModelSlots:
     return ModelSlots(
         "m",
         lambda: capacity,
-        QueueSettings(**settings),
+        QueueSettings(**settings),  # type: ignore[arg-type]
         retry_after_s=3,
-        clock=Clock(),  # type: ignore[arg-type]
+        clock=Clock(),
     )
 
 

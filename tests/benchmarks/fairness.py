@@ -103,9 +103,13 @@ async def _flooded(
 
 
 async def _split(
-    client: httpx.AsyncClient, stack: Stack, tenants: tuple[str, str], body: dict[str, Any], seconds: float,
+    client: httpx.AsyncClient,
+    stack: Stack,
+    tenants: tuple[str, str],
+    body: dict[str, Any],
+    seconds: float,
     streams: int,
-) -> Counter[str]:  # fmt: skip
+) -> Counter[str]:
     until = asyncio.Event()
     answers: list[Answer] = []
     running = asyncio.gather(

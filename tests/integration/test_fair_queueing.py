@@ -109,7 +109,9 @@ async def test_a_quiet_tenant_beside_a_flood_gets_no_error_and_waits_one_request
     assert total(scraped, "gateway_model_slots", model=MODEL) == SLOTS
 
 
-async def _shares(stack: Stack, tenants: tuple[str, str], count: int) -> Counter[str]:
+async def _shares(
+    stack: Stack, tenants: tuple[str, str], count: int, streams: tuple[int, int]
+) -> Counter[str]:
     """Of ``count`` requests both tenants' floods complete, after the first few (those sent
     before either tenant had been served), each tenant's number: all are the same size."""
     body = completion(10)
@@ -117,8 +119,8 @@ async def _shares(stack: Stack, tenants: tuple[str, str], count: int) -> Counter
     answers: list[Answer] = []
     async with _client(stack) as client:
         floods = [
-            flood(client, stack, tenant, body, streams=3 * SLOTS, until=until, answers=answers)
-            for tenant in tenants
+            flood(client, stack, tenant, body, streams=n, until=until, answers=answers)
+            for tenant, n in zip(tenants, streams, strict=True)
         ]
         running = asyncio.gather(*floods)
         await _until(lambda: len(answers) >= WARM_UP + count, f"{count} answers")
@@ -130,12 +132,13 @@ async def _shares(stack: Stack, tenants: tuple[str, str], count: int) -> Counter
 
 
 async def test_two_equal_tenants_flooding_split_the_tokens_evenly(stack: Stack) -> None:
-    served = await _shares(stack, ("even-a", "even-b"), 40)
+    # Three times as many streams do not buy even-a a larger share.
+    served = await _shares(stack, ("even-a", "even-b"), 40, (6 * SLOTS, 2 * SLOTS))
     assert served["even-a"] / served["even-b"] == pytest.approx(1.0, rel=0.1), served
 
 
 async def test_weights_three_to_one_split_the_tokens_three_to_one(stack: Stack) -> None:
-    served = await _shares(stack, ("heavy", "light"), 80)
+    served = await _shares(stack, ("heavy", "light"), 80, (3 * SLOTS, 3 * SLOTS))
     assert served["heavy"] / served["light"] == pytest.approx(3.0, rel=0.1), served
 
 

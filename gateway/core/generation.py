@@ -292,9 +292,9 @@ class GenerationService:
             pool = router.pool(base)
             if pool is not None:
                 return lambda request: router.stream(pool, backend, request, watch)
-            slots = router.slots(base)
-            if slots is not None:
-                return lambda request: router.stream_one(slots, backend, target, request)
+            direct = router.direct(base, backend, target)
+            if direct is not None:
+                return direct
         return lambda request: backend.generate(target, request)
 
     async def _observed(

@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncGenerator, Callable, Iterable, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Iterator
+from dataclasses import replace
 from typing import Protocol
 
 import httpx
 
 from adapters.contract import Backend, GenerationRequest, ModelTarget, TokenChunk
-from gateway.queueing.gate import ModelSlots
+from gateway.queueing.flows import current_flow, llm_d_headers
+from gateway.queueing.gate import ANONYMOUS, ModelSlots
 from gateway.queueing.held import held
 from gateway.queueing.scheduler import Ledger
 from gateway.queueing.settings import QueueSettings
@@ -65,9 +67,12 @@ class Router:
         self._pools: dict[str, ReplicaPool] = {}
         self._sources: dict[str, ReplicaSource] = {}
         self._slots: dict[str, ModelSlots] = {}
+        self._objectives: dict[str, dict[int, str]] = {}
         self._resolver = resolver
         self._tasks: list[asyncio.Task[None]] = []
         for model in models:
+            if model.routing.inference_pool:
+                self._objectives[model.name] = dict(model.routing.objectives)
             limit = model.routing.max_in_flight
             if limit is not None:
                 self._slots[model.name] = ModelSlots(
@@ -147,14 +152,34 @@ class Router:
     ) -> AsyncGenerator[TokenChunk, None]:
         """The chunks of ``request`` from one of ``pool``'s replicas, once it holds one of the
         model's slots."""
+        request = self._tagged(pool.model, request)
         slots = self._slots.get(pool.model)
         if slots is None:
             return dispatch.stream(pool, backend, request, observer)
         return held(slots, request, lambda: dispatch.stream(pool, backend, request, observer))
 
-    def stream_one(
-        self, slots: ModelSlots, backend: Backend, target: ModelTarget, request: GenerationRequest
-    ) -> AsyncGenerator[TokenChunk, None]:
-        """The chunks of ``request`` from a model's one Triton, once it holds one of its
-        slots."""
-        return held(slots, request, lambda: backend.generate(target, request))
+    def direct(
+        self, model: str, backend: Backend, target: ModelTarget
+    ) -> Callable[[GenerationRequest], AsyncIterator[TokenChunk]] | None:
+        """How requests reach the one Triton of ``model`` through its slots or with llm-d's
+        headers; None where they go straight to it."""
+        slots = self._slots.get(model)
+        if slots is None and model not in self._objectives:
+            return None
+
+        def generate(request: GenerationRequest) -> AsyncIterator[TokenChunk]:
+            request = self._tagged(model, request)
+            if slots is None:
+                return backend.generate(target, request)
+            return held(slots, request, lambda: backend.generate(target, request))
+
+        return generate
+
+    def _tagged(self, model: str, request: GenerationRequest) -> GenerationRequest:
+        """``request`` with llm-d's fairness and objective headers, where the model is behind
+        an ``InferencePool``."""
+        objectives = self._objectives.get(model)
+        if objectives is None:
+            return request
+        headers = llm_d_headers(current_flow.get() or ANONYMOUS, objectives)
+        return replace(request, trace_headers={**request.trace_headers, **headers})

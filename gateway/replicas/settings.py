@@ -91,6 +91,13 @@ class RoutingSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     http_port: int | None = None
     """Triton HTTP port of replicas given by address (Triton's default is 8000), for the
     model's ``transport: http``."""
+    inference_pool: bool = False
+    """The model's Triton is reached through a Gateway API ``InferencePool`` with llm-d's
+    endpoint picker: each request carries ``x-llm-d-inference-fairness-id`` (its tenant) and
+    ``x-llm-d-inference-objective`` (see ``objectives``)."""
+    objectives: dict[int, str] = {}
+    """``InferenceObjective`` names by fair-queueing class, for ``inference_pool``: a request
+    names the objective of the highest class at or below its own."""
 
 
 def check_routing(routing: RoutingSettings) -> list[str]:

@@ -5,14 +5,25 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
+from dataclasses import dataclass
 
 import pytest
 
+from adapters.contract import GenerationRequest, ModelTarget, SamplingParams, TokenChunk
+from adapters.scripted import ScriptedBackend
 from gateway.errors import InvalidRequestError, RateLimitError, ServiceUnavailableError
-from gateway.queueing.flows import request_class
+from gateway.queueing.flows import (
+    FAIRNESS_HEADER,
+    OBJECTIVE_HEADER,
+    current_flow,
+    llm_d_headers,
+    request_class,
+)
 from gateway.queueing.gate import ModelSlots
 from gateway.queueing.scheduler import FairQueue, Flow, Ledger
 from gateway.queueing.settings import QueueSettings, check_queueing
+from gateway.replicas.router import Router
+from gateway.replicas.settings import RoutingSettings
 
 
 class Clock:
@@ -229,3 +240,51 @@ async def test_with_the_queue_off_a_full_model_answers_503_at_once() -> None:
     with pytest.raises(ServiceUnavailableError):
         await slots.acquire(Flow("b"), 1)
     slots.release(held, 1)
+
+
+OBJECTIVES = {1: "llama-critical", 0: "llama-standard", -1: "llama-sheddable"}
+
+
+@pytest.mark.parametrize(
+    ("level", "objective"),
+    [(2, "llama-critical"), (1, "llama-critical"), (0, "llama-standard"),
+     (-1, "llama-sheddable"), (-5, None)],
+)  # fmt: skip
+def test_llm_d_headers_name_the_tenant_and_the_objective_of_its_class(
+    level: int, objective: str | None
+) -> None:
+    headers = llm_d_headers(Flow("search", priority_class=level), OBJECTIVES)
+    assert headers.pop(FAIRNESS_HEADER) == "search"
+    assert headers == ({OBJECTIVE_HEADER: objective} if objective else {})
+
+
+async def test_requests_to_an_inference_pool_carry_the_llm_d_headers() -> None:
+    target = ModelTarget(url="pool:8001", triton_model="m", kind="tensorrt_llm")
+
+    @dataclass(frozen=True)
+    class Model:
+        name: str
+        routing: RoutingSettings
+        target: ModelTarget
+        replicas: None = None
+
+    pooled = RoutingSettings(inference_pool=True, objectives=OBJECTIVES)
+    router = Router([Model("pooled", pooled, target), Model("plain", RoutingSettings(), target)])
+    backend = ScriptedBackend([TokenChunk("x", token_count=1)])
+    request = GenerationRequest(
+        "r", "hi", SamplingParams(max_tokens=1), stream=True, trace_headers={"traceparent": "t"}
+    )
+    assert router.direct("plain", backend, target) is None
+    generate = router.direct("pooled", backend, target)
+    assert generate is not None
+    token = current_flow.set(Flow("search", priority_class=0))
+    try:
+        async for _ in generate(request):
+            pass
+    finally:
+        current_flow.reset(token)
+    assert backend.requests[0].trace_headers == {
+        "traceparent": "t",
+        FAIRNESS_HEADER: "search",
+        OBJECTIVE_HEADER: "llama-standard",
+    }

@@ -77,9 +77,13 @@ class ModelSlots:
         return stats
 
     def try_acquire(self, flow: Flow, cost: float) -> Slot | None:
-        """A slot at once, when one is free and nobody waits for one; else None."""
-        if self.in_flight < self.capacity() and not self.queue:
-            return self._grant(flow, cost)
+        """A slot at once, when one is free and nobody waits for one; else None.
+
+        Charged at once all the same: a tenant holding slots is being served, and must rank so
+        when others start to wait."""
+        if self.queue.length == 0 and self.in_flight < self.capacity():
+            self.in_flight += 1
+            return self._charge(flow, cost)
         return None
 
     async def acquire(self, flow: Flow, cost: float) -> Slot:
@@ -90,8 +94,9 @@ class ModelSlots:
         ends over its share; 503 when the wait ends with the model full. A cancelled wait (the
         client left) leaves the queue at once.
         """
-        if self.in_flight < self.capacity() and not self.queue:
-            return self._grant(flow, cost)
+        slot = self.try_acquire(flow, cost)
+        if slot is not None:
+            return slot
         limit = flow.max_queued if flow.max_queued is not None else self.settings.max_queued
         if not self.settings.enabled:
             self._stats(flow.tenant).refused += 1
@@ -141,10 +146,6 @@ class ModelSlots:
                 headers={"Retry-After": str(self.retry_after_s)},
             ) from None
 
-    def _grant(self, flow: Flow, cost: float) -> Slot:
-        self.in_flight += 1
-        return self._charge(flow, cost)
-
     def _charge(self, flow: Flow, cost: float) -> Slot:
         self.ledger.charge(flow.tenant, cost, self.clock())
         stats = self._stats(flow.tenant)
@@ -163,7 +164,8 @@ class ModelSlots:
             self.ledger.charge(slot.flow.tenant, correction, self.clock())
             self._stats(slot.flow.tenant).tokens += correction
         self.in_flight -= 1
-        self._pump()
+        if self.queue.length:
+            self._pump()
 
     def _pump(self) -> None:
         """Give free slots to the next requests waiting (work-conserving: a free slot never

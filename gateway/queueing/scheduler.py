@@ -60,7 +60,7 @@ class Ledger:
         if exponent > _REBASE_EXPONENT:
             self.rebase(now)
             exponent = 0.0
-        return math.pow(2.0, exponent)
+        return float(2.0**exponent)
 
     def rebase(self, now: float) -> None:
         """Move the epoch to ``now``, dividing every sum by the same factor (orders unchanged)."""
@@ -72,7 +72,7 @@ class Ledger:
         """``tenant`` was served ``cost`` tokens (negative: fewer than charged before)."""
         scale = self.scale(now)
         value = self.sums.get(tenant, 0.0) + cost * scale
-        self.sums[tenant] = max(value, 0.0)
+        self.sums[tenant] = value if value > 0.0 else 0.0
 
     def standing(self, tenant: str, now: float) -> float:
         """Tokens attained by ``tenant``, decayed to ``now``."""
@@ -102,10 +102,11 @@ class FairQueue(Generic[Item]):
         self.ledger = ledger
         self._classes: dict[int, _Class[Item]] = {}
         self._where: dict[int, tuple[int, str]] = {}
-        self._length = 0
+        self.length = 0
+        """Items queued (an attribute, read on every request's fast path)."""
 
     def __len__(self) -> int:
-        return self._length
+        return self.length
 
     def depth(self, tenant: str) -> int:
         """Requests of ``tenant`` waiting, over every class."""
@@ -124,7 +125,7 @@ class FairQueue(Generic[Item]):
         level = self._classes.setdefault(flow.priority_class, _Class())
         level.flows.setdefault(flow.tenant, deque()).append(_Queued(item, flow, now))
         self._where[id(item)] = (flow.priority_class, flow.tenant)
-        self._length += 1
+        self.length += 1
 
     def remove(self, item: Item) -> bool:
         """Take ``item`` out of its queue (its client left); False when it is not queued."""
@@ -137,7 +138,7 @@ class FairQueue(Generic[Item]):
             if queued.item is item:
                 queue.remove(queued)
                 break
-        self._length -= 1
+        self.length -= 1
         self._prune(where)
         return True
 
@@ -150,7 +151,7 @@ class FairQueue(Generic[Item]):
         tenant = min(level.flows, key=lambda name: self._rank(level.flows[name]))
         queued = level.flows[tenant].popleft()
         del self._where[id(queued.item)]
-        self._length -= 1
+        self.length -= 1
         self._prune((top, tenant))
         return queued.item, queued.flow, queued.since
 

@@ -12,8 +12,15 @@ the queue turned off (a 503 at once when full, as before it):
   fair share (quiet demands one slot, flood the rest);
 - the token split of two equal tenants flooding together, and of weights 3 and 1.
 
+With ``--overhead``, instead: what the slots cost a model that is never full. The same
+closed-loop streams (``--streams``) run through a model without ``max_in_flight`` (no slots)
+and through one whose ``max_in_flight`` is never reached (every request takes its slot on the
+fast path), the engine's batch large enough for all; printed are tokens/s and TTFT p50 of
+each, and the fast path's own cost (take and give back a slot) in a loop.
+
     python -m tests.benchmarks.fairness
     python -m tests.benchmarks.fairness --slots 16 --flood 6 --seconds 8
+    python -m tests.benchmarks.fairness --overhead --streams 1,16,64
 """
 
 from __future__ import annotations
@@ -30,6 +37,8 @@ from typing import Any
 import httpx
 
 from deploy.sidecar.models import ensure_tiny_model
+from gateway.queueing.gate import ModelSlots
+from gateway.queueing.scheduler import Flow
 from gateway.queueing.settings import QueueSettings
 from gateway.tenancy import TenantPolicy
 from tests.support.paced_stack import (
@@ -166,6 +175,60 @@ async def run(stack: Stack, args: argparse.Namespace, mode: str) -> None:
                   f"{weighted['heavy'] / max(weighted['light'], 1):.3f} (3.0)")  # fmt: skip
 
 
+async def _closed_loop(
+    stack: Stack, body: dict[str, Any], streams: int, seconds: float
+) -> tuple[float, float]:
+    """Tokens/s and TTFT p50 of ``streams`` closed loops over ``seconds``."""
+    until = asyncio.Event()
+    answers: list[Answer] = []
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+    async with httpx.AsyncClient(base_url=stack.url, timeout=300, limits=limits) as client:
+        running = asyncio.create_task(
+            flood(client, stack, "quiet", body, streams=streams, until=until, answers=answers)
+        )
+        await asyncio.sleep(1.0)
+        start = time.monotonic()
+        await asyncio.sleep(seconds)
+        end = time.monotonic()
+        until.set()
+        await running
+    done = [a for a in answers if start <= a.ended <= end and a.status == 200]
+    ttft = statistics.median(a.ttft for a in done if start <= a.started)
+    return len(done) * body["max_tokens"] / (end - start), ttft
+
+
+def fast_path_cost() -> float:
+    """Seconds one slot taken and given back costs on the fast path."""
+    slots = ModelSlots("m", lambda: 1_000_000, QueueSettings())
+    flow = Flow("quiet")
+    rounds = 200_000
+    start = time.perf_counter()
+    for _ in range(rounds):
+        slot = slots.try_acquire(flow, 100)
+        assert slot is not None
+        slots.release(slot, 100)
+    return (time.perf_counter() - start) / rounds
+
+
+def overhead(args: argparse.Namespace, sidecar: Any, tokenizer: Path) -> None:
+    body = completion(args.tokens)
+    levels = [int(level) for level in args.streams.split(",")]
+    print(f"fast path: take and give back a slot {fast_path_cost() * 1e9:.0f} ns")
+    figures: dict[str, list[tuple[float, float]]] = {}
+    for mode, limit in (("no slots", None), ("slots, never full", 1_000_000)):
+        with paced_gateway(sidecar, tokenizer, TENANTS, max_in_flight=limit) as stack:
+            figures[mode] = [
+                asyncio.run(_closed_loop(stack, body, level, args.seconds)) for level in levels
+            ]
+    for index, level in enumerate(levels):
+        (base_rate, base_ttft), (rate, ttft) = (figures[m][index] for m in figures)
+        print(
+            f"{level:4d} streams: no slots {base_rate:8.0f} tok/s TTFT p50 "
+            f"{1000 * base_ttft:6.1f} ms | slots {rate:8.0f} tok/s ({rate / base_rate:.1%}) "
+            f"TTFT p50 {1000 * ttft:6.1f} ms ({1000 * (ttft - base_ttft):+.1f} ms)"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--slots", type=int, default=4, help="engine batch = max_in_flight")
@@ -174,8 +237,17 @@ def main() -> None:
     parser.add_argument("--token-s", type=float, default=0.01, help="seconds per token")
     parser.add_argument("--seconds", type=float, default=6.0, help="each measured phase")
     parser.add_argument("--solo", type=int, default=20, help="quiet's requests alone")
+    parser.add_argument("--overhead", action="store_true", help="the slots' cost uncontended")
+    parser.add_argument("--streams", default="1,16,64", help="--overhead's concurrencies")
     args = parser.parse_args()
     tokenizer = ensure_tiny_model()
+    if args.overhead:
+        with (
+            tempfile.TemporaryDirectory() as workdir,
+            paced_sidecar(tokenizer, Path(workdir), token_s=args.token_s, batch=4096) as sidecar,
+        ):
+            overhead(args, sidecar, tokenizer)
+        return
     with (
         tempfile.TemporaryDirectory() as workdir,
         paced_sidecar(tokenizer, Path(workdir), token_s=args.token_s, batch=args.slots) as sidecar,

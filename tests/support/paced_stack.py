@@ -91,7 +91,7 @@ def paced_gateway(
     tokenizer_dir: Path,
     tenants: Mapping[str, TenantPolicy],
     *,
-    max_in_flight: int,
+    max_in_flight: int | None,
     queueing: QueueSettings | None = None,
     store: StoreSettings | None = None,
     keys: Mapping[str, str] | None = None,

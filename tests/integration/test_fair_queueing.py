@@ -29,6 +29,7 @@ from tests.support.paced_stack import (
 )
 from tests.support.prometheus import total
 from tests.support.redis_server import RedisServer
+from tests.support.replicas import start_replicas, stop_replicas
 
 pytestmark = pytest.mark.slow
 SLOTS = 2
@@ -263,3 +264,57 @@ async def test_shares_hold_across_gateways_sharing_the_store(
     window = sorted(answers, key=lambda answer: answer.ended)[2 * WARM_UP : 2 * WARM_UP + count]
     served = Counter(answer.tenant for answer in window)
     assert served["everywhere"] / served["one-place"] == pytest.approx(1.0, rel=0.1), served
+
+
+@pytest.fixture(scope="module")
+def two_replicas(
+    tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[list[Sidecar]]:
+    """Two tritonservers (127.0.0.1 and 127.0.0.2) with the paced engine."""
+    paced = {"kind": "loadtest", "tokenizer_dir": str(tiny_model_dir), "token_s": TOKEN_S}
+    sidecars = start_replicas(
+        tiny_model_dir,
+        tmp_path_factory.mktemp("fair-replicas"),
+        ("127.0.0.1", "127.0.0.2"),
+        (16, 16),
+        engines={0: paced, 1: paced},
+    )
+    yield sidecars
+    stop_replicas(sidecars)
+
+
+async def test_a_quiet_tenant_and_equal_shares_hold_across_two_replicas(
+    two_replicas: list[Sidecar], tiny_model_dir: Path
+) -> None:
+    """The slots of a pool are every routable replica's: one each here, two in all, which
+    queue the floods as one model's."""
+    tenants = {name: TenantPolicy(name=name) for name in ("flood", "quiet", "even-b")}
+    with paced_gateway(two_replicas, tiny_model_dir, tenants, max_in_flight=1) as stack:
+        await _until(lambda: stack.slots().capacity() == SLOTS, "both replicas up")
+        body = completion(20)
+        async with _client(stack) as client:
+            solo = [await stream_one(client, stack, "quiet", body) for _ in range(3)]
+            until = asyncio.Event()
+            flooded: list[Answer] = []
+            running = asyncio.gather(
+                flood(client, stack, "flood", body, streams=6 * SLOTS, until=until,
+                      answers=flooded),
+                flood(client, stack, "even-b", body, streams=2 * SLOTS, until=until,
+                      answers=flooded),
+            )  # fmt: skip
+            await _until(lambda: stack.slots().waiting() >= 4 * SLOTS, "the floods queued")
+            beside = [await stream_one(client, stack, "quiet", body) for _ in range(4)]
+            await _until(lambda: len(flooded) >= WARM_UP + 40, "40 answers")
+            until.set()
+            await running
+        by_replica = stack.gateway.app.state.runtime.router.pool(MODEL).replicas
+        routed = {name: replica.routed for name, replica in by_replica.items()}
+    assert all(answer.status == 200 for answer in solo + beside + flooded)
+    length = statistics.median(answer.ended - answer.started for answer in solo)
+    ttft_solo = statistics.median(answer.ttft for answer in solo)
+    ttft_beside = statistics.median(answer.ttft for answer in beside)
+    assert ttft_beside <= ttft_solo + length, (ttft_solo, ttft_beside, length)
+    window = sorted(flooded, key=lambda answer: answer.ended)[WARM_UP : WARM_UP + 40]
+    served = Counter(answer.tenant for answer in window)
+    assert served["flood"] / served["even-b"] == pytest.approx(1.0, rel=0.1), served
+    assert all(count > 10 for count in routed.values()), routed

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,7 +18,7 @@ from deploy.sidecar.spec import parse_spec
 from deploy.sidecar.supervisor import Sidecar
 from gateway.queueing.gate import ModelSlots
 from gateway.queueing.settings import QueueSettings
-from gateway.replicas.settings import RoutingSettings
+from gateway.replicas.settings import EndpointSettings, RoutingSettings
 from gateway.settings import LimitSettings, ModelSettings, Settings
 from gateway.tenancy import KeyEntry, StoreSettings, TenancySettings, TenantPolicy
 from gateway.tenancy.keys import digest, new_key
@@ -27,6 +27,7 @@ from tests.support.sidecars import QUICK_STOP
 
 MODEL = "paced"
 ENGINE_MODEL = "paced_tensorrt_llm"
+REPLICA_ENGINE_MODEL = "tiny_tensorrt_llm"
 
 
 @contextmanager
@@ -87,7 +88,7 @@ class Stack:
 
 @contextmanager
 def paced_gateway(
-    sidecar: Sidecar,
+    sidecar: Sidecar | Sequence[Sidecar],
     tokenizer_dir: Path,
     tenants: Mapping[str, TenantPolicy],
     *,
@@ -98,18 +99,30 @@ def paced_gateway(
     admin_key: str | None = None,
 ) -> Iterator[Stack]:
     """A gateway serving the paced engine as ``paced`` to ``tenants``, ``max_in_flight`` at
-    once."""
+    once: on the one ``sidecar``, or on each of several (``start_replicas``'s, whose engine
+    model is ``tiny_tensorrt_llm``) as its replicas."""
     keys = dict(keys or {name: new_key() for name in tenants})
     admin_key = admin_key or new_key()
+    if isinstance(sidecar, Sidecar):
+        where: dict[str, Any] = {"triton_url": sidecar.grpc_url, "triton_model": ENGINE_MODEL}
+        routing = RoutingSettings(max_in_flight=max_in_flight)
+    else:
+        replicas = tuple(
+            EndpointSettings(url=s.grpc_url, metrics_url=s.metrics_url, name=s.name)
+            for s in sidecar
+        )
+        where = {"replicas": replicas, "triton_model": REPLICA_ENGINE_MODEL}
+        routing = RoutingSettings(
+            max_in_flight=max_in_flight, probe_interval_s=0.25, scrape_interval_s=0.25
+        )
     settings = Settings(
         models=(
             ModelSettings(
                 name=MODEL,
-                triton_url=sidecar.grpc_url,
-                triton_model=ENGINE_MODEL,
                 entry="tensorrt_llm",
                 tokenizer_dir=str(tokenizer_dir),
-                routing=RoutingSettings(max_in_flight=max_in_flight),
+                routing=routing,
+                **where,
             ),
         ),
         limits=LimitSettings(request_timeout_s=120.0, shutdown_grace_s=2.0, retry_after_s=2),

@@ -74,11 +74,13 @@ class Router:
             if model.routing.inference_pool:
                 self._objectives[model.name] = dict(model.routing.objectives)
             limit = model.routing.max_in_flight
-            if limit is not None:
+            settings = queueing or QueueSettings()
+            # With the queue off, a pool refuses as it always did, when it picks a replica.
+            if limit is not None and (settings.enabled or model.replicas is None):
                 self._slots[model.name] = ModelSlots(
                     model.name,
                     _fixed(limit) if model.replicas is None else self._pool_capacity(model.name),
-                    queueing or QueueSettings(),
+                    settings,
                     retry_after_s=retry_after_s,
                     ledger=ledgers(model.name) if ledgers is not None else None,
                 )

@@ -1,5 +1,6 @@
 """Every pool of the app: built from the served models, watched while the app runs, and the
-small interface the request path calls (``pool``, ``stream``, ``ready``)."""
+small interface the request path calls (``pool``, ``stream``, ``direct``); each capped model's
+slots, taken there before a request is dispatched (``gateway.queueing``)."""
 
 from __future__ import annotations
 

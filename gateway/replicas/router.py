@@ -94,16 +94,8 @@ class Router:
             self._sources[model.name] = model.replicas
 
     def _pool_capacity(self, model: str) -> Callable[[], int]:
-        """A pool's slots: ``max_in_flight`` on each routable replica (on one while none is,
-        so that a request finds the pool down rather than waiting for it)."""
-
-        def capacity() -> int:
-            pool = self._pools[model]
-            limit = pool.settings.max_in_flight or 0
-            routable = sum(1 for replica in pool.replicas.values() if replica.health.routable)
-            return limit * max(routable, 1)
-
-        return capacity
+        """A pool's slots, read at each use: its replicas come, go and fill up."""
+        return lambda: self._pools[model].slots()
 
     def __iter__(self) -> Iterator[ReplicaPool]:
         return iter(self._pools.values())

@@ -63,10 +63,12 @@ class RoutingSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     adapter_slots: int = 8
     """LoRA adapters one replica's cache is taken to hold."""
     max_in_flight: int | None = None
-    """Requests this gateway keeps on one replica at most; a replica at it is saturated."""
+    """Requests this gateway process keeps on one replica (or the model's one Triton) at most;
+    more wait in the fair queue (``queueing``). Unset: no limit, no queue."""
     max_waiting: int | None = None
-    """A replica whose engine reports this many waiting requests is saturated. When every
-    replica is saturated, requests get 503 with ``Retry-After``; unset: no limit."""
+    """A replica whose engine reports this many waiting requests is saturated: it takes no
+    more (with ``max_in_flight``, requests wait in the fair queue; without it, or with the
+    queue off, a request finding every replica saturated gets 503 with ``Retry-After``)."""
     scrape_interval_s: float = 0.5
     """How often each replica's Triton metrics are read (queue, KV cache, block size)."""
     probe_interval_s: float = 1.0

@@ -146,7 +146,8 @@ async def test_weights_three_to_one_split_the_tokens_three_to_one(stack: Stack) 
 async def test_a_higher_class_overtakes_the_requests_of_a_lower_one_queued_before_it(
     stack: Stack,
 ) -> None:
-    long, short = completion(60), completion(5)
+    # Held long enough for the queue to be set up on a loaded host.
+    long, short = completion(300), completion(5)
     async with _client(stack) as client:
         holding = [
             asyncio.create_task(stream_one(client, stack, "basic", long)) for _ in range(SLOTS)
@@ -199,7 +200,7 @@ async def test_bounded_waits_end_in_429_or_503_with_retry_after(stack: Stack) ->
 
 
 async def test_a_client_that_leaves_while_queued_leaves_nothing_behind(stack: Stack) -> None:
-    long = completion(100)
+    long = completion(300)
     async with _client(stack) as client:
         holding = [
             asyncio.create_task(stream_one(client, stack, "leaver", long)) for _ in range(SLOTS)

@@ -9,7 +9,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 
@@ -60,6 +60,12 @@ def paced_sidecar(
         yield sidecar
     finally:
         sidecar.stop()
+
+
+class Callers(Protocol):
+    """Who holds the tenants' keys: the headers each tenant's requests carry."""
+
+    def headers(self, tenant: str) -> dict[str, str]: ...
 
 
 @dataclass
@@ -176,7 +182,7 @@ class Answer:
 
 
 async def stream_one(
-    client: httpx.AsyncClient, stack: Stack, tenant: str, body: dict[str, Any]
+    client: httpx.AsyncClient, stack: Callers, tenant: str, body: dict[str, Any]
 ) -> Answer:
     """Send one streamed completion as ``tenant`` and read it to its end."""
     started = time.monotonic()
@@ -196,7 +202,7 @@ async def stream_one(
 
 async def flood(
     client: httpx.AsyncClient,
-    stack: Stack,
+    stack: Callers,
     tenant: str,
     body: dict[str, Any],
     *,

@@ -22,6 +22,7 @@ pytestmark = pytest.mark.slow
 SLOTS = 2
 """``max_in_flight`` of each worker: four slots in all."""
 WARM_UP = 4
+COUNT = 120
 KEYS = {name: new_key() for name in ("many", "few", "quiet")}
 
 
@@ -62,29 +63,32 @@ def workers(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> I
 async def test_two_workers_split_a_full_model_evenly_and_keep_a_quiet_tenant_served(
     workers: Workers,
 ) -> None:
-    """``many`` floods with three times the streams of ``few``, wherever the kernel spreads
-    their connections between the two workers: the tokens split evenly, and ``quiet`` gets
-    every answer."""
+    """``many`` floods with three times the streams of ``few`` (first come, first served
+    would give it three times the tokens), each request on a new connection that the kernel
+    gives either worker: the tokens split evenly, within what the random spread between two
+    queues allows, and ``quiet`` gets every answer."""
     body = completion(10)
     until = asyncio.Event()
     answers: list[Answer] = []
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=0)
     async with httpx.AsyncClient(base_url=workers.url, timeout=120, limits=limits) as client:
         running = asyncio.gather(
-            flood(client, workers, "many", body, streams=12, until=until, answers=answers),
-            flood(client, workers, "few", body, streams=4, until=until, answers=answers),
+            flood(client, workers, "many", body, streams=24, until=until, answers=answers),
+            flood(client, workers, "few", body, streams=8, until=until, answers=answers),
         )
         deadline = time.monotonic() + 60
         while len(answers) < WARM_UP:
             assert time.monotonic() < deadline
             await asyncio.sleep(0.05)
         quiet = [await stream_one(client, workers, "quiet", body) for _ in range(4)]
-        while len(answers) < WARM_UP + 60:
+        while len(answers) < WARM_UP + COUNT:
             assert time.monotonic() < deadline
             await asyncio.sleep(0.05)
         until.set()
         await running
     assert all(answer.status == 200 for answer in answers + quiet)
-    window = sorted(answers, key=lambda answer: answer.ended)[WARM_UP : WARM_UP + 60]
+    window = sorted(answers, key=lambda answer: answer.ended)[WARM_UP : WARM_UP + COUNT]
     served = Counter(answer.tenant for answer in window)
-    assert served["many"] / served["few"] == pytest.approx(1.0, rel=0.1), served
+    # Within one process the split is exact to a request or two (test_fair_queueing); across
+    # two, each slot goes to whoever waits in that worker, and the spread is random.
+    assert served["many"] / served["few"] == pytest.approx(1.0, rel=0.25), served

@@ -9,6 +9,7 @@ import msgspec
 
 from adapters.contract import EntryModel
 from gateway.observability import ObservabilitySettings
+from gateway.queueing.settings import QueueSettings, check_queueing
 from gateway.replicas.settings import EndpointSettings, RoutingSettings, check_routing
 from gateway.tenancy.config import TenancyConfigError, TenancySettings, check_tenancy
 
@@ -279,6 +280,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     """Logging level of the ``triton-gateway`` command."""
     observability: ObservabilitySettings = ObservabilitySettings()
     """Log format (text or JSON), OpenTelemetry tracing, and who may read the metrics."""
+    queueing: QueueSettings = QueueSettings()
+    """How requests wait, in fair per-tenant queues, for a model at its
+    ``routing.max_in_flight``."""
 
 
 def check_settings(settings: Settings) -> None:
@@ -294,6 +298,9 @@ def check_settings(settings: Settings) -> None:
         problem = _transport_problem(model)
         if problem is not None:
             raise SettingsError(f"model {model.name!r}: {problem}")
+    problems = check_queueing(settings.queueing)
+    if problems:
+        raise SettingsError(f"queueing: {'; '.join(problems)}")
     try:
         check_tenancy(settings.tenancy)
     except TenancyConfigError as exc:

@@ -239,14 +239,15 @@ class TritonBackend:
         # An ensemble's call outlives its deadline, for its stop request and drain
         # (Stopper.release).
         keep_open = model.is_ensemble
+        priority = model.request_priority(request.priority)
         if target.http_url is not None and stoppable and single and carries(tensors):
-            body = generate_body(request_id, tensors, priority=request.priority)
+            body = generate_body(request_id, tensors, priority=priority)
             return self._http.call(
                 target.http_url, target.triton_model, body, request.trace_headers, deadline,
                 keep_open=keep_open,
             )  # fmt: skip
         message = infer_request(
-            target.triton_model, request_id, tensors, outputs, priority=request.priority
+            target.triton_model, request_id, tensors, outputs, priority=priority
         )
         timeout = _remaining(deadline) + (self._stopper.ending_s if keep_open else 0.0)
         call = self._open(target.url, message, timeout, request.trace_headers)

@@ -61,6 +61,15 @@ class ModelInputs:
     reuses_kv_cache: bool = True
     """Whether the engine may reuse cached prompt blocks: only an explicit
     ``enable_kv_cache_reuse`` of false says it does not."""
+    priority_levels: int = 0
+    """Triton's dynamic batcher's ``priority_levels``: 0 where the model has none, and a
+    request's priority would reach no scheduler that reads it (TensorRT-LLM's executor
+    schedules on its own)."""
+
+    def request_priority(self, priority: int) -> int:
+        """The priority to send Triton for a caller's ``priority``: none (0) where the model
+        declares no ``priority_levels``, else at most its lowest level."""
+        return min(priority, self.priority_levels) if self.priority_levels else 0
 
     @property
     def is_ensemble(self) -> bool:
@@ -180,6 +189,7 @@ def parse_model_config(document: Mapping[str, Any]) -> ModelInputs:
         tokens_per_block=_positive_int(parameters.get("tokens_per_block")),
         max_beam_width=_positive_int(parameters.get("max_beam_width")),
         reuses_kv_cache=parameters.get("enable_kv_cache_reuse", "true").lower() in _TRUE,
+        priority_levels=int(config.get("dynamic_batching", {}).get("priority_levels", 0) or 0),
     )
 
 

@@ -237,7 +237,8 @@ def _with_replicas(
                 f"{model.pipeline!r} runs on several sidecars: leave it to theirs"
             )
     if source is None:
-        return route
+        # One Triton: its ``max_in_flight`` still caps it, with the fair queue in front.
+        return dataclasses.replace(route, routing=model.routing)
     takes_http = model.name in over_http
     if isinstance(source, DnsName) and not takes_http:
         source = dataclasses.replace(source, http_port=None)

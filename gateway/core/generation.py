@@ -209,7 +209,9 @@ class GenerationService:
         """How the model's requests are prepared: for its one server, or through its pool."""
         dispatcher = self._dispatcher
         if dispatcher is not None:
-            pooled = dispatcher.preparer(model.base or model.name, self._backend, watch)
+            pooled = dispatcher.preparer(
+                model.base or model.name, self._backend, model.target, watch
+            )
             if pooled is not None:
                 return pooled
         return functools.partial(self._backend.prepare, model.target)

@@ -71,9 +71,12 @@ Prepare = Callable[[GenerationRequest], Awaitable[PreparedRequest]]
 
 
 class Dispatcher(Protocol):
-    """Where the requests of a model served by several Tritons go (its replica pool)."""
+    """Where a model's requests go when they do not go straight to its one Triton: its replica
+    pool, the slots of a model with a bounded number in flight."""
 
-    def preparer(self, model: str, backend: Backend, watch: GenerationWatch) -> Prepare | None:
-        """How the base model ``model``'s requests are prepared; None where it has one Triton
-        (its target's)."""
+    def preparer(
+        self, model: str, backend: Backend, target: ModelTarget, watch: GenerationWatch
+    ) -> Prepare | None:
+        """How the base model ``model``'s requests are prepared (its pool, its slots); None
+        where they go straight to ``target``, its one Triton."""
         ...

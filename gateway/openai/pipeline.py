@@ -38,6 +38,8 @@ from gateway.observability import Observability
 from gateway.openai.bounds import Bounds
 from gateway.openai.protocol import SamplingFields
 from gateway.openai.shaping import Header
+from gateway.queueing.flows import current_flow, request_class
+from gateway.queueing.scheduler import Flow
 from gateway.tenancy import TenantPolicy
 from gateway.tenancy.keys import credentials_headers
 from gateway.tenancy.service import Tenancy
@@ -128,6 +130,7 @@ class CompletionPipeline:
         try:
             route = model.route
             endpoint.bounds(body, Bounds.of(route.bounds, route.max_n, tenant.max_choices))
+            current_flow.set(_flow(tenant, body))
             plan = await self._plan(receive, tenant, model, endpoint, body)
             with self.observability.step("gateway.rate_limit"):
                 # A shared store answers while the Triton request is built: it is sent admitted,
@@ -197,6 +200,18 @@ class CompletionPipeline:
         planning = endpoint.planner(model, body, max_tokens_cap=tenant.max_tokens)
         with self.observability.step("gateway.template"):
             return await until_disconnect(receive, planning)
+
+
+def _flow(tenant: TenantPolicy, body: SamplingFields) -> Flow:
+    """The flow the request waits in when its model is full."""
+    priority = body.priority if isinstance(body.priority, int) else None
+    tier = body.service_tier if isinstance(body.service_tier, str) else None
+    return Flow(
+        tenant.name,
+        weight=tenant.weight,
+        priority_class=request_class(tenant.priority_class, priority, tier),
+        max_queued=tenant.max_queued,
+    )
 
 
 def route(path: str, endpoint: Endpoint[Any]) -> ASGIRouteHandler:

@@ -146,6 +146,12 @@ class SamplingFields(Struct, frozen=True, kw_only=True):
     cache_salt: Annotated[str, Meta(min_length=1, max_length=256)] | UnsetType | None = UNSET
     """vLLM's: only requests with the same salt reuse each other's cached prompt blocks; here a
     narrower scope inside the tenant's KV-cache scope, never a way into another's."""
+    priority: Annotated[int, Meta(ge=-100, le=100)] | UnsetType | None = UNSET
+    """The class the request waits in when the model is full, higher first (llm-d's
+    ``InferenceObjective``): at most the tenant's ``priority_class``, which it may only lower."""
+    service_tier: Literal["auto", "default", "flex", "priority"] | UnsetType | None = UNSET
+    """OpenAI's: ``flex`` waits one class below the tenant's when the model is full; the
+    others keep the tenant's class (none raises it)."""
 
 
 class ChatCompletionRequest(SamplingFields, frozen=True, kw_only=True):

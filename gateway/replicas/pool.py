@@ -149,6 +149,24 @@ class ReplicaPool:
             limit_waiting is not None and signals is not None and (signals.waiting >= limit_waiting)
         )
 
+    def slots(self) -> int:
+        """Requests the pool takes at once: ``max_in_flight`` on each routable replica, but no
+        more than it holds now on one whose engine reports ``max_waiting`` waiting; while none
+        is routable, one replica's (a request then finds the pool down rather than waiting)."""
+        limit = self.settings.max_in_flight or 0
+        now = self.clock()
+        routable = [replica for replica in self.replicas.values() if replica.health.routable]
+        if not routable:
+            return limit
+        return sum(self._slots_of(replica, limit, now) for replica in routable)
+
+    def _slots_of(self, replica: Replica, limit: int, now: float) -> int:
+        most_waiting = self.settings.max_waiting
+        signals = replica.fresh_signals(now, self.settings.scrape_interval_s)
+        if most_waiting is not None and signals is not None and signals.waiting >= most_waiting:
+            return min(replica.in_flight, limit)
+        return limit
+
     def pick(self, request: GenerationRequest, exclude: Collection[Replica] = ()) -> Routed:
         """The replica for ``request`` (not one of ``exclude``), remembered for affinity.
 

@@ -1,17 +1,24 @@
 """Every pool of the app: built from the served models, watched while the app runs, and the
-small interface the request path calls (``pool``, ``preparer``)."""
+small interface the request path calls (``pool``, ``preparer``); each capped model's slots,
+taken there before a request is sent (``gateway.queueing``)."""
 
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Iterator
+from dataclasses import replace
 from typing import Protocol
 
 import httpx
 
 from adapters.contract import Backend, GenerationRequest, ModelTarget, PreparedRequest
+from gateway.queueing.flows import current_flow, llm_d_headers
+from gateway.queueing.gate import ANONYMOUS, ModelSlots
+from gateway.queueing.held import HeldRequest
+from gateway.queueing.scheduler import Ledger
+from gateway.queueing.settings import QueueSettings
+from gateway.queueing.shared import SharedLedger
 from gateway.replicas import dispatch
 from gateway.replicas.dispatch import AttemptObserver
 from gateway.replicas.pool import Clock, ReplicaPool
@@ -38,6 +45,11 @@ class PooledModel(Protocol):
     def routing(self) -> RoutingSettings: ...
 
 
+def _fixed(limit: int) -> Callable[[], int]:
+    """A model's slots on its one Triton: its ``max_in_flight``."""
+    return lambda: limit
+
+
 class Router:
     """The replica pools of the models served by several Tritons (none for the others)."""
 
@@ -48,12 +60,31 @@ class Router:
         retry_after_s: int = 5,
         resolver: Resolver = resolve_addresses,
         clock: Clock | None = None,
+        queueing: QueueSettings | None = None,
+        ledgers: Callable[[str], Ledger] | None = None,
     ) -> None:
+        """``ledgers`` gives each model's ledger of attained service (shared by the gateway's
+        processes); by default each model keeps its own."""
         self._pools: dict[str, ReplicaPool] = {}
         self._sources: dict[str, ReplicaSource] = {}
+        self._slots: dict[str, ModelSlots] = {}
+        self._objectives: dict[str, dict[int, str]] = {}
         self._resolver = resolver
         self._tasks: list[asyncio.Task[None]] = []
         for model in models:
+            if model.routing.inference_pool:
+                self._objectives[model.name] = dict(model.routing.objectives)
+            limit = model.routing.max_in_flight
+            settings = queueing or QueueSettings()
+            # With the queue off, a pool refuses as it always did, when it picks a replica.
+            if limit is not None and (settings.enabled or model.replicas is None):
+                self._slots[model.name] = ModelSlots(
+                    model.name,
+                    _fixed(limit) if model.replicas is None else self._pool_capacity(model.name),
+                    settings,
+                    retry_after_s=retry_after_s,
+                    ledger=ledgers(model.name) if ledgers is not None else None,
+                )
             if model.replicas is None:
                 continue
             extra = {"clock": clock} if clock is not None else {}
@@ -61,6 +92,10 @@ class Router:
                 model.name, model.target, model.routing, retry_after_s=retry_after_s, **extra
             )
             self._sources[model.name] = model.replicas
+
+    def _pool_capacity(self, model: str) -> Callable[[], int]:
+        """A pool's slots, read at each use: its replicas come, go and fill up."""
+        return lambda: self._pools[model].slots()
 
     def __iter__(self) -> Iterator[ReplicaPool]:
         return iter(self._pools.values())
@@ -71,6 +106,23 @@ class Router:
     def pool(self, model: str) -> ReplicaPool | None:
         """The pool of the base model ``model``; None when it has one Triton."""
         return self._pools.get(model)
+
+    def slots(self, model: str) -> ModelSlots | None:
+        """The slots of the base model ``model``; None when it has no ``max_in_flight``."""
+        return self._slots.get(model)
+
+    def all_slots(self) -> Iterator[ModelSlots]:
+        """Every model's slots."""
+        return iter(self._slots.values())
+
+    def share_queues(self) -> None:
+        """Start synchronising the models' shared ledgers, where they have one."""
+        for slots in self._slots.values():
+            ledger = slots.ledger
+            if isinstance(ledger, SharedLedger):
+                interval = slots.settings.sync_interval_s
+                sync = ledger.run(interval, lambda slots=slots: bool(slots.queue))  # type: ignore[misc]
+                self._tasks.append(asyncio.create_task(sync, name=f"fairq-{slots.model}"))
 
     def start(self, backend: Backend, http: httpx.AsyncClient) -> None:
         """Start probing, scraping and resolving every pool's replicas."""
@@ -86,12 +138,44 @@ class Router:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks.clear()
 
+    @property
+    def dispatches(self) -> bool:
+        """Whether any model's requests go through the router: a pool, slots or llm-d's
+        headers (else every request goes straight to its model's one Triton)."""
+        return bool(self._pools or self._slots or self._objectives)
+
     def preparer(
-        self, model: str, backend: Backend, observer: AttemptObserver | None = None
+        self,
+        model: str,
+        backend: Backend,
+        target: ModelTarget,
+        observer: AttemptObserver | None = None,
     ) -> Callable[[GenerationRequest], Awaitable[PreparedRequest]] | None:
-        """How requests of the base model ``model`` are prepared for its pool (their replica
-        picked once they are admitted); None when it has one Triton."""
+        """How requests of the base model ``model`` are prepared: for its pool (their replica
+        picked once they are admitted), inside its slots, with llm-d's headers; None where
+        they go straight to ``target``, its one Triton."""
         pool = self._pools.get(model)
-        if pool is None:
+        slots = self._slots.get(model)
+        if pool is None and slots is None and model not in self._objectives:
             return None
-        return functools.partial(dispatch.prepare, pool, backend, observer)
+
+        async def prepare(request: GenerationRequest) -> PreparedRequest:
+            request = self._tagged(model, request)
+            if pool is not None:
+                prepared: PreparedRequest = await dispatch.prepare(pool, backend, observer, request)
+            else:
+                prepared = await backend.prepare(target, request)
+            if slots is None:
+                return prepared
+            return HeldRequest(slots, current_flow.get() or ANONYMOUS, request, prepared)
+
+        return prepare
+
+    def _tagged(self, model: str, request: GenerationRequest) -> GenerationRequest:
+        """``request`` with llm-d's fairness and objective headers, where the model is behind
+        an ``InferencePool``."""
+        objectives = self._objectives.get(model)
+        if objectives is None:
+            return request
+        headers = llm_d_headers(current_flow.get() or ANONYMOUS, objectives)
+        return replace(request, trace_headers={**request.trace_headers, **headers})

@@ -63,10 +63,12 @@ class RoutingSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     adapter_slots: int = 8
     """LoRA adapters one replica's cache is taken to hold."""
     max_in_flight: int | None = None
-    """Requests this gateway keeps on one replica at most; a replica at it is saturated."""
+    """Requests this gateway process keeps on one replica (or the model's one Triton) at most;
+    more wait in the fair queue (``queueing``). Unset: no limit, no queue."""
     max_waiting: int | None = None
-    """A replica whose engine reports this many waiting requests is saturated. When every
-    replica is saturated, requests get 503 with ``Retry-After``; unset: no limit."""
+    """A replica whose engine reports this many waiting requests is saturated: it takes no
+    more (with ``max_in_flight``, requests wait in the fair queue; without it, or with the
+    queue off, a request finding every replica saturated gets 503 with ``Retry-After``)."""
     scrape_interval_s: float = 0.5
     """How often each replica's Triton metrics are read (queue, KV cache, block size)."""
     probe_interval_s: float = 1.0
@@ -91,6 +93,13 @@ class RoutingSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     http_port: int | None = None
     """Triton HTTP port of replicas given by address (Triton's default is 8000), for the
     model's ``transport: http``."""
+    inference_pool: bool = False
+    """The model's Triton is reached through a Gateway API ``InferencePool`` with llm-d's
+    endpoint picker: each request carries ``x-llm-d-inference-fairness-id`` (its tenant) and
+    ``x-llm-d-inference-objective`` (see ``objectives``)."""
+    objectives: dict[int, str] = {}
+    """``InferenceObjective`` names by fair-queueing class, for ``inference_pool``: a request
+    names the objective of the highest class at or below its own."""
 
 
 def check_routing(routing: RoutingSettings) -> list[str]:

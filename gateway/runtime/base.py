@@ -30,6 +30,8 @@ from gateway.catalog.transports import choose_transports, log_choices
 from gateway.core.generation import GenerationService
 from gateway.observability import Observability
 from gateway.openai.pipeline import CompletionPipeline
+from gateway.queueing.metrics import QueueMetrics
+from gateway.queueing.shared import shared_ledgers
 from gateway.replicas.metrics import ReplicaMetrics
 from gateway.replicas.router import Router
 from gateway.replicas.sources import ReplicaAddress, Resolver, resolve_addresses
@@ -116,6 +118,7 @@ class Runtime(abc.ABC):
         self.router = Router(())
         """The replica pools of models served by several Tritons."""
         self.metrics.registry.register(ReplicaMetrics(lambda: self.router, lambda: self._backend))
+        self.metrics.registry.register(QueueMetrics(lambda: self.router.all_slots()))
         self._bring_up_task: asyncio.Task[None] | None = None
         self.http = httpx.AsyncClient()
         """One HTTP client for what the gateway fetches itself (its sidecars' metrics)."""
@@ -197,15 +200,26 @@ class Runtime(abc.ABC):
         if self._backend is None:
             self._backend = self._backend_factory(routes)
         retry_after_s = self.settings.limits.retry_after_s
-        self.router = Router(routes, retry_after_s=retry_after_s, resolver=self._resolver)
+        queueing = self.settings.queueing
+        link = self.tenancy.redis
+        self.router = Router(
+            routes,
+            retry_after_s=retry_after_s,
+            resolver=self._resolver,
+            queueing=queueing,
+            ledgers=shared_ledgers(link, self.settings.tenancy.store.prefix, queueing.half_life_s)
+            if link is not None and queueing.shared
+            else None,
+        )
+        self.router.share_queues()
         if not self.supervised:
             self.router.start(self._backend, self.http)
         self._generation = GenerationService(
             self._backend,
             timeout_s=self.settings.limits.request_timeout_s,
             observability=self.observability,
-            # Models without a pool go straight to their Triton: no dispatcher to ask.
-            dispatcher=self.router or None,
+            # Models without a pool, slots or llm-d headers go straight to their Triton.
+            dispatcher=self.router if self.router.dispatches else None,
         )
         self._pipeline = CompletionPipeline(
             self._generation,

@@ -55,6 +55,16 @@ class TenantPolicy(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     priority: int = 0
     """Triton request priority, 0 to 100 (1 is the highest level; 0 means the model's
     default); takes effect where the model config declares ``priority_levels``."""
+    weight: float = 1.0
+    """Share of a full model's tokens, relative to the other tenants waiting in the same
+    class (``2``: twice a tenant of weight 1)."""
+    priority_class: int = 0
+    """Fair-queueing class, -100 to 100: a full model's waiting requests of a higher class
+    are served before any of a lower one. A request may lower its own (``priority``,
+    ``service_tier: flex``), never raise it."""
+    max_queued: int | None = None
+    """Most of the tenant's requests that may wait for one full model at once (0: none
+    waits); unset, ``queueing.max_queued``."""
     burst: float = 1.0
     """Share of a minute's quota that can be spent at once (0 < burst <= 1); the rest refills
     smoothly."""
@@ -243,6 +253,16 @@ def check_policy(tenant: TenantPolicy) -> None:
         raise PolicyError(
             f"tenant {tenant.name!r}: cache_scope must match {NAME.pattern}", "cache_scope"
         )
+    if not 0 < tenant.weight <= 1000:
+        raise PolicyError(f"tenant {tenant.name!r}: weight must be in (0, 1000]", "weight")
+    if not -MAX_PRIORITY <= tenant.priority_class <= MAX_PRIORITY:
+        raise PolicyError(
+            f"tenant {tenant.name!r}: priority_class must be between {-MAX_PRIORITY} and "
+            f"{MAX_PRIORITY}",
+            "priority_class",
+        )
+    if tenant.max_queued is not None and tenant.max_queued < 0:
+        raise PolicyError(f"tenant {tenant.name!r}: max_queued must be at least 0", "max_queued")
     if not 0 < tenant.burst <= 1:
         raise PolicyError(f"tenant {tenant.name!r}: burst must be in (0, 1]", "burst")
 

@@ -42,6 +42,12 @@ class TenantFields(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     ``limits.bounds.max_choices``."""
     priority: int | UnsetType = UNSET
     """Triton request priority (1 is the highest level; 0 means the model's default)."""
+    weight: float | UnsetType = UNSET
+    """Share of a full model's tokens, relative to the other tenants waiting in its class."""
+    priority_class: int | UnsetType = UNSET
+    """Fair-queueing class (-100 to 100): a full model serves a higher class first."""
+    max_queued: int | UnsetType | None = UNSET
+    """Most requests waiting for one full model at once; ``null``: ``queueing.max_queued``."""
     burst: float | UnsetType = UNSET
     """Share of a minute's quota that can be spent at once (0 < burst <= 1)."""
     cache_scope: str | UnsetType | None = UNSET

@@ -215,7 +215,9 @@ ROOM_FLOORS: tuple[tuple[str, ...], ...] = (
     ("errors", "ids"),
     ("observability", "http"),
     ("core",),
-    ("tools", "media", "replicas", "tenancy"),
+    ("tools", "media", "tenancy"),
+    ("queueing",),
+    ("replicas",),
     ("settings",),
     ("catalog",),
     ("openai",),
@@ -226,11 +228,14 @@ ROOM_FLOORS: tuple[tuple[str, ...], ...] = (
     ("cli",),
 )
 """The gateway's rooms from the ground floor up: the error tree and ids; observability and the
-HTTP plumbing (bodies, SSE, the front door); the generation core; the feature rooms; the
-settings that gather their settings; the served models; the OpenAI API; the runtime holding the
-services; the operations routes and the server; the app; the worker processes; the command."""
+HTTP plumbing (bodies, SSE, the front door); the generation core; the feature rooms; the fair
+queue of models at capacity (on the tenancy store); the replica pools, which take a request's
+slot there; the settings that gather their settings; the served models; the OpenAI API; the
+runtime holding the services; the operations routes and the server; the app; the worker
+processes; the command."""
 CORE_KNOWS_NOTHING_OF = (
-    "http", "openai", "tenancy", "catalog", "tools", "replicas", "ops", "media", "workers"
+    "http", "openai", "tenancy", "catalog", "tools", "replicas", "queueing", "ops", "media",
+    "workers",
 )  # fmt: skip
 """The rooms the core takes small interfaces from instead of importing them."""
 

@@ -181,3 +181,21 @@ def _renamed_perf_flag(document: dict[str, Any]) -> dict[str, Any]:
 )
 def test_the_reuse_stats_flag_of_each_release(document: dict[str, Any], flag: str | None) -> None:
     assert parse_model_config(document).reuse_stats_input == flag
+
+
+@pytest.mark.parametrize(
+    ("batching", "sent"),
+    [(None, {1: 0, 5: 0}), ({}, {1: 0, 5: 0}), ({"priority_levels": 3}, {0: 0, 1: 1, 5: 3})],
+    ids=["no-batcher", "no-levels", "three-levels"],
+)
+def test_a_priority_reaches_triton_only_where_the_model_declares_levels(
+    batching: dict[str, Any] | None, sent: dict[int, int]
+) -> None:
+    """TensorRT-LLM's executor schedules on its own: Triton's request priority means
+    something only to a model whose dynamic batcher has ``priority_levels``."""
+    document = dict(stock("tensorrt_llm")["config"])
+    document.pop("dynamic_batching", None)
+    if batching is not None:
+        document["dynamic_batching"] = batching
+    model = parse_model_config(document)
+    assert {given: model.request_priority(given) for given in sent} == sent

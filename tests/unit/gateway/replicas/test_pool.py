@@ -29,6 +29,7 @@ from gateway.replicas.metrics import ReplicaMetrics
 from gateway.replicas.pool import ReplicaPool
 from gateway.replicas.router import Router
 from gateway.replicas.settings import RoutingSettings
+from gateway.replicas.signals import EngineSignals
 from gateway.replicas.sources import DnsName, ReplicaAddress
 from gateway.replicas.watch import PoolWatch
 
@@ -161,6 +162,23 @@ async def test_every_replica_saturated_is_a_503_with_retry_after() -> None:
     assert [r.in_flight for r in pool.replicas.values()] == [0, 0]
 
 
+def test_a_pools_slots_stop_at_a_replica_whose_engine_reports_its_queue_full() -> None:
+    clock = Clock()
+    pool = pool_of(["a", "b", "c"], clock, max_in_flight=4, max_waiting=8)
+    a, b, c = pool.replicas.values()
+    assert pool.slots() == 12
+    a.in_flight, a.signals, a.signals_at = 3, EngineSignals(waiting=8), clock.now
+    b.signals, b.signals_at = EngineSignals(waiting=7), clock.now
+    assert pool.slots() == 3 + 4 + 4  # a takes no more than it holds
+    pool.failed(c, "unavailable")
+    assert pool.slots() == 3 + 4
+    clock.now += 100.0  # a's figures are stale: it counts whole again
+    assert pool.slots() == 4 + 4
+    pool.failed(a, "unavailable")
+    pool.failed(b, "unavailable")
+    assert pool.slots() == 4  # none routable: one replica's, for the pick to say so
+
+
 async def test_a_stalled_replica_is_ejected_and_its_waiting_requests_move() -> None:
     clock = Clock()
     pool = pool_of(["a", "b"], clock, policy="round_robin", stall_s=5.0)
@@ -286,8 +304,8 @@ async def test_a_router_runs_its_watches_until_closed() -> None:
     pool = router.pool("m")
     assert pool is not None and router.pool("other") is None
     backend = ScriptedBackend(CHUNKS)
-    assert router.preparer("other", backend) is None
-    prepare = router.preparer("m", backend)
+    assert router.preparer("other", backend, TARGET) is None
+    prepare = router.preparer("m", backend, TARGET)
     assert prepare is not None
     backend.down.add("b:1")
     async with httpx.AsyncClient() as http:

@@ -31,6 +31,9 @@ def _return_conforms(declared: Any, given: Any) -> bool:
     given_origin = typing.get_origin(given) or given
     if not (isinstance(declared_origin, type) and isinstance(given_origin, type)):
         return False
+    if getattr(declared_origin, "_is_protocol", False):
+        # A protocol returned (the prepared request): the class returned must keep it, whole.
+        return not mismatches(given_origin, declared_origin)
     if not issubclass(given_origin, declared_origin):
         return False
     declared_args = typing.get_args(declared)

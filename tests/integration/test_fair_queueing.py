@@ -339,7 +339,7 @@ async def test_requests_waiting_for_a_pool_take_a_replica_that_comes_up_at_once(
             up = [name for name, replica in pool.replicas.items() if replica.health.routable]
             assert up == [two_replicas[0].name] and stack.slots().capacity() == 1
             async with _client(stack) as client:
-                long = asyncio.create_task(stream_one(client, stack, "flood", completion(300)))
+                long = asyncio.create_task(stream_one(client, stack, "flood", completion(600)))
                 await _until(lambda: stack.slots().in_flight == 1, "the long request admitted")
                 short = asyncio.create_task(stream_one(client, stack, "quiet", completion(5)))
                 await _until(lambda: stack.slots().waiting() == 1, "the short request queued")

@@ -167,6 +167,13 @@ class ModelSlots:
         if self.queue.length:
             self._pump()
 
+    def pump(self) -> None:
+        """The capacity may have grown (a replica came up, an engine's waiting queue drained):
+        give the new slots to the requests waiting, which would otherwise wait for a release.
+        Nothing to do, and nothing read, while nobody waits."""
+        if self.queue.length:
+            self._pump()
+
     def _pump(self) -> None:
         """Give free slots to the next requests waiting (work-conserving: a free slot never
         waits while a request does)."""

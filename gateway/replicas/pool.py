@@ -104,6 +104,17 @@ class ReplicaPool:
         self.overloaded = 0
         """Requests refused because every replica was saturated."""
         self._turn = 0
+        self._grown: list[Callable[[], None]] = []
+
+    def on_capacity(self, listener: Callable[[], None]) -> None:
+        """Call ``listener`` whenever the pool may take more requests than before: a replica
+        came up, or fresh load signals were read."""
+        self._grown.append(listener)
+
+    def capacity_may_grow(self) -> None:
+        """Tell the listeners that the pool's ``slots()`` may have grown."""
+        for listener in self._grown:
+            listener()
 
     def update(self, endpoints: Sequence[ReplicaAddress]) -> tuple[list[str], list[str]]:
         """Make the pool these endpoints: the names added and removed. Requests in flight on a
@@ -248,6 +259,7 @@ class ReplicaPool:
             self._ejected(replica, "probe")
         elif replica.health.state == "up" and was != "up":
             logger.info("model %s: replica %s is up", self.model, replica.name)
+            self.capacity_may_grow()
 
     def check_stalls(self) -> None:
         """Eject the replicas that have requests in flight and produced nothing for a while."""

@@ -88,10 +88,13 @@ class Router:
             if model.replicas is None:
                 continue
             extra = {"clock": clock} if clock is not None else {}
-            self._pools[model.name] = ReplicaPool(
+            pool = self._pools[model.name] = ReplicaPool(
                 model.name, model.target, model.routing, retry_after_s=retry_after_s, **extra
             )
             self._sources[model.name] = model.replicas
+            slots = self._slots.get(model.name)
+            if slots is not None:
+                pool.on_capacity(slots.pump)
 
     def _pool_capacity(self, model: str) -> Callable[[], int]:
         """A pool's slots, read at each use: its replicas come, go and fill up."""

@@ -102,6 +102,9 @@ class PoolWatch:
         """Read every replica's TensorRT-LLM load signals from its Triton metrics."""
         replicas = [r for r in self.pool.replicas.values() if r.endpoint.metrics_url]
         await asyncio.gather(*(self._scrape(replica) for replica in replicas))
+        if replicas:
+            # An engine's waiting queue may have drained below ``max_waiting``.
+            self.pool.capacity_may_grow()
 
     async def _scrape(self, replica: Replica) -> None:
         url = replica.endpoint.metrics_url

@@ -5,6 +5,8 @@ and orders are compared, never milliseconds."""
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import statistics
 import time
 from collections import Counter
@@ -319,3 +321,33 @@ async def test_a_quiet_tenant_and_equal_shares_hold_across_two_replicas(
     served = Counter(answer.tenant for answer in window)
     assert served["flood"] / served["even-b"] == pytest.approx(1.0, rel=0.1), served
     assert all(count > 10 for count in routed.values()), routed
+
+
+async def test_requests_waiting_for_a_pool_take_a_replica_that_comes_up_at_once(
+    two_replicas: list[Sidecar], tiny_model_dir: Path
+) -> None:
+    """One replica of two is down (its tritonserver stopped) while a long request holds the
+    other's one slot and another waits: once it answers its probes again, the waiting request is
+    served there, before the long one ends and frees its slot."""
+    tenants = {name: TenantPolicy(name=name) for name in ("flood", "quiet")}
+    later = two_replicas[1].pid
+    assert later is not None
+    os.killpg(later, signal.SIGSTOP)
+    try:
+        with paced_gateway(two_replicas, tiny_model_dir, tenants, max_in_flight=1) as stack:
+            pool = stack.gateway.app.state.runtime.router.pool(MODEL)
+            up = [name for name, replica in pool.replicas.items() if replica.health.routable]
+            assert up == [two_replicas[0].name] and stack.slots().capacity() == 1
+            async with _client(stack) as client:
+                long = asyncio.create_task(stream_one(client, stack, "flood", completion(600)))
+                await _until(lambda: stack.slots().in_flight == 1, "the long request admitted")
+                short = asyncio.create_task(stream_one(client, stack, "quiet", completion(5)))
+                await _until(lambda: stack.slots().waiting() == 1, "the short request queued")
+                os.killpg(later, signal.SIGCONT)
+                answers = await asyncio.gather(short, long)
+            served_later = pool.replicas[two_replicas[1].name].routed
+    finally:
+        os.killpg(later, signal.SIGCONT)
+    assert [answer.status for answer in answers] == [200, 200], answers
+    assert answers[0].ended < answers[1].ended, answers
+    assert served_later == 1

@@ -1,6 +1,8 @@
 """The Kubernetes manifests: every kustomization renders with ``kubectl kustomize``, every object
-validates against the Kubernetes schemas (offline, strict), the configuration files they carry
-are valid gateway settings and deploy specs, and the parts that must agree do."""
+validates against the Kubernetes schemas (offline, strict) or, for the Gateway API, inference
+extension and llm-d objects, against their CRDs' schemas (``tests/support/crds``, each naming
+the commit it was taken from), the configuration files they carry are valid gateway settings
+and deploy specs, and the parts that must agree do."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
@@ -21,8 +24,56 @@ from tests.support import REPO
 
 KUBERNETES = REPO / "deploy" / "kubernetes"
 KUSTOMIZATIONS = sorted(p.parent for p in KUBERNETES.rglob("kustomization.yaml"))
+INFERENCE_POOL = KUBERNETES / "overlays" / "inference-pool"
+REPLICA_KUSTOMIZATIONS = [p for p in KUSTOMIZATIONS if p != INFERENCE_POOL]
+"""The kustomizations whose gateway picks the tritonserver pod itself."""
+CRDS = REPO / "tests" / "support" / "crds"
+OBJECTIVE = "InferenceObjective"
 VERSIONS = ("1.30", kubernetes_validate.latest_version())
 """The oldest Kubernetes release still commonly run, and the newest the schemas know."""
+
+
+def _closed(schema: Any) -> Any:
+    """``schema`` refusing the fields it does not name, as the API server prunes them (a
+    misspelt field would otherwise pass unseen)."""
+    if isinstance(schema, list):
+        return [_closed(item) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    closed = {key: _closed(value) for key, value in schema.items()}
+    if (
+        "properties" in closed
+        and "additionalProperties" not in closed
+        and not closed.get("x-kubernetes-preserve-unknown-fields")
+    ):
+        closed["additionalProperties"] = False
+    return closed
+
+
+@cache
+def crd_schemas() -> dict[tuple[str, str], jsonschema.Draft7Validator]:
+    """The vendored CRD schemas by apiVersion and kind."""
+    validators = {}
+    for path in sorted(CRDS.glob("*.yaml")):
+        crd = yaml.safe_load(path.read_text())
+        schema = _closed(crd["openAPIV3Schema"])
+        api_version = f"{crd['group']}/{crd['version']}"
+        schema["properties"]["apiVersion"] = {"const": api_version}
+        schema["properties"]["kind"] = {"const": crd["kind"]}
+        schema["required"] = sorted({*schema.get("required", ()), "apiVersion", "kind"})
+        validators[(api_version, crd["kind"])] = jsonschema.Draft7Validator(schema)
+    return validators
+
+
+def validate(manifest: dict[str, Any], version: str) -> None:
+    """Validate ``manifest`` against its CRD's schema where one is vendored, else against the
+    Kubernetes schemas of ``version``, which know no other kind (nor a CRD kind in another
+    group or version)."""
+    validator = crd_schemas().get((manifest["apiVersion"], manifest["kind"]))
+    if validator is not None:
+        validator.validate(manifest)
+    else:
+        kubernetes_validate.validate(manifest, version, strict=True)
 
 
 @cache
@@ -74,7 +125,7 @@ def test_every_object_validates(directory: Path, version: str) -> None:
         "PodDisruptionBudget",
     } <= kinds
     for manifest in objects:
-        kubernetes_validate.validate(manifest, version, strict=True)
+        validate(manifest, version)
 
 
 def test_the_validator_refuses_a_broken_object() -> None:
@@ -85,7 +136,50 @@ def test_the_validator_refuses_a_broken_object() -> None:
         kubernetes_validate.validate(broken, VERSIONS[0], strict=True)
 
 
-@pytest.mark.parametrize("directory", KUSTOMIZATIONS, ids=lambda p: str(p.relative_to(KUBERNETES)))
+@pytest.mark.parametrize(
+    ("kind", "api_version"),
+    [
+        ("InferenceObjective", "inference.networking.x-k8s.io/v1alpha2"),
+        ("InferenceObjective", "llm-d.ai/v1alpha1"),
+        ("InferencePool", "inference.networking.x-k8s.io/v1alpha2"),
+        ("HTTPRoute", "gateway.networking.x-k8s.io/v1"),
+    ],
+)
+def test_a_custom_object_of_another_group_or_version_is_refused(
+    kind: str, api_version: str
+) -> None:
+    manifest = find(
+        render(INFERENCE_POOL), kind, "llama-standard" if kind == OBJECTIVE else "llama"
+    )
+    validate(manifest, VERSIONS[0])
+    moved = {**manifest, "apiVersion": api_version}
+    with pytest.raises(kubernetes_validate.utils.SchemaNotFoundError):
+        validate(moved, VERSIONS[0])
+
+
+@pytest.mark.parametrize(
+    ("kind", "path", "value"),
+    [
+        ("InferencePool", ("spec", "targetPorts"), 8001),
+        ("InferencePool", ("spec", "targetPortNumber"), 8001),
+        ("InferenceObjective", ("spec", "priority"), "high"),
+        ("InferenceObjective", ("spec", "criticality"), "Critical"),
+        ("HTTPRoute", ("spec", "rules"), {"backendRefs": []}),
+    ],
+)
+def test_a_custom_object_with_a_wrong_or_unknown_field_is_refused(
+    kind: str, path: tuple[str, str], value: object
+) -> None:
+    name = "llama-standard" if kind == OBJECTIVE else "llama"
+    broken = yaml.safe_load(yaml.safe_dump(find(render(INFERENCE_POOL), kind, name)))
+    broken[path[0]][path[1]] = value
+    with pytest.raises(jsonschema.ValidationError):
+        validate(broken, VERSIONS[0])
+
+
+@pytest.mark.parametrize(
+    "directory", REPLICA_KUSTOMIZATIONS, ids=lambda p: str(p.relative_to(KUBERNETES))
+)
 def test_the_parts_agree(directory: Path) -> None:
     objects = render(directory)
     settings = gateway_settings(objects)
@@ -177,3 +271,42 @@ def test_the_overlays_differ_where_they_should() -> None:
         assert {o["metadata"].get("namespace") for o in objects if o["kind"] != "Namespace"} == {
             "triton-gateway"
         }
+
+
+def test_the_gateway_sends_the_pool_the_objectives_it_has() -> None:
+    """In front of the InferencePool: the gateway's one Triton is the inference Gateway, whose
+    HTTPRoute leads to the pool of the tritonserver pods over their gRPC port, and every
+    objective the gateway names is an InferenceObjective of that pool, ordered as the classes."""
+    objects = render(INFERENCE_POOL)
+    settings = gateway_settings(objects)
+    check_settings(settings)
+    (model,) = settings.models
+    assert not model.replicas and model.routing.inference_pool
+    assert model.transport == "grpc" and model.triton_url is not None
+    route = find(objects, "HTTPRoute", "llama")
+    (parent,) = route["spec"]["parentRefs"]
+    assert model.triton_url.split(":")[0] == parent["name"]
+    (rule,) = route["spec"]["rules"]
+    (backend,) = rule["backendRefs"]
+    pool = find(objects, "InferencePool", backend["name"])
+    assert (backend["group"], backend["kind"]) == (pool["apiVersion"].split("/")[0], pool["kind"])
+    triton = find(objects, "Deployment", "triton")
+    assert pool["spec"]["selector"]["matchLabels"].items() <= pod_labels(triton).items()
+    server = container(triton, "tritonserver")
+    (target,) = pool["spec"]["targetPorts"]
+    assert f"--grpc-port={target['number']}" in server["command"]
+    assert pool["spec"]["appProtocol"] == "kubernetes.io/h2c"
+    objectives = {
+        o["metadata"]["name"]: o["spec"] for o in objects if o["kind"] == "InferenceObjective"
+    }
+    assert set(objectives) == set(model.routing.objectives.values())
+    for spec in objectives.values():
+        ref = spec["poolRef"]
+        assert (ref["group"], ref["kind"], ref["name"]) == (
+            "inference.networking.k8s.io",
+            "InferencePool",
+            pool["metadata"]["name"],
+        )
+    classes = sorted(model.routing.objectives)
+    priorities = [objectives[model.routing.objectives[c]]["priority"] for c in classes]
+    assert priorities == sorted(priorities) and len(set(priorities)) == len(priorities)

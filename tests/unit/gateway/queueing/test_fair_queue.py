@@ -24,6 +24,7 @@ from gateway.queueing.scheduler import FairQueue, Flow, Ledger
 from gateway.queueing.settings import QueueSettings, check_queueing
 from gateway.replicas.router import Router
 from gateway.replicas.settings import RoutingSettings
+from gateway.replicas.sources import ReplicaAddress
 
 
 class Clock:
@@ -289,3 +290,53 @@ async def test_requests_to_an_inference_pool_carry_the_llm_d_headers() -> None:
         FAIRNESS_HEADER: "search",
         OBJECTIVE_HEADER: "llama-standard",
     }
+
+
+async def test_waiters_take_the_slots_of_a_replica_that_comes_up_without_a_release() -> None:
+    """Capacity that grows while requests wait (a replica up again, added by DNS) moves the
+    queue at once, not at the next release or at the end of the waits."""
+    target = ModelTarget(url="a:1", triton_model="m", kind="tensorrt_llm")
+    endpoints = (ReplicaAddress("a", "a:1", None), ReplicaAddress("b", "b:1", None))
+
+    @dataclass(frozen=True)
+    class Model:
+        name: str
+        routing: RoutingSettings
+        target: ModelTarget
+        replicas: tuple[ReplicaAddress, ...]
+
+    router = Router([Model("m", RoutingSettings(max_in_flight=1), target, endpoints)])
+    pool, slots = router.pool("m"), router.slots("m")
+    assert pool is not None and slots is not None
+    pool.update(endpoints)
+    pool.probed(pool.replicas["a"], True)
+    held = await slots.acquire(Flow("a"), 1)
+    waiting = [asyncio.create_task(slots.acquire(Flow(t), 1)) for t in ("b", "c")]
+    await asyncio.sleep(0)
+    assert slots.waiting() == 2
+    pool.probed(pool.replicas["b"], True)
+    await asyncio.sleep(0)
+    granted = [task for task in waiting if task.done()]
+    assert len(granted) == 1 and slots.waiting() == 1 and slots.in_flight == 2
+    slots.release(held, 1)
+    for task in waiting:
+        slots.release(await task, 1)
+    assert slots.in_flight == 0 and slots.waiting() == 0
+
+
+async def test_pumping_a_full_model_grants_nothing_and_a_grown_one_its_new_slots() -> None:
+    capacity = [1]
+    slots = ModelSlots("m", lambda: capacity[0], QueueSettings(), clock=Clock())
+    held = await slots.acquire(Flow("a"), 1)
+    waiting = [asyncio.create_task(slots.acquire(Flow("b"), 1)) for _ in range(3)]
+    await asyncio.sleep(0)
+    slots.pump()
+    assert slots.waiting() == 3 and slots.in_flight == 1
+    capacity[0] = 3
+    slots.pump()
+    await asyncio.sleep(0)
+    assert sum(task.done() for task in waiting) == 2 and slots.in_flight == 3
+    slots.release(held, 1)
+    for task in waiting:
+        slots.release(await task, 1)
+    assert slots.in_flight == 0 and slots.waiting() == 0

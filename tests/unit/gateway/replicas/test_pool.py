@@ -350,3 +350,29 @@ def test_each_replica_is_reached_at_its_own_addresses() -> None:
     assert (targets["a"].url, targets["a"].http_url) == ("a:1", "http://a:2")
     # A replica without an HTTP address never inherits another's: it is reached over gRPC.
     assert (targets["b"].url, targets["b"].http_url) == ("b:1", None)
+
+
+async def test_the_watch_tells_the_pool_listeners_when_capacity_may_have_grown() -> None:
+    """A replica coming up, and every scrape (an engine's waiting queue may have drained below
+    ``max_waiting``), wake what waits for the pool's slots; a probe that changes nothing does
+    not."""
+    metrics = 'nv_trt_llm_request_metrics{model="m_tensorrt_llm",request_type="waiting"} 0\n'
+    target = ModelTarget("unused", "m_ensemble", "ensemble", engine_model="m_tensorrt_llm")
+    pool = ReplicaPool("m", target, RoutingSettings(max_in_flight=1, max_waiting=1), clock=Clock())
+    woken: list[str] = []
+
+    async def resolve_nothing(host: str, port: int) -> list[str]:
+        raise AssertionError("a fixed list of replicas is never resolved")
+
+    pool.on_capacity(lambda: woken.append("grown"))
+    backend = ScriptedBackend(CHUNKS)
+    source = (ReplicaAddress("a", "a:1", "http://a/metrics"),)
+    transport = httpx.MockTransport(lambda _: httpx.Response(200, text=metrics))
+    async with httpx.AsyncClient(transport=transport) as http:
+        watch = PoolWatch(pool, source, backend, http, resolve_nothing)
+        await watch.probe()
+        assert woken == ["grown"]
+        await watch.probe()
+        assert woken == ["grown"]
+        await watch.scrape()
+        assert woken == ["grown", "grown"]

@@ -145,20 +145,11 @@ def calls_schema(functions: tuple[Function, ...], parallel: bool) -> dict[str, A
 
 def auto_guide(fmt: ToolFormat, functions: tuple[Function, ...], parallel: bool) -> Guide | None:
     """A structural tag: free text, or a call once the format's trigger appears."""
-    trigger = fmt.trigger()
-    tags = [fmt.call_tag(function) for function in functions]
-    if trigger is None or any(tag is None for tag in tags):
+    format_ = fmt.auto_format(functions, parallel)
+    if format_ is None:
         return None
-    tag = {
-        "type": "structural_tag",
-        "format": {
-            "type": "triggered_tags",
-            "triggers": [trigger],
-            "tags": tags,
-            "stop_after_first": not parallel,
-        },
-    }
-    return Guide("structural_tag", json.dumps(tag), param="tool_choice", optional=True)
+    tag = json.dumps({"type": "structural_tag", "format": format_})
+    return Guide("structural_tag", tag, param="tool_choice", optional=True)
 
 
 def required_guide(
@@ -171,19 +162,10 @@ def required_guide(
     its own call format but not this list may never do (SmolLM2 repeats a call until
     ``max_tokens``); after a call in its own format it ends its turn as it learned to.
     """
-    tags = [fmt.call_tag(function) for function in functions]
-    if fmt.separator is None or any(tag is None for tag in tags):
+    format_ = fmt.required_format(functions, parallel)
+    if format_ is None:
         return None
-    tag = {
-        "type": "structural_tag",
-        "format": {
-            "type": "tags_with_separator",
-            "tags": tags,
-            "separator": fmt.separator,
-            "at_least_one": True,
-            "stop_after_first": not parallel,
-        },
-    }
+    tag = {"type": "structural_tag", "format": format_}
     return Guide("structural_tag", json.dumps(tag), param="tool_choice")
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from gateway.tools.formats.base import Function, ToolFormat, call_arguments, dumps
+from gateway.tools.formats.base import Function, SectionFormat, call_arguments, dumps
 from gateway.tools.formats.delimited import FENCE, DelimitedCalls, ReadCall
 from gateway.tools.parsing import Parser
 
@@ -32,10 +32,12 @@ def read_call(body: str) -> ReadCall | None:
     return ReadCall(name, arguments or "{}") if name else None
 
 
-class DeepSeekV3(ToolFormat):
+class DeepSeekV3(SectionFormat):
     """DeepSeek V3, R1 (0528) and V3.1."""
 
     name = "deepseek_v3"
+    section = SECTION
+    call_begin = CALL[0]
 
     def howto(self) -> str:
         return (
@@ -53,3 +55,14 @@ class DeepSeekV3(ToolFormat):
 
     def parser(self, functions: Sequence[Function] = ()) -> Parser:
         return DelimitedCalls(CALL[0], CALL[1], read_call, section=SECTION)
+
+    def call_tags(self, function: Function) -> list[dict[str, Any]]:
+        # Both generations' forms: the guide cannot tell V3/R1 from V3.1, the model takes its own.
+        schema = {"type": "json_schema", "json_schema": function.schema}
+        fenced = {
+            "begin": f"{CALL[0]}function{SEP}{function.name}\n```json\n",
+            "content": schema,
+            "end": f"\n```{CALL[1]}",
+        }
+        plain = {"begin": f"{CALL[0]}{function.name}{SEP}", "content": schema, "end": CALL[1]}
+        return [fenced, plain]

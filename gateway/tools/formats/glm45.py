@@ -23,6 +23,7 @@ class Glm45(ToolFormat):
     """GLM 4.5, 4.6 and 4.7."""
 
     name = "glm45"
+    separator = "\n"
 
     def howto(self) -> str:
         return (
@@ -55,6 +56,15 @@ class Glm45(ToolFormat):
             return ReadCall(name, xml_arguments(pairs, parameters_of(functions, name)))
 
         return DelimitedCalls("<tool_call>", "</tool_call>", read)
+
+    def call_tag(self, function: Function) -> dict[str, Any] | None:
+        # xgrammar's glm_xml style: <arg_key>KEY</arg_key><arg_value>VALUE</arg_value> pairs,
+        # values text where the schema says string, JSON where it says anything else.
+        return {
+            "begin": f"<tool_call>{function.name}",
+            "content": {"type": "json_schema", "json_schema": function.schema, "style": "glm_xml"},
+            "end": "</tool_call>",
+        }
 
     def trigger(self) -> str | None:
         return "<tool_call>"

@@ -9,7 +9,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from gateway.tools.formats.base import Function, ToolFormat, call_arguments, dumps
+from gateway.tools.formats.base import Function, SectionFormat, call_arguments, dumps
 from gateway.tools.formats.delimited import DelimitedCalls, ReadCall
 from gateway.tools.parsing import Parser
 
@@ -29,10 +29,12 @@ def read_call(body: str) -> ReadCall | None:
     return ReadCall(match.group(1), arguments.strip() or "{}", id=head.strip())
 
 
-class KimiK2(ToolFormat):
+class KimiK2(SectionFormat):
     """Kimi K2 (Instruct, Thinking)."""
 
     name = "kimi_k2"
+    section = SECTION
+    call_begin = CALL[0]
 
     def howto(self) -> str:
         return (
@@ -50,3 +52,14 @@ class KimiK2(ToolFormat):
 
     def parser(self, functions: Sequence[Function] = ()) -> Parser:
         return DelimitedCalls(CALL[0], CALL[1], read_call, section=SECTION)
+
+    def call_tags(self, function: Function) -> list[dict[str, Any]]:
+        arguments = {"type": "json_schema", "json_schema": function.schema}
+        index = {"type": "regex", "pattern": r"\d+ ?"}
+        content = {
+            "type": "sequence",
+            "elements": [index, {"type": "const_string", "value": ARGUMENTS}, arguments],
+        }
+        return [
+            {"begin": f"{CALL[0]}functions.{function.name}:", "content": content, "end": CALL[1]}
+        ]

@@ -24,6 +24,7 @@ class Qwen3Coder(ToolFormat):
     """Qwen3-Coder (and Qwen3.5+'s XML form)."""
 
     name = "qwen3_coder"
+    separator = "\n"
 
     def howto(self) -> str:
         return (
@@ -57,6 +58,15 @@ class Qwen3Coder(ToolFormat):
             return ReadCall(name, xml_arguments(pairs, parameters_of(functions, name)))
 
         return DelimitedCalls("<tool_call>", "</tool_call>", read)
+
+    def call_tag(self, function: Function) -> dict[str, Any] | None:
+        # xgrammar's qwen_xml style: each parameter a <parameter=KEY> element whose value is
+        # text where the schema says string, JSON where it says anything else.
+        return {
+            "begin": f"<tool_call>\n<function={function.name}>\n",
+            "content": {"type": "json_schema", "json_schema": function.schema, "style": "qwen_xml"},
+            "end": "\n</function>\n</tool_call>",
+        }
 
     def trigger(self) -> str | None:
         return "<tool_call>"

@@ -15,6 +15,7 @@ import msgspec
 from adapters.contract import LoraAdapter, ModelTarget
 from deploy.sidecar.spec import ModelSpec, Spec, TorchEngine
 from gateway.catalog.lora import LoraLibrary
+from gateway.catalog.text.decoding import decoding
 from gateway.catalog.text.prompts import PromptTokenizer
 from gateway.catalog.transports import choose_transports, served_models
 from gateway.catalog.vision import VisionInputs, read_vision
@@ -60,7 +61,9 @@ class ModelRoute:
     owned_by: str
     tool_call_format: str | None = None
     reasoning_parser: str | None = None
-    skip_special_tokens: bool = True
+    skip_special_tokens: bool | None = None
+    """Whether the gateway's decoding leaves special tokens out; None: all but those the
+    model's tool-call and reasoning formats read."""
     replicas: ReplicaSource | None = None
     """The Tritons serving the model when there are several (``target.url`` is then the
     first's, or the DNS name)."""
@@ -185,8 +188,8 @@ def _route(
         overridden = (model.triton_url, model.tokenizer_dir, model.add_special_tokens)
         counts_prompts = pipeline is not None and overridden == (None, None, None)
     skip_special = model.skip_special_tokens
-    if skip_special is None:
-        skip_special = pipeline.skip_special_tokens if pipeline is not None else True
+    if skip_special is None and pipeline is not None and not pipeline.skip_special_tokens:
+        skip_special = False
     return ModelRoute(
         name=model.name,
         target=ModelTarget(
@@ -332,7 +335,7 @@ def load_model(route: ModelRoute, executor: Executor) -> ServedModel:
             executor,
             chat_template_file=route.chat_template_file,
             add_special_tokens=route.add_special_tokens,
-            skip_special_tokens=route.skip_special_tokens,
+            skip_special_tokens=route.skip_special_tokens is not False,
         )
     except (OSError, ValueError) as exc:
         where = route.tokenizer_dir
@@ -345,6 +348,13 @@ def load_model(route: ModelRoute, executor: Executor) -> ServedModel:
                 f"hub id it fails: {reason}"
             )
         raise SettingsError(message) from exc
+    tokenizer = decoding(
+        tokenizer,
+        route.name,
+        route.skip_special_tokens,
+        route.tool_call_format,
+        route.reasoning_parser,
+    )
     context_length = route.context_length or tokenizer.model_max_length or DEFAULT_CONTEXT_LENGTH
     logger.info(
         "model %s -> %s/%s (context %d tokens)",

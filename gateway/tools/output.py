@@ -12,7 +12,9 @@ from adapters.contract import Guide
 from gateway.tools.formats import (
     Function,
     ToolFormat,
+    guess_format,
     json_arguments,
+    tool_format,
 )
 from gateway.tools.parsing import (
     ArgumentsOnly,
@@ -21,7 +23,7 @@ from gateway.tools.parsing import (
     ObjectCalls,
     Parser,
 )
-from gateway.tools.reasoning import PromptState, ReasoningFormat
+from gateway.tools.reasoning import PromptState, ReasoningFormat, reasoning_format
 
 Mode = Literal["text", "format", "tagged", "calls", "arguments"]
 
@@ -99,6 +101,27 @@ class OutputRules:
 
 TEXT_ONLY = OutputRules()
 """Answers without tool calls."""
+
+
+def model_formats(
+    format_name: str | None, reasoning_name: str | None, template: str
+) -> tuple[ToolFormat, ReasoningFormat | None]:
+    """A model's tool-call format and reasoning format: the ones its settings name, else the
+    ones its chat template shows (gpt-oss's calls are messages of its channels: reading them
+    is reading the channels)."""
+    fmt = tool_format(format_name or guess_format(template))
+    if fmt.name == "harmony" and reasoning_name is None:
+        reasoning_name = "harmony"
+    return fmt, reasoning_format(reasoning_name, template)
+
+
+def special_tokens_read(
+    format_name: str | None, reasoning_name: str | None, template: str
+) -> tuple[str, ...]:
+    """The markers a model's formats read that a tokenizer may hold as special tokens."""
+    fmt, reasoning = model_formats(format_name, reasoning_name, template)
+    read = (*fmt.special_tokens, *(reasoning.special_tokens if reasoning else ()))
+    return tuple(dict.fromkeys(read))
 
 
 def _format_of(guide: Guide) -> dict[str, Any]:

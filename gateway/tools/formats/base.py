@@ -64,6 +64,9 @@ class ToolFormat:
     """What the format writes between two calls, where its calls have a ``call_tag``."""
     reads_reasoning = False
     """Whether its parser splits the reasoning off itself (calls are messages of channels)."""
+    special_tokens: tuple[str, ...] = ()
+    """Markers its parser reads that tokenizers may hold as special tokens, which the model's
+    decoding must therefore keep."""
 
     def instructions(self, functions: Sequence[Function]) -> str:
         """A system message describing the tools, for templates that take no ``tools``."""

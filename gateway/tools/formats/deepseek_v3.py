@@ -1,7 +1,7 @@
 """DeepSeek V3, R1 and V3.1's calls, inside ``<｜tool▁calls▁begin｜>…<｜tool▁calls▁end｜>``:
 ``<｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME\n```json\nARGS\n```<｜tool▁call▁end｜>`` (V3, R1)
 or ``<｜tool▁call▁begin｜>NAME<｜tool▁sep｜>ARGS<｜tool▁call▁end｜>`` (V3.1). The markers are
-special tokens: the model's postprocessing must keep them (``skip_special_tokens: false``)."""
+special tokens, which the gateway's decoding keeps (``special_tokens``)."""
 
 from __future__ import annotations
 
@@ -38,6 +38,7 @@ class DeepSeekV3(SectionFormat):
     name = "deepseek_v3"
     section = SECTION
     call_begin = CALL[0]
+    special_tokens = (*SECTION, *CALL, SEP)
 
     def howto(self) -> str:
         return (

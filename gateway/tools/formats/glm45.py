@@ -24,6 +24,14 @@ class Glm45(ToolFormat):
 
     name = "glm45"
     separator = "\n"
+    special_tokens = (
+        "<tool_call>",
+        "</tool_call>",
+        "<arg_key>",
+        "</arg_key>",
+        "<arg_value>",
+        "</arg_value>",
+    )
 
     def howto(self) -> str:
         return (

@@ -35,6 +35,7 @@ class KimiK2(SectionFormat):
     name = "kimi_k2"
     section = SECTION
     call_begin = CALL[0]
+    special_tokens = (*SECTION, *CALL, ARGUMENTS)
 
     def howto(self) -> str:
         return (

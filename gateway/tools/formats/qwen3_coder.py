@@ -25,6 +25,7 @@ class Qwen3Coder(ToolFormat):
 
     name = "qwen3_coder"
     separator = "\n"
+    special_tokens = ("<tool_call>", "</tool_call>")
 
     def howto(self) -> str:
         return (

@@ -10,12 +10,13 @@ renders them); DeepSeek V3/R1's fenced form from its chat template's own call te
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import pytest
 
-from gateway.tools import Folded
-from gateway.tools.formats import Function, guess_format, tool_format
+from gateway.tools import Folded, special_tokens_read
+from gateway.tools.formats import FORMATS, Function, guess_format, tool_format
 from gateway.tools.parsing import Parser
 
 CHUNKINGS = [1, 2, 3, 7, 1000]
@@ -260,3 +261,28 @@ def test_xml_parameters_are_typed_by_the_schema_only() -> None:
 )
 def test_the_format_is_read_from_the_template(template: str, name: str) -> None:
     assert guess_format(template) == name
+
+
+MARKER = re.compile(r"<\|[a-z_]+\|>|<｜[^｜]+｜>|\[TOOL_CALLS\]")
+"""The shapes of the families' special-token markers."""
+
+
+@pytest.mark.parametrize("fmt", sorted(FORMATS))
+def test_a_format_declares_the_special_tokens_it_reads(fmt: str) -> None:
+    """Every special-token marker in what a format writes, and in its family's recorded outputs,
+    is one it declares, so the model's decoding keeps it."""
+    format_ = tool_format(fmt)
+    calls = [{"function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]
+    texts = [format_.render_calls(calls), *(case[2] for case in CASES if case[0] == fmt)]
+    markers = {marker for text in texts for marker in MARKER.findall(text)}
+    read = special_tokens_read(fmt, "none", "")
+    if format_.reads_reasoning:
+        read = special_tokens_read(fmt, None, "")
+    assert markers <= set(read)
+
+
+def test_reasoning_formats_declare_their_markers() -> None:
+    assert {"<think>", "</think>"} <= set(special_tokens_read("hermes", "think", ""))
+    harmony = special_tokens_read("harmony", None, "")
+    assert {"<|channel|>", "<|message|>", "<|end|>", "<|start|>", "<|return|>"} <= set(harmony)
+    assert special_tokens_read("pythonic", "none", "") == ()

@@ -64,6 +64,9 @@ class ModelRoute:
     skip_special_tokens: bool | None = None
     """Whether the gateway's decoding leaves special tokens out; None: all but those the
     model's tool-call and reasoning formats read."""
+    postprocessing: str | None = None
+    """The pipeline whose postprocessing decodes the text and drops special tokens, where the
+    model's Triton model (an ensemble or BLS of a rendered pipeline) is not the engine."""
     replicas: ReplicaSource | None = None
     """The Tritons serving the model when there are several (``target.url`` is then the
     first's, or the DNS name)."""
@@ -190,6 +193,9 @@ def _route(
     skip_special = model.skip_special_tokens
     if skip_special is None and pipeline is not None and not pipeline.skip_special_tokens:
         skip_special = False
+    postprocessing = None
+    if pipeline is not None and model.entry != "tensorrt_llm" and pipeline.skip_special_tokens:
+        postprocessing = pipeline.name
     return ModelRoute(
         name=model.name,
         target=ModelTarget(
@@ -210,6 +216,7 @@ def _route(
         tool_call_format=model.tool_call_format,
         reasoning_parser=model.reasoning_parser,
         skip_special_tokens=skip_special,
+        postprocessing=postprocessing,
         images=model.images,
         counts_prompts=counts_prompts,
         shared_kv_cache=model.shared_kv_cache,
@@ -354,6 +361,7 @@ def load_model(route: ModelRoute, executor: Executor) -> ServedModel:
         route.skip_special_tokens,
         route.tool_call_format,
         route.reasoning_parser,
+        postprocessing=route.postprocessing,
     )
     context_length = route.context_length or tokenizer.model_max_length or DEFAULT_CONTEXT_LENGTH
     logger.info(

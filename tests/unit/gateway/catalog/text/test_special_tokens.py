@@ -132,3 +132,16 @@ def test_markers_that_are_not_special_tokens_need_nothing(
     loaded = PromptTokenizer.load(str(tiny_model_dir), executor)
     assert decoding(loaded, "tiny", True, "hermes", "think") is loaded
     assert decoding(loaded, "tiny", None, "hermes", "think") is loaded
+
+
+def test_a_pipeline_postprocessing_that_drops_the_formats_markers_is_refused(
+    gpt_oss_dir: Path, tiny_model_dir: Path, executor: ThreadPoolExecutor
+) -> None:
+    """An ensemble's text is decoded by its pipeline's postprocessing, which the gateway cannot
+    make keep some special tokens: one that drops them all is refused at start-up."""
+    loaded = PromptTokenizer.load(str(gpt_oss_dir), executor)
+    with pytest.raises(SettingsError, match="postprocessing of pipeline 'oss'") as raised:
+        decoding(loaded, "gpt-oss", None, None, None, postprocessing="oss")
+    assert "skip_special_tokens false" in str(raised.value)
+    tiny = PromptTokenizer.load(str(tiny_model_dir), executor)
+    assert decoding(tiny, "tiny", None, None, None, postprocessing="tiny") is tiny

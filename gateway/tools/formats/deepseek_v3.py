@@ -5,16 +5,33 @@ special tokens, which the gateway's decoding keeps (``special_tokens``)."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Any
 
 from gateway.tools.formats.base import Function, SectionFormat, call_arguments, dumps
-from gateway.tools.formats.delimited import FENCE, DelimitedCalls, ReadCall
+from gateway.tools.formats.delimited import FENCE, DelimitedCalls, JsonStream, Opening, ReadCall
 from gateway.tools.parsing import Parser
 
 SECTION = ("<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>")
 CALL = ("<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>")
 SEP = "<｜tool▁sep｜>"
+
+
+_FENCED = re.compile(r"([^\n]+)\n\s*```(?:json)?\s*(?=[\[{])")
+"""V3/R1's ``NAME`` line and opening fence, whole once the JSON's first character follows."""
+
+
+def opening(text: str) -> Opening | None:
+    """A call's name, once its arguments begin."""
+    head, sep, rest = text.partition(SEP)
+    if not sep:
+        return None
+    start = len(head) + len(sep)
+    if head.strip() != "function":
+        return Opening(head.strip(), start) if head.strip() else None
+    fenced = _FENCED.match(rest)
+    return Opening(fenced.group(1).strip(), start + fenced.end()) if fenced else None
 
 
 def read_call(body: str) -> ReadCall | None:
@@ -55,7 +72,8 @@ class DeepSeekV3(SectionFormat):
         return SECTION[0] + "".join(texts) + SECTION[1]
 
     def parser(self, functions: Sequence[Function] = ()) -> Parser:
-        return DelimitedCalls(CALL[0], CALL[1], read_call, section=SECTION)
+        stream = JsonStream(opening)
+        return DelimitedCalls(CALL[0], CALL[1], read_call, section=SECTION, stream=stream)
 
     def call_tags(self, function: Function) -> list[dict[str, Any]]:
         # Both generations' forms: the guide cannot tell V3/R1 from V3.1, the model takes its own.

@@ -10,13 +10,22 @@ from collections.abc import Sequence
 from typing import Any
 
 from gateway.tools.formats.base import Function, SectionFormat, call_arguments, dumps
-from gateway.tools.formats.delimited import DelimitedCalls, ReadCall
+from gateway.tools.formats.delimited import DelimitedCalls, JsonStream, Opening, ReadCall
 from gateway.tools.parsing import Parser
 
 SECTION = ("<|tool_calls_section_begin|>", "<|tool_calls_section_end|>")
 CALL = ("<|tool_call_begin|>", "<|tool_call_end|>")
 ARGUMENTS = "<|tool_call_argument_begin|>"
 _ID = re.compile(r"^(?:functions\.)?([\w.\-]+):(\d+)$")
+
+
+def opening(text: str) -> Opening | None:
+    """``functions.NAME:INDEX<|tool_call_argument_begin|>``, once whole."""
+    head, sep, _ = text.partition(ARGUMENTS)
+    match = _ID.match(head.strip())
+    if not sep or match is None:
+        return None
+    return Opening(match.group(1), len(head) + len(sep), id=head.strip())
 
 
 def read_call(body: str) -> ReadCall | None:
@@ -52,7 +61,8 @@ class KimiK2(SectionFormat):
         return SECTION[0] + "".join(texts) + SECTION[1]
 
     def parser(self, functions: Sequence[Function] = ()) -> Parser:
-        return DelimitedCalls(CALL[0], CALL[1], read_call, section=SECTION)
+        stream = JsonStream(opening)
+        return DelimitedCalls(CALL[0], CALL[1], read_call, section=SECTION, stream=stream)
 
     def call_tags(self, function: Function) -> list[dict[str, Any]]:
         arguments = {"type": "json_schema", "json_schema": function.schema}

@@ -10,6 +10,8 @@ from typing import Any
 from gateway.tools.formats.base import Function, ToolFormat, call_arguments, dumps
 from gateway.tools.formats.delimited import (
     DelimitedCalls,
+    Opening,
+    ParameterStream,
     ReadCall,
     parameters_of,
     xml_arguments,
@@ -18,6 +20,12 @@ from gateway.tools.parsing import Parser
 
 _FUNCTION = re.compile(r"<function=([^>\n]+)>")
 _PARAMETER = re.compile(r"<parameter=([^>\n]+)>\n?(.*?)\n?</parameter>", re.DOTALL)
+
+
+def opening(text: str) -> Opening | None:
+    """``<function=NAME>``, once its ``>`` has come."""
+    match = _FUNCTION.search(text)
+    return Opening(match.group(1).strip(), match.end()) if match else None
 
 
 class Qwen3Coder(ToolFormat):
@@ -58,7 +66,14 @@ class Qwen3Coder(ToolFormat):
             pairs = [(key.strip(), value) for key, value in _PARAMETER.findall(body)]
             return ReadCall(name, xml_arguments(pairs, parameters_of(functions, name)))
 
-        return DelimitedCalls("<tool_call>", "</tool_call>", read)
+        def parameters(text: str) -> Opening | None:
+            found = opening(text)
+            if found is not None:
+                stream.properties = parameters_of(functions, found.name)
+            return found
+
+        stream = ParameterStream(parameters, _PARAMETER, {})
+        return DelimitedCalls("<tool_call>", "</tool_call>", read, stream=stream)
 
     def call_tag(self, function: Function) -> dict[str, Any] | None:
         # xgrammar's qwen_xml style: each parameter a <parameter=KEY> element whose value is

@@ -32,6 +32,13 @@ FUNCTIONS = (
 )
 FAMILIES = ("qwen3_coder", "glm45", "deepseek_v3", "kimi_k2")
 RECORDED = [case for case in CASES if case[0] in FAMILIES]
+UNFINISHED = {
+    "cut_off_keeps_whole_parameters",
+    "no_name_is_content",
+    "cut_off_is_content",
+    "no_call_markers_is_content",
+}
+"""Recorded outputs whose call the output cut off or the markers do not make."""
 
 
 def accepts(format_: dict[str, Any] | None, text: str) -> bool:
@@ -45,8 +52,9 @@ def test_auto_takes_the_recorded_outputs_whose_calls_are_whole(
     fmt: str, case: str, text: str, calls: list[tuple[str, Any]], content: str
 ) -> None:
     """A recorded call that parses is one the guide lets through; a cut-off or unmarked call
-    (given back as content by the parser) is one it would not have let the model write."""
-    assert accepts(tool_format(fmt).auto_format(FUNCTIONS, True), text) is bool(calls)
+    is one it would not have let the model write."""
+    auto = tool_format(fmt).auto_format(FUNCTIONS, True)
+    assert accepts(auto, text) is (case not in UNFINISHED)
 
 
 @pytest.mark.parametrize(("fmt", "case", "text", "calls", "content"), RECORDED)
@@ -54,7 +62,8 @@ def test_required_takes_the_recorded_calls_alone(
     fmt: str, case: str, text: str, calls: list[tuple[str, Any]], content: str
 ) -> None:
     required = tool_format(fmt).required_format(FUNCTIONS, True)
-    assert accepts(required, text) is (bool(calls) and not content.strip())
+    whole_calls = case not in UNFINISHED and bool(calls) and not content.strip()
+    assert accepts(required, text) is whole_calls
 
 
 MALFORMED = [

@@ -10,7 +10,14 @@ from collections.abc import Sequence
 from typing import Any
 
 from gateway.tools.formats.base import Function, SectionFormat, call_arguments, dumps
-from gateway.tools.formats.delimited import FENCE, DelimitedCalls, JsonStream, Opening, ReadCall
+from gateway.tools.formats.delimited import (
+    FENCE,
+    LAYOUT_LIMIT,
+    DelimitedCalls,
+    JsonStream,
+    Opening,
+    ReadCall,
+)
 from gateway.tools.parsing import Parser
 
 SECTION = ("<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>")
@@ -77,7 +84,11 @@ class DeepSeekV3(SectionFormat):
 
     def call_tags(self, function: Function) -> list[dict[str, Any]]:
         # Both generations' forms: the guide cannot tell V3/R1 from V3.1, the model takes its own.
-        schema = {"type": "json_schema", "json_schema": function.schema}
+        schema = {
+            "type": "json_schema",
+            "json_schema": function.schema,
+            "max_whitespace_cnt": LAYOUT_LIMIT,
+        }
         fenced = {
             "begin": f"{CALL[0]}function{SEP}{function.name}\n```json\n",
             "content": schema,

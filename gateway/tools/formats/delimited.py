@@ -254,15 +254,22 @@ def _types(schema: Any) -> set[str]:
 
 
 def typed_value(text: str, schema: Any) -> Any:
-    """A parameter written as text, as the value its schema asks for: strings stay text,
-    numbers, booleans, objects and lists are read as JSON where they parse (as is anything
-    of a parameter the schema does not type)."""
+    """A parameter written as text, as the value its schema asks for: strings stay text (one of
+    an ``enum`` or ``const`` without the whitespace around it, which the XML grammars allow as
+    layout), numbers, booleans, objects and lists are read as JSON where they parse (as is
+    anything of a parameter the schema does not type)."""
     if "string" in _types(schema):
-        return text
+        fixed = isinstance(schema, dict) and ("enum" in schema or "const" in schema)
+        return text.strip() if fixed else text
     try:
         return json.loads(text)
     except ValueError:
         return text
+
+
+LAYOUT_LIMIT = 16
+"""Most whitespace characters in a row a guided call may write between its parts: the grammars
+allow any layout there, and a model that pads without end never finishes its call."""
 
 
 def parameters_of(functions: Sequence[Function], name: str) -> dict[str, Any]:

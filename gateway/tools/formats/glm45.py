@@ -9,6 +9,7 @@ from typing import Any
 
 from gateway.tools.formats.base import Function, ToolFormat, call_arguments, dumps
 from gateway.tools.formats.delimited import (
+    LAYOUT_LIMIT,
     DelimitedCalls,
     Opening,
     ParameterStream,
@@ -86,7 +87,12 @@ class Glm45(ToolFormat):
         # values text where the schema says string, JSON where it says anything else.
         return {
             "begin": f"<tool_call>{function.name}",
-            "content": {"type": "json_schema", "json_schema": function.schema, "style": "glm_xml"},
+            "content": {
+                "type": "json_schema",
+                "json_schema": function.schema,
+                "style": "glm_xml",
+                "max_whitespace_cnt": LAYOUT_LIMIT,
+            },
             "end": "</tool_call>",
         }
 

@@ -10,7 +10,13 @@ from collections.abc import Sequence
 from typing import Any
 
 from gateway.tools.formats.base import Function, SectionFormat, call_arguments, dumps
-from gateway.tools.formats.delimited import DelimitedCalls, JsonStream, Opening, ReadCall
+from gateway.tools.formats.delimited import (
+    LAYOUT_LIMIT,
+    DelimitedCalls,
+    JsonStream,
+    Opening,
+    ReadCall,
+)
 from gateway.tools.parsing import Parser
 
 SECTION = ("<|tool_calls_section_begin|>", "<|tool_calls_section_end|>")
@@ -65,7 +71,11 @@ class KimiK2(SectionFormat):
         return DelimitedCalls(CALL[0], CALL[1], read_call, section=SECTION, stream=stream)
 
     def call_tags(self, function: Function) -> list[dict[str, Any]]:
-        arguments = {"type": "json_schema", "json_schema": function.schema}
+        arguments = {
+            "type": "json_schema",
+            "json_schema": function.schema,
+            "max_whitespace_cnt": LAYOUT_LIMIT,
+        }
         index = {"type": "regex", "pattern": r"\d+ ?"}
         content = {
             "type": "sequence",

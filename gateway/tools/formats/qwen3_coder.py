@@ -9,6 +9,7 @@ from typing import Any
 
 from gateway.tools.formats.base import Function, ToolFormat, call_arguments, dumps
 from gateway.tools.formats.delimited import (
+    LAYOUT_LIMIT,
     DelimitedCalls,
     Opening,
     ParameterStream,
@@ -80,7 +81,12 @@ class Qwen3Coder(ToolFormat):
         # text where the schema says string, JSON where it says anything else.
         return {
             "begin": f"<tool_call>\n<function={function.name}>\n",
-            "content": {"type": "json_schema", "json_schema": function.schema, "style": "qwen_xml"},
+            "content": {
+                "type": "json_schema",
+                "json_schema": function.schema,
+                "style": "qwen_xml",
+                "max_whitespace_cnt": LAYOUT_LIMIT,
+            },
             "end": "\n</function>\n</tool_call>",
         }
 

@@ -351,3 +351,24 @@ def test_each_parameter_streams_once_whole(fmt: str) -> None:
     ]
     fragments += [piece.text for piece in parser.finish() if isinstance(piece, Arguments)]
     assert fragments == ['{"city": "Dallas"', ', "state": "TX"', ', "unit": "fahrenheit"', "}"]
+
+
+def test_an_enum_parameter_is_read_without_the_layout_around_it() -> None:
+    """The XML grammars let whitespace pad a value; one of an ``enum`` cannot mean it, a free
+    string (code, with its indentation) keeps it."""
+    unit = Function(
+        "set_unit",
+        parameters={
+            "type": "object",
+            "properties": {
+                "unit": {"enum": ["celsius"], "type": "string"},
+                "code": {"type": "string"},
+            },
+        },
+    )
+    text = (
+        "<tool_call>set_unit<arg_key>unit</arg_key><arg_value>  celsius \n</arg_value>"
+        "<arg_key>code</arg_key><arg_value>    return 1\n</arg_value></tool_call>"
+    )
+    folded = fold(tool_format("glm45").parser((unit,)), text, 3)
+    assert calls_of(folded) == [("set_unit", {"unit": "celsius", "code": "    return 1\n"})]

@@ -47,7 +47,7 @@ class Opening:
     id: str | None = None
 
 
-Opener = Callable[[str], Opening | None]
+OpeningFinder = Callable[[str], Opening | None]
 """The opening of a call whose text so far is given, once it is whole."""
 
 
@@ -56,7 +56,7 @@ class ArgumentStream:
     ``more`` gives the arguments certain so far, ``close`` the whole arguments at the call's
     end; each result extends the one before."""
 
-    def __init__(self, open_: Opener) -> None:
+    def __init__(self, open_: OpeningFinder) -> None:
         self.open = open_
 
     def more(self, text: str) -> str:
@@ -83,7 +83,9 @@ class ParameterStream(ArgumentStream):
     """Arguments written as named parameters (``pattern`` finds each whole one's name and text),
     given as JSON one parameter at a time, each typed by ``properties``."""
 
-    def __init__(self, open_: Opener, pattern: re.Pattern[str], properties: dict[str, Any]) -> None:
+    def __init__(
+        self, open_: OpeningFinder, pattern: re.Pattern[str], properties: dict[str, Any]
+    ) -> None:
         super().__init__(open_)
         self.pattern = pattern
         self.properties = properties

@@ -8,13 +8,16 @@ from __future__ import annotations
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
 from transformers import AutoTokenizer
 
+from deploy.sidecar.spec import parse_spec
+from gateway.catalog.registry import resolve_routes
 from gateway.catalog.text.decoding import decoding
 from gateway.catalog.text.prompts import PromptTokenizer
-from gateway.settings import SettingsError
+from gateway.settings import SettingsError, parse_settings
 from gateway.tools import Folded
 from gateway.tools.formats import tool_format
 from gateway.tools.formats.deepseek_v3 import CALL, SECTION, SEP
@@ -145,3 +148,35 @@ def test_a_pipeline_postprocessing_that_drops_the_formats_markers_is_refused(
     assert "skip_special_tokens false" in str(raised.value)
     tiny = PromptTokenizer.load(str(tiny_model_dir), executor)
     assert decoding(tiny, "tiny", None, None, None, postprocessing="tiny") is tiny
+
+
+@pytest.mark.parametrize(
+    ("model", "pipeline_skips", "skip", "postprocessing"),
+    [
+        # Unset: what the formats need, decoded by the gateway or by the pipeline's models.
+        ({"entry": "tensorrt_llm"}, True, None, None),
+        ({"entry": "ensemble"}, True, None, "tiny"),
+        ({"entry": "tensorrt_llm_bls"}, True, None, "tiny"),
+        # A pipeline whose postprocessing keeps special tokens keeps them all.
+        ({"entry": "tensorrt_llm"}, False, False, None),
+        ({"entry": "ensemble"}, False, False, None),
+        # An explicit value wins.
+        ({"entry": "tensorrt_llm", "skip_special_tokens": True}, True, True, None),
+        ({"entry": "tensorrt_llm", "skip_special_tokens": False}, True, False, None),
+    ],
+)
+def test_a_routes_decoding_settings(
+    model: dict[str, Any], pipeline_skips: bool, skip: bool | None, postprocessing: str | None
+) -> None:
+    engine = {"kind": "torch", "model_dir": "/m/tiny"}
+    spec = parse_spec(
+        {
+            "models": [{"name": "tiny", "engine": engine, "skip_special_tokens": pipeline_skips}],
+            "sidecars": [{"name": "a"}],
+        }
+    )
+    settings = parse_settings(
+        {"models": [{"name": "m", "pipeline": "tiny", **model}], "tenancy": {"auth": False}}
+    )
+    (route,) = resolve_routes(settings, spec, {"tiny": "127.0.0.1:1"}, {}, None, ())
+    assert (route.skip_special_tokens, route.postprocessing) == (skip, postprocessing)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import openai
 import pytest
@@ -71,13 +72,13 @@ def client(echo_sidecar: Sidecar, gpt_oss_dir: Path) -> Iterator[openai.OpenAI]:
 def test_the_channels_split_and_no_special_token_reaches_the_client(
     client: openai.OpenAI,
 ) -> None:
-    messages = [{"role": "user", "content": ANSWER}]
-    probe = client.chat.completions.create(model="gpt-oss", messages=messages, max_tokens=1)  # type: ignore[arg-type]
+    messages: Any = [{"role": "user", "content": ANSWER}]
+    probe = client.chat.completions.create(model="gpt-oss", messages=messages, max_tokens=1)
     assert probe.usage is not None
     length = probe.usage.prompt_tokens
     whole = client.chat.completions.create(
         model="gpt-oss",
-        messages=messages,  # type: ignore[arg-type]
+        messages=messages,
         max_tokens=length,
     )
     message = whole.choices[0].message
@@ -85,7 +86,7 @@ def test_the_channels_split_and_no_special_token_reaches_the_client(
     assert message.content == "It is four."
     streamed = client.chat.completions.create(
         model="gpt-oss",
-        messages=messages,  # type: ignore[arg-type]
+        messages=messages,
         max_tokens=length,
         stream=True,
     )

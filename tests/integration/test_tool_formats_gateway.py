@@ -6,8 +6,9 @@ gateway reads back as the tool call the openai SDK gets, its arguments typed by 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import openai
@@ -24,7 +25,7 @@ OPENINGS = {
     "deepseek_v3": "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>",
     "kimi_k2": "<|tool_calls_section_begin|><|tool_call_begin|>functions.set_unit:",
 }
-TOOL = {
+TOOL: Any = {
     "type": "function",
     "function": {
         "name": "set_unit",
@@ -38,6 +39,17 @@ TOOL = {
             "additionalProperties": False,
         },
     },
+}
+
+
+REQUEST: Any = {
+    "messages": [{"role": "user", "content": "Switch to celsius."}],
+    "tools": [TOOL],
+    "tool_choice": "required",
+    "parallel_tool_calls": False,
+    "max_tokens": 200,
+    "seed": 3,
+    "logprobs": True,
 }
 
 
@@ -55,45 +67,42 @@ def client(sidecar: Sidecar, tiny_model_dir: Path) -> Iterator[openai.OpenAI]:
     gateway.stop()
 
 
+def whole(client: openai.OpenAI, fmt: str) -> tuple[str | None, str, str, str]:
+    """Finish reason, function, arguments and the engine's text of a whole answer."""
+    reply = client.chat.completions.create(model=fmt, **REQUEST)
+    (choice,) = reply.choices
+    assert not (choice.message.content or "").strip()
+    (call,) = [c for c in choice.message.tool_calls or () if c.type == "function"]
+    tokens = choice.logprobs.content if choice.logprobs else None
+    text = "".join(token.token for token in tokens or ())
+    return choice.finish_reason, call.function.name, call.function.arguments, text
+
+
+def streamed(client: openai.OpenAI, fmt: str) -> tuple[str | None, str, str, str]:
+    """The same of a streamed answer, folded from its chunks."""
+    chunks = [c for c in client.chat.completions.create(model=fmt, stream=True, **REQUEST)]
+    choices = [chunk.choices[0] for chunk in chunks if chunk.choices]
+    calls = [call for choice in choices for call in choice.delta.tool_calls or ()]
+    functions = [call.function for call in calls if call.function]
+    tokens = [t for choice in choices if choice.logprobs for t in choice.logprobs.content or ()]
+    return (
+        choices[-1].finish_reason,
+        "".join(f.name or "" for f in functions),
+        "".join(f.arguments or "" for f in functions),
+        "".join(token.token for token in tokens),
+    )
+
+
+@pytest.mark.parametrize("read", [whole, streamed])
 @pytest.mark.parametrize("fmt", FORMATS)
-def test_required_gives_one_call_in_the_models_format(client: openai.OpenAI, fmt: str) -> None:
-    for stream in (False, True):
-        reply = client.chat.completions.create(
-            model=fmt,
-            messages=[{"role": "user", "content": "Switch to celsius."}],
-            tools=[TOOL],  # type: ignore[list-item]
-            tool_choice="required",
-            parallel_tool_calls=False,
-            max_tokens=200,
-            seed=3,
-            stream=stream,
-            logprobs=True,
-        )
-        if stream:
-            chunks = list(reply)  # type: ignore[arg-type]
-            finish = [c.choices[0].finish_reason for c in chunks if c.choices][-1]
-            deltas = [
-                call for c in chunks if c.choices for call in c.choices[0].delta.tool_calls or ()
-            ]
-            name = "".join(d.function.name or "" for d in deltas if d.function)
-            arguments = "".join(d.function.arguments or "" for d in deltas if d.function)
-            logprobs = [
-                token
-                for c in chunks
-                if c.choices and c.choices[0].logprobs
-                for token in c.choices[0].logprobs.content or ()
-            ]
-        else:
-            (choice,) = reply.choices  # type: ignore[union-attr]
-            finish = choice.finish_reason
-            (call,) = choice.message.tool_calls or ()
-            name, arguments = call.function.name, call.function.arguments  # type: ignore[union-attr]
-            assert not (choice.message.content or "").strip()
-            logprobs = choice.logprobs.content or []
-        # The tokens the engine wrote are the call in the model's own format.
-        assert OPENINGS[fmt] in "".join(token.token for token in logprobs)
-        assert finish == "tool_calls"
-        assert name == "set_unit"
-        parsed = json.loads(arguments)
-        assert parsed["unit"] in ("celsius", "fahrenheit")
-        assert isinstance(parsed["verbose"], bool)
+def test_required_gives_one_call_in_the_models_format(
+    client: openai.OpenAI, fmt: str, read: Callable[[openai.OpenAI, str], tuple[Any, ...]]
+) -> None:
+    finish, name, arguments, text = read(client, fmt)
+    # The tokens the engine wrote are the call in the model's own format.
+    assert OPENINGS[fmt] in text
+    assert finish == "tool_calls"
+    assert name == "set_unit"
+    parsed = json.loads(arguments)
+    assert parsed["unit"] in ("celsius", "fahrenheit")
+    assert isinstance(parsed["verbose"], bool)

@@ -75,8 +75,8 @@ def test_no_name_is_defined_twice_with_different_meanings() -> None:
     [
         ({"a.py": "class Endpoint: ...", "b.py": "class Endpoint: ..."}, ["Endpoint"]),
         (
-            {"a.py": "OpeningFinder = Callable[[str], int]", "b.py": "OpeningFinder = Callable[[], int]"},
-            ["OpeningFinder"],
+            {"a.py": "Opener = Callable[[str], int]", "b.py": "Opener = Callable[[], int]"},
+            ["Opener"],
         ),
         ({"a.py": "class Ticket: ...", "b.py": "Ticket = int"}, ["Ticket"]),
         ({"a.py": "Chunks = list[int]", "b.py": "Chunks: TypeAlias = tuple[int]"}, ["Chunks"]),

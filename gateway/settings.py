@@ -130,7 +130,10 @@ class ModelSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     prompts are counted by the engine either way."""
     skip_special_tokens: bool | None = None
     """Whether generated special tokens are left out of the text (entry ``tensorrt_llm``, where
-    the gateway decodes); defaults to the pipeline's postprocessing, else true."""
+    the gateway decodes). Unset: all are left out but those the model's ``tool_call_format``
+    and ``reasoning_parser`` read (gpt-oss's channels, DeepSeek's and Kimi's call markers),
+    which their parsers consume; false (or a pipeline whose postprocessing keeps them): all
+    are kept; true: all are left out, a start-up error where the formats read some."""
     max_n: int = 8
     """Largest ``n`` (choices per prompt) a request may ask for."""
     defaults: SamplingDefaults = SamplingDefaults()
@@ -148,7 +151,8 @@ class ModelSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     """How the model's reasoning is split from its answer into ``reasoning_content``:
     ``think`` (``<think>…</think>``: DeepSeek-R1, Qwen3, SmolLM3, GLM 4.5+), ``harmony``
     (gpt-oss's ``analysis`` channel), ``none``; guessed from the chat template when unset.
-    DeepSeek's and gpt-oss's markers are special tokens: set ``skip_special_tokens: false``."""
+    The special tokens a format reads are kept in the text unless ``skip_special_tokens`` is
+    set."""
     tokens_per_block: Annotated[int, msgspec.Meta(ge=1)] | None = None
     """The engine's KV-cache block size, which turns its reused blocks into the prompt's
     ``cached_tokens``; needed only where the engine's config does not state it (rendered

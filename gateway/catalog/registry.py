@@ -15,6 +15,7 @@ import msgspec
 from adapters.contract import LoraAdapter, ModelTarget
 from deploy.sidecar.spec import ModelSpec, Spec, TorchEngine
 from gateway.catalog.lora import LoraLibrary
+from gateway.catalog.text.decoding import decoding
 from gateway.catalog.text.prompts import PromptTokenizer
 from gateway.catalog.transports import choose_transports, served_models
 from gateway.catalog.vision import VisionInputs, read_vision
@@ -60,7 +61,12 @@ class ModelRoute:
     owned_by: str
     tool_call_format: str | None = None
     reasoning_parser: str | None = None
-    skip_special_tokens: bool = True
+    skip_special_tokens: bool | None = None
+    """Whether the gateway's decoding leaves special tokens out; None: all but those the
+    model's tool-call and reasoning formats read."""
+    postprocessing: str | None = None
+    """The pipeline whose postprocessing decodes the text and drops special tokens, where the
+    model's Triton model (an ensemble or BLS of a rendered pipeline) is not the engine."""
     replicas: ReplicaSource | None = None
     """The Tritons serving the model when there are several (``target.url`` is then the
     first's, or the DNS name)."""
@@ -185,8 +191,11 @@ def _route(
         overridden = (model.triton_url, model.tokenizer_dir, model.add_special_tokens)
         counts_prompts = pipeline is not None and overridden == (None, None, None)
     skip_special = model.skip_special_tokens
-    if skip_special is None:
-        skip_special = pipeline.skip_special_tokens if pipeline is not None else True
+    if skip_special is None and pipeline is not None and not pipeline.skip_special_tokens:
+        skip_special = False
+    postprocessing = None
+    if pipeline is not None and model.entry != "tensorrt_llm" and pipeline.skip_special_tokens:
+        postprocessing = pipeline.name
     return ModelRoute(
         name=model.name,
         target=ModelTarget(
@@ -207,6 +216,7 @@ def _route(
         tool_call_format=model.tool_call_format,
         reasoning_parser=model.reasoning_parser,
         skip_special_tokens=skip_special,
+        postprocessing=postprocessing,
         images=model.images,
         counts_prompts=counts_prompts,
         shared_kv_cache=model.shared_kv_cache,
@@ -333,7 +343,7 @@ def load_model(route: ModelRoute, executor: Executor) -> ServedModel:
             executor,
             chat_template_file=route.chat_template_file,
             add_special_tokens=route.add_special_tokens,
-            skip_special_tokens=route.skip_special_tokens,
+            skip_special_tokens=route.skip_special_tokens is not False,
         )
     except (OSError, ValueError) as exc:
         where = route.tokenizer_dir
@@ -346,6 +356,14 @@ def load_model(route: ModelRoute, executor: Executor) -> ServedModel:
                 f"hub id it fails: {reason}"
             )
         raise SettingsError(message) from exc
+    tokenizer = decoding(
+        tokenizer,
+        route.name,
+        route.skip_special_tokens,
+        route.tool_call_format,
+        route.reasoning_parser,
+        postprocessing=route.postprocessing,
+    )
     context_length = route.context_length or tokenizer.model_max_length or DEFAULT_CONTEXT_LENGTH
     logger.info(
         "model %s -> %s/%s (context %d tokens)",

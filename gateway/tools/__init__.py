@@ -1,7 +1,7 @@
 """Tool calls, structured output and reasoning, free of any API's schema: guides, the models'
 call and reasoning formats, generated text parsed into reasoning, content and calls."""
 
-from gateway.tools.output import OutputRules, conversation
+from gateway.tools.output import OutputRules, conversation, model_formats, special_tokens_read
 from gateway.tools.parsing import (
     Arguments,
     CallStart,
@@ -22,4 +22,6 @@ __all__ = [
     "Piece",
     "Reasoning",
     "conversation",
+    "model_formats",
+    "special_tokens_read",
 ]

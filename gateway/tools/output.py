@@ -12,7 +12,9 @@ from adapters.contract import Guide
 from gateway.tools.formats import (
     Function,
     ToolFormat,
+    guess_format,
     json_arguments,
+    tool_format,
 )
 from gateway.tools.parsing import (
     ArgumentsOnly,
@@ -21,7 +23,7 @@ from gateway.tools.parsing import (
     ObjectCalls,
     Parser,
 )
-from gateway.tools.reasoning import PromptState, ReasoningFormat
+from gateway.tools.reasoning import PromptState, ReasoningFormat, reasoning_format
 
 Mode = Literal["text", "format", "tagged", "calls", "arguments"]
 
@@ -101,6 +103,27 @@ TEXT_ONLY = OutputRules()
 """Answers without tool calls."""
 
 
+def model_formats(
+    format_name: str | None, reasoning_name: str | None, template: str
+) -> tuple[ToolFormat, ReasoningFormat | None]:
+    """A model's tool-call format and reasoning format: the ones its settings name, else the
+    ones its chat template shows (gpt-oss's calls are messages of its channels: reading them
+    is reading the channels)."""
+    fmt = tool_format(format_name or guess_format(template))
+    if fmt.name == "harmony" and reasoning_name is None:
+        reasoning_name = "harmony"
+    return fmt, reasoning_format(reasoning_name, template)
+
+
+def special_tokens_read(
+    format_name: str | None, reasoning_name: str | None, template: str
+) -> tuple[str, ...]:
+    """The markers a model's formats read that a tokenizer may hold as special tokens."""
+    fmt, reasoning = model_formats(format_name, reasoning_name, template)
+    read = (*fmt.special_tokens, *(reasoning.special_tokens if reasoning else ()))
+    return tuple(dict.fromkeys(read))
+
+
 def _format_of(guide: Guide) -> dict[str, Any]:
     """A guide as an element of an xgrammar structural-tag format."""
     text = guide.guide or ""
@@ -145,20 +168,11 @@ def calls_schema(functions: tuple[Function, ...], parallel: bool) -> dict[str, A
 
 def auto_guide(fmt: ToolFormat, functions: tuple[Function, ...], parallel: bool) -> Guide | None:
     """A structural tag: free text, or a call once the format's trigger appears."""
-    trigger = fmt.trigger()
-    tags = [fmt.call_tag(function) for function in functions]
-    if trigger is None or any(tag is None for tag in tags):
+    format_ = fmt.auto_format(functions, parallel)
+    if format_ is None:
         return None
-    tag = {
-        "type": "structural_tag",
-        "format": {
-            "type": "triggered_tags",
-            "triggers": [trigger],
-            "tags": tags,
-            "stop_after_first": not parallel,
-        },
-    }
-    return Guide("structural_tag", json.dumps(tag), param="tool_choice", optional=True)
+    tag = json.dumps({"type": "structural_tag", "format": format_})
+    return Guide("structural_tag", tag, param="tool_choice", optional=True)
 
 
 def required_guide(
@@ -171,19 +185,10 @@ def required_guide(
     its own call format but not this list may never do (SmolLM2 repeats a call until
     ``max_tokens``); after a call in its own format it ends its turn as it learned to.
     """
-    tags = [fmt.call_tag(function) for function in functions]
-    if fmt.separator is None or any(tag is None for tag in tags):
+    format_ = fmt.required_format(functions, parallel)
+    if format_ is None:
         return None
-    tag = {
-        "type": "structural_tag",
-        "format": {
-            "type": "tags_with_separator",
-            "tags": tags,
-            "separator": fmt.separator,
-            "at_least_one": True,
-            "stop_after_first": not parallel,
-        },
-    }
+    tag = {"type": "structural_tag", "format": format_}
     return Guide("structural_tag", json.dumps(tag), param="tool_choice")
 
 

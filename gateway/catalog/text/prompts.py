@@ -14,6 +14,7 @@ from jinja2 import TemplateError
 
 from deploy.triton.pipeline.detokenizer import IncrementalText
 from gateway.catalog.text.hub import TextTokenizer, load_tokenizer
+from gateway.catalog.text.special import KeptSpecialText
 from gateway.catalog.text.template import pick_template, render_chat
 from gateway.core.plan import Prompt
 from gateway.errors import InvalidRequestError
@@ -54,12 +55,19 @@ class PromptTokenizer:
         chat_template: str | None = None,
         add_special_tokens: bool = True,
         skip_special_tokens: bool = True,
+        kept_special_tokens: Sequence[str] = (),
     ) -> None:
         self._tokenizer = tokenizer
         self._executor = executor
         self._chat_template = chat_template
         self._add_special_tokens = add_special_tokens
         self._skip_special_tokens = skip_special_tokens
+        self._kept = {
+            token: text
+            for text in self.special_among(kept_special_tokens)
+            if (token := tokenizer.token_id(text)) is not None
+        }
+        """Special tokens generated text keeps though the others are skipped, by id."""
         special = tokenizer.special_tokens
         self.bos_token = special.get("bos_token")
         self.eos_token = special.get("eos_token")
@@ -175,9 +183,39 @@ class PromptTokenizer:
         encoded = (self._tokenizer.encode(word, add_special_tokens=False) for word in words)
         return [ids for ids in encoded if ids]
 
+    def special_among(self, texts: Sequence[str]) -> tuple[str, ...]:
+        """Those of ``texts`` that are special tokens of this tokenizer (whole tokens that
+        decoding with ``skip_special_tokens`` leaves out)."""
+        found = []
+        for text in texts:
+            token = self._tokenizer.token_id(text)
+            if token is not None and not self._tokenizer.decode([token], skip_special_tokens=True):
+                found.append(text)
+        return tuple(found)
+
+    def keeping(self, special_tokens: Sequence[str]) -> PromptTokenizer:
+        """This tokenizer decoding generated text without special tokens but
+        ``special_tokens`` (those that are special tokens here)."""
+        return PromptTokenizer(
+            self._tokenizer,
+            self._executor,
+            chat_template=self._chat_template,
+            add_special_tokens=self._add_special_tokens,
+            skip_special_tokens=True,
+            kept_special_tokens=special_tokens,
+        )
+
+    @property
+    def kept_special_tokens(self) -> tuple[str, ...]:
+        """The special tokens generated text keeps while it skips the others."""
+        return tuple(self._kept.values())
+
     def text_stream(self) -> IncrementalText:
         """A fresh incremental decoder for one streamed sequence."""
-        return self._tokenizer.text_stream(skip_special_tokens=self._skip_special_tokens)
+        stream = self._tokenizer.text_stream(skip_special_tokens=self._skip_special_tokens)
+        if self._kept and self._skip_special_tokens:
+            return KeptSpecialText(stream, self._kept)
+        return stream
 
     async def _run(self, chars: int, function: Callable[..., T], *args: Any) -> T:
         """``function(*args)`` on the loop for an input of ``chars`` characters, or off it."""

@@ -64,6 +64,9 @@ class ToolFormat:
     """What the format writes between two calls, where its calls have a ``call_tag``."""
     reads_reasoning = False
     """Whether its parser splits the reasoning off itself (calls are messages of channels)."""
+    special_tokens: tuple[str, ...] = ()
+    """Markers its parser reads that tokenizers may hold as special tokens, which the model's
+    decoding must therefore keep."""
 
     def instructions(self, functions: Sequence[Function]) -> str:
         """A system message describing the tools, for templates that take no ``tools``."""
@@ -97,3 +100,90 @@ class ToolFormat:
     def trigger(self) -> str | None:
         """Text whose appearance starts a call in free output, or None."""
         return None
+
+    def auto_format(self, functions: Sequence[Function], parallel: bool) -> dict[str, Any] | None:
+        """An xgrammar structural-tag format for ``auto``: free text, and a call in this
+        format once its trigger appears; None where the format has no call tags."""
+        trigger = self.trigger()
+        tags = [self.call_tag(function) for function in functions]
+        if trigger is None or not tags or any(tag is None for tag in tags):
+            return None
+        return {
+            "type": "triggered_tags",
+            "triggers": [trigger],
+            "tags": tags,
+            "stop_after_first": not parallel,
+        }
+
+    def required_format(
+        self, functions: Sequence[Function], parallel: bool
+    ) -> dict[str, Any] | None:
+        """An xgrammar structural-tag format for ``required``: one call or more in this format
+        and nothing else, the end allowed after each; None where the format has no call tags."""
+        tags = [self.call_tag(function) for function in functions]
+        if self.separator is None or not tags or any(tag is None for tag in tags):
+            return None
+        return {
+            "type": "tags_with_separator",
+            "tags": tags,
+            "separator": self.separator,
+            "at_least_one": True,
+            "stop_after_first": not parallel,
+        }
+
+
+class SectionFormat(ToolFormat):
+    """A format whose calls all lie in one section between two markers (DeepSeek, Kimi)."""
+
+    section = ("", "")
+    call_begin = ""
+    """The marker opening one call, which free text outside the section may not hold."""
+
+    def call_tags(self, function: Function) -> list[dict[str, Any]]:
+        """xgrammar tags of one call inside the section (one per form the family writes)."""
+        raise NotImplementedError
+
+    def trigger(self) -> str | None:
+        return self.section[0]
+
+    def _calls(self, functions: Sequence[Function], parallel: bool) -> dict[str, Any]:
+        return {
+            "type": "tags_with_separator",
+            "tags": [tag for function in functions for tag in self.call_tags(function)],
+            "separator": "",
+            "at_least_one": True,
+            "stop_after_first": not parallel,
+        }
+
+    def auto_format(self, functions: Sequence[Function], parallel: bool) -> dict[str, Any] | None:
+        if not functions:
+            return None
+        begin, end = self.section
+        section = {
+            "type": "tag",
+            "begin": begin,
+            "content": self._calls(functions, parallel),
+            "end": end,
+        }
+        return {
+            "type": "triggered_tags",
+            "triggers": [begin],
+            "tags": [section],
+            "stop_after_first": not parallel,
+            "excludes": [self.call_begin],
+        }
+
+    def required_format(
+        self, functions: Sequence[Function], parallel: bool
+    ) -> dict[str, Any] | None:
+        if not functions:
+            return None
+        begin, end = self.section
+        return {
+            "type": "sequence",
+            "elements": [
+                {"type": "const_string", "value": begin},
+                self._calls(functions, parallel),
+                {"type": "const_string", "value": end},
+            ],
+        }

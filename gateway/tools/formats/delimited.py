@@ -1,6 +1,8 @@
-"""A parser of calls each read whole between two markers, for formats whose arguments are not
-a JSON object as written (XML-like parameters, a name before its JSON): content streams as it
-comes, each call is given once its end marker arrives."""
+"""A parser of calls between two markers, for formats whose calls open with more than a JSON
+object (XML-like parameters, a name before its JSON): content streams as it comes; a call starts
+once its opening (the function's name) is whole, and its arguments stream as the format allows
+(JSON as written, named parameters each once it is complete), or the call is read whole at its
+end marker for a format that cannot tell its opening apart early."""
 
 from __future__ import annotations
 
@@ -35,17 +37,91 @@ class ReadCall:
 Reader = Callable[[str], ReadCall | None]
 
 
+@dataclass(frozen=True, slots=True)
+class Opening:
+    """A call's opening, whole: its function, the id the model wrote, and where in the call's
+    text its arguments begin."""
+
+    name: str
+    start: int
+    id: str | None = None
+
+
+OpeningFinder = Callable[[str], Opening | None]
+"""The opening of a call whose text so far is given, once it is whole."""
+
+
+class ArgumentStream:
+    """How a format's call text becomes a call as it grows: ``open`` finds its opening,
+    ``more`` gives the arguments certain so far, ``close`` the whole arguments at the call's
+    end; each result extends the one before."""
+
+    def __init__(self, open_: OpeningFinder) -> None:
+        self.open = open_
+
+    def more(self, text: str) -> str:
+        """The JSON arguments certain from the argument text so far."""
+        raise NotImplementedError
+
+    def close(self, text: str) -> str:
+        """The JSON arguments of the whole argument text."""
+        raise NotImplementedError
+
+
+class JsonStream(ArgumentStream):
+    """Arguments that are JSON as written: streamed as they come, less trailing whitespace and
+    the backticks of a closing fence, which may end them."""
+
+    def more(self, text: str) -> str:
+        return text.lstrip().rstrip(" \t\r\n`")
+
+    def close(self, text: str) -> str:
+        return self.more(text) or "{}"
+
+
+class ParameterStream(ArgumentStream):
+    """Arguments written as named parameters (``pattern`` finds each whole one's name and text),
+    given as JSON one parameter at a time, each typed by ``properties``."""
+
+    def __init__(
+        self, open_: OpeningFinder, pattern: re.Pattern[str], properties: dict[str, Any]
+    ) -> None:
+        super().__init__(open_)
+        self.pattern = pattern
+        self.properties = properties
+
+    def more(self, text: str) -> str:
+        members = [
+            f"{_dumps(key.strip())}: {_dumps(typed_value(value, self.properties.get(key.strip())))}"
+            for key, value in self.pattern.findall(text)
+        ]
+        return "{" + ", ".join(members) if members else ""
+
+    def close(self, text: str) -> str:
+        so_far = self.more(text)
+        return so_far + "}" if so_far else "{}"
+
+
 class DelimitedCalls(Parser):
     """Content, and calls between ``begin`` and ``end``; with a ``section`` (open, close),
     calls are only inside it and what lies between them there is dropped. A call that
     ``read`` cannot make sense of, or that never ends, is given back as content."""
 
     def __init__(
-        self, begin: str, end: str, read: Reader, section: tuple[str, str] | None = None
+        self,
+        begin: str,
+        end: str,
+        read: Reader,
+        section: tuple[str, str] | None = None,
+        stream: ArgumentStream | None = None,
     ) -> None:
         super().__init__()
         self.begin, self.end, self.read = begin, end, read
         self.section = section
+        self.stream = stream
+        self.opening: Opening | None = None
+        """The open call's opening, once whole (its arguments then stream)."""
+        self.sent = ""
         self.where = "outside"
         self.held = ""
         self.raw = ""
@@ -89,12 +165,41 @@ class DelimitedCalls(Parser):
         if self.where == "outside":
             if text:
                 self.pieces.append(Content(text))
-        else:
-            self.raw += text
+            return
+        self.raw += text
+        if self.where == "call" and self.stream is not None and text:
+            self._stream(self.stream, closing=False)
+
+    def _stream(self, stream: ArgumentStream, *, closing: bool) -> None:
+        """The open call's start, once its opening is whole, and its arguments since."""
+        if self.opening is None:
+            self.opening = stream.open(self.raw)
+            if self.opening is None:
+                return
+            self.pieces.append(
+                CallStart(self.calls, self.opening.id or call_id(), self.opening.name)
+            )
+            self.calls += 1
+            self.section_calls += 1
+            self.sent = ""
+        text = self.raw[self.opening.start :]
+        arguments = stream.close(text) if closing else stream.more(text)
+        if len(arguments) > len(self.sent) and arguments.startswith(self.sent):
+            self.pieces.append(Arguments(self.calls - 1, arguments[len(self.sent) :]))
+            self.sent = arguments
+
+    def _end_call(self) -> bool:
+        """Close a streamed call; False where the open call never opened (read it whole)."""
+        if self.stream is None or self.opening is None:
+            return False
+        self._stream(self.stream, closing=True)
+        self.opening, self.raw = None, ""
+        return True
 
     def _marker(self, marker: str) -> None:
         if self.where == "call":
-            self._call(self.raw)
+            if not self._end_call():
+                self._call(self.raw)
             self.raw = ""
             self.where = "section" if self.section else "outside"
         elif self.where == "section":
@@ -119,6 +224,12 @@ class DelimitedCalls(Parser):
 
     def _flush(self) -> None:
         rest = self.held
+        if self.where == "call" and self.opening is not None:
+            # A call cut off after its opening stays a call, its arguments as far as they came.
+            self.raw += rest
+            self._end_call()
+            rest = ""
+            self.where = "section" if self.section else "outside"
         if self.section and self.where != "outside" and not self.section_calls:
             rest = self.opened + rest
         elif self.where == "call":
@@ -126,6 +237,10 @@ class DelimitedCalls(Parser):
         if rest and (self.where != "section" or rest.strip()):
             self.pieces.append(Content(rest))
         self.held, self.raw = "", ""
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False)
 
 
 def _types(schema: Any) -> set[str]:
@@ -141,15 +256,22 @@ def _types(schema: Any) -> set[str]:
 
 
 def typed_value(text: str, schema: Any) -> Any:
-    """A parameter written as text, as the value its schema asks for: strings stay text,
-    numbers, booleans, objects and lists are read as JSON where they parse (as is anything
-    of a parameter the schema does not type)."""
+    """A parameter written as text, as the value its schema asks for: strings stay text (one of
+    an ``enum`` or ``const`` without the whitespace around it, which the XML grammars allow as
+    layout), numbers, booleans, objects and lists are read as JSON where they parse (as is
+    anything of a parameter the schema does not type)."""
     if "string" in _types(schema):
-        return text
+        fixed = isinstance(schema, dict) and ("enum" in schema or "const" in schema)
+        return text.strip() if fixed else text
     try:
         return json.loads(text)
     except ValueError:
         return text
+
+
+LAYOUT_LIMIT = 16
+"""Most whitespace characters in a row a guided call may write between its parts: the grammars
+allow any layout there, and a model that pads without end never finishes its call."""
 
 
 def parameters_of(functions: Sequence[Function], name: str) -> dict[str, Any]:

@@ -9,7 +9,10 @@ from typing import Any
 
 from gateway.tools.formats.base import Function, ToolFormat, call_arguments, dumps
 from gateway.tools.formats.delimited import (
+    LAYOUT_LIMIT,
     DelimitedCalls,
+    Opening,
+    ParameterStream,
     ReadCall,
     parameters_of,
     xml_arguments,
@@ -17,12 +20,28 @@ from gateway.tools.formats.delimited import (
 from gateway.tools.parsing import Parser
 
 _PAIR = re.compile(r"<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)</arg_value>", re.DOTALL)
+_NAME = re.compile(r"\s*([^\s<>{}]+)(?=\s|<arg_key>)")
+"""The function's name, whole once a space or the first parameter follows it."""
+
+
+def opening(text: str) -> Opening | None:
+    match = _NAME.match(text)
+    return Opening(match.group(1), match.end()) if match else None
 
 
 class Glm45(ToolFormat):
     """GLM 4.5, 4.6 and 4.7."""
 
     name = "glm45"
+    separator = "\n"
+    special_tokens = (
+        "<tool_call>",
+        "</tool_call>",
+        "<arg_key>",
+        "</arg_key>",
+        "<arg_value>",
+        "</arg_value>",
+    )
 
     def howto(self) -> str:
         return (
@@ -54,7 +73,28 @@ class Glm45(ToolFormat):
             pairs = [(key.strip(), value) for key, value in _PAIR.findall(body)]
             return ReadCall(name, xml_arguments(pairs, parameters_of(functions, name)))
 
-        return DelimitedCalls("<tool_call>", "</tool_call>", read)
+        def parameters(text: str) -> Opening | None:
+            found = opening(text)
+            if found is not None:
+                stream.properties = parameters_of(functions, found.name)
+            return found
+
+        stream = ParameterStream(parameters, _PAIR, {})
+        return DelimitedCalls("<tool_call>", "</tool_call>", read, stream=stream)
+
+    def call_tag(self, function: Function) -> dict[str, Any] | None:
+        # xgrammar's glm_xml style: <arg_key>KEY</arg_key><arg_value>VALUE</arg_value> pairs,
+        # values text where the schema says string, JSON where it says anything else.
+        return {
+            "begin": f"<tool_call>{function.name}",
+            "content": {
+                "type": "json_schema",
+                "json_schema": function.schema,
+                "style": "glm_xml",
+                "max_whitespace_cnt": LAYOUT_LIMIT,
+            },
+            "end": "</tool_call>",
+        }
 
     def trigger(self) -> str | None:
         return "<tool_call>"

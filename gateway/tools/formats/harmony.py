@@ -8,7 +8,7 @@ from typing import Any
 
 from gateway.tools.formats.base import Function, ToolFormat, call_arguments, dumps
 from gateway.tools.parsing import ContentParser, Parser
-from gateway.tools.reasoning.harmony import HarmonySplit
+from gateway.tools.reasoning.harmony import SPECIAL_TOKENS, HarmonySplit
 
 
 class HarmonyCalls(ToolFormat):
@@ -16,6 +16,7 @@ class HarmonyCalls(ToolFormat):
 
     name = "harmony"
     reads_reasoning = True
+    special_tokens = SPECIAL_TOKENS
 
     def howto(self) -> str:
         return (

@@ -15,6 +15,7 @@ class Hermes(ToolFormat):
 
     name = "hermes"
     separator = "\n"
+    special_tokens = ("<tool_call>", "</tool_call>")
 
     def howto(self) -> str:
         return (

@@ -9,14 +9,29 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from gateway.tools.formats.base import Function, ToolFormat, call_arguments, dumps
-from gateway.tools.formats.delimited import DelimitedCalls, ReadCall
+from gateway.tools.formats.base import Function, SectionFormat, call_arguments, dumps
+from gateway.tools.formats.delimited import (
+    LAYOUT_LIMIT,
+    DelimitedCalls,
+    JsonStream,
+    Opening,
+    ReadCall,
+)
 from gateway.tools.parsing import Parser
 
 SECTION = ("<|tool_calls_section_begin|>", "<|tool_calls_section_end|>")
 CALL = ("<|tool_call_begin|>", "<|tool_call_end|>")
 ARGUMENTS = "<|tool_call_argument_begin|>"
 _ID = re.compile(r"^(?:functions\.)?([\w.\-]+):(\d+)$")
+
+
+def opening(text: str) -> Opening | None:
+    """``functions.NAME:INDEX<|tool_call_argument_begin|>``, once whole."""
+    head, sep, _ = text.partition(ARGUMENTS)
+    match = _ID.match(head.strip())
+    if not sep or match is None:
+        return None
+    return Opening(match.group(1), len(head) + len(sep), id=head.strip())
 
 
 def read_call(body: str) -> ReadCall | None:
@@ -29,10 +44,13 @@ def read_call(body: str) -> ReadCall | None:
     return ReadCall(match.group(1), arguments.strip() or "{}", id=head.strip())
 
 
-class KimiK2(ToolFormat):
+class KimiK2(SectionFormat):
     """Kimi K2 (Instruct, Thinking)."""
 
     name = "kimi_k2"
+    section = SECTION
+    call_begin = CALL[0]
+    special_tokens = (*SECTION, *CALL, ARGUMENTS)
 
     def howto(self) -> str:
         return (
@@ -49,4 +67,20 @@ class KimiK2(ToolFormat):
         return SECTION[0] + "".join(texts) + SECTION[1]
 
     def parser(self, functions: Sequence[Function] = ()) -> Parser:
-        return DelimitedCalls(CALL[0], CALL[1], read_call, section=SECTION)
+        stream = JsonStream(opening)
+        return DelimitedCalls(CALL[0], CALL[1], read_call, section=SECTION, stream=stream)
+
+    def call_tags(self, function: Function) -> list[dict[str, Any]]:
+        arguments = {
+            "type": "json_schema",
+            "json_schema": function.schema,
+            "max_whitespace_cnt": LAYOUT_LIMIT,
+        }
+        index = {"type": "regex", "pattern": r"\d+ ?"}
+        content = {
+            "type": "sequence",
+            "elements": [index, {"type": "const_string", "value": ARGUMENTS}, arguments],
+        }
+        return [
+            {"begin": f"{CALL[0]}functions.{function.name}:", "content": content, "end": CALL[1]}
+        ]

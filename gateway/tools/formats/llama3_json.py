@@ -15,6 +15,7 @@ class Llama3Json(ToolFormat):
     separated by ``;`` (Llama 3.1+)."""
 
     name = "llama3_json"
+    special_tokens = ("<|python_tag|>",)
     args_key = "parameters"
     separator = "; "
 

@@ -14,6 +14,7 @@ class Mistral(ToolFormat):
     """``[TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]`` (Mistral)."""
 
     name = "mistral"
+    special_tokens = ("[TOOL_CALLS]",)
 
     def howto(self) -> str:
         return (

@@ -9,7 +9,10 @@ from typing import Any
 
 from gateway.tools.formats.base import Function, ToolFormat, call_arguments, dumps
 from gateway.tools.formats.delimited import (
+    LAYOUT_LIMIT,
     DelimitedCalls,
+    Opening,
+    ParameterStream,
     ReadCall,
     parameters_of,
     xml_arguments,
@@ -20,10 +23,18 @@ _FUNCTION = re.compile(r"<function=([^>\n]+)>")
 _PARAMETER = re.compile(r"<parameter=([^>\n]+)>\n?(.*?)\n?</parameter>", re.DOTALL)
 
 
+def opening(text: str) -> Opening | None:
+    """``<function=NAME>``, once its ``>`` has come."""
+    match = _FUNCTION.search(text)
+    return Opening(match.group(1).strip(), match.end()) if match else None
+
+
 class Qwen3Coder(ToolFormat):
     """Qwen3-Coder (and Qwen3.5+'s XML form)."""
 
     name = "qwen3_coder"
+    separator = "\n"
+    special_tokens = ("<tool_call>", "</tool_call>")
 
     def howto(self) -> str:
         return (
@@ -56,7 +67,28 @@ class Qwen3Coder(ToolFormat):
             pairs = [(key.strip(), value) for key, value in _PARAMETER.findall(body)]
             return ReadCall(name, xml_arguments(pairs, parameters_of(functions, name)))
 
-        return DelimitedCalls("<tool_call>", "</tool_call>", read)
+        def parameters(text: str) -> Opening | None:
+            found = opening(text)
+            if found is not None:
+                stream.properties = parameters_of(functions, found.name)
+            return found
+
+        stream = ParameterStream(parameters, _PARAMETER, {})
+        return DelimitedCalls("<tool_call>", "</tool_call>", read, stream=stream)
+
+    def call_tag(self, function: Function) -> dict[str, Any] | None:
+        # xgrammar's qwen_xml style: each parameter a <parameter=KEY> element whose value is
+        # text where the schema says string, JSON where it says anything else.
+        return {
+            "begin": f"<tool_call>\n<function={function.name}>\n",
+            "content": {
+                "type": "json_schema",
+                "json_schema": function.schema,
+                "style": "qwen_xml",
+                "max_whitespace_cnt": LAYOUT_LIMIT,
+            },
+            "end": "\n</function>\n</tool_call>",
+        }
 
     def trigger(self) -> str | None:
         return "<tool_call>"

@@ -15,6 +15,9 @@ class ReasoningFormat:
     """One family's reasoning; subclasses fill in the text forms."""
 
     name = ""
+    special_tokens: tuple[str, ...] = ()
+    """Markers its splitter reads that tokenizers may hold as special tokens, which the
+    model's decoding must therefore keep."""
 
     def state(self, prompt: str) -> PromptState:
         """Where the templated ``prompt`` leaves the model."""

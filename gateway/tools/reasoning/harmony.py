@@ -2,9 +2,9 @@
 addressed ``to=functions.NAME`` a tool call.
 
 The text is read with its special tokens (``<|channel|>``, ``<|message|>``, ``<|end|>``...):
-the model's postprocessing must keep them (``skip_special_tokens: false``). ``openai-harmony``
-parses token ids with the o200k vocabulary, which it downloads on first use; the gateway reads
-text and runs offline, so it reads the same grammar of headers and bodies here.
+the gateway's decoding keeps them (``SPECIAL_TOKENS``), a pipeline's postprocessing must.
+``openai-harmony`` parses token ids with the o200k vocabulary, which it downloads on first use;
+the gateway reads text and runs offline, so it reads the same grammar of headers and bodies here.
 """
 
 from __future__ import annotations
@@ -25,6 +25,8 @@ from gateway.tools.reasoning.base import PromptState, ReasoningFormat
 
 MESSAGE = "<|message|>"
 ENDS = ("<|end|>", "<|call|>", "<|return|>", "<|start|>")
+SPECIAL_TOKENS = ("<|channel|>", "<|message|>", "<|constrain|>", *ENDS)
+"""What gpt-oss's tokenizer holds as special tokens and the channels are read by."""
 HEADER_LIMIT = 512
 """A header longer than this is no header: the special tokens were not kept, all is content."""
 _RECIPIENT = re.compile(r"to=([^\s<]+)")
@@ -118,6 +120,7 @@ class Harmony(ReasoningFormat):
     """gpt-oss's channels."""
 
     name = "harmony"
+    special_tokens = SPECIAL_TOKENS
 
     def state(self, prompt: str) -> PromptState:
         return "free"

@@ -110,6 +110,7 @@ class Think(ReasoningFormat):
     """``<think>reasoning</think>answer``."""
 
     name = "think"
+    special_tokens = (START, END)
 
     def state(self, prompt: str) -> PromptState:
         tail = prompt.rstrip()

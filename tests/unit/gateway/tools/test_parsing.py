@@ -155,7 +155,9 @@ def calls_text(fmt: str, cities: list[str]) -> str:
     return tool_format(fmt).render_calls(calls)
 
 
-@pytest.mark.parametrize("fmt", ["hermes", "llama3_json"])
+@pytest.mark.parametrize(
+    "fmt", ["hermes", "llama3_json", "qwen3_coder", "glm45", "deepseek_v3", "kimi_k2"]
+)
 @pytest.mark.parametrize("parallel", [True, False])
 def test_a_required_grammar_ends_after_each_call(fmt: str, parallel: bool) -> None:
     """The grammar of ``required`` takes one call or more in the model's own format and lets the

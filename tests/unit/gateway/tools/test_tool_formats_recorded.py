@@ -10,13 +10,14 @@ renders them); DeepSeek V3/R1's fenced form from its chat template's own call te
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import pytest
 
-from gateway.tools import Folded
-from gateway.tools.formats import Function, guess_format, tool_format
-from gateway.tools.parsing import Parser
+from gateway.tools import Folded, special_tokens_read
+from gateway.tools.formats import FORMATS, Function, guess_format, tool_format
+from gateway.tools.parsing import Arguments, Parser
 
 CHUNKINGS = [1, 2, 3, 7, 1000]
 
@@ -117,10 +118,18 @@ CASES: list[tuple[str, str, str, list[tuple[str, Any]], str]] = [
     ),
     (
         "glm45",
-        "incomplete_is_content",
-        "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Beijing</arg_value>",
+        "cut_off_keeps_whole_parameters",
+        "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Beijing</arg_value>\n"
+        "<arg_key>date</arg_key>\n<arg_value>2025-",
+        [("get_weather", {"city": "Beijing"})],
+        "",
+    ),
+    (
+        "glm45",
+        "no_name_is_content",
+        "<tool_call>\n</tool_call>",
         [],
-        "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Beijing</arg_value>",
+        "<tool_call>\n</tool_call>",
     ),
     (
         "deepseek_v3",
@@ -260,3 +269,106 @@ def test_xml_parameters_are_typed_by_the_schema_only() -> None:
 )
 def test_the_format_is_read_from_the_template(template: str, name: str) -> None:
     assert guess_format(template) == name
+
+
+MARKER = re.compile(r"<\|[a-z_]+\|>|<｜[^｜]+｜>|\[TOOL_CALLS\]")
+"""The shapes of the families' special-token markers."""
+
+
+@pytest.mark.parametrize("fmt", sorted(FORMATS))
+def test_a_format_declares_the_special_tokens_it_reads(fmt: str) -> None:
+    """Every special-token marker in what a format writes, and in its family's recorded outputs,
+    is one it declares, so the model's decoding keeps it."""
+    format_ = tool_format(fmt)
+    calls = [{"function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]
+    texts = [format_.render_calls(calls), *(case[2] for case in CASES if case[0] == fmt)]
+    markers = {marker for text in texts for marker in MARKER.findall(text)}
+    read = special_tokens_read(fmt, "none", "")
+    if format_.reads_reasoning:
+        read = special_tokens_read(fmt, None, "")
+    assert markers <= set(read)
+
+
+def test_reasoning_formats_declare_their_markers() -> None:
+    assert {"<think>", "</think>"} <= set(special_tokens_read("hermes", "think", ""))
+    harmony = special_tokens_read("harmony", None, "")
+    assert {"<|channel|>", "<|message|>", "<|end|>", "<|start|>", "<|return|>"} <= set(harmony)
+    assert special_tokens_read("pythonic", "none", "") == ()
+
+
+STREAMED = [
+    ("qwen3_coder", QWEN3_CODER_DALLAS, "</function>", json.dumps(DALLAS)[:-1]),
+    ("glm45", GLM_DALLAS, "</tool_call>", json.dumps(DALLAS)[:-1]),
+    (
+        "deepseek_v3",
+        "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n"
+        '```json\n{"location": "Tokyo"}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>',
+        "<｜tool▁call▁end｜>",
+        '{"location": "Tokyo"}',
+    ),
+    (
+        "deepseek_v3",
+        '<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>foo<｜tool▁sep｜>{"x": [1, 2]}'
+        "<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
+        "<｜tool▁call▁end｜>",
+        '{"x": [1, 2]}',
+    ),
+    (
+        "kimi_k2",
+        "<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0 "
+        '<|tool_call_argument_begin|>{"city": "Beijing"}<|tool_call_end|>'
+        "<|tool_calls_section_end|>",
+        "<|tool_call_end|>",
+        '{"city": "Beijing"}',
+    ),
+]
+
+
+@pytest.mark.parametrize("size", CHUNKINGS)
+@pytest.mark.parametrize(("fmt", "text", "end", "before_end"), STREAMED)
+def test_arguments_stream_before_the_call_ends(
+    fmt: str, text: str, end: str, before_end: str, size: int
+) -> None:
+    """The call starts, and its arguments stream (JSON as written; named parameters each once
+    whole), before the call's end marker comes; the end closes them."""
+    parser = tool_format(fmt).parser((AREA, WEATHER))
+    cut = text.index(end)
+    folded = Folded()
+    for start in range(0, cut, size):
+        folded.add(parser.feed(text[start : min(start + size, cut)]))
+    assert [call.arguments for call in folded.calls] == [before_end]
+    folded.add(parser.feed(text[cut:]))
+    folded.add(parser.finish())
+    assert len(folded.calls) == 1 and json.loads(folded.calls[0].arguments)
+
+
+@pytest.mark.parametrize("fmt", ["qwen3_coder", "glm45"])
+def test_each_parameter_streams_once_whole(fmt: str) -> None:
+    text = QWEN3_CODER_DALLAS if fmt == "qwen3_coder" else GLM_DALLAS
+    parser = tool_format(fmt).parser((AREA, WEATHER))
+    fragments = [
+        piece.text for ch in text for piece in parser.feed(ch) if isinstance(piece, Arguments)
+    ]
+    fragments += [piece.text for piece in parser.finish() if isinstance(piece, Arguments)]
+    assert fragments == ['{"city": "Dallas"', ', "state": "TX"', ', "unit": "fahrenheit"', "}"]
+
+
+def test_an_enum_parameter_is_read_without_the_layout_around_it() -> None:
+    """The XML grammars let whitespace pad a value; one of an ``enum`` cannot mean it, a free
+    string (code, with its indentation) keeps it."""
+    unit = Function(
+        "set_unit",
+        parameters={
+            "type": "object",
+            "properties": {
+                "unit": {"enum": ["celsius"], "type": "string"},
+                "code": {"type": "string"},
+            },
+        },
+    )
+    text = (
+        "<tool_call>set_unit<arg_key>unit</arg_key><arg_value>  celsius \n</arg_value>"
+        "<arg_key>code</arg_key><arg_value>    return 1\n</arg_value></tool_call>"
+    )
+    folded = fold(tool_format("glm45").parser((unit,)), text, 3)
+    assert calls_of(folded) == [("set_unit", {"unit": "celsius", "code": "    return 1\n"})]

@@ -25,6 +25,7 @@ from adapters.contract import (
 from adapters.triton.beams import beam_inputs, beam_width_named
 from adapters.triton.config import ModelInputs, parse_model_config
 from adapters.triton.errors import guide_named
+from adapters.triton.grpc.h2 import Channels
 from adapters.triton.grpc.stream import (
     Call,
     GrpcCall,
@@ -78,6 +79,7 @@ class TritonBackend:
         self._channel_args = list(channel_args) if channel_args is not None else None
         self._clients: dict[str, triton_aio.InferenceServerClient] = {}
         self._http = HttpStreams(keep_alive_s=http_keep_alive_s)
+        self._streams = Channels()
         self._models: dict[tuple[str, str], ModelInputs] = {}
         self._lora_sent: set[tuple[str, str, int]] = set()
         self._stopper = Stopper(self._open, stop_timeout_s)
@@ -187,6 +189,7 @@ class TritonBackend:
         """Finish pending stop requests and close every channel."""
         await self._stopper.close()
         await self._http.close()
+        await self._streams.close()
         clients, self._clients = list(self._clients.values()), {}
         for client in clients:
             await client.close()
@@ -250,8 +253,10 @@ class TritonBackend:
             target.triton_model, request_id, tensors, outputs, priority=priority
         )
         timeout = _remaining(deadline) + (self._stopper.ending_s if keep_open else 0.0)
-        call = self._open(target.url, message, timeout, request.trace_headers)
-        return GrpcCall(call, outputs, shielded=keep_open, deadline=deadline if keep_open else None)
+        return GrpcCall(
+            self._streams, target.url, message, timeout, request.trace_headers, outputs,
+            deadline=deadline if keep_open else None,
+        )  # fmt: skip
 
 
 def _remaining(deadline: float) -> float:

@@ -31,9 +31,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
-import tritonclient.grpc.aio as triton_aio
 
-from adapters.triton.grpc.stream import Call, GrpcCall, infer_request, open_stream
+from adapters.triton.grpc.h2 import Channels
+from adapters.triton.grpc.stream import Call, GrpcCall, infer_request
 from adapters.triton.http.call import HttpStreams
 from adapters.triton.http.wire import generate_body
 from adapters.triton.wire import WireTensor
@@ -116,16 +116,16 @@ async def _transport(name: str, sidecar: Sidecar, args: argparse.Namespace) -> C
             return await _run(open_http, args.streams, args.tokens, args.seconds, args.timeout)
         finally:
             await streams.close()
-    client = triton_aio.InferenceServerClient(sidecar.grpc_url)
+    channels = Channels()
 
     def open_grpc(request_id: str) -> Call:
         message = infer_request(MODEL, request_id, tensors, OUTPUTS)
-        return GrpcCall(open_stream(client._client_stub, message, deadline_s), OUTPUTS)
+        return GrpcCall(channels, sidecar.grpc_url, message, deadline_s, {}, OUTPUTS)
 
     try:
         return await _run(open_grpc, args.streams, args.tokens, args.seconds, args.timeout)
     finally:
-        await client.close()
+        await channels.close()
 
 
 def _report(name: str, keeper: str, outcomes: Counter[str], args: argparse.Namespace) -> None:

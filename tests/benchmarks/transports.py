@@ -4,7 +4,9 @@ One tritonserver serves the zero-compute load-test engine as the ``tensorrt_llm`
 gateway's engine entry). The same requests (a short prompt, ``--tokens`` streamed tokens) are
 sent at each concurrency through:
 
-- ``grpc-aio``: grpcio's asyncio API, ``ModelStreamInfer`` (the gateway's transport);
+- ``grpc-aio``: grpcio's asyncio API, ``ModelStreamInfer`` (the gateway's transport before its
+  own HTTP/2 client);
+- ``grpc-h2``: the same calls on the backend's own HTTP/2 client (``adapters.triton.grpc.h2``);
 - ``grpc-threads``: grpcio's synchronous streaming, one thread per request, each response
   handed to the event loop (what an asyncio gateway would have to do with it);
 - ``http-sse``: Triton's HTTP ``generate_stream``, a connection per request, server-sent events
@@ -18,12 +20,20 @@ sent at each concurrency through:
 Each client decodes the output ids of every response, as the adapter does. Figures: tokens/s and
 this process's CPU per streamed token and per request (all threads). ``python -m
 tests.benchmarks.transports``.
+
+``--backend`` measures the gateway's own path instead: ``TritonBackend`` streaming the
+``ensemble`` entry (text in, text out) over ``grpc`` (``ModelStreamInfer``, the path to a Triton
+without the response keeper) and over ``http`` (``generate_stream``), the two interleaved in each
+round, on uvloop as in the gateway; the last lines give each one's median over the rounds and
+gRPC's CPU per token as a multiple of HTTP's:
+``python -m tests.benchmarks.transports --backend --levels 32 --rounds 3``.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import statistics
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
@@ -36,7 +46,10 @@ import msgspec
 import numpy as np
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
-from adapters.triton.grpc.stream import infer_request
+from adapters.contract import GenerationRequest, ModelTarget, SamplingParams
+from adapters.triton import TritonBackend
+from adapters.triton.grpc.h2 import Channels
+from adapters.triton.grpc.stream import STREAM_PATH, infer_request
 from adapters.triton.http.call import HttpStreams
 from adapters.triton.wire import WireTensor
 from deploy.sidecar.fleet import sidecar_from_spec
@@ -97,6 +110,41 @@ def grpc_aio(url: str, tokens: int) -> Callable[[], Awaitable[Send]]:
                     break
             call.cancel()
             return count
+
+        return send
+
+    return connect
+
+
+class _Collected:
+    """A ``grpc_h2`` stream's messages, counted as they come."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.ended: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def on_message(self, message: bytes) -> None:
+        self.count += _ids(service_pb2.ModelStreamInferResponse.FromString(message))
+
+    def on_end(self, failure: BaseException | None) -> None:
+        if failure is None:
+            self.ended.set_result(None)
+        else:
+            self.ended.set_exception(failure)
+
+
+def grpc_h2(url: str, tokens: int) -> Callable[[], Awaitable[Send]]:
+    channels = Channels()
+
+    async def connect() -> Send:
+        request = _request(tokens).SerializeToString()
+
+        async def send() -> int:
+            collected = _Collected()
+            connection = await channels.connect(url)
+            connection.open(STREAM_PATH, request, {}, 60.0, collected)
+            await collected.ended
+            return collected.count
 
         return send
 
@@ -247,6 +295,27 @@ async def _read_events(
             count += 1 if isinstance(ids, int) else len(ids or ())
 
 
+def backend_stream(
+    backend: TritonBackend, target: ModelTarget, tokens: int
+) -> Callable[[], Awaitable[Send]]:
+    """Streams of the gateway's backend: one request of ``tokens`` tokens, its chunks' counts."""
+    request = GenerationRequest(
+        request_id="", prompt="The quick brown fox", params=SamplingParams(max_tokens=tokens),
+        stream=True, timeout_s=60.0,
+    )  # fmt: skip
+
+    async def connect() -> Send:
+        async def send() -> int:
+            count = 0
+            async for chunk in backend.generate(target, request):
+                count += chunk.token_count or 0
+            return count
+
+        return send
+
+    return connect
+
+
 async def measure(
     connect: Callable[[], Awaitable[Send]], concurrency: int, seconds: float
 ) -> dict[str, float]:
@@ -288,12 +357,54 @@ def start_sidecar(instances: int) -> Sidecar:
     return sidecar
 
 
+async def compare_backends(args: argparse.Namespace, sidecar: Sidecar) -> None:
+    """The backend's gRPC and HTTP paths interleaved, then each one's medians and the ratio."""
+    model = "lt_ensemble"
+    targets = {
+        "backend-grpc": ModelTarget(url=sidecar.grpc_url, triton_model=model, kind="ensemble"),
+        "backend-http": ModelTarget(
+            url=sidecar.grpc_url, triton_model=model, kind="ensemble", http_url=sidecar.http_url
+        ),
+    }
+    print(f"{'transport':<14}{'streams':>8}{'tokens/s':>12}{'CPU µs/token':>14}"
+          f"{'CPU µs/req':>12}{'cores':>7}")  # fmt: skip
+    runs: dict[tuple[str, int], list[dict[str, float]]] = {}
+    async with TritonBackend() as backend:
+        for _ in range(args.rounds):
+            for concurrency in args.levels:
+                for name, target in targets.items():
+                    connect = backend_stream(backend, target, args.tokens)
+                    r = await measure(connect, concurrency, args.seconds)
+                    runs.setdefault((name, concurrency), []).append(r)
+                    print(f"{name:<14}{concurrency:>8}{r['tokens_per_s']:>12,.0f}"
+                          f"{r['cpu_us_per_token']:>14.1f}{r['cpu_us_per_request']:>12.0f}"
+                          f"{r['cpu_share']:>7.2f}", flush=True)  # fmt: skip
+    print(f"medians of {args.rounds} rounds, {args.tokens} tokens a stream:")
+    for concurrency in args.levels:
+        median = {
+            name: statistics.median(r["cpu_us_per_token"] for r in runs[(name, concurrency)])
+            for name in targets
+        }
+        rate = {
+            name: statistics.median(r["tokens_per_s"] for r in runs[(name, concurrency)])
+            for name in targets
+        }
+        print(f"{concurrency:>4} streams: gRPC {median['backend-grpc']:.1f} µs/token "
+              f"({rate['backend-grpc']:,.0f} tokens/s), HTTP {median['backend-http']:.1f} "
+              f"µs/token ({rate['backend-http']:,.0f} tokens/s): gRPC/HTTP "
+              f"{median['backend-grpc'] / median['backend-http']:.2f}×", flush=True)  # fmt: skip
+
+
 async def main_async(args: argparse.Namespace, sidecar: Sidecar) -> None:
+    if args.backend:
+        await compare_backends(args, sidecar)
+        return
     host, port = sidecar.http_url.removeprefix("http://").split(":")
     pool = ThreadPoolExecutor(max(args.levels))
     transports = {
         "grpc-aio": grpc_aio(sidecar.grpc_url, args.tokens),
         "grpc-threads": grpc_threads(sidecar.grpc_url, args.tokens, pool),
+        "grpc-h2": grpc_h2(sidecar.grpc_url, args.tokens),
         "http-sse": http_sse(host, int(port), args.tokens),
         "http-gateway": http_gateway(sidecar.http_url, args.tokens),
         "http-httpx": http_httpx(sidecar.http_url, args.tokens),
@@ -319,10 +430,21 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--instances", type=int, default=1)
     parser.add_argument("--transports", nargs="+", help="only these (default: every one)")
+    parser.add_argument(
+        "--backend",
+        action="store_true",
+        help="the gateway's backend over gRPC and over HTTP, side by side",
+    )
     args = parser.parse_args()
     sidecar = start_sidecar(args.instances)
     try:
-        asyncio.run(main_async(args, sidecar))
+        if args.backend:
+            import uvloop
+
+            # The gateway's event loop.
+            uvloop.run(main_async(args, sidecar))
+        else:
+            asyncio.run(main_async(args, sidecar))
     finally:
         sidecar.stop()
 

@@ -3,10 +3,12 @@ pipeline over it in a real tritonserver, unpaced and paced."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import time
 from collections.abc import Iterator
+from contextlib import aclosing
 from pathlib import Path
 from typing import Any
 
@@ -237,6 +239,31 @@ async def test_the_backend_passes_on_a_paced_streams_replies_as_they_come(
     carrying = [chunk for chunk in pieces if chunk.text]
     assert len(carrying) >= 4, pieces
     assert sum(chunk.token_count or 0 for chunk in pieces) == 20
+
+
+@pytest.mark.parametrize("transport", ["grpc", "http"])
+@pytest.mark.slow
+async def test_the_replies_that_came_while_the_reader_was_busy_come_as_one_chunk(
+    lt_sidecar: Sidecar, transport: str
+) -> None:
+    """A reader that fell behind (its client reads slowly) is handed the replies waiting in one
+    chunk over either transport, rather than a chunk and a wake-up for each."""
+    http = lt_sidecar.http_url if transport == "http" else None
+    where = ModelTarget(url=lt_sidecar.grpc_url, triton_model="paced_ensemble",
+                        kind="ensemble", http_url=http)  # fmt: skip
+    request = GenerationRequest(
+        request_id="behind", prompt="The quick brown fox",
+        params=SamplingParams(max_tokens=30), stream=True, timeout_s=30.0,
+    )  # fmt: skip
+    async with TritonBackend() as backend:
+        chunks = backend.generate(where, request)
+        async with aclosing(chunks):
+            first = await anext(chunks)
+            # Busy for the time of 50 paced tokens: the stream's remaining 29 arrive meanwhile.
+            await asyncio.sleep(1.0)
+            rest = [chunk async for chunk in chunks]
+    assert sum(chunk.token_count or 0 for chunk in [first, *rest]) == 30
+    assert (rest[0].token_count or 0) > 1, rest
 
 
 def _output_ids(answer: httpx.Response) -> list[list[int]]:

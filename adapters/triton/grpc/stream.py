@@ -22,10 +22,12 @@ from tritonclient.utils import InferenceServerException
 
 from adapters.contract import BackendError, BackendTimeout
 from adapters.triton.errors import HttpError, classify
+from adapters.triton.grpc.h2 import Channels, Connection, Stream, rpc_error
 from adapters.triton.responses import Reply
 from adapters.triton.wire import WireTensor, wire_array
 
 _FINAL = "triton_final_response"
+STREAM_PATH = "/inference.GRPCInferenceService/ModelStreamInfer"
 _DRAIN_S = 1.0
 
 
@@ -78,14 +80,13 @@ def open_stream(
     )
 
 
-def _reply(response: Any, names: Sequence[str]) -> Reply | None:
-    """A stream response as the exchange reads it; ``None`` at the stream's end."""
-    if response is grpc.aio.EOF:
-        return None
+def _reply(response: Any, names: Sequence[str]) -> Reply:
+    """A stream response as the exchange reads it."""
     if response.error_message:
         return Reply({}, error=response.error_message)
     infer = response.infer_response
-    final = infer.parameters[_FINAL].bool_param if _FINAL in infer.parameters else None
+    parameters = infer.parameters
+    final = parameters[_FINAL].bool_param if _FINAL in parameters else None
     return Reply(_outputs(infer, names), final=final)
 
 
@@ -129,76 +130,168 @@ class Call(Protocol):
 
 
 class GrpcCall:
-    """A ``ModelStreamInfer`` call, its responses read as replies.
+    """A ``ModelStreamInfer`` call on the backend's HTTP/2 client (``grpc/h2.py``): the
+    connection's reads queue its messages, parsed when the caller takes them.
 
-    grpcio cancels the whole call when a read of it is cancelled. A running ensemble request
-    that is cancelled stays counted in flight in Triton 2.51 for good, so an ensemble's call is
-    read ``shielded``: a cancelled reader leaves its read running, and the next read or the
-    drain takes it over once the engine request was stopped. Such a call is opened with a
-    deadline later than the request's, ``deadline``, at which a read raises ``TimeoutError``
-    while the call stays open.
+    ``read`` hands over every message queued, at least one, as the HTTP call does with its
+    events: where the caller keeps up that is one reply a read; where it fell behind, the replies
+    waiting become one chunk. A message costs no future, timer or task of its own.
+
+    Cancelling the caller's read leaves the call running: the caller ends it through ``cancel``
+    or ``drain`` (``Stopper.release``). A running ensemble request that is cancelled stays
+    counted in flight in Triton 2.51 for good, so an ensemble's call is opened with a deadline
+    later than the request's, ``deadline``, at which a read that has to wait raises
+    ``TimeoutError`` while the call stays open, for its stop request and drain.
     """
 
     def __init__(
         self,
-        call: Any,
+        channels: Channels,
+        url: str,
+        request: service_pb2.ModelInferRequest,
+        timeout: float,
+        metadata: Mapping[str, str] | None,
         outputs: Sequence[str],
         *,
-        shielded: bool = False,
         deadline: float | None = None,
     ) -> None:
-        self._call = call
+        self._channels = channels
+        self._url = url
+        self._message = request.SerializeToString()
+        self._timeout = timeout
+        self._metadata = metadata or {}
         self._outputs = outputs
-        self._shielded = shielded
         self._deadline = deadline
-        self._pending: asyncio.Future[Any] | None = None
+        self._messages: list[bytes] = []
+        self._failure: BaseException | None = None
+        self._started = False
+        self._ended = False
+        """The stream ended or failed, or the call was cancelled: nothing more is queued."""
+        self._stream: Stream | None = None
+        self._dialling: asyncio.Task[None] | None = None
+        self._waiter: asyncio.Future[None] | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        """The call's own deadline (Triton keeps it too, from ``grpc-timeout``)."""
+        self._expiry: asyncio.TimerHandle | None = None
+        self._expired = False
 
     def start(self) -> None:
-        """Nothing to do: grpcio sends the request once the call is opened."""
+        """Send the request: at once on the server's connection, else once it is dialled."""
+        if self._started or self._ended:
+            return
+        self._started = True
+        loop = asyncio.get_running_loop()
+        self._timer = loop.call_later(self._timeout, self._timed_out)
+        if self._deadline is not None:
+            self._expiry = loop.call_at(self._deadline, self._expire)
+        connection = self._channels.ready(self._url)
+        if connection is not None:
+            self._open(connection)
+        else:
+            self._dialling = asyncio.ensure_future(self._dial())
 
     async def read(self) -> list[Reply] | None:
-        """The next reply (grpcio reads one message at a time); ``None`` at the stream's end."""
-        reply = _reply(await self._next(self._deadline), self._outputs)
-        return None if reply is None else [reply]
+        """The replies that arrived (at least one); ``None`` at the stream's end."""
+        return await self._take(draining=False)
 
     async def drain(self, timeout_s: float = _DRAIN_S) -> bool:
         """Read to the stream's end (a call that ended, cancelled included, has none); whether
         it ended within ``timeout_s``."""
-        if self._call.done():
+        if self.ended():
             return True
         try:
             async with asyncio.timeout(timeout_s):
-                while await self._next(None) is not grpc.aio.EOF:
+                while await self._take(draining=True) is not None:
                     pass
             return True
         except (TimeoutError, grpc.RpcError):
-            self._call.cancel()
+            self.cancel()
             return False
 
     def cancel(self) -> None:
-        """Cancel the gRPC call."""
-        self._call.cancel()
+        """Reset the stream (Triton cancels the request if it still runs)."""
+        if not self._ended:
+            self._end_with(asyncio.CancelledError())
 
     def ended(self) -> bool:
-        """Whether the call has its status (read to its end, failed or cancelled)."""
-        return bool(self._call.done())
+        """Whether the call has its status (read to its end, failed or cancelled), or was
+        never sent."""
+        return self._ended or not self._started
 
-    async def _next(self, deadline: float | None) -> Any:
-        if not self._shielded:
-            return await self._call.read()
-        if self._pending is None:
-            self._pending = asyncio.ensure_future(self._call.read())
-            self._pending.add_done_callback(_retrieve)
-        async with asyncio.timeout_at(deadline):
-            message = await asyncio.shield(self._pending)
-        self._pending = None
-        return message
+    def on_message(self, message: bytes) -> None:
+        self._messages.append(message)
+        self._wake()
 
+    def on_end(self, failure: BaseException | None) -> None:
+        self._stream = None
+        self._failure = failure
+        self._ended = True
+        for timer in (self._timer, self._expiry):
+            if timer is not None:
+                timer.cancel()
+        self._timer = self._expiry = None
+        self._wake()
 
-def _retrieve(read: asyncio.Future[Any]) -> None:
-    """A read nobody awaits any more (its call was cancelled) is not reported as lost."""
-    if not read.cancelled():
-        read.exception()
+    def _open(self, connection: Connection) -> None:
+        self._stream = connection.open(
+            STREAM_PATH, self._message, self._metadata, self._timeout, self
+        )
+
+    async def _dial(self) -> None:
+        try:
+            connection = await self._channels.connect(self._url)
+        except asyncio.CancelledError:
+            return
+        except Exception as exc:
+            self.on_end(exc)
+            return
+        if not self._ended:
+            self._open(connection)
+
+    def _end_with(self, failure: BaseException) -> None:
+        """End the call here: reset its stream, or stop dialling for it."""
+        if self._dialling is not None:
+            self._dialling.cancel()
+            self._dialling = None
+        stream, self._stream = self._stream, None
+        if stream is not None:
+            stream.cancel()
+        self.on_end(failure)
+
+    def _timed_out(self) -> None:
+        self._timer = None
+        self._end_with(rpc_error(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded"))
+
+    async def _take(self, *, draining: bool) -> list[Reply] | None:
+        """What is queued, as replies; waits for a message where none is (past the request's
+        deadline, unless ``draining``, the wait raises ``TimeoutError``)."""
+        self.start()
+        while not self._messages:
+            if self._ended:
+                if self._failure is not None:
+                    raise self._failure
+                return None
+            if self._expired and not draining:
+                raise TimeoutError
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        messages, self._messages = self._messages, []
+        parse = service_pb2.ModelStreamInferResponse.FromString
+        return [_reply(parse(message), self._outputs) for message in messages]
+
+    def _wake(self) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    def _expire(self) -> None:
+        """The request's deadline passed: a read waiting, or the next one that has to wait,
+        raises ``TimeoutError``; the call stays open (its own deadline is later)."""
+        self._expiry = None
+        self._expired = True
+        self._wake()
 
 
 def reconnecting_channel_args(max_backoff_s: float) -> list[tuple[str, Any]]:

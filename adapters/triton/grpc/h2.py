@@ -1,0 +1,459 @@
+"""gRPC server-streaming calls on HTTP/2 frames read here, without grpcio's asyncio machinery.
+
+Kept for speed: on the 2-core transports bench (``python -m tests.benchmarks.transports --levels
+32 --rounds 3``: zero-compute engine, 32 streams of 64 tokens) a bare client on this module took
+5.3 to 6.6 µs of CPU per streamed token, one on grpcio's asyncio API 30 to 34, one on Triton's
+HTTP ``generate_stream`` 5.8 to 7.3; the backend streaming an ensemble (``--backend``) took 21
+over gRPC with it and 55 with grpcio. grpcio wakes the event loop and resolves a future and a
+coroutine for every message; here one read of the socket hands every whole message of every
+stream to its call.
+
+What a call gets: one connection per server shared by every call (a new one once the server said
+GOAWAY, the stream ids ran out or the connection went); the request as HEADERS (its
+``grpc-timeout`` and metadata) and DATA frames sent within the server's flow-control windows;
+each response message as bytes; the call's end from its trailers, a failure raised as grpcio
+raises it (``grpc.aio.AioRpcError``, so the same error mapping applies); RST_STREAM(CANCEL) for
+a cancelled call, which Triton takes as grpcio's cancellation; the deadline kept here as well as
+by the server. Plain-text HTTP/2 with prior knowledge only, like the insecure grpcio channel the
+backend opens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from typing import Protocol, cast
+from urllib.parse import unquote
+
+import grpc  # type: ignore[import-untyped]
+import hpack
+
+_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+_DATA, _HEADERS, _RST_STREAM, _SETTINGS, _PING, _GOAWAY, _WINDOW_UPDATE, _CONTINUATION = (
+    0, 1, 3, 4, 6, 7, 8, 9,
+)  # fmt: skip
+_END_STREAM = _ACK = 0x1
+_END_HEADERS, _PADDED, _PRIORITY = 0x4, 0x8, 0x20
+_CANCEL = 0x8
+_DEFAULT_WINDOW = 65_535
+_STREAM_WINDOW = 1 << 24
+"""What a stream may receive before it is given more: large enough that a stream of tokens never
+needs a WINDOW_UPDATE."""
+_CONNECTION_WINDOW = 1 << 30
+_LAST_STREAM_ID = (1 << 31) - 1
+_STATUS = {code.value[0]: code for code in grpc.StatusCode}
+_RESET_CODES = {7: grpc.StatusCode.UNAVAILABLE, 8: grpc.StatusCode.CANCELLED,
+                11: grpc.StatusCode.RESOURCE_EXHAUSTED,
+                12: grpc.StatusCode.PERMISSION_DENIED}  # fmt: skip
+_HTTP_CODES = {400: grpc.StatusCode.INTERNAL, 401: grpc.StatusCode.UNAUTHENTICATED,
+               403: grpc.StatusCode.PERMISSION_DENIED, 404: grpc.StatusCode.UNIMPLEMENTED,
+               429: grpc.StatusCode.UNAVAILABLE, 502: grpc.StatusCode.UNAVAILABLE,
+               503: grpc.StatusCode.UNAVAILABLE, 504: grpc.StatusCode.UNAVAILABLE}  # fmt: skip
+
+
+class Receiver(Protocol):
+    """What a call is told of its stream."""
+
+    def on_message(self, message: bytes) -> None:
+        """One whole response message (without gRPC's 5-byte prefix)."""
+
+    def on_end(self, failure: BaseException | None) -> None:
+        """The stream ended: cleanly (``None``) or with the failure a read raises."""
+
+
+def rpc_error(code: grpc.StatusCode, details: str) -> grpc.RpcError:
+    """A failed call's error, as grpcio's asyncio API raises it."""
+    return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), details)
+
+
+def _frame(kind: int, flags: int, stream_id: int, payload: bytes = b"") -> bytes:
+    return (
+        len(payload).to_bytes(3, "big")
+        + bytes((kind, flags))
+        + stream_id.to_bytes(4, "big")
+        + payload
+    )
+
+
+def _timeout(seconds: float) -> str:
+    """``grpc-timeout``: at most 8 digits, in the finest unit that holds them."""
+    micros = max(int(seconds * 1_000_000), 1)
+    if micros < 100_000_000:
+        return f"{micros}u"
+    millis = micros // 1000
+    return f"{millis}m" if millis < 100_000_000 else f"{millis // 1000}S"
+
+
+class Stream:
+    """One call's stream on a connection."""
+
+    def __init__(self, connection: Connection, stream_id: int, receiver: Receiver) -> None:
+        self.connection = connection
+        self.stream_id = stream_id
+        self.receiver = receiver
+        self.window = connection.initial_window
+        self.outbox = b""
+        self.sent = 0
+        self.pending = bytearray()
+        self.received = 0
+        """Bytes of DATA received since the last WINDOW_UPDATE of this stream."""
+
+    def cancel(self) -> None:
+        """Reset the stream (Triton cancels its request); nothing more reaches the receiver."""
+        self.connection.reset(self)
+
+    def feed(self, data: memoryview) -> None:
+        """Take a DATA frame's payload; hand over the whole messages in it."""
+        pending = self.pending
+        pending += data
+        start = 0
+        while len(pending) - start >= 5:
+            size = int.from_bytes(pending[start + 1 : start + 5], "big")
+            end = start + 5 + size
+            if end > len(pending):
+                break
+            self.receiver.on_message(bytes(pending[start + 5 : end]))
+            start = end
+        if start:
+            del pending[:start]
+
+
+class Connection(asyncio.Protocol):
+    """One HTTP/2 connection to a gRPC server, carrying any number of streams."""
+
+    def __init__(self, authority: str) -> None:
+        self._authority = authority
+        self._transport: asyncio.Transport | None = None
+        self._buffer = bytearray()
+        self._streams: dict[int, Stream] = {}
+        self._blocked: dict[int, Stream] = {}
+        self._next_id = 1
+        self._encoder = hpack.Encoder()
+        self._decoder = hpack.Decoder()
+        self._block = bytearray()
+        self._block_stream = 0
+        self._block_ends = False
+        self._window = _DEFAULT_WINDOW
+        self._received = 0
+        self._owed: list[Stream] = []
+        """Streams that used half their window since their last WINDOW_UPDATE."""
+        self.initial_window = _DEFAULT_WINDOW
+        self._max_frame = 16_384
+        self._max_streams = 1 << 31
+        self.usable = True
+        """New calls may start here: the server has not said GOAWAY, the connection is up."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's transports are not ``asyncio.Transport`` subclasses, but have its methods.
+        self._transport = cast(asyncio.Transport, transport)
+        settings = (2).to_bytes(2, "big") + (0).to_bytes(4, "big")  # no server push
+        settings += (4).to_bytes(2, "big") + _STREAM_WINDOW.to_bytes(4, "big")
+        increment = (_CONNECTION_WINDOW - _DEFAULT_WINDOW).to_bytes(4, "big")
+        self._transport.write(
+            _PREFACE + _frame(_SETTINGS, 0, 0, settings) + _frame(_WINDOW_UPDATE, 0, 0, increment)
+        )
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.usable = False
+        self._transport = None
+        streams, self._streams = list(self._streams.values()), {}
+        self._blocked.clear()
+        why = f"the connection ended mid-answer: {exc or 'closed by the server'}"
+        for stream in streams:
+            stream.receiver.on_end(rpc_error(grpc.StatusCode.UNAVAILABLE, why))
+
+    def has_room(self) -> bool:
+        """Whether a new call may start on this connection."""
+        return (
+            self.usable
+            and len(self._streams) < self._max_streams
+            and self._next_id < _LAST_STREAM_ID
+        )
+
+    def open(
+        self, path: str, message: bytes, metadata: Mapping[str, str], timeout: float,
+        receiver: Receiver,
+    ) -> Stream:  # fmt: skip
+        """Start a call: its headers, then its one request message, half-closing the stream."""
+        assert self._transport is not None
+        stream = Stream(self, self._next_id, receiver)
+        self._next_id += 2
+        headers = [
+            (":method", "POST"), (":scheme", "http"), (":path", path),
+            (":authority", self._authority), ("content-type", "application/grpc"),
+            ("te", "trailers"), ("grpc-timeout", _timeout(timeout)),
+            *((name.lower(), value) for name, value in metadata.items()),
+        ]  # fmt: skip
+        block = self._encoder.encode(headers)
+        frames = []
+        kind = _HEADERS
+        while True:
+            piece, block = block[: self._max_frame], block[self._max_frame :]
+            frames.append(_frame(kind, 0 if block else _END_HEADERS, stream.stream_id, piece))
+            kind = _CONTINUATION
+            if not block:
+                break
+        self._transport.write(b"".join(frames))
+        stream.outbox = b"\0" + len(message).to_bytes(4, "big") + message
+        self._streams[stream.stream_id] = stream
+        self._send(stream)
+        return stream
+
+    def reset(self, stream: Stream) -> None:
+        """Cancel a stream still open here."""
+        if self._streams.pop(stream.stream_id, None) is None:
+            return
+        self._blocked.pop(stream.stream_id, None)
+        if self._transport is not None:
+            self._transport.write(
+                _frame(_RST_STREAM, 0, stream.stream_id, _CANCEL.to_bytes(4, "big"))
+            )
+        self._close_if_idle()
+
+    def retire(self) -> None:
+        """Take no new calls; close once the open ones ended."""
+        self.usable = False
+        self._close_if_idle()
+
+    def close(self) -> None:
+        """Close the connection; its calls end as ``UNAVAILABLE``."""
+        self.usable = False
+        if self._transport is not None:
+            self._transport.close()
+
+    def _send(self, stream: Stream) -> None:
+        """Send what the windows let through of a stream's request; the rest waits for a
+        WINDOW_UPDATE."""
+        assert self._transport is not None
+        total = len(stream.outbox)
+        while stream.sent < total:
+            size = min(total - stream.sent, self._window, stream.window, self._max_frame)
+            if size <= 0:
+                self._blocked[stream.stream_id] = stream
+                return
+            end = stream.sent + size
+            flags = _END_STREAM if end == total else 0
+            self._transport.write(
+                _frame(_DATA, flags, stream.stream_id, stream.outbox[stream.sent : end])
+            )
+            stream.sent = end
+            self._window -= size
+            stream.window -= size
+        stream.outbox = b""
+        self._blocked.pop(stream.stream_id, None)
+
+    def _unblock(self) -> None:
+        for stream in list(self._blocked.values()):
+            self._send(stream)
+
+    def data_received(self, data: bytes) -> None:
+        buffer = self._buffer
+        buffer += data
+        view = memoryview(buffer)
+        start, size = 0, len(buffer)
+        try:
+            while size - start >= 9:
+                length = int.from_bytes(view[start : start + 3], "big")
+                end = start + 9 + length
+                if end > size:
+                    break
+                kind, flags = view[start + 3], view[start + 4]
+                stream_id = int.from_bytes(view[start + 5 : start + 9], "big") & _LAST_STREAM_ID
+                self._on_frame(kind, flags, stream_id, view[start + 9 : end])
+                start = end
+        finally:
+            view.release()
+        del buffer[:start]
+        self._give_back()
+
+    def _on_frame(self, kind: int, flags: int, stream_id: int, payload: memoryview) -> None:
+        if kind == _DATA:
+            self._on_data(flags, stream_id, payload)
+        elif kind in (_HEADERS, _CONTINUATION):
+            self._on_headers(kind, flags, stream_id, payload)
+        elif kind == _RST_STREAM:
+            stream = self._forget(stream_id)
+            if stream is not None:
+                reason = int.from_bytes(payload[:4], "big")
+                code = _RESET_CODES.get(reason, grpc.StatusCode.INTERNAL)
+                stream.receiver.on_end(rpc_error(code, "the server reset the stream"))
+        elif kind == _SETTINGS and not flags & _ACK:
+            self._on_settings(payload)
+        elif kind == _PING and not flags & _ACK and self._transport is not None:
+            self._transport.write(_frame(_PING, _ACK, 0, bytes(payload)))
+        elif kind == _GOAWAY:
+            self._on_goaway(int.from_bytes(payload[:4], "big") & _LAST_STREAM_ID)
+        elif kind == _WINDOW_UPDATE:
+            increment = int.from_bytes(payload[:4], "big") & _LAST_STREAM_ID
+            if stream_id == 0:
+                self._window += increment
+            elif (stream := self._streams.get(stream_id)) is not None:
+                stream.window += increment
+            self._unblock()
+
+    def _on_data(self, flags: int, stream_id: int, payload: memoryview) -> None:
+        self._received += len(payload)
+        stream = self._streams.get(stream_id)
+        if stream is None:
+            return
+        stream.received += len(payload)
+        if stream.received >= _STREAM_WINDOW // 2:
+            self._owed.append(stream)
+        if flags & _PADDED:
+            payload = payload[1 : len(payload) - payload[0]]
+        stream.feed(payload)
+        if flags & _END_STREAM and self._forget(stream_id) is not None:
+            stream.receiver.on_end(rpc_error(grpc.StatusCode.INTERNAL, "the stream ended "
+                                             "without its status"))  # fmt: skip
+
+    def _on_headers(self, kind: int, flags: int, stream_id: int, payload: memoryview) -> None:
+        if kind == _HEADERS:
+            if flags & _PADDED:
+                payload = payload[1 : len(payload) - payload[0]]
+            if flags & _PRIORITY:
+                payload = payload[5:]
+            self._block = bytearray(payload)
+            self._block_stream = stream_id
+            self._block_ends = bool(flags & _END_STREAM)
+        else:
+            self._block += payload
+        if not flags & _END_HEADERS:
+            return
+        # Every block is decoded, a forgotten stream's too: HPACK's table is the connection's.
+        headers: dict[bytes, bytes] = dict(self._decoder.decode(bytes(self._block), raw=True))
+        stream = self._streams.get(self._block_stream)
+        if stream is None:
+            return
+        status = headers.get(b":status")
+        if status is not None and status != b"200":
+            self._forget(stream.stream_id)
+            code = _HTTP_CODES.get(int(status), grpc.StatusCode.UNKNOWN)
+            stream.receiver.on_end(rpc_error(code, f"HTTP status {status.decode()}"))
+            return
+        if self._block_ends or b"grpc-status" in headers:
+            self._end(stream, headers)
+
+    def _end(self, stream: Stream, trailers: Mapping[bytes, bytes]) -> None:
+        """The stream's trailers: its status, and where that is not OK the message."""
+        self._forget(stream.stream_id)
+        if stream.sent < len(stream.outbox) and self._transport is not None:
+            # The server answered before the whole request arrived: the rest is not sent.
+            self._transport.write(
+                _frame(_RST_STREAM, 0, stream.stream_id, _CANCEL.to_bytes(4, "big"))
+            )
+        code = _STATUS.get(int(trailers.get(b"grpc-status", b"2")), grpc.StatusCode.UNKNOWN)
+        if code is grpc.StatusCode.OK and stream.pending:
+            code = grpc.StatusCode.INTERNAL
+        if code is grpc.StatusCode.OK:
+            stream.receiver.on_end(None)
+        else:
+            details = unquote(trailers.get(b"grpc-message", b"").decode(errors="replace"))
+            stream.receiver.on_end(rpc_error(code, details))
+
+    def _on_settings(self, payload: memoryview) -> None:
+        for offset in range(0, len(payload) - 5, 6):
+            name = int.from_bytes(payload[offset : offset + 2], "big")
+            value = int.from_bytes(payload[offset + 2 : offset + 6], "big")
+            if name == 1:
+                self._encoder.header_table_size = value
+            elif name == 3:
+                self._max_streams = value
+            elif name == 4:
+                for stream in self._streams.values():
+                    stream.window += value - self.initial_window
+                self.initial_window = value
+            elif name == 5:
+                self._max_frame = value
+        if self._transport is not None:
+            self._transport.write(_frame(_SETTINGS, _ACK, 0))
+        self._unblock()
+
+    def _on_goaway(self, last_stream_id: int) -> None:
+        """The server takes no new streams: those it will not answer end as ``UNAVAILABLE``."""
+        self.usable = False
+        for stream_id in [sid for sid in self._streams if sid > last_stream_id]:
+            stream = self._forget(stream_id)
+            if stream is not None:
+                stream.receiver.on_end(
+                    rpc_error(grpc.StatusCode.UNAVAILABLE, "the server is going away")
+                )
+        self._close_if_idle()
+
+    def _forget(self, stream_id: int) -> Stream | None:
+        self._blocked.pop(stream_id, None)
+        return self._streams.pop(stream_id, None)
+
+    def _close_if_idle(self) -> None:
+        if not self.usable and not self._streams and self._transport is not None:
+            self._transport.close()
+
+    def _give_back(self) -> None:
+        """WINDOW_UPDATEs for what was read, once half a window is used (rarely, for tokens)."""
+        if self._transport is None or (not self._owed and self._received < _CONNECTION_WINDOW // 2):
+            return
+        updates = []
+        if self._received >= _CONNECTION_WINDOW // 2:
+            updates.append(_frame(_WINDOW_UPDATE, 0, 0, self._received.to_bytes(4, "big")))
+            self._received = 0
+        owed, self._owed = self._owed, []
+        for stream in owed:
+            if stream.received and stream.stream_id in self._streams:
+                increment = stream.received.to_bytes(4, "big")
+                updates.append(_frame(_WINDOW_UPDATE, 0, stream.stream_id, increment))
+                stream.received = 0
+        if updates:
+            self._transport.write(b"".join(updates))
+
+
+class Channels:
+    """The HTTP/2 connections to gRPC servers by address (``host:port``): one in use for each,
+    shared by every call, dialled when a call needs it."""
+
+    def __init__(self) -> None:
+        self._connections: dict[str, Connection] = {}
+        self._dialling: dict[str, asyncio.Future[Connection]] = {}
+
+    def ready(self, url: str) -> Connection | None:
+        """The address's connection where it can take a call now."""
+        connection = self._connections.get(url)
+        return connection if connection is not None and connection.has_room() else None
+
+    async def connect(self, url: str) -> Connection:
+        """The address's connection, dialled where none can take a call (one dial for every
+        caller waiting; a caller cancelled leaves it to the others)."""
+        connection = self.ready(url)
+        if connection is not None:
+            return connection
+        dialling = self._dialling.get(url)
+        if dialling is None:
+            dialling = asyncio.ensure_future(self._dial(url))
+            self._dialling[url] = dialling
+            dialling.add_done_callback(lambda done: self._dialled(url, done))
+        return await asyncio.shield(dialling)
+
+    async def close(self) -> None:
+        """Close every connection."""
+        for dialling in self._dialling.values():
+            dialling.cancel()
+        connections, self._connections = list(self._connections.values()), {}
+        for connection in connections:
+            connection.close()
+
+    async def _dial(self, url: str) -> Connection:
+        host, _, port = url.rpartition(":")
+        loop = asyncio.get_running_loop()
+        _, connection = await loop.create_connection(
+            lambda: Connection(url), host.strip("[]"), int(port)
+        )
+        return connection
+
+    def _dialled(self, url: str, done: asyncio.Future[Connection]) -> None:
+        if self._dialling.get(url) is done:
+            del self._dialling[url]
+        if done.cancelled():
+            return
+        if done.exception() is None:
+            previous = self._connections.get(url)
+            self._connections[url] = done.result()
+            if previous is not None:
+                previous.retire()

@@ -13,6 +13,13 @@ import torch
 from deploy.triton.engine.batch import DecodeBatch, SequenceState, unstarted_outputs
 from deploy.triton.engine.checks import validate_request
 from deploy.triton.engine.context import ContextJob, ContextPhase, Submission, plan_chunks
+from deploy.triton.engine.disagg.handoff import (
+    Disaggregation,
+    Taken,
+    continuing,
+    first_token_logits,
+)
+from deploy.triton.engine.disagg.phase import RequestType
 from deploy.triton.engine.grammars import (
     GrammarCompiles,
     GrammarReady,
@@ -50,7 +57,7 @@ class _Shutdown:
     pass
 
 
-_Command = Submission | _Stop | _Shutdown | GrammarWait[Submission] | GrammarReady
+_Command = Submission | _Stop | _Shutdown | GrammarWait[Submission] | GrammarReady | Taken
 
 
 class Engine:
@@ -82,6 +89,9 @@ class Engine:
         )
         self.mixed = MixedBatching.enable(runner, self.context) if config.mixed_batching else None
         self._inbox: queue.SimpleQueue[_Command] = queue.SimpleQueue()
+        self.disagg = Disaggregation(
+            self.store, config.kv_transfer_timeout_ms / 1000.0, self._inbox.put
+        )
         self._compiling = GrammarWaits[Submission](self._inbox.put)
         self._lock = threading.Lock()
         self._active: dict[str, int] = {}
@@ -136,6 +146,8 @@ class Engine:
             self.max_batch_size,
             self.max_beam_width,
         )
+        if request.request_type is RequestType.CONTEXT_ONLY:
+            max_new = 1
         blocks, _ = self.store.worst_case(request, max_new)
         if not self.store.manager.fits(blocks):
             raise EngineError(
@@ -175,6 +187,7 @@ class Engine:
             self._thread.join(timeout)
         if self.grammars is not None:
             self.grammars.shutdown()
+        self.disagg.close()
 
     def stats(self) -> EngineStats:
         """Occupancy and the KV-cache pool as of the last iteration."""
@@ -212,10 +225,12 @@ class Engine:
             self._abort_all(failure)
 
     def _pump(self) -> bool:
-        block = not self._batch and not self._waiting and not self._jobs
+        # An iteration follows freed blocks, so that the statistics show them free.
+        expired = self.disagg.expire()
+        block = not (self._batch or self._waiting or self._jobs or expired)
         while True:
             try:
-                command = self._inbox.get(block=block)
+                command = self._inbox.get(block=block, timeout=self.disagg.wait_s())
             except queue.Empty:
                 return True
             block = False
@@ -227,6 +242,8 @@ class Engine:
                 self._compiling.hold(command)
             elif isinstance(command, GrammarReady):
                 self._grammar_ready(command)
+            elif isinstance(command, Taken):
+                self.disagg.release(command)
             else:
                 self._waiting.append(command)
 
@@ -305,11 +322,38 @@ class Engine:
             running = len(self._batch) + sum(j.request.rows for j in self._jobs)
             if running + entry.request.rows > self.max_batch_size:
                 return
+            if entry.request.request_type is RequestType.GENERATION_ONLY:
+                if not self._continue(entry):
+                    return
+                continue
             admission = self.store.admit(entry.request, entry.max_new_tokens)
             if admission is None:
                 return
             self._waiting.popleft()
             self._jobs.append(ContextJob(entry, admission))
+
+    def _continue(self, entry: Submission) -> bool:
+        """Admit a generation-only request with the KV cache its context engine hands over
+        (this thread waits for the transfer); False while the pool cannot hold it."""
+        request = entry.request
+        try:
+            admitted = self.disagg.admit(request, entry.max_new_tokens)
+        except Exception as exc:
+            self._waiting.popleft()
+            self._emit_unstarted(entry, FinishReason.ERROR, str(exc))
+            return True
+        if admitted is None:
+            return False
+        self._waiting.popleft()
+        admission, transfer = admitted
+        callback = continuing(entry.callback, transfer, request.streaming)
+        job = ContextJob(replace(entry, callback=callback), admission, alloc_total=transfer.blocks)
+        self._jobs.append(job)
+        assert request.context_phase is not None
+        self._start(
+            job, first_token_logits(request.context_phase, self.vocab_size, self.runner.device)
+        )
+        return True
 
     def _iterate(self, chunks: Chunks) -> int:
         """Prefill ``chunks`` and decode a token for every running sequence: in one packed pass
@@ -349,6 +393,8 @@ class Engine:
             self.store.release(job.admission.table)
             self._emit_unstarted(job.entry, FinishReason.ERROR, f"prefill failed: {exc}")
             return
+        if job.request.request_type is RequestType.CONTEXT_ONLY:
+            outputs, finished = self.disagg.hand_off(outputs, finished)
         for seq, output in outputs:
             self._emit(seq.callback, output)
         self._release(finished)
@@ -402,6 +448,8 @@ class Engine:
             context_tokens=context_tokens,
             cached_tokens=sum(seq.table.length for seq in sequences),
             kv_cache=kv,
+            kv_transfers=self.disagg.transfers,
+            kv_transfer_ms=self.disagg.transfer_ms,
         )
 
     def _fail_batch(self, message: str) -> None:

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 import pytest
 
 from deploy.sidecar.fleet import sidecar_from_spec
@@ -106,7 +107,7 @@ def _context(server: Sidecar, prompt: tuple[int, ...], model: str = LONG) -> tup
     return first[0], outputs["context_phase_params"].reshape(-1).tobytes(), outputs
 
 
-def _params_input(params: bytes) -> np.ndarray:
+def _params_input(params: bytes) -> npt.NDArray[np.uint8]:
     return np.frombuffer(params, np.uint8).reshape(1, -1)
 
 
@@ -240,13 +241,12 @@ def test_the_disaggregated_serving_metrics_count_handoffs_on_both_sides(servers:
     _, params, _ = _context(context, prompt)
     _generation(generation, prompt, params)
     for server in (context, generation):
-        count = _eventually(
-            lambda server=server: value(
-                _scrape(server), DISAGG, model=LONG, disaggregated_serving_type="request_count"
-            ),
-            lambda count: count >= 1,
-        )
-        assert count >= 1
+
+        def handoffs(server: Sidecar = server) -> float:
+            text = _scrape(server)
+            return value(text, DISAGG, model=LONG, disaggregated_serving_type="request_count")
+
+        assert _eventually(handoffs, lambda count: count >= 1) >= 1
         text = _scrape(server)
         assert (
             value(text, DISAGG, model=LONG, disaggregated_serving_type="kv_cache_transfer_ms") > 0

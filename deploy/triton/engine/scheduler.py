@@ -15,11 +15,12 @@ from deploy.triton.engine.checks import validate_request
 from deploy.triton.engine.context import ContextJob, ContextPhase, Submission, plan_chunks
 from deploy.triton.engine.disagg.handoff import (
     Disaggregation,
+    Fetched,
     Taken,
     continuing,
     first_token_logits,
 )
-from deploy.triton.engine.disagg.phase import RequestType
+from deploy.triton.engine.disagg.phase import KvTransfer, RequestType
 from deploy.triton.engine.grammars import (
     GrammarCompiles,
     GrammarReady,
@@ -57,7 +58,7 @@ class _Shutdown:
     pass
 
 
-_Command = Submission | _Stop | _Shutdown | GrammarWait[Submission] | GrammarReady | Taken
+_Command = Submission | _Stop | _Shutdown | GrammarWait[Submission] | GrammarReady | Taken | Fetched
 
 
 class Engine:
@@ -244,6 +245,8 @@ class Engine:
                 self._grammar_ready(command)
             elif isinstance(command, Taken):
                 self.disagg.release(command)
+            elif isinstance(command, Fetched):
+                self._fetched(command)
             else:
                 self._waiting.append(command)
 
@@ -287,6 +290,7 @@ class Engine:
             self._emit(entry.callback, output)
 
     def _cancel(self, request_id: str) -> None:
+        self.disagg.cancel(request_id)
         compiling = self._compiling.pop(request_id)
         if compiling is not None:
             self._emit_unstarted(compiling, FinishReason.CANCELLED, None)
@@ -320,6 +324,7 @@ class Engine:
         while self._waiting:
             entry = self._waiting[0]
             running = len(self._batch) + sum(j.request.rows for j in self._jobs)
+            running += self.disagg.fetching
             if running + entry.request.rows > self.max_batch_size:
                 return
             if entry.request.request_type is RequestType.GENERATION_ONLY:
@@ -333,27 +338,34 @@ class Engine:
             self._jobs.append(ContextJob(entry, admission))
 
     def _continue(self, entry: Submission) -> bool:
-        """Admit a generation-only request with the KV cache its context engine hands over
-        (this thread waits for the transfer); False while the pool cannot hold it."""
-        request = entry.request
+        """Admit a generation-only request, its blocks then fetched beside the running batch;
+        False while the pool cannot hold it."""
         try:
-            admitted = self.disagg.admit(request, entry.max_new_tokens)
+            if not self.disagg.begin(entry):
+                return False
         except Exception as exc:
-            self._waiting.popleft()
             self._emit_unstarted(entry, FinishReason.ERROR, str(exc))
-            return True
-        if admitted is None:
-            return False
         self._waiting.popleft()
-        admission, transfer = admitted
-        callback = continuing(entry.callback, transfer, request.streaming)
-        job = ContextJob(replace(entry, callback=callback), admission, alloc_total=transfer.blocks)
+        return True
+
+    def _fetched(self, fetched: Fetched) -> None:
+        """A generation-only request's blocks arrived: it starts from the context's first
+        token (or ends, where the transfer failed or it was cancelled meanwhile)."""
+        done = self.disagg.complete(fetched)
+        if done is None:
+            return
+        entry, admission, outcome = done
+        if not isinstance(outcome, KvTransfer):
+            self._emit_unstarted(entry, *outcome)
+            return
+        request = entry.request
+        callback = continuing(entry.callback, outcome, request.streaming)
+        job = ContextJob(replace(entry, callback=callback), admission, alloc_total=outcome.blocks)
         self._jobs.append(job)
         assert request.context_phase is not None
         self._start(
             job, first_token_logits(request.context_phase, self.vocab_size, self.runner.device)
         )
-        return True
 
     def _iterate(self, chunks: Chunks) -> int:
         """Prefill ``chunks`` and decode a token for every running sequence: in one packed pass
@@ -471,6 +483,7 @@ class Engine:
             elif isinstance(command, GrammarWait):
                 self._waiting.append(command.entry)
         self._waiting.extend(self._compiling.drain())
+        self._waiting.extend(self.disagg.abandon())
         while self._waiting:
             self._emit_unstarted(self._waiting.popleft(), reason, failure)
         for job in list(self._jobs):

@@ -12,6 +12,7 @@ import torch
 
 from deploy.triton.engine.batch import SequenceState
 from deploy.triton.engine.blocks import BlockTable, blocks_for, chain_hashes
+from deploy.triton.engine.context import Submission
 from deploy.triton.engine.disagg.phase import BadContextPhase, ContextPhaseParams, KvTransfer
 from deploy.triton.engine.disagg.transfer import Handoffs, TransferServer, fetch_blocks
 from deploy.triton.engine.kvstore import Admission, KVStore
@@ -28,6 +29,22 @@ _UNCHOSEN = -1e30
 
 
 @dataclass(frozen=True)
+class Fetched:
+    """For the engine thread: a generation-only request's blocks arrived, or why not."""
+
+    request_id: str
+    transfer: KvTransfer | None
+    error: str | None
+
+
+@dataclass(eq=False)
+class _Fetching:
+    entry: Submission
+    admission: Admission
+    cancelled: bool = False
+
+
+@dataclass(frozen=True)
 class Taken:
     """For the engine thread: a handed-off table whose blocks were sent, to release."""
 
@@ -35,10 +52,12 @@ class Taken:
 
 
 class Disaggregation:
-    """Handoffs of one engine, in both directions; the engine thread calls everything but the
-    transfer server's callback, which posts a ``Taken`` to it."""
+    """Handoffs of one engine, in both directions. The engine thread calls everything; the
+    transfer server and the fetching threads post a ``Taken`` or a ``Fetched`` to it."""
 
-    def __init__(self, store: KVStore, timeout_s: float, post: Callable[[Taken], None]) -> None:
+    def __init__(
+        self, store: KVStore, timeout_s: float, post: Callable[[Taken | Fetched], None]
+    ) -> None:
         self.store = store
         self.handoffs = Handoffs(timeout_s)
         self._post = post
@@ -46,6 +65,7 @@ class Disaggregation:
         self._lock = threading.Lock()
         self.transfers = 0
         self.transfer_ms = 0.0
+        self._fetching: dict[str, _Fetching] = {}
 
     def hand_off(
         self, outputs: Sequence[tuple[SequenceState, SequenceOutput]], finished: list[SequenceState]
@@ -112,16 +132,18 @@ class Disaggregation:
         if self._server is not None:
             self._server.close()
 
-    def admit(self, request: EngineRequest, max_new: int) -> tuple[Admission, KvTransfer] | None:
-        """Admit a generation-only request: its cached prefix taken, the rest of its prompt's
-        blocks fetched from the context engine; None while the pool cannot hold it."""
+    def begin(self, entry: Submission) -> bool:
+        """Admit a generation-only request: its cached prefix taken, room reserved for the
+        rest, whose blocks a thread of its own fetches from the context engine (a ``Fetched``
+        follows); False while the pool cannot hold it."""
+        request = entry.request
         params = request.context_phase
         if params is None:
             raise BadContextPhase("a generation_only request needs context_phase_params")
         self._check(params, request)
         store = self.store
         prompt = request.input_ids
-        total, per_sequence = store.worst_case(request, max_new)
+        total, per_sequence = store.worst_case(request, entry.max_new_tokens)
         table = BlockTable(root=store.root(request))
         matched: list[int] = []
         if store.manager.reuse:
@@ -129,23 +151,69 @@ class Disaggregation:
             matched = store.manager.match(hashes)
         missed = blocks_for(len(prompt), store.tokens_per_block) - len(matched)
         if not store.manager.admit(table, matched, total - len(matched), missed):
-            return None
+            return False
+        store.grow(table, len(prompt) - table.length)
+        self._fetching[request.request_id] = _Fetching(
+            entry, Admission(table, len(matched), per_sequence)
+        )
+        blocks = table.blocks[len(matched) :]
+        threading.Thread(
+            target=self._fetch,
+            args=(request.request_id, params, len(matched), blocks),
+            name="kv-fetch",
+            daemon=True,
+        ).start()
+        return True
+
+    def _fetch(
+        self, request_id: str, params: ContextPhaseParams, skip: int, blocks: list[int]
+    ) -> None:
+        """On a thread of its own: the blocks are the request's alone until it completes."""
         try:
-            store.grow(table, len(prompt) - table.length)
             transfer = fetch_blocks(
-                params.address,
-                params.handoff_id,
-                len(matched),
-                store.pool,
-                table.blocks[len(matched) :],
+                params.address, params.handoff_id, skip, self.store.pool, blocks
             )
-        except BaseException:
-            store.release(table)
-            raise
+        except Exception as exc:
+            self._post(Fetched(request_id, None, str(exc)))
+        else:
+            self._post(Fetched(request_id, transfer, None))
+
+    @property
+    def fetching(self) -> int:
+        """Generation-only requests whose blocks are on their way."""
+        return len(self._fetching)
+
+    def cancel(self, request_id: str) -> None:
+        """Cancel a request whose blocks are on their way (it ends when they arrive)."""
+        fetching = self._fetching.get(request_id)
+        if fetching is not None:
+            fetching.cancelled = True
+
+    def complete(
+        self, fetched: Fetched
+    ) -> tuple[Submission, Admission, KvTransfer | tuple[FinishReason, str | None]] | None:
+        """A request's blocks arrived: its entry, its admission and the transfer; or, where it
+        failed or was cancelled meanwhile (its blocks released), why it ends."""
+        fetching = self._fetching.pop(fetched.request_id, None)
+        if fetching is None:
+            return None
+        entry, admission = fetching.entry, fetching.admission
+        if fetched.transfer is None or fetching.cancelled:
+            self.store.release(admission.table)
+            if fetching.cancelled:
+                return entry, admission, (FinishReason.CANCELLED, None)
+            return entry, admission, (FinishReason.ERROR, fetched.error)
+        table, prompt = admission.table, entry.request.input_ids
         table.length = len(prompt)
-        store.commit(table, prompt, request.extra_ids)
-        self._count(transfer)
-        return Admission(table, len(matched), per_sequence), transfer
+        self.store.commit(table, prompt, entry.request.extra_ids)
+        self._count(fetched.transfer)
+        return entry, admission, fetched.transfer
+
+    def abandon(self) -> list[Submission]:
+        """The requests whose blocks are still on their way, forgotten (the engine stops)."""
+        entries = [fetching.entry for fetching in self._fetching.values()]
+        self._fetching.clear()
+        return entries
 
     def _check(self, params: ContextPhaseParams, request: EngineRequest) -> None:
         store = self.store

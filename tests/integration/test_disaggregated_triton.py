@@ -18,7 +18,7 @@ from deploy.sidecar.fleet import sidecar_from_spec
 from deploy.sidecar.spec import parse_spec
 from deploy.sidecar.supervisor import Sidecar
 from deploy.triton.engine.disagg.phase import ContextPhaseParams
-from tests.support.engine_grpc import Stream, request, tokens_of
+from tests.support.engine_grpc import Stream, request, stop, tokens_of
 from tests.support.prometheus import value
 from tests.support.sidecars import QUICK_STOP
 
@@ -233,6 +233,8 @@ def test_bad_context_phase_params_and_request_types_are_refused(servers: Any) ->
         "read only by a generation_only request"
         in Stream(generation, with_params, model=LONG).error()
     )
+    # None of the refused requests took the handoff, and its blocks are taken (freed) now.
+    assert len(tokens_of(_generation(generation, prompt, params))) == 12
 
 
 def test_the_disaggregated_serving_metrics_count_handoffs_on_both_sides(servers: Any) -> None:
@@ -251,3 +253,23 @@ def test_the_disaggregated_serving_metrics_count_handoffs_on_both_sides(servers:
         assert (
             value(text, DISAGG, model=LONG, disaggregated_serving_type="kv_cache_transfer_ms") > 0
         )
+
+
+def test_a_stopped_generation_phase_frees_its_blocks_on_both_sides(servers: Any) -> None:
+    context, generation = servers
+    prompt = _prompt(71)
+    _, params, _ = _context(context, prompt)
+    values = request(2000, prompt, end_id=-1, streaming=True)
+    values["context_phase_params"] = _params_input(params)
+    stream = Stream(generation, values, model=LONG, parameters={"request_type": "generation_only"})
+    streamed, _ = stream.next()
+    assert streamed["output_ids"].size == 1
+    stop(generation, stream.request_id, model=LONG)
+    responses = stream.collect()
+    assert responses[-1][1] and len(tokens_of(responses)) < 1999
+    for server in (context, generation):
+
+        def used(server: Sidecar = server) -> float:
+            return _used_blocks(server, LONG)
+
+        _eventually(used, lambda blocks: blocks == 0)

@@ -215,6 +215,7 @@ def _model_parameters(model: ModelSpec, name: str) -> dict[str, str]:
                     "guided_decoding_compile_timeout_ms": engine.guided_decoding_compile_timeout_ms,
                     "guided_decoding_max_compiles": engine.guided_decoding_max_compiles,
                     "guided_decoding_cache_mb": engine.guided_decoding_cache_mb,
+                    "kv_transfer_timeout_ms": engine.kv_transfer_timeout_ms,
                 }
             )
         )

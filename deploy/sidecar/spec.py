@@ -77,6 +77,9 @@ class TorchEngine(
     max_beam_width: int = 1
     """Widest beam search a request may ask for (``beam_width``); each beam takes a row of
     ``max_batch_size``."""
+    kv_transfer_timeout_ms: int | None = None
+    """Disaggregated serving: how long a context-only request's KV-cache blocks wait for a
+    generation engine to take them before they are freed (engine default 30000)."""
 
 
 class TensorRTLLMEngine(

@@ -19,6 +19,7 @@ PROMPT = (634, 619, 510, 592, 20)
 
 TRITON_DTYPES = {
     np.int32: "INT32",
+    np.uint8: "UINT8",
     np.uint64: "UINT64",
     np.float32: "FP32",
     np.float16: "FP16",
@@ -46,6 +47,7 @@ class Stream:
         values: dict[str, Any],
         request_id: str | None = None,
         model: str = MODEL,
+        parameters: dict[str, str] | None = None,
     ) -> None:
         self.request_id = f"engine-test-{next(_ids)}" if request_id is None else request_id
         self.responses: queue.Queue[tuple[Any, Any]] = queue.Queue()
@@ -57,6 +59,7 @@ class Stream:
             _inputs(values),
             request_id=self.request_id,
             enable_empty_final_response=True,
+            parameters=parameters,
         )
 
     @staticmethod

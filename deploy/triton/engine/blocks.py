@@ -265,6 +265,11 @@ class BlockManager:
         source.reserve -= moved
         target.reserve += moved
 
+    def unreserve(self, table: BlockTable) -> None:
+        """Give back what ``table`` still had reserved, keeping its blocks."""
+        self._reserved -= table.reserve
+        table.reserve = 0
+
     def release(self, table: BlockTable) -> None:
         """Let go of ``table``'s blocks (last first, so a sequence's tail is evicted before
         its head) and of what it still had reserved."""

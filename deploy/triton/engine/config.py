@@ -107,6 +107,9 @@ def _torch(model_config: Mapping[str, Any]) -> EngineConfig:
         ),
         max_beam_width=beam_width,
         mixed_batching=_bool(model_config, "torch_mixed_batching", True),
+        kv_transfer_timeout_ms=_positive(
+            model_config, "kv_transfer_timeout_ms", EngineConfig.kv_transfer_timeout_ms
+        ),
     )
 
 

@@ -159,6 +159,19 @@ def _perf_metrics(output: SequenceOutput) -> dict[str, Builder]:
     return {name: functools.partial(_cell, value, dtype) for name, (value, dtype) in values.items()}
 
 
+def _transfer_metrics(output: SequenceOutput) -> dict[str, Builder]:
+    """A generation-only request's KV-cache handoff: its time, blocks and bytes (TensorRT-LLM's
+    ``kvCacheTransfer`` timing and ``kvCacheSize``)."""
+    transfer = output.kv_transfer
+    if transfer is None:
+        return {}
+    return {
+        "kv_cache_transfer_ms": functools.partial(_cell, transfer.ms, np.float32),
+        "kv_cache_transfer_blocks": functools.partial(_cell, transfer.blocks, np.int32),
+        "kv_cache_size": functools.partial(_cell, transfer.bytes, np.int64),
+    }
+
+
 def _padded(rows: list[Array], dtype: type[np.generic], fill: float) -> Array:
     """Rows of different lengths as ``[1, rows, longest]``, padded with ``fill``."""
     width = max((row.size for row in rows), default=0)
@@ -216,6 +229,10 @@ def response_tensors(
         # on (but the last token's time), and ten more tensors on every streamed token halve the
         # engine's throughput at 64 streams through an ensemble.
         builders.update(_perf_metrics(output))
+        builders.update(_transfer_metrics(output))
+    params = output.context_phase_params
+    if params is not None:
+        builders["context_phase_params"] = lambda: np.frombuffer(params, np.uint8).reshape(1, -1)
     if context.return_num_input_tokens:
         builders["num_input_tokens"] = lambda: _count(context.prompt.size)
     if context.return_num_output_tokens:

@@ -13,6 +13,14 @@ import torch
 from deploy.triton.engine.batch import DecodeBatch, SequenceState, unstarted_outputs
 from deploy.triton.engine.checks import validate_request
 from deploy.triton.engine.context import ContextJob, ContextPhase, Submission, plan_chunks
+from deploy.triton.engine.disagg.handoff import (
+    Disaggregation,
+    Fetched,
+    Taken,
+    continuing,
+    first_token_logits,
+)
+from deploy.triton.engine.disagg.phase import KvTransfer, RequestType
 from deploy.triton.engine.grammars import (
     GrammarCompiles,
     GrammarReady,
@@ -50,7 +58,7 @@ class _Shutdown:
     pass
 
 
-_Command = Submission | _Stop | _Shutdown | GrammarWait[Submission] | GrammarReady
+_Command = Submission | _Stop | _Shutdown | GrammarWait[Submission] | GrammarReady | Taken | Fetched
 
 
 class Engine:
@@ -82,6 +90,9 @@ class Engine:
         )
         self.mixed = MixedBatching.enable(runner, self.context) if config.mixed_batching else None
         self._inbox: queue.SimpleQueue[_Command] = queue.SimpleQueue()
+        self.disagg = Disaggregation(
+            self.store, config.kv_transfer_timeout_ms / 1000.0, self._inbox.put
+        )
         self._compiling = GrammarWaits[Submission](self._inbox.put)
         self._lock = threading.Lock()
         self._active: dict[str, int] = {}
@@ -136,6 +147,8 @@ class Engine:
             self.max_batch_size,
             self.max_beam_width,
         )
+        if request.request_type is RequestType.CONTEXT_ONLY:
+            max_new = 1
         blocks, _ = self.store.worst_case(request, max_new)
         if not self.store.manager.fits(blocks):
             raise EngineError(
@@ -175,6 +188,7 @@ class Engine:
             self._thread.join(timeout)
         if self.grammars is not None:
             self.grammars.shutdown()
+        self.disagg.close()
 
     def stats(self) -> EngineStats:
         """Occupancy and the KV-cache pool as of the last iteration."""
@@ -212,10 +226,12 @@ class Engine:
             self._abort_all(failure)
 
     def _pump(self) -> bool:
-        block = not self._batch and not self._waiting and not self._jobs
+        # An iteration follows freed blocks, so that the statistics show them free.
+        expired = self.disagg.expire()
+        block = not (self._batch or self._waiting or self._jobs or expired)
         while True:
             try:
-                command = self._inbox.get(block=block)
+                command = self._inbox.get(block=block, timeout=self.disagg.wait_s())
             except queue.Empty:
                 return True
             block = False
@@ -227,6 +243,10 @@ class Engine:
                 self._compiling.hold(command)
             elif isinstance(command, GrammarReady):
                 self._grammar_ready(command)
+            elif isinstance(command, Taken):
+                self.disagg.release(command)
+            elif isinstance(command, Fetched):
+                self._fetched(command)
             else:
                 self._waiting.append(command)
 
@@ -272,6 +292,7 @@ class Engine:
             self._emit(entry.callback, output)
 
     def _cancel(self, request_id: str) -> None:
+        self.disagg.cancel(request_id)
         compiling = self._compiling.pop(request_id)
         if compiling is not None:
             self._emit_unstarted(compiling, EngineFinishReason.CANCELLED, None)
@@ -305,13 +326,48 @@ class Engine:
         while self._waiting:
             entry = self._waiting[0]
             running = len(self._batch) + sum(j.request.rows for j in self._jobs)
+            running += self.disagg.fetching
             if running + entry.request.rows > self.max_batch_size:
                 return
+            if entry.request.request_type is RequestType.GENERATION_ONLY:
+                if not self._continue(entry):
+                    return
+                continue
             admission = self.store.admit(entry.request, entry.max_new_tokens)
             if admission is None:
                 return
             self._waiting.popleft()
             self._jobs.append(ContextJob(entry, admission))
+
+    def _continue(self, entry: Submission) -> bool:
+        """Admit a generation-only request, its blocks then fetched beside the running batch;
+        False while the pool cannot hold it."""
+        try:
+            if not self.disagg.begin(entry):
+                return False
+        except Exception as exc:
+            self._emit_unstarted(entry, EngineFinishReason.ERROR, str(exc))
+        self._waiting.popleft()
+        return True
+
+    def _fetched(self, fetched: Fetched) -> None:
+        """A generation-only request's blocks arrived: it starts from the context's first
+        token (or ends, where the transfer failed or it was cancelled meanwhile)."""
+        done = self.disagg.complete(fetched)
+        if done is None:
+            return
+        entry, admission, outcome = done
+        if not isinstance(outcome, KvTransfer):
+            self._emit_unstarted(entry, *outcome)
+            return
+        request = entry.request
+        callback = continuing(entry.callback, outcome, request.streaming)
+        job = ContextJob(replace(entry, callback=callback), admission, alloc_total=outcome.blocks)
+        self._jobs.append(job)
+        assert request.context_phase is not None
+        self._start(
+            job, first_token_logits(request.context_phase, self.vocab_size, self.runner.device)
+        )
 
     def _iterate(self, chunks: PromptChunks) -> int:
         """Prefill ``chunks`` and decode a token for every running sequence: in one packed pass
@@ -351,6 +407,8 @@ class Engine:
             self.store.release(job.admission.table)
             self._emit_unstarted(job.entry, EngineFinishReason.ERROR, f"prefill failed: {exc}")
             return
+        if job.request.request_type is RequestType.CONTEXT_ONLY:
+            outputs, finished = self.disagg.hand_off(outputs, finished)
         for seq, output in outputs:
             self._emit(seq.callback, output)
         self._release(finished)
@@ -404,6 +462,8 @@ class Engine:
             context_tokens=context_tokens,
             cached_tokens=sum(seq.table.length for seq in sequences),
             kv_cache=kv,
+            kv_transfers=self.disagg.transfers,
+            kv_transfer_ms=self.disagg.transfer_ms,
         )
 
     def _fail_batch(self, message: str) -> None:
@@ -425,6 +485,7 @@ class Engine:
             elif isinstance(command, GrammarWait):
                 self._waiting.append(command.entry)
         self._waiting.extend(self._compiling.drain())
+        self._waiting.extend(self.disagg.abandon())
         while self._waiting:
             self._emit_unstarted(self._waiting.popleft(), reason, failure)
         for job in list(self._jobs):

@@ -26,6 +26,10 @@ _FAMILIES = {
         "inflight_batcher_specific_metric",
     ),
     "nv_trt_llm_general_metrics": ("General TRT LLM metrics", "general_type"),
+    "nv_trt_llm_disaggregated_serving_metrics": (
+        "TRT LLM disaggregated serving metrics",
+        "disaggregated_serving_type",
+    ),
 }
 
 
@@ -68,6 +72,8 @@ def stat_values(
         ("nv_trt_llm_inflight_batcher_metrics", "paused_requests"): 0,
         ("nv_trt_llm_general_metrics", "iteration_counter"): stats.steps,
         ("nv_trt_llm_general_metrics", "timestamp"): time.time() * 1e6,
+        ("nv_trt_llm_disaggregated_serving_metrics", "kv_cache_transfer_ms"): stats.kv_transfer_ms,
+        ("nv_trt_llm_disaggregated_serving_metrics", "request_count"): stats.kv_transfers,
     }
 
 

@@ -91,6 +91,15 @@ def _error_response(message: str) -> Any:
     return pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(message))
 
 
+def request_parameter(request: Any, name: str) -> object:
+    """A request parameter (``request_type``, as TensorRT-LLM reads it), or None."""
+    try:
+        values = json.loads(request.parameters() or "{}")
+    except (AttributeError, ValueError):
+        return None
+    return values.get(name) if isinstance(values, dict) else None
+
+
 def senders_of(settings: ModelParameters) -> int:
     """Threads sending responses: the load-test engine's setting; one for the torch engine,
     whose step loop would lose the GIL to more (measured: slower at every load)."""
@@ -209,6 +218,7 @@ class TritonPythonModel:
                     id_prefix=key,
                     exclude_input_default=self._settings.exclude_input_in_output,
                     vocab_size=self._engine.vocab_size,
+                    request_type=request_parameter(request, "request_type"),
                 )
             )
         except EngineError as exc:

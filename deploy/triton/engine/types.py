@@ -10,6 +10,8 @@ from typing import Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
+from deploy.triton.engine.disagg.phase import ContextPhaseParams, KvTransfer, RequestType
+
 TokenIds = tuple[int, ...]
 WordList = tuple[TokenIds, ...]
 
@@ -158,6 +160,10 @@ class EngineRequest:
     cache_salt_id: int | None = None
     """TensorRT-LLM's ``cache_salt_id``: a 64-bit salt mixed into the hash of every KV block of
     the request, so only requests with the same salt share cached blocks; None is no salt."""
+    request_type: RequestType = RequestType.CONTEXT_AND_GENERATION
+    """TensorRT-LLM's ``request_type``: the whole request, or one phase of a disaggregated one."""
+    context_phase: ContextPhaseParams | None = None
+    """A generation-only request's ``context_phase_params``: where its KV cache waits."""
 
     @property
     def rows(self) -> int:
@@ -247,6 +253,10 @@ class SequenceOutput:
     """The request's KV-cache blocks (None from an engine without a block store)."""
     beams: Beams | None = None
     """Every beam of a beam-search request (``token_ids`` then holds the first one's)."""
+    context_phase_params: bytes | None = None
+    """A context-only request's handoff, for the generation-only request that continues it."""
+    kv_transfer: KvTransfer | None = None
+    """A generation-only request's KV-cache handoff."""
 
     @property
     def finished(self) -> bool:
@@ -300,6 +310,9 @@ class EngineConfig:
     """Iteration statistics kept until read."""
     max_beam_width: int = 1
     """Widest beam search a request may ask for (``max_beam_width``)."""
+    kv_transfer_timeout_ms: int = 30000
+    """How long a context-only request's KV-cache blocks wait for the generation engine to take
+    them before they are freed."""
 
 
 @dataclass(frozen=True)
@@ -360,6 +373,10 @@ class EngineStats:
     context_tokens: int = 0
     cached_tokens: int = 0
     kv_cache: KvCacheStats | None = None
+    kv_transfers: int = 0
+    """KV-cache handoffs this engine sent or received since it started."""
+    kv_transfer_ms: float = 0.0
+    """Their time in all, in milliseconds."""
 
 
 class ServingEngine(Protocol):

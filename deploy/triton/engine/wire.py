@@ -11,6 +11,12 @@ from typing import Any, TypeVar
 import numpy as np
 import numpy.typing as npt
 
+from deploy.triton.engine.disagg.phase import (
+    BadContextPhase,
+    ContextPhaseParams,
+    RequestType,
+    refusal,
+)
 from deploy.triton.engine.outputs import ItemContext
 from deploy.triton.engine.types import (
     EngineBeamSearch,
@@ -32,7 +38,6 @@ _UNSUPPORTED_INPUTS = {
     "encoder_input_features": "encoder-decoder models",
     "draft_input_ids": "speculative decoding",
     "draft_logits": "speculative decoding",
-    "context_phase_params": "disaggregated serving",
     "cross_attention_mask": "multimodal models",
     "mrope_rotary_cos_sin": "multimodal models",
 }
@@ -297,11 +302,45 @@ def _guide(inputs: Inputs, item: int) -> GuideRequest | None:
     return GuideRequest(guide_type, _text(inputs, "guided_decoding_guide", item))
 
 
+def _context_phase(inputs: Inputs, item: int) -> ContextPhaseParams | None:
+    row = _row(inputs, "context_phase_params", item)
+    if row is None:
+        return None
+    try:
+        return ContextPhaseParams.decode(row.astype(np.uint8).tobytes())
+    except BadContextPhase as exc:
+        raise EngineError(str(exc)) from exc
+
+
+def _disaggregated(request: EngineRequest) -> EngineRequest:
+    """The request, refused where its request type cannot be served with its inputs."""
+    reason = refusal(
+        request.request_type,
+        has_params=request.context_phase is not None,
+        streaming=request.streaming,
+        rows=request.rows,
+        context_logits=request.return_context_logits,
+    )
+    if reason is not None:
+        raise EngineError(reason)
+    return request
+
+
 def parse_items(
-    inputs: Inputs, *, id_prefix: str, exclude_input_default: bool, vocab_size: int = 0
+    inputs: Inputs,
+    *,
+    id_prefix: str,
+    exclude_input_default: bool,
+    vocab_size: int = 0,
+    request_type: object = None,
 ) -> list[tuple[EngineRequest, ItemContext]]:
-    """Engine requests (ids `<id_prefix>/<item>`) and response contexts, one per batch item."""
+    """Engine requests (ids `<id_prefix>/<item>`) and response contexts, one per batch item;
+    ``request_type`` is the request's parameter of that name."""
     check_supported(inputs)
+    try:
+        kind = RequestType.parse(request_type)
+    except BadContextPhase as exc:
+        raise EngineError(str(exc)) from exc
     items = []
     size = batch_size(inputs)
     arrival = time.time_ns()
@@ -336,7 +375,10 @@ def parse_items(
             prompt_table=table,
             beam=_beam(inputs, item),
             cache_salt_id=_scalar(inputs, ("cache_salt_id",), item, int),
+            request_type=kind,
+            context_phase=_context_phase(inputs, item),
         )
+        _disaggregated(request)
         perf = _flag(inputs, "return_perf_metrics", item) or _flag(
             inputs, "return_kv_cache_reuse_stats", item
         )

@@ -25,6 +25,7 @@ import numpy as np
 import numpy.typing as npt
 
 from deploy.triton.engine.checks import validate_request
+from deploy.triton.engine.disagg.phase import RequestType
 from deploy.triton.engine.types import (
     EngineError,
     EngineFinishReason,
@@ -39,6 +40,10 @@ logger = logging.getLogger(__name__)
 
 NO_LOGITS = (
     "the load-test model computes no logits (return_context_logits, return_generation_logits)"
+)
+NO_DISAGGREGATION = (
+    "the load-test model computes no KV cache to hand over: request_type context_only and "
+    "generation_only are served by the torch engine"
 )
 VOCAB_SIZE = 2**31 - 1
 """No model, no vocabulary: every non-negative id is accepted."""
@@ -165,6 +170,8 @@ class PacedEngine:
         """Queue a request; its tokens follow on the engine's thread."""
         if request.return_context_logits or request.return_generation_logits:
             raise EngineError(NO_LOGITS)
+        if request.request_type is not RequestType.CONTEXT_AND_GENERATION:
+            raise EngineError(NO_DISAGGREGATION)
         budget = validate_request(request, VOCAB_SIZE, None, self.max_batch_size)
         end_id = request.end_ids[0] if request.end_ids else None
         tokens = fake_tokens(

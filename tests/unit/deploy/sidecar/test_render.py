@@ -87,6 +87,13 @@ def _salt(reshape: tuple[int, ...] | None) -> Entry:
     return ("cache_salt_id", "TYPE_UINT64", (1,), True, False, reshape)
 
 
+# A generation-only request's KV-cache handoff, under return_perf_metrics.
+_TRANSFER: list[Entry] = [
+    ("kv_cache_transfer_ms", "TYPE_FP32", (1,), False, False, None),
+    ("kv_cache_transfer_blocks", "TYPE_INT32", (1,), False, False, None),
+    ("kv_cache_size", "TYPE_INT64", (1,), False, False, None),
+]
+
 # TensorRT-LLM 1.x over the May 2025 main branch: token counts (PR #5445), pixtral image sizes,
 # the executor's per-request ``cache_salt_id``.
 LATEST_ADDITIONS: dict[str, dict[str, list[Entry]]] = {
@@ -94,7 +101,10 @@ LATEST_ADDITIONS: dict[str, dict[str, list[Entry]]] = {
         "input": [*_counts(None)["input"], _salt(None)],
         "output": _counts(None)["output"],
     },
-    "tensorrt_llm": {"input": [*_counts(())["input"], _salt(())], "output": _counts(())["output"]},
+    "tensorrt_llm": {
+        "input": [*_counts(())["input"], _salt(())],
+        "output": [*_counts(())["output"], *_TRANSFER],
+    },
     "tensorrt_llm_bls": {
         "input": [
             *_counts(())["input"],

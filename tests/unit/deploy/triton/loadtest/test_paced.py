@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pytest
 
+from deploy.triton.engine.disagg.phase import RequestType
 from deploy.triton.engine.types import (
     EngineError,
     EngineFinishReason,
@@ -143,6 +144,8 @@ def test_streams_beyond_the_batch_size_wait_their_turn() -> None:
     [
         ({"return_context_logits": True}, "no logits"),
         ({"max_new_tokens": 0}, "at least 1"),
+        ({"request_type": RequestType.CONTEXT_ONLY}, "no KV cache to hand over"),
+        ({"request_type": RequestType.GENERATION_ONLY}, "no KV cache to hand over"),
     ],
 )
 def test_what_it_cannot_serve_is_refused(

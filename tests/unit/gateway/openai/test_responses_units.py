@@ -4,6 +4,7 @@ memory store's time to live and bound."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncGenerator
 from typing import Any
 
 import msgspec
@@ -12,7 +13,7 @@ from msgspec import UNSET, UnsetType
 from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter
 
-from gateway.errors import InvalidRequestError
+from gateway.errors import GatewayTimeoutError, InvalidRequestError
 from gateway.openai.protocol import (
     AssistantMessage,
     ChatChoice,
@@ -27,9 +28,19 @@ from gateway.openai.protocol import (
     ToolCallDelta,
     Usage,
 )
-from gateway.openai.responses.protocol import InputText, Message, ResponsesRequest
+from gateway.openai.responses.protocol import (
+    InputText,
+    Message,
+    ResponseObject,
+    ResponsesRequest,
+)
 from gateway.openai.responses.routes import page_of
-from gateway.openai.responses.shape import EventWriter, draft_now, whole_response
+from gateway.openai.responses.shape import (
+    EventWriter,
+    draft_now,
+    response_events,
+    whole_response,
+)
 from gateway.openai.responses.translate import (
     chat_messages,
     chat_request,
@@ -294,3 +305,38 @@ async def test_the_memory_store_forgets_after_its_ttl_and_beyond_its_bound() -> 
     assert await store.get("a", "r2") is None
     assert await store.ids("a") == ["r3"]
     assert await store.delete("a", "r3") and not await store.delete("a", "r3")
+
+
+async def test_a_failure_mid_stream_ends_it_with_response_failed_and_keeps_it_failed() -> None:
+    async def failing() -> AsyncGenerator[list[ChatCompletionChunk], None]:
+        yield [chunk(ChatDelta(role="assistant", content="The cat"))]
+        yield [chunk(ChatDelta(content=" sat"))]
+        raise GatewayTimeoutError("The model did not finish within 1 s.")
+
+    kept: list[ResponseObject] = []
+
+    async def keep(response: ResponseObject) -> None:
+        kept.append(response)
+
+    batches = [batch async for batch in response_events(_draft(), failing(), keep)]
+    parsed = [EVENTS.validate_python(msgspec.to_builtins(e)) for b in batches for e in b]
+    assert [event.sequence_number for event in parsed] == list(range(len(parsed)))
+    assert [event.type for event in parsed] == [
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.content_part.added",
+        "response.output_text.delta",
+        "response.output_text.delta",
+        "response.failed",
+    ]
+    failed = parsed[-1].response
+    assert failed.status == "failed"
+    assert failed.error is not None
+    assert (failed.error.code, failed.error.message) == (
+        "server_error",
+        "The model did not finish within 1 s.",
+    )
+    assert [(item.type, item.status) for item in failed.output] == [("message", "incomplete")]
+    assert failed.output[0].content[0].text == "The cat sat"
+    assert [response.status for response in kept] == ["failed"]

@@ -27,6 +27,7 @@ from gateway.openai.protocol import (
     ToolCall,
     ToolCallDelta,
     Usage,
+    given,
 )
 from gateway.openai.responses.protocol import (
     InputText,
@@ -340,3 +341,40 @@ async def test_a_failure_mid_stream_ends_it_with_response_failed_and_keeps_it_fa
     assert [(item.type, item.status) for item in failed.output] == [("message", "incomplete")]
     assert failed.output[0].content[0].text == "The cat sat"
     assert [response.status for response in kept] == ["failed"]
+
+
+def test_an_earlier_reasoning_goes_back_with_the_assistant_message_it_came_before() -> None:
+    items = input_items(
+        request(
+            input=[
+                {"role": "user", "content": "Weather?"},
+                {"type": "reasoning", "id": "rs_1", "summary": [],
+                 "content": [{"type": "reasoning_text", "text": "Call the tool."}]},
+                {"type": "function_call", "call_id": "c1", "name": "get", "arguments": "{}"},
+                {"type": "function_call_output", "call_id": "c1", "output": "sunny"},
+                {"type": "reasoning", "id": "rs_2", "summary": [],
+                 "content": [{"type": "reasoning_text", "text": "It is sunny."}]},
+                {"role": "assistant", "content": "Sunny."},
+                {"type": "reasoning", "id": "rs_3", "summary": [],
+                 "content": [{"type": "reasoning_text", "text": "Unanswered."}]},
+                {"role": "user", "content": "Thanks."},
+            ]
+        )
+    )  # fmt: skip
+    messages = chat_messages(None, [], items)
+    call = {"id": "c1", "type": "function", "function": {"name": "get", "arguments": "{}"}}
+    assert messages == [
+        {"role": "user", "content": "Weather?"},
+        {"role": "assistant", "content": None, "tool_calls": [call],
+         "reasoning_content": "Call the tool.", "reasoning": "Call the tool."},
+        {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
+        {"role": "assistant", "content": "Sunny.",
+         "reasoning_content": "It is sunny.", "reasoning": "It is sunny."},
+        {"role": "assistant", "content": "",
+         "reasoning_content": "Unanswered.", "reasoning": "Unanswered."},
+        {"role": "user", "content": "Thanks."},
+    ]  # fmt: skip
+    chat = chat_request(request(input="x"), messages, stream=False)
+    assert [given(m.reasoning_content) for m in chat.messages] == [
+        None, "Call the tool.", None, "It is sunny.", "Unanswered.", None
+    ]  # fmt: skip

@@ -29,6 +29,7 @@ from gateway.openai.protocol import (
     Usage,
     given,
 )
+from gateway.openai.responses.conversation import chat_messages
 from gateway.openai.responses.protocol import (
     InputText,
     Message,
@@ -43,7 +44,6 @@ from gateway.openai.responses.shape import (
     whole_response,
 )
 from gateway.openai.responses.translate import (
-    chat_messages,
     chat_request,
     input_items,
     refuse_unsupported,

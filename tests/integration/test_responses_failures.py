@@ -11,6 +11,7 @@ from pathlib import Path
 
 import openai
 import pytest
+from agents import Agent, ModelBehaviorError, OpenAIResponsesModel, Runner, set_tracing_disabled
 
 from deploy.sidecar.fleet import sidecar_from_spec
 from deploy.sidecar.spec import parse_spec
@@ -43,13 +44,18 @@ def paced_sidecar(
 
 
 @pytest.fixture(scope="module")
-def client(paced_sidecar: Sidecar, tiny_model_dir: Path) -> Iterator[openai.OpenAI]:
+def gateway_url(paced_sidecar: Sidecar, tiny_model_dir: Path) -> Iterator[str]:
     models = {PACED: ("paced_ensemble", "ensemble")}
     settings = sidecar_settings(paced_sidecar, tiny_model_dir, models=models, request_timeout_s=1.0)
     gateway = LiveGateway(settings).start()
-    with openai.OpenAI(base_url=f"{gateway.url}/v1", api_key="unused", max_retries=0) as c:
-        yield c
+    yield gateway.url
     gateway.stop()
+
+
+@pytest.fixture(scope="module")
+def client(gateway_url: str) -> Iterator[openai.OpenAI]:
+    with openai.OpenAI(base_url=f"{gateway_url}/v1", api_key="unused", max_retries=0) as c:
+        yield c
 
 
 def test_a_stream_failing_mid_way_ends_with_response_failed_and_is_stored_failed(
@@ -95,3 +101,17 @@ def test_a_whole_response_failing_the_same_way_answers_the_http_error(
         client.responses.create(model=PACED, input=PROMPT, max_output_tokens=TOKENS)
     assert caught.value.status_code == 504
     assert caught.value.code == "timeout"
+
+
+async def test_an_agent_streaming_a_failing_response_raises_its_error(gateway_url: str) -> None:
+    set_tracing_disabled(True)
+    client = openai.AsyncOpenAI(base_url=f"{gateway_url}/v1", api_key="unused", max_retries=0)
+    agent: Agent[None] = Agent(
+        name="slow", model=OpenAIResponsesModel(model=PACED, openai_client=client)
+    )
+    streamed = Runner.run_streamed(agent, PROMPT, max_turns=1)
+    with pytest.raises(ModelBehaviorError, match=r"`response\.failed`") as caught:
+        async for _ in streamed.stream_events():
+            pass
+    assert "did not finish within 1 s" in str(caught.value)
+    await client.close()

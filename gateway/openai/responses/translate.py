@@ -192,7 +192,7 @@ def _item(item: InputItem, param: str) -> Item:
     _refuse(
         f"{param}.type",
         f"Input items of type {kind!r} are not supported: send messages, "
-        "function_call and function_call_output items.",
+        "function_call, function_call_output and reasoning items.",
     )
 
 

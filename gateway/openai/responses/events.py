@@ -39,6 +39,12 @@ class ResponseIncomplete(ResponseEvent, frozen=True, kw_only=True, tag="response
     response: ResponseObject
 
 
+class ResponseFailed(ResponseEvent, frozen=True, kw_only=True, tag="response.failed"):
+    """The response failed after its stream began; its ``error`` says why."""
+
+    response: ResponseObject
+
+
 class ItemAdded(ResponseEvent, frozen=True, kw_only=True, tag="response.output_item.added"):
     """An output item begins (``in_progress``)."""
 

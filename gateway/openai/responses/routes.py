@@ -18,6 +18,7 @@ from gateway.openai.chat.plan import plan_chat
 from gateway.openai.chat.shape import chat_chunks, chat_completion
 from gateway.openai.pipeline import Endpoint, route
 from gateway.openai.protocol import ChatCompletion, given
+from gateway.openai.responses.conversation import chat_messages
 from gateway.openai.responses.protocol import (
     DeletedResponse,
     InputItemList,
@@ -35,10 +36,10 @@ from gateway.openai.responses.shape import (
     whole_response,
 )
 from gateway.openai.responses.translate import (
-    chat_messages,
     chat_request,
     input_items,
     refuse_unsupported,
+    responses_params,
 )
 from gateway.tenancy import TenantPolicy
 from gateway.tenancy.responses_store import ResponseStore
@@ -114,12 +115,14 @@ async def bind(
         await keep(answer)
 
     def bounds(_: ResponsesRequest, limits: Bounds) -> None:
-        check_chat_bounds(chat, limits)
+        with responses_params():
+            check_chat_bounds(chat, limits)
 
     async def planner(
         model: ServedModel, _: ResponsesRequest, *, max_tokens_cap: int | None
     ) -> Plan:
-        return await plan_chat(model, chat, max_tokens_cap=max_tokens_cap)
+        with responses_params():
+            return await plan_chat(model, chat, max_tokens_cap=max_tokens_cap)
 
     def whole(plan: Plan, results: Any, header: Any) -> ResponseObject:
         completion: ChatCompletion = chat_completion(plan, results, header)

@@ -11,6 +11,7 @@ from typing import Any
 
 import msgspec
 
+from gateway.errors import APIError, to_api_error
 from gateway.ids import random_hex
 from gateway.openai.protocol import (
     AssistantMessage,
@@ -33,6 +34,7 @@ from gateway.openai.responses.events import (
     ResponseCompleted,
     ResponseCreated,
     ResponseEvent,
+    ResponseFailed,
     ResponseIncomplete,
     ResponseInProgress,
     TextDone,
@@ -47,6 +49,7 @@ from gateway.openai.responses.protocol import (
     OutputTokensDetails,
     ReasoningItem,
     ReasoningText,
+    ResponseErrorBody,
     ResponseObject,
     ResponseUsage,
 )
@@ -192,6 +195,22 @@ class EventWriter:
         kind = ResponseIncomplete if response.status == "incomplete" else ResponseCompleted
         return kind(sequence_number=self._number(), response=response)
 
+    def failure(self, error: APIError) -> tuple[ResponseObject, ResponseEvent]:
+        """The failed response and its ``response.failed`` event, as OpenAI ends a stream that
+        fails: the items already done as they were, the one being written left unfinished
+        (``incomplete``, no done events), ``error`` with the code of OpenAI's that fits."""
+        output = list(self.output)
+        if (current := self.open) is not None:
+            output.append(_unfinished(current))
+        response = msgspec.structs.replace(
+            self.draft,
+            status="failed",
+            error=ResponseErrorBody(code=_failure_code(error), message=error.message),
+            output=output,
+            usage=response_usage(self.usage),
+        )
+        return response, ResponseFailed(sequence_number=self._number(), response=response)
+
     def _text(self, kind: str, text: str, events: list[ResponseEvent]) -> None:
         current = self.open
         if current is None or current.kind != kind:
@@ -306,6 +325,33 @@ class EventWriter:
         events.append(ItemDone(sequence_number=number(), output_index=current.index, item=item))
 
 
+def _unfinished(current: _OpenItem) -> OutputItem:
+    """The item being streamed when the response failed, with what it had."""
+    text = "".join(current.texts)
+    if current.kind == "call":
+        return FunctionCallItem(
+            id=current.id,
+            status="incomplete",
+            call_id=current.call_id,
+            name=current.name,
+            arguments=text,
+        )
+    if current.kind == "message":
+        part = OutputText(text=text)
+        return Message(id=current.id, status="incomplete", role="assistant", content=[part])
+    return ReasoningItem(id=current.id, status="incomplete", content=[ReasoningText(text)])
+
+
+def _failure_code(error: APIError) -> str:
+    """The code of OpenAI's ``ResponseError`` for a failure: the SDK's type allows a closed
+    list of codes, so the gateway's own code (``timeout``...) is told by the message."""
+    if error.status_code == 429:
+        return "rate_limit_exceeded"
+    if error.status_code == 400:
+        return "invalid_prompt"
+    return "server_error"
+
+
 async def response_events(
     draft: ResponseObject,
     chunks: AsyncGenerator[list[ChatCompletionChunk], None],
@@ -313,17 +359,25 @@ async def response_events(
 ) -> AsyncGenerator[list[ResponseEvent], None]:
     """A streamed chat as the response's events: nothing until chat's first chunks came (so
     that a request failing before any output gets its HTTP status), the finished response
-    kept before its last event."""
+    kept before its last event. A failure once the stream began ends it with
+    ``response.failed``, the failed response kept, as the SDK and the Agents SDK expect of
+    OpenAI rather than chat's in-band ``{"error": ...}``."""
     writer = EventWriter(draft)
     try:
         first = await anext(chunks, None)
         if first is None:
             return
         yield [*writer.opening(), *writer.chunks(first)]
-        async for batch in chunks:
-            events = writer.chunks(batch)
-            if events:
-                yield events
+        try:
+            async for batch in chunks:
+                events = writer.chunks(batch)
+                if events:
+                    yield events
+        except Exception as exc:
+            failed, event = writer.failure(to_api_error(exc))
+            await keep(failed)
+            yield [event]
+            return
     finally:
         await chunks.aclose()
     response, closing = writer.ending()

@@ -1,10 +1,11 @@
-"""A Responses request as the chat request it runs as: its input items (after the stored
-conversation it continues) made into chat messages, its tools, tool choice and text format
-into chat's; what the gateway cannot honour refused with a 400 naming the field."""
+"""A Responses request as the chat request it runs as: its input as items, its tools, tool
+choice and text format as chat's, chat's refusals named in the request's own words; what the
+gateway cannot honour refused with a 400 naming the field."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any, NoReturn
 
 import msgspec
@@ -40,6 +41,27 @@ _CHAT_ONLY = {
     "response_format": "text.format",
 }
 """Chat's fields that the Responses API names otherwise."""
+_RESPONSES_PARAMS = {
+    "reasoning_effort": "reasoning.effort",
+    "max_completion_tokens": "max_output_tokens",
+    "max_tokens": "max_output_tokens",
+    "response_format": "text.format",
+}
+"""The request's fields under the names chat's checks give them."""
+
+
+@contextmanager
+def responses_params() -> Iterator[None]:
+    """Chat's refusals of a response's chat request in the words of the caller's request: a
+    400 names ``reasoning.effort``, not the chat field it ran as."""
+    try:
+        yield
+    except InvalidRequestError as exc:
+        ours = _RESPONSES_PARAMS.get(exc.param or "")
+        if ours is None:
+            raise
+        message = exc.message.replace(str(exc.param), ours)
+        raise type(exc)(message, param=ours, code=exc.code) from None
 
 
 def refuse_unsupported(request: ResponsesRequest) -> None:
@@ -170,7 +192,7 @@ def _item(item: InputItem, param: str) -> Item:
     _refuse(
         f"{param}.type",
         f"Input items of type {kind!r} are not supported: send messages, "
-        "function_call and function_call_output items.",
+        "function_call, function_call_output and reasoning items.",
     )
 
 
@@ -224,60 +246,6 @@ def _joined(parts: list[InputPart], param: str) -> str:
             _refuse(f"{param}[{index}]", "A function_call_output takes text parts only.")
         texts.append(str(part.text))
     return "".join(texts)
-
-
-def chat_messages(
-    instructions: str | None, history: Sequence[Item], items: Sequence[Item]
-) -> list[dict[str, Any]]:
-    """The conversation as chat messages: the instructions as the system message, every
-    function call folded into the assistant message that made it, each output a tool message
-    answering a call made before it (a 400 naming the output otherwise)."""
-    messages: list[dict[str, Any]] = []
-    if instructions:
-        messages.append({"role": "system", "content": instructions})
-    calls: set[str] = set()
-    for offset, item in enumerate([*history, *items]):
-        index = offset - len(history)
-        if isinstance(item, Message):
-            messages.append({"role": item.role, "content": _chat_content(item.content)})
-        elif isinstance(item, FunctionCallItem):
-            calls.add(item.call_id)
-            call = {
-                "id": item.call_id,
-                "type": "function",
-                "function": {"name": item.name, "arguments": item.arguments},
-            }
-            last = messages[-1] if messages else None
-            if last is not None and last["role"] == "assistant":
-                last.setdefault("tool_calls", []).append(call)
-            else:
-                messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
-        elif isinstance(item, FunctionCallOutput):
-            if item.call_id not in calls:
-                _refuse(
-                    f"input[{index}].call_id",
-                    f"No function_call with call_id "
-                    f"{item.call_id!r} comes before this function_call_output.",
-                )
-            messages.append({"role": "tool", "tool_call_id": item.call_id, "content": item.output})
-    return messages
-
-
-def _chat_content(parts: list[Part]) -> str | list[dict[str, Any]]:
-    if all(not isinstance(part, InputImage) for part in parts):
-        return "".join(_text(part) for part in parts)
-    return [
-        {"type": "image_url", "image_url": {"url": part.image_url, "detail": part.detail}}
-        if isinstance(part, InputImage)
-        else {"type": "text", "text": _text(part)}
-        for part in parts
-    ]
-
-
-def _text(part: Part) -> str:
-    if isinstance(part, Refusal):
-        return part.refusal
-    return "" if isinstance(part, InputImage) else part.text
 
 
 def chat_request(

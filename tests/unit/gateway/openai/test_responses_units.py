@@ -4,6 +4,7 @@ memory store's time to live and bound."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncGenerator
 from typing import Any
 
 import msgspec
@@ -12,26 +13,36 @@ from msgspec import UNSET, UnsetType
 from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter
 
-from gateway.errors import InvalidRequestError
+from gateway.errors import GatewayTimeoutError, InvalidRequestError
 from gateway.openai.protocol import (
     AssistantMessage,
     ChatChoice,
     ChatChunkChoice,
     ChatCompletion,
     ChatCompletionChunk,
-    ChatCompletionRequest,
     ChatDelta,
     FunctionCall,
     FunctionCallDelta,
     ToolCall,
     ToolCallDelta,
     Usage,
+    given,
 )
-from gateway.openai.responses.protocol import InputText, Message, ResponsesRequest
+from gateway.openai.responses.conversation import chat_messages
+from gateway.openai.responses.protocol import (
+    InputText,
+    Message,
+    ResponseObject,
+    ResponsesRequest,
+)
 from gateway.openai.responses.routes import page_of
-from gateway.openai.responses.shape import EventWriter, draft_now, whole_response
+from gateway.openai.responses.shape import (
+    EventWriter,
+    draft_now,
+    response_events,
+    whole_response,
+)
 from gateway.openai.responses.translate import (
-    chat_messages,
     chat_request,
     input_items,
     refuse_unsupported,
@@ -156,15 +167,10 @@ def test_the_chat_request_carries_tools_choice_format_and_budget() -> None:
     assert chat.response_format.type == "json_schema"
 
 
-def test_a_reasoning_effort_chat_cannot_take_is_refused_not_dropped() -> None:
+def test_reasoning_effort_becomes_chats_reasoning_effort() -> None:
     asked = request(input="Hi", reasoning={"effort": "high"})
-    if "reasoning_effort" in ChatCompletionRequest.__struct_fields__:
-        chat = chat_request(asked, [{"role": "user", "content": "Hi"}], stream=False)
-        assert chat.reasoning_effort == "high"  # type: ignore[attr-defined]
-        return
-    with pytest.raises(InvalidRequestError) as refused:
-        chat_request(asked, [{"role": "user", "content": "Hi"}], stream=False)
-    assert refused.value.param == "reasoning.effort"
+    chat = chat_request(asked, [{"role": "user", "content": "Hi"}], stream=False)
+    assert chat.reasoning_effort == "high"
 
 
 def _draft() -> Any:
@@ -294,3 +300,75 @@ async def test_the_memory_store_forgets_after_its_ttl_and_beyond_its_bound() -> 
     assert await store.get("a", "r2") is None
     assert await store.ids("a") == ["r3"]
     assert await store.delete("a", "r3") and not await store.delete("a", "r3")
+
+
+async def test_a_failure_mid_stream_ends_it_with_response_failed_and_keeps_it_failed() -> None:
+    async def failing() -> AsyncGenerator[list[ChatCompletionChunk], None]:
+        yield [chunk(ChatDelta(role="assistant", content="The cat"))]
+        yield [chunk(ChatDelta(content=" sat"))]
+        raise GatewayTimeoutError("The model did not finish within 1 s.")
+
+    kept: list[ResponseObject] = []
+
+    async def keep(response: ResponseObject) -> None:
+        kept.append(response)
+
+    batches = [batch async for batch in response_events(_draft(), failing(), keep)]
+    parsed = [EVENTS.validate_python(msgspec.to_builtins(e)) for b in batches for e in b]
+    assert [event.sequence_number for event in parsed] == list(range(len(parsed)))
+    assert [event.type for event in parsed] == [
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.content_part.added",
+        "response.output_text.delta",
+        "response.output_text.delta",
+        "response.failed",
+    ]
+    failed = parsed[-1].response
+    assert failed.status == "failed"
+    assert failed.error is not None
+    assert (failed.error.code, failed.error.message) == (
+        "server_error",
+        "The model did not finish within 1 s.",
+    )
+    assert [(item.type, item.status) for item in failed.output] == [("message", "incomplete")]
+    assert failed.output[0].content[0].text == "The cat sat"
+    assert [response.status for response in kept] == ["failed"]
+
+
+def test_an_earlier_reasoning_goes_back_with_the_assistant_message_it_came_before() -> None:
+    items = input_items(
+        request(
+            input=[
+                {"role": "user", "content": "Weather?"},
+                {"type": "reasoning", "id": "rs_1", "summary": [],
+                 "content": [{"type": "reasoning_text", "text": "Call the tool."}]},
+                {"type": "function_call", "call_id": "c1", "name": "get", "arguments": "{}"},
+                {"type": "function_call_output", "call_id": "c1", "output": "sunny"},
+                {"type": "reasoning", "id": "rs_2", "summary": [],
+                 "content": [{"type": "reasoning_text", "text": "It is sunny."}]},
+                {"role": "assistant", "content": "Sunny."},
+                {"type": "reasoning", "id": "rs_3", "summary": [],
+                 "content": [{"type": "reasoning_text", "text": "Unanswered."}]},
+                {"role": "user", "content": "Thanks."},
+            ]
+        )
+    )  # fmt: skip
+    messages = chat_messages(None, [], items)
+    call = {"id": "c1", "type": "function", "function": {"name": "get", "arguments": "{}"}}
+    assert messages == [
+        {"role": "user", "content": "Weather?"},
+        {"role": "assistant", "content": None, "tool_calls": [call],
+         "reasoning_content": "Call the tool.", "reasoning": "Call the tool."},
+        {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
+        {"role": "assistant", "content": "Sunny.",
+         "reasoning_content": "It is sunny.", "reasoning": "It is sunny."},
+        {"role": "assistant", "content": "",
+         "reasoning_content": "Unanswered.", "reasoning": "Unanswered."},
+        {"role": "user", "content": "Thanks."},
+    ]  # fmt: skip
+    chat = chat_request(request(input="x"), messages, stream=False)
+    assert [given(m.reasoning_content) for m in chat.messages] == [
+        None, "Call the tool.", None, "It is sunny.", "Unanswered.", None
+    ]  # fmt: skip

@@ -87,7 +87,7 @@ def _timeout(seconds: float) -> str:
 class Stream:
     """One call's stream on a connection."""
 
-    def __init__(self, connection: Connection, stream_id: int, receiver: Receiver) -> None:
+    def __init__(self, connection: H2Connection, stream_id: int, receiver: Receiver) -> None:
         self.connection = connection
         self.stream_id = stream_id
         self.receiver = receiver
@@ -118,7 +118,7 @@ class Stream:
             del pending[:start]
 
 
-class Connection(asyncio.Protocol):
+class H2Connection(asyncio.Protocol):
     """One HTTP/2 connection to a gRPC server, carrying any number of streams."""
 
     def __init__(self, authority: str) -> None:
@@ -410,15 +410,15 @@ class Channels:
     shared by every call, dialled when a call needs it."""
 
     def __init__(self) -> None:
-        self._connections: dict[str, Connection] = {}
-        self._dialling: dict[str, asyncio.Future[Connection]] = {}
+        self._connections: dict[str, H2Connection] = {}
+        self._dialling: dict[str, asyncio.Future[H2Connection]] = {}
 
-    def ready(self, url: str) -> Connection | None:
+    def ready(self, url: str) -> H2Connection | None:
         """The address's connection where it can take a call now."""
         connection = self._connections.get(url)
         return connection if connection is not None and connection.has_room() else None
 
-    async def connect(self, url: str) -> Connection:
+    async def connect(self, url: str) -> H2Connection:
         """The address's connection, dialled where none can take a call (one dial for every
         caller waiting; a caller cancelled leaves it to the others)."""
         connection = self.ready(url)
@@ -439,15 +439,15 @@ class Channels:
         for connection in connections:
             connection.close()
 
-    async def _dial(self, url: str) -> Connection:
+    async def _dial(self, url: str) -> H2Connection:
         host, _, port = url.rpartition(":")
         loop = asyncio.get_running_loop()
         _, connection = await loop.create_connection(
-            lambda: Connection(url), host.strip("[]"), int(port)
+            lambda: H2Connection(url), host.strip("[]"), int(port)
         )
         return connection
 
-    def _dialled(self, url: str, done: asyncio.Future[Connection]) -> None:
+    def _dialled(self, url: str, done: asyncio.Future[H2Connection]) -> None:
         if self._dialling.get(url) is done:
             del self._dialling[url]
         if done.cancelled():

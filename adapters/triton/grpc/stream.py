@@ -22,7 +22,7 @@ from tritonclient.utils import InferenceServerException
 
 from adapters.contract import BackendError, BackendTimeout
 from adapters.triton.errors import HttpError, classify
-from adapters.triton.grpc.h2 import Channels, Connection, Stream, rpc_error
+from adapters.triton.grpc.h2 import Channels, H2Connection, Stream, rpc_error
 from adapters.triton.responses import Reply
 from adapters.triton.wire import WireTensor, wire_array
 
@@ -232,7 +232,7 @@ class GrpcCall:
         self._timer = self._expiry = None
         self._wake()
 
-    def _open(self, connection: Connection) -> None:
+    def _open(self, connection: H2Connection) -> None:
         self._stream = connection.open(
             STREAM_PATH, self._message, self._metadata, self._timeout, self
         )

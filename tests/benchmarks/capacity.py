@@ -318,6 +318,10 @@ def run(
                     before_transports=code is not None and not knows_transports(code),
                     before_embedded=code is not None and not knows_embedded_store(code),
                 )  # fmt: skip
+                if code is None and args.max_in_flight is not None:
+                    # This tree's models at a cap they never reach: every request takes a slot
+                    # of the fair queue, uncontended.
+                    config["models"][0]["routing"] = {"max_in_flight": args.max_in_flight}
                 env = {"PYTHONPATH": code} if code else None
                 url, process = serve_process(config, workdir, name, timeout_s=180, env=env)
                 running.callback(stop_process, process)
@@ -377,6 +381,12 @@ def main() -> None:
         "(gateway-N@baseline), measured in the same rounds, a change's before beside its after",
     )
     parser.add_argument("--levels", type=int, nargs="+", default=list(LEVELS))
+    parser.add_argument(
+        "--max-in-flight",
+        type=int,
+        help="this tree's gateways cap the model at this many requests a worker (the fair "
+        "queue in the path, uncontended when above the streams); the baseline's do not",
+    )
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument(
         "--rounds",

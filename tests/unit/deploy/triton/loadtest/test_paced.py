@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 import threading
 import time
 from dataclasses import dataclass, field
@@ -85,9 +84,10 @@ def test_tokens_follow_the_pace_after_the_prefill() -> None:
     engine.submit(_request("p", streaming=True), got)
     got.wait()
     times = [at - start for at, _ in got.outputs]
-    # The first token after the prefill (4 prompt tokens), then one each 50 ms: never sooner.
-    assert times[0] >= 0.2 - 0.005
-    assert all(b - a >= 0.05 - 0.005 for a, b in itertools.pairwise(times))
+    # The first token after the prefill (4 prompt tokens), then one each 50 ms: never sooner
+    # than that schedule, which is anchored at admission (a token a busy host delays is
+    # followed by the next on time, not 50 ms after it).
+    assert all(at >= 0.2 + index * 0.05 - 0.005 for index, at in enumerate(times))
     engine.shutdown()
 
 
@@ -105,8 +105,10 @@ def test_outputs_carry_the_times_of_the_perf_metrics() -> None:
     assert first is not None and last is not None
     assert before <= first.first_scheduled_ns <= first.first_token_ns == first.last_token_ns
     assert last.first_token_ns == first.first_token_ns
-    # Five more tokens at 10 ms each: never sooner (the clocks may differ by a little).
-    assert last.last_token_ns - first.first_token_ns >= 5 * 10_000_000 - 5_000_000
+    # The prefill (4 prompt tokens) and five more tokens at 10 ms each, on a schedule anchored
+    # at scheduling: never sooner (the clocks may differ by a little). A first token a busy
+    # host delays is followed by the next ones on time, so the gaps alone prove nothing.
+    assert last.last_token_ns - first.first_scheduled_ns >= (4 + 5) * 10_000_000 - 5_000_000
     assert time.time_ns() >= last.last_token_ns
 
 

@@ -160,6 +160,16 @@ async def test_adapter_affinity_keeps_an_adapter_on_one_replica(replicas: Replic
         }
 
     async with httpx.AsyncClient(base_url=replicas.url, timeout=60) as client:
+        # Each adapter's first request alone: the pool places the adapters by room and load,
+        # one after another, rather than by which of six simultaneous first requests is picked
+        # first (two could then share a replica, which the bounded load allows).
+        for name in names:
+            first = await client.post(
+                "/v1/completions",
+                json=body(name, "hello", 2),
+                headers={"X-Request-ID": f"warm-{name}"},
+            )
+            assert first.status_code == 200
         answers = await closed_loop(client, make, clients=6, each=10)
     assert {a.status_code for a in answers} == {200}
     where = replicas.replica_of_requests()

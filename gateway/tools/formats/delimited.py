@@ -292,3 +292,47 @@ def xml_arguments(pairs: Sequence[tuple[str, str]], properties: dict[str, Any]) 
 
 
 FENCE = re.compile(r"```(?:json)?\s*(.*?)\s*```", re.DOTALL)
+
+
+def parameter_calls(
+    functions: Sequence[Function],
+    opening: Callable[[str], Opening | None],
+    name_of: Callable[[str], str | None],
+    pair: re.Pattern[str],
+) -> Parser:
+    """The parser of calls between ``<tool_call>`` and ``</tool_call>`` whose arguments are
+    named parameters (``pair`` matches one: its key and its text value), typed by each
+    function's schema and streamed one parameter at a time once ``opening`` has found the
+    function's name; ``name_of`` reads the name from a whole call (None: not a call)."""
+
+    def read(body: str) -> ReadCall | None:
+        name = name_of(body)
+        if name is None:
+            return None
+        pairs = [(key.strip(), value) for key, value in pair.findall(body)]
+        return ReadCall(name, xml_arguments(pairs, parameters_of(functions, name)))
+
+    def parameters(text: str) -> Opening | None:
+        found = opening(text)
+        if found is not None:
+            stream.properties = parameters_of(functions, found.name)
+        return found
+
+    stream = ParameterStream(parameters, pair, {})
+    return DelimitedCalls("<tool_call>", "</tool_call>", read, stream=stream)
+
+
+def parameter_tag(function: Function, begin: str, end: str, style: str) -> dict[str, Any]:
+    """A structural tag whose content is ``function``'s arguments in one of xgrammar's XML
+    parameter styles: values text where the schema says string, JSON where it says anything
+    else, the whitespace around them bounded."""
+    return {
+        "begin": begin,
+        "content": {
+            "type": "json_schema",
+            "json_schema": function.schema,
+            "style": style,
+            "max_whitespace_cnt": LAYOUT_LIMIT,
+        },
+        "end": end,
+    }

@@ -8,20 +8,19 @@ from collections.abc import Sequence
 from typing import Any
 
 from gateway.tools.formats.base import Function, ToolFormat, call_arguments, dumps
-from gateway.tools.formats.delimited import (
-    LAYOUT_LIMIT,
-    DelimitedCalls,
-    Opening,
-    ParameterStream,
-    ReadCall,
-    parameters_of,
-    xml_arguments,
-)
+from gateway.tools.formats.delimited import Opening, parameter_calls, parameter_tag
 from gateway.tools.parsing import Parser
 
 _PAIR = re.compile(r"<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)</arg_value>", re.DOTALL)
 _NAME = re.compile(r"\s*([^\s<>{}]+)(?=\s|<arg_key>)")
 """The function's name, whole once a space or the first parameter follows it."""
+
+
+def _name_of(body: str) -> str | None:
+    name = body.split("<arg_key>", 1)[0].strip()
+    if not name or any(ch.isspace() or ch in "<>{}" for ch in name):
+        return None
+    return name
 
 
 def opening(text: str) -> Opening | None:
@@ -66,35 +65,11 @@ class Glm45(ToolFormat):
         return f"<tool_response>\n{content}\n</tool_response>"
 
     def parser(self, functions: Sequence[Function] = ()) -> Parser:
-        def read(body: str) -> ReadCall | None:
-            name = body.split("<arg_key>", 1)[0].strip()
-            if not name or any(ch.isspace() or ch in "<>{}" for ch in name):
-                return None
-            pairs = [(key.strip(), value) for key, value in _PAIR.findall(body)]
-            return ReadCall(name, xml_arguments(pairs, parameters_of(functions, name)))
-
-        def parameters(text: str) -> Opening | None:
-            found = opening(text)
-            if found is not None:
-                stream.properties = parameters_of(functions, found.name)
-            return found
-
-        stream = ParameterStream(parameters, _PAIR, {})
-        return DelimitedCalls("<tool_call>", "</tool_call>", read, stream=stream)
+        return parameter_calls(functions, opening, _name_of, _PAIR)
 
     def call_tag(self, function: Function) -> dict[str, Any] | None:
-        # xgrammar's glm_xml style: <arg_key>KEY</arg_key><arg_value>VALUE</arg_value> pairs,
-        # values text where the schema says string, JSON where it says anything else.
-        return {
-            "begin": f"<tool_call>{function.name}",
-            "content": {
-                "type": "json_schema",
-                "json_schema": function.schema,
-                "style": "glm_xml",
-                "max_whitespace_cnt": LAYOUT_LIMIT,
-            },
-            "end": "</tool_call>",
-        }
+        # xgrammar's glm_xml style: <arg_key>KEY</arg_key><arg_value>VALUE</arg_value> pairs.
+        return parameter_tag(function, f"<tool_call>{function.name}", "</tool_call>", "glm_xml")
 
     def trigger(self) -> str | None:
         return "<tool_call>"

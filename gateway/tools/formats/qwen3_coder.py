@@ -8,19 +8,16 @@ from collections.abc import Sequence
 from typing import Any
 
 from gateway.tools.formats.base import Function, ToolFormat, call_arguments, dumps
-from gateway.tools.formats.delimited import (
-    LAYOUT_LIMIT,
-    DelimitedCalls,
-    Opening,
-    ParameterStream,
-    ReadCall,
-    parameters_of,
-    xml_arguments,
-)
+from gateway.tools.formats.delimited import Opening, parameter_calls, parameter_tag
 from gateway.tools.parsing import Parser
 
 _FUNCTION = re.compile(r"<function=([^>\n]+)>")
 _PARAMETER = re.compile(r"<parameter=([^>\n]+)>\n?(.*?)\n?</parameter>", re.DOTALL)
+
+
+def _name_of(body: str) -> str | None:
+    match = _FUNCTION.search(body)
+    return match.group(1).strip() if match else None
 
 
 def opening(text: str) -> Opening | None:
@@ -59,36 +56,12 @@ class Qwen3Coder(ToolFormat):
         return f"<tool_response>\n{content}\n</tool_response>"
 
     def parser(self, functions: Sequence[Function] = ()) -> Parser:
-        def read(body: str) -> ReadCall | None:
-            match = _FUNCTION.search(body)
-            if match is None:
-                return None
-            name = match.group(1).strip()
-            pairs = [(key.strip(), value) for key, value in _PARAMETER.findall(body)]
-            return ReadCall(name, xml_arguments(pairs, parameters_of(functions, name)))
-
-        def parameters(text: str) -> Opening | None:
-            found = opening(text)
-            if found is not None:
-                stream.properties = parameters_of(functions, found.name)
-            return found
-
-        stream = ParameterStream(parameters, _PARAMETER, {})
-        return DelimitedCalls("<tool_call>", "</tool_call>", read, stream=stream)
+        return parameter_calls(functions, opening, _name_of, _PARAMETER)
 
     def call_tag(self, function: Function) -> dict[str, Any] | None:
-        # xgrammar's qwen_xml style: each parameter a <parameter=KEY> element whose value is
-        # text where the schema says string, JSON where it says anything else.
-        return {
-            "begin": f"<tool_call>\n<function={function.name}>\n",
-            "content": {
-                "type": "json_schema",
-                "json_schema": function.schema,
-                "style": "qwen_xml",
-                "max_whitespace_cnt": LAYOUT_LIMIT,
-            },
-            "end": "\n</function>\n</tool_call>",
-        }
+        # xgrammar's qwen_xml style: each parameter a <parameter=KEY> element.
+        begin = f"<tool_call>\n<function={function.name}>\n"
+        return parameter_tag(function, begin, "\n</function>\n</tool_call>", "qwen_xml")
 
     def trigger(self) -> str | None:
         return "<tool_call>"

@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import os
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +34,7 @@ from adapters.triton.replay import ReplayingTritonBackend
 from deploy.sidecar.fleet import sidecar_from_spec
 from deploy.sidecar.models import ensure_tiny_model
 from deploy.sidecar.spec import parse_spec
+from deploy.sidecar.supervisor import Sidecar
 from gateway.app import create_app
 from gateway.observability.logs import configure_logging
 from gateway.settings import parse_settings
@@ -44,6 +47,25 @@ CASES = [
     for model in ("loadtest", "loadtest-engine")
     for stream in (False, True)
 ]
+
+
+@contextlib.contextmanager
+def loadtest_sidecar(prefix: str, name: str = "loadtest") -> Iterator[tuple[Sidecar, Path]]:
+    """A sidecar serving the tiny model's tokenizer on the load-test engine as ``name``, in a
+    scratch folder named from ``prefix``, once ready; with the tokenizer's folder."""
+    tokenizer_dir = ensure_tiny_model()
+    engine = {"kind": "loadtest", "tokenizer_dir": str(tokenizer_dir)}
+    spec = parse_spec(
+        {
+            "models": [{"name": name, "release": "latest", "engine": engine}],
+            "sidecars": [{"name": "cpu"}],
+        }
+    )
+    with tempfile.TemporaryDirectory(prefix=prefix) as scratch:
+        sidecar = sidecar_from_spec(spec, spec.sidecars[0], Path(scratch))
+        with sidecar:
+            sidecar.wait_ready(300, first_start=True)
+            yield sidecar, tokenizer_dir
 
 
 class InProcessClient:
@@ -185,41 +207,25 @@ def main(argv: list[str] | None = None) -> int:
     for handler in logging.getLogger().handlers:
         if isinstance(handler, logging.StreamHandler):
             handler.setStream(sink)
-    tokenizer_dir = ensure_tiny_model()
-    spec = parse_spec(
-        {
-            "models": [
-                {
-                    "name": "loadtest",
-                    "release": "latest",
-                    "engine": {"kind": "loadtest", "tokenizer_dir": str(tokenizer_dir)},
-                }
-            ],
-            "sidecars": [{"name": "cpu"}],
-        }
-    )
-    with tempfile.TemporaryDirectory(prefix="bench-gateway-cpu-") as scratch:
-        sidecar = sidecar_from_spec(spec, spec.sidecars[0], Path(scratch))
-        with sidecar:
-            sidecar.wait_ready(300, first_start=True)
-            config = gateway_config(sidecar, tokenizer_dir)
-            config["models"] = [m for m in config["models"] if m["name"].startswith("loadtest")]
-            backend = ReplayingTritonBackend()
-            client = InProcessClient(create_app(parse_settings(config), backend=backend))
+    with loadtest_sidecar("bench-gateway-cpu-") as (sidecar, tokenizer_dir):
+        config = gateway_config(sidecar, tokenizer_dir)
+        config["models"] = [m for m in config["models"] if m["name"].startswith("loadtest")]
+        backend = ReplayingTritonBackend()
+        client = InProcessClient(create_app(parse_settings(config), backend=backend))
 
-            async def run() -> dict[tuple[str, str, bool], float]:
-                inbox, task = await client.lifespan()
-                try:
-                    for endpoint, model, stream in CASES:
-                        path = "/v1/chat/completions" if endpoint == "chat" else "/v1/completions"
-                        await client.post(path, http_body(endpoint, model, stream, args.tokens))
-                    backend.replaying = True
-                    return await measure(client, args.requests, args.tokens, args.rounds)
-                finally:
-                    await inbox.put({"type": "lifespan.shutdown"})
-                    await task
+        async def run() -> dict[tuple[str, str, bool], float]:
+            inbox, task = await client.lifespan()
+            try:
+                for endpoint, model, stream in CASES:
+                    path = "/v1/chat/completions" if endpoint == "chat" else "/v1/completions"
+                    await client.post(path, http_body(endpoint, model, stream, args.tokens))
+                backend.replaying = True
+                return await measure(client, args.requests, args.tokens, args.rounds)
+            finally:
+                await inbox.put({"type": "lifespan.shutdown"})
+                await task
 
-            figures = uvloop.run(run())
+        figures = uvloop.run(run())
     text = report(figures, args.requests, args.tokens, args.rounds)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "bench-gateway-cpu.md").write_text(text)

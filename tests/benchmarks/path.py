@@ -21,7 +21,6 @@ import asyncio
 import inspect
 import logging
 import sys
-import tempfile
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,12 +28,9 @@ from types import FrameType
 from typing import Any
 
 from adapters.triton.replay import ReplayingTritonBackend
-from deploy.sidecar.fleet import sidecar_from_spec
-from deploy.sidecar.models import ensure_tiny_model
-from deploy.sidecar.spec import parse_spec
 from gateway.app import create_app
 from gateway.settings import parse_settings
-from tests.benchmarks.gateway_cpu import InProcessClient
+from tests.benchmarks.gateway_cpu import InProcessClient, loadtest_sidecar
 from tests.benchmarks.serving import gateway_config, http_body
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -138,47 +134,31 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tokens", type=int, default=8, help="tokens of the traced chat")
     args = parser.parse_args(argv)
     logging.disable(logging.INFO)
-    tokenizer_dir = ensure_tiny_model()
-    spec = parse_spec(
-        {
-            "models": [
-                {
-                    "name": "loadtest",
-                    "release": "latest",
-                    "engine": {"kind": "loadtest", "tokenizer_dir": str(tokenizer_dir)},
-                }
-            ],
-            "sidecars": [{"name": "cpu"}],
-        }
-    )
-    with tempfile.TemporaryDirectory(prefix="bench-path-") as scratch:
-        sidecar = sidecar_from_spec(spec, spec.sidecars[0], Path(scratch))
-        with sidecar:
-            sidecar.wait_ready(300, first_start=True)
-            config = gateway_config(sidecar, tokenizer_dir)
-            config["models"] = [m for m in config["models"] if m["name"] in MODELS]
-            backend = ReplayingTritonBackend()
-            client = InProcessClient(create_app(parse_settings(config), backend=backend))
+    with loadtest_sidecar("bench-path-") as (sidecar, tokenizer_dir):
+        config = gateway_config(sidecar, tokenizer_dir)
+        config["models"] = [m for m in config["models"] if m["name"] in MODELS]
+        backend = ReplayingTritonBackend()
+        client = InProcessClient(create_app(parse_settings(config), backend=backend))
 
-            async def run() -> list[str]:
-                inbox, task = await client.lifespan()
-                try:
-                    for model in MODELS:
+        async def run() -> list[str]:
+            inbox, task = await client.lifespan()
+            try:
+                for model in MODELS:
+                    body = http_body("chat", model, True, args.tokens)
+                    await client.post("/v1/chat/completions", body)
+                backend.replaying = True
+                reports = []
+                for model in MODELS:
+                    for _ in range(20):
                         body = http_body("chat", model, True, args.tokens)
                         await client.post("/v1/chat/completions", body)
-                    backend.replaying = True
-                    reports = []
-                    for model in MODELS:
-                        for _ in range(20):
-                            body = http_body("chat", model, True, args.tokens)
-                            await client.post("/v1/chat/completions", body)
-                        reports.append(report(model, await traced(client, model, args.tokens)))
-                    return reports
-                finally:
-                    await inbox.put({"type": "lifespan.shutdown"})
-                    await task
+                    reports.append(report(model, await traced(client, model, args.tokens)))
+                return reports
+            finally:
+                await inbox.put({"type": "lifespan.shutdown"})
+                await task
 
-            reports = asyncio.run(run())
+        reports = asyncio.run(run())
     print("\n\n".join(reports))
     return 0
 

@@ -17,19 +17,15 @@ import argparse
 import logging
 import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 from adapters.triton.replay import ReplayingTritonBackend
-from deploy.sidecar.fleet import sidecar_from_spec
-from deploy.sidecar.models import ensure_tiny_model
-from deploy.sidecar.spec import parse_spec
 from gateway.app import create_app
 from gateway.observability.logs import configure_logging
 from gateway.settings import parse_settings
-from tests.benchmarks.gateway_cpu import InProcessClient
+from tests.benchmarks.gateway_cpu import InProcessClient, loadtest_sidecar
 from tests.benchmarks.serving import PROMPT, gateway_config
 
 MODEL = "loadtest"
@@ -110,35 +106,24 @@ def main(argv: list[str] | None = None) -> int:
     for handler in logging.getLogger().handlers:
         if isinstance(handler, logging.StreamHandler):
             handler.setStream(sink)
-    tokenizer_dir = ensure_tiny_model()
-    engine = {"kind": "loadtest", "tokenizer_dir": str(tokenizer_dir)}
-    spec = parse_spec(
-        {
-            "models": [{"name": MODEL, "release": "latest", "engine": engine}],
-            "sidecars": [{"name": "cpu"}],
-        }
-    )
-    with tempfile.TemporaryDirectory(prefix="bench-responses-cpu-") as scratch:
-        sidecar = sidecar_from_spec(spec, spec.sidecars[0], Path(scratch))
-        with sidecar:
-            sidecar.wait_ready(300, first_start=True)
-            config = gateway_config(sidecar, tokenizer_dir)
-            config["models"] = [m for m in config["models"] if m["name"] == MODEL]
-            backend = ReplayingTritonBackend()
-            client = InProcessClient(create_app(parse_settings(config), backend=backend))
+    with loadtest_sidecar("bench-responses-cpu-", MODEL) as (sidecar, tokenizer_dir):
+        config = gateway_config(sidecar, tokenizer_dir)
+        config["models"] = [m for m in config["models"] if m["name"] == MODEL]
+        backend = ReplayingTritonBackend()
+        client = InProcessClient(create_app(parse_settings(config), backend=backend))
 
-            async def run() -> dict[tuple[str, bool], float]:
-                inbox, task = await client.lifespan()
-                try:
-                    for stream in (False, True):
-                        await client.post(PATHS["chat"], body("chat", stream, args.tokens))
-                    backend.replaying = True
-                    return await measure(client, args.requests, args.tokens, args.rounds)
-                finally:
-                    await inbox.put({"type": "lifespan.shutdown"})
-                    await task
+        async def run() -> dict[tuple[str, bool], float]:
+            inbox, task = await client.lifespan()
+            try:
+                for stream in (False, True):
+                    await client.post(PATHS["chat"], body("chat", stream, args.tokens))
+                backend.replaying = True
+                return await measure(client, args.requests, args.tokens, args.rounds)
+            finally:
+                await inbox.put({"type": "lifespan.shutdown"})
+                await task
 
-            figures = uvloop.run(run())
+        figures = uvloop.run(run())
     text = report(figures, args.requests, args.tokens)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "bench-responses-cpu.md").write_text(text)

@@ -37,9 +37,10 @@ ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("gateway", "adapters")
 DOUBLE = "adapters.triton.replay"
 """The replayed calls stand in for Triton: not a module a real request crosses."""
-SEND = "Backend._open"
-"""The end of the qualified name of the backend's method that opens the Triton call (gRPC
-``ModelStreamInfer``)."""
+SENDS = ("H2Connection.open", "_Wire.write", "StreamWriter.write", "_SelectorTransport.write")
+"""The qualified names of the calls that write a request's first bytes towards Triton: a gRPC
+``ModelStreamInfer`` stream opened on the HTTP/2 connection, an HTTP ``generate_stream`` request
+written on its (replayed or real) connection."""
 PER_TOKEN = "on_replies"
 """The exchange's method that decodes Triton's responses into a chunk: called once a token."""
 MODELS = ("loadtest", "loadtest-engine")
@@ -71,10 +72,12 @@ class Trace:
             return
         module = module_of(frame)
         if module is None:
+            if not self.sent and frame.f_code.co_qualname.endswith(SENDS):
+                self.sent = True
             return
         name = frame.f_code.co_name
         if not self.sent:
-            if frame.f_code.co_qualname.endswith(SEND) and module.startswith("adapters.triton"):
+            if frame.f_code.co_qualname.endswith(SENDS):
                 self.sent = True
             elif module != DOUBLE:
                 self.before_send.add(module)

@@ -17,7 +17,7 @@ from adapters.triton.beams import beam_rows
 from adapters.triton.config import REUSED_BLOCKS, ModelInputs
 from adapters.triton.errors import classify
 from adapters.triton.tensors import requested_outputs, streams
-from adapters.triton.wire import JsonOutputs, first_bytes, first_int
+from adapters.triton.wire import JsonOutputs, RawOutputs, first_bytes, first_int
 
 logger = logging.getLogger(__name__)
 
@@ -237,7 +237,10 @@ def cached_tokens(outputs: Outputs, tokens_per_block: int | None) -> int | None:
 
 def _ids(outputs: Outputs) -> list[int]:
     """The first beam's ids of a response, cut to its ``sequence_length``."""
-    if isinstance(outputs, JsonOutputs) and (ids := outputs.ints("output_ids")) is not None:
+    if (
+        isinstance(outputs, JsonOutputs | RawOutputs)
+        and (ids := outputs.ints("output_ids")) is not None
+    ):
         length = first_int(outputs, "sequence_length")
         return ids if length is None else ids[:length]
     tokens = outputs.get("output_ids")

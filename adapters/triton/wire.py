@@ -6,8 +6,8 @@ needs one (gRPC's raw contents): a request sent as JSON over HTTP builds none.""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
-from typing import Any
+from collections.abc import Container, Iterator, Mapping
+from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -189,8 +189,87 @@ class JsonOutputs(Mapping[str, Array]):
         return None
 
 
+class RawOutputs(Mapping[str, Array]):
+    """The outputs of one gRPC response, read from their raw contents: each an array (shaped as
+    the response says) only when read as one; ``ints`` (and the module's ``first_int`` and
+    ``first_bytes``) read integers and texts from the bytes themselves, without an array.
+
+    ``tensors`` is the response's output tensors and ``contents`` its raw contents, one per
+    tensor in the same order; ``names`` are the outputs wanted (the others are never read)."""
+
+    __slots__ = ("_arrays", "_contents", "_index", "_tensors")
+
+    def __init__(self, tensors: Any, contents: Any, names: Container[str]) -> None:
+        self._tensors = tensors
+        self._contents = contents
+        self._index = {
+            tensor.name: index for index, tensor in enumerate(tensors) if tensor.name in names
+        }
+        self._arrays: dict[str, Array] = {}
+
+    def __getitem__(self, name: str) -> Array:
+        array = self._arrays.get(name)
+        if array is None:
+            index = self._index[name]
+            tensor = self._tensors[index]
+            array = wire_array(tensor.datatype, self._contents[index], tuple(tensor.shape))
+            self._arrays[name] = array
+        return array
+
+    def get(self, name: str, default: Any = None) -> Any:
+        return self[name] if name in self._index else default
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._index
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._index)
+
+    def __len__(self) -> int:
+        return len(self._index)
+
+    def raw(self, name: str) -> tuple[str, bytes] | None:
+        """An output's wire datatype and raw contents; ``None`` where it is absent."""
+        index = self._index.get(name)
+        if index is None:
+            return None
+        return self._tensors[index].datatype, self._contents[index]
+
+    def ints(self, name: str) -> list[int] | None:
+        """The first row (over the last axis) of an ``INT32`` or ``INT64`` output, as ints;
+        ``None`` where the output is absent or of another datatype."""
+        index = self._index.get(name)
+        if index is None:
+            return None
+        tensor = self._tensors[index]
+        code = _ROW_CODES.get(tensor.datatype)
+        if code is None:
+            return None
+        shape = tensor.shape
+        values = memoryview(self._contents[index]).cast(code)
+        row: list[int] = (values if not shape else values[: shape[-1]]).tolist()
+        return row
+
+
+_INT_SIZES = {"INT8": 1, "INT16": 2, "INT32": 4, "INT64": 8, "UINT8": 1, "UINT16": 2,
+              "UINT32": 4, "UINT64": 8}  # fmt: skip
+_ROW_CODES: dict[str, Literal["i", "q"]] = {"INT32": "i", "INT64": "q"}
+"""``memoryview`` formats of the integer outputs read as rows: native order, as numpy reads
+them (Triton sends little-endian, the order of every host it runs on)."""
+
+
 def first_int(outputs: Mapping[str, Array], name: str) -> int | None:
     """The first value of an integer output; ``None`` where it is absent or empty."""
+    if type(outputs) is RawOutputs:
+        entry = outputs.raw(name)
+        if entry is None:
+            return None
+        datatype, raw = entry
+        size = _INT_SIZES.get(datatype)
+        if size is not None:
+            if len(raw) < size:
+                return None
+            return int.from_bytes(raw[:size], "little", signed=datatype[0] == "I")
     if isinstance(outputs, JsonOutputs) and type(value := outputs.raw.get(name)) is int:
         return value
     array = outputs.get(name)
@@ -199,6 +278,15 @@ def first_int(outputs: Mapping[str, Array], name: str) -> int | None:
 
 def first_bytes(outputs: Mapping[str, Array], name: str) -> bytes | None:
     """The first value of a text output; ``None`` where it is absent or empty."""
+    if type(outputs) is RawOutputs:
+        entry = outputs.raw(name)
+        if entry is None:
+            return None
+        datatype, raw = entry
+        if datatype == "BYTES":
+            if len(raw) < 4:
+                return None
+            return raw[4 : 4 + int.from_bytes(raw[:4], "little")]
     if isinstance(outputs, JsonOutputs) and type(value := outputs.raw.get(name)) is str:
         return value.encode()
     array = outputs.get(name)

@@ -23,8 +23,8 @@ from tritonclient.utils import InferenceServerException
 from adapters.contract import BackendError, BackendTimeout
 from adapters.triton.errors import HttpError, classify
 from adapters.triton.grpc.h2 import Channels, H2Connection, Stream, rpc_error
-from adapters.triton.responses import Reply
-from adapters.triton.wire import WireTensor, wire_array
+from adapters.triton.responses import Outputs, Reply
+from adapters.triton.wire import RawOutputs, WireTensor
 
 _FINAL = "triton_final_response"
 STREAM_PATH = "/inference.GRPCInferenceService/ModelStreamInfer"
@@ -85,23 +85,19 @@ def _reply(response: Any, names: Sequence[str]) -> Reply:
     if response.error_message:
         return Reply({}, error=response.error_message)
     infer = response.infer_response
-    parameters = infer.parameters
-    final = parameters[_FINAL].bool_param if _FINAL in parameters else None
-    return Reply(_outputs(infer, names), final=final)
+    final = infer.parameters.get(_FINAL)
+    return Reply(_outputs(infer, names), final=None if final is None else final.bool_param)
 
 
-def _outputs(response: service_pb2.ModelInferResponse, names: Sequence[str]) -> dict[str, Any]:
-    """The wanted outputs as arrays, read straight from the raw contents Triton sends."""
-    raw = response.raw_output_contents
-    if len(raw) != len(response.outputs):
-        result = InferResult(response)
-        arrays = {name: result.as_numpy(name) for name in names}
-        return {name: array for name, array in arrays.items() if array is not None}
-    return {
-        tensor.name: wire_array(tensor.datatype, raw[index], tuple(tensor.shape))
-        for index, tensor in enumerate(response.outputs)
-        if tensor.name in names
-    }
+def _outputs(response: service_pb2.ModelInferResponse, names: Sequence[str]) -> Outputs:
+    """The wanted outputs, read from the raw contents Triton sends as they are asked for."""
+    tensors = response.outputs
+    contents = response.raw_output_contents
+    if len(contents) == len(tensors):
+        return RawOutputs(tensors, contents, names)
+    result = InferResult(response)
+    arrays = {name: result.as_numpy(name) for name in names}
+    return {name: array for name, array in arrays.items() if array is not None}
 
 
 class Call(Protocol):

@@ -228,12 +228,31 @@ class RawOutputs(Mapping[str, Array]):
     def __len__(self) -> int:
         return len(self._index)
 
-    def raw(self, name: str) -> tuple[str, bytes] | None:
-        """An output's wire datatype and raw contents; ``None`` where it is absent."""
+    def first_int(self, name: str) -> int | None:
+        """The module's ``first_int`` of this response, from the bytes for an integer output."""
         index = self._index.get(name)
         if index is None:
             return None
-        return self._tensors[index].datatype, self._contents[index]
+        datatype = self._tensors[index].datatype
+        size = _INT_SIZES.get(datatype)
+        if size is None:
+            return _first_int(self[name])
+        raw = self._contents[index]
+        if len(raw) < size:
+            return None
+        return int.from_bytes(raw[:size], "little", signed=datatype[0] == "I")
+
+    def first_bytes(self, name: str) -> bytes | None:
+        """The module's ``first_bytes`` of this response, from the bytes for a text output."""
+        index = self._index.get(name)
+        if index is None:
+            return None
+        if self._tensors[index].datatype != "BYTES":
+            return _first_bytes(self[name])
+        raw: bytes = self._contents[index]
+        if len(raw) < 4:
+            return None
+        return raw[4 : 4 + int.from_bytes(raw[:4], "little")]
 
     def ints(self, name: str) -> list[int] | None:
         """The first row (over the last axis) of an ``INT32`` or ``INT64`` output, as ints;
@@ -261,35 +280,26 @@ them (Triton sends little-endian, the order of every host it runs on)."""
 def first_int(outputs: Mapping[str, Array], name: str) -> int | None:
     """The first value of an integer output; ``None`` where it is absent or empty."""
     if type(outputs) is RawOutputs:
-        entry = outputs.raw(name)
-        if entry is None:
-            return None
-        datatype, raw = entry
-        size = _INT_SIZES.get(datatype)
-        if size is not None:
-            if len(raw) < size:
-                return None
-            return int.from_bytes(raw[:size], "little", signed=datatype[0] == "I")
+        return outputs.first_int(name)
     if isinstance(outputs, JsonOutputs) and type(value := outputs.raw.get(name)) is int:
         return value
-    array = outputs.get(name)
-    return None if array is None or array.size == 0 else int(array.reshape(-1)[0])
+    return _first_int(outputs.get(name))
 
 
 def first_bytes(outputs: Mapping[str, Array], name: str) -> bytes | None:
     """The first value of a text output; ``None`` where it is absent or empty."""
     if type(outputs) is RawOutputs:
-        entry = outputs.raw(name)
-        if entry is None:
-            return None
-        datatype, raw = entry
-        if datatype == "BYTES":
-            if len(raw) < 4:
-                return None
-            return raw[4 : 4 + int.from_bytes(raw[:4], "little")]
+        return outputs.first_bytes(name)
     if isinstance(outputs, JsonOutputs) and type(value := outputs.raw.get(name)) is str:
         return value.encode()
-    array = outputs.get(name)
+    return _first_bytes(outputs.get(name))
+
+
+def _first_int(array: Array | None) -> int | None:
+    return None if array is None or array.size == 0 else int(array.reshape(-1)[0])
+
+
+def _first_bytes(array: Array | None) -> bytes | None:
     if array is None or array.size == 0:
         return None
     item = array.reshape(-1)[0]

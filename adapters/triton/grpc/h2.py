@@ -105,6 +105,11 @@ class Stream:
     def feed(self, data: memoryview) -> None:
         """Take a DATA frame's payload; hand over the whole messages in it."""
         pending = self.pending
+        if not pending and len(data) >= 5 and len(data) == 5 + int.from_bytes(data[1:5], "big"):
+            # A streamed token's frame is most often exactly one message: no copy through
+            # ``pending``.
+            self.receiver.on_message(bytes(data[5:]))
+            return
         pending += data
         start = 0
         while len(pending) - start >= 5:
@@ -259,7 +264,10 @@ class H2Connection(asyncio.Protocol):
                     break
                 kind, flags = view[start + 3], view[start + 4]
                 stream_id = int.from_bytes(view[start + 5 : start + 9], "big") & _LAST_STREAM_ID
-                self._on_frame(kind, flags, stream_id, view[start + 9 : end])
+                if kind == _DATA:  # a streamed token's frame: no dispatch
+                    self._on_data(flags, stream_id, view[start + 9 : end])
+                else:
+                    self._on_frame(kind, flags, stream_id, view[start + 9 : end])
                 start = end
         finally:
             view.release()

@@ -216,7 +216,9 @@ class GrpcCall:
 
     def on_message(self, message: bytes) -> None:
         self._messages.append(message)
-        self._wake()
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
 
     def on_end(self, failure: BaseException | None) -> None:
         self._stream = None

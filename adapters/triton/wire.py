@@ -2,7 +2,10 @@
 one-value inputs every request carries (flags, texts, scalars in the declared dtype).
 
 An input holds an array, or nested lists of one shape that become an array only where the wire
-needs one (gRPC's raw contents): a request sent as JSON over HTTP builds none."""
+needs one (gRPC's raw contents): a request sent as JSON over HTTP builds none. An output is
+read the same way round: a streamed token's text, counts and ids come from the JSON values
+(``JsonOutputs``) or the gRPC raw contents (``RawOutputs``) themselves, an array only where a
+caller asks for one."""
 
 from __future__ import annotations
 

@@ -4,9 +4,13 @@ Why it exists beside the HTTP transport, measured: it keeps every response where
 frontend loses some (``python -m tests.benchmarks.stream_integrity --http-threads 1``, at the
 usual 212,992-byte socket buffer and without the response keeper: 1,536 of 1,536 gRPC streams
 whole against 1,514 of 1,643 over HTTP; docs/results/stream-integrity.md), and it carries what
-JSON cannot (LoRA weights in 16-bit floats, beams). It uses grpcio's asyncio API: 70 to 121 µs
-of CPU per token on the transports bench, against 132 to 158 for grpcio's synchronous streaming
-on threads (docs/deployment/transports.md).
+JSON cannot (LoRA weights in 16-bit floats, beams). Its calls run on the gateway's own HTTP/2
+client (``h2.py``); each response is parsed once and its outputs read from their raw contents
+(``RawOutputs``: texts, counts and ids straight from the bytes, an array only where a caller
+asks for one). On 2 shared cores (``python -m tests.benchmarks.transports --backend --levels 32
+--rounds 3``, medians of 3 runs) the backend's CPU per streamed token went from 19.1 to 19.5 µs,
+1.44 to 1.49 times the HTTP path's, with numpy arrays per output, to 15.4 to 18.1 µs, 1.25 to
+1.50 times (docs/deployment/transports.md).
 """
 
 from __future__ import annotations

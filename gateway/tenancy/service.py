@@ -26,10 +26,8 @@ from gateway.errors import (
 )
 from gateway.ids import random_hex
 from gateway.observability.metrics import GatewayMetrics
-from gateway.tenancy import gcra
-from gateway.tenancy.admission import Admission
+from gateway.tenancy.admission import Admission, reservation, sequences
 from gateway.tenancy.config import TenancyConfigError, TenancySettings, TenantPolicy
-from gateway.tenancy.costs import reservation, sequences
 from gateway.tenancy.directory import Directory
 from gateway.tenancy.keys import MalformedKey, matches, presented_key
 from gateway.tenancy.quota import (
@@ -40,10 +38,12 @@ from gateway.tenancy.quota import (
     Rejected,
     StoreUnavailable,
     far_from_limits,
+    rate_limit_error,
+    rate_limit_headers,
     requests_left,
+    whole,
 )
 from gateway.tenancy.redis_store import RedisStore
-from gateway.tenancy.refusals import rate_limit_error, rate_limit_headers
 from gateway.tenancy.responses_store import response_store
 
 logger = logging.getLogger(__name__)
@@ -151,12 +151,14 @@ class Tenancy:
         if not self.settings.auth:
             return self.settings.anonymous
         key = self._key(headers)
-        found = self.directory.find(key)
-        if found is None and matches(key, self.settings.admin_key_sha256):
+        snapshot = self.directory.snapshot
+        entry = snapshot.keys.find(key)
+        tenant = None if entry is None else snapshot.tenants.get(entry.tenant)
+        if tenant is None and matches(key, self.settings.admin_key_sha256):
             raise AuthenticationError(ADMIN_KEY_ON_API)
-        if found is None:
+        if tenant is None:
             raise AuthenticationError("Incorrect API key provided.")
-        return found[1]
+        return tenant
 
     def authenticate_admin(self, headers: Mapping[str, str]) -> None:
         """Let only the admin key through (a tenant key never)."""
@@ -375,7 +377,7 @@ class Tenancy:
         if room is not None and tokens > room:
             raise OversizeError(
                 f"This request can use up to {tokens} tokens (prompt plus max_tokens for each "
-                f"choice), more than your token limit can ever hold ({gcra.whole(room)}); "
+                f"choice), more than your token limit can ever hold ({whole(room)}); "
                 "lower max_tokens or n.",
                 param="max_tokens",
             )

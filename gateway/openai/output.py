@@ -15,14 +15,14 @@ from gateway.openai.protocol import (
     Tool,
     given,
 )
-from gateway.tools.formats import Function, guess_format, tool_format
+from gateway.tools.formats import Function, ToolFormat
 from gateway.tools.output import (
     OutputRules,
     auto_guide,
     calls_schema,
     required_guide,
 )
-from gateway.tools.reasoning import reasoning_format
+from gateway.tools.reasoning import ReasoningFormat
 
 TOOL_CHOICES = ("none", "auto", "required")
 
@@ -100,13 +100,12 @@ def _choice(
 
 def output_rules(
     request: ChatCompletionRequest,
-    format_name: str | None,
-    template: str,
+    fmt: ToolFormat,
+    reasoning: ReasoningFormat | None,
     takes_tools: bool,
-    reasoning_name: str | None = None,
 ) -> OutputRules:
-    """Check the request's output fields and decide the guide and the parsing (the reasoning
-    format ``reasoning_name``, or the template's; ``none``: no reasoning)."""
+    """Check the request's output fields and decide the guide and the parsing, for a model
+    writing calls in ``fmt`` and its reasoning in ``reasoning`` (None: no reasoning)."""
     if given(request.functions) is not None or given(request.function_call) is not None:
         raise InvalidRequestError(
             "functions and function_call are deprecated and not supported: use tools and "
@@ -117,11 +116,6 @@ def output_rules(
     choice, named = _choice(request, functions)
     parallel = given(request.parallel_tool_calls) is not False
     formatted = response_guide(given(request.response_format))
-    format_ = format_name or guess_format(template)
-    if format_ == "harmony" and reasoning_name is None:
-        # gpt-oss's calls are messages of its channels: reading them is reading the channels.
-        reasoning_name = "harmony"
-    reasoning = reasoning_format(reasoning_name, template)
     if choice == "none":
         return OutputRules(guide=formatted, reasoning=reasoning)
     if formatted is not None:
@@ -130,7 +124,6 @@ def output_rules(
             f"{choice!r}: send tool_choice 'none', or leave response_format out.",
             param="response_format",
         )
-    fmt = tool_format(format_)
     base = OutputRules(
         mode="format",
         functions=functions,

@@ -52,13 +52,7 @@ async def plan_chat(
     ``max_tokens_cap`` tokens (the caller's), and one that names no length gets at most that."""
     check_chat(request, model.route.max_n)
     tokenizer = model.tokenizer
-    output = output_rules(
-        request,
-        model.route.tool_call_format,
-        tokenizer.template_text,
-        tokenizer.takes_tools,
-        model.route.reasoning_parser,
-    )
+    output = output_rules(request, model.tool_format, model.reasoning, tokenizer.takes_tools)
     variables = template_variables(request, tokenizer.template_text)
     images = chat_images(model, request.messages)
     parts = model.vision is not None

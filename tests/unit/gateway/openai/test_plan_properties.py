@@ -20,6 +20,7 @@ from gateway.openai.protocol import ChatCompletionRequest, CompletionRequest
 from gateway.openai.protocol import given as given_value
 from gateway.openai.sampling import choice_seeds, resolve_max_tokens, sampling_params
 from gateway.settings import SamplingDefaults
+from gateway.tools import model_formats
 
 SETTINGS = settings(max_examples=200, deadline=None, suppress_health_check=list(HealthCheck))
 TEMPLATE = "{% for m in messages %}{{ m.content }}{% endfor %}"
@@ -82,7 +83,7 @@ def _plan(request: Any) -> None:
     if isinstance(request, ChatCompletionRequest):
         check_chat(request, max_n=4)
         template_messages(request.messages)
-        output_rules(request, None, TEMPLATE, takes_tools=False)
+        output_rules(request, *model_formats(None, None, TEMPLATE), takes_tools=False)
     else:
         check_completion(request, max_n=4)
     guide = response_guide(given_value(request.response_format))

@@ -8,13 +8,8 @@ from dataclasses import replace
 
 from adapters.contract import Guide
 from gateway.errors import InvalidRequestError
-from gateway.openai.protocol import (
-    ChatCompletionRequest,
-    NamedToolChoice,
-    ResponseFormat,
-    Tool,
-    given,
-)
+from gateway.openai.protocol import ChatCompletionRequest, NamedToolChoice, ResponseFormat, Tool
+from gateway.openai.sampling import given
 from gateway.tools.formats import Function, ToolFormat
 from gateway.tools.output import (
     OutputRules,

@@ -12,19 +12,16 @@ from gateway.catalog.registry import ServedModel
 from gateway.core.plan import Plan
 from gateway.errors import InvalidRequestError
 from gateway.ids import rng
-from gateway.openai.beams import beam_choices, beam_search
 from gateway.openai.chat.images import IMAGE_PART, chat_images, counted_images
 from gateway.openai.output import output_rules
-from gateway.openai.protocol import (
-    ChatCompletionRequest,
-    ChatMessage,
-    ContentPart,
-    first_given,
-    given,
-)
+from gateway.openai.protocol import ChatCompletionRequest, ChatMessage, ContentPart
 from gateway.openai.sampling import (
+    beam_choices,
+    beam_search,
     check_common,
     fan_out,
+    first_given,
+    given,
     include_usage,
     resolve_max_tokens,
     sampling_params,

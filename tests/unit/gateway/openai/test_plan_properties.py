@@ -17,8 +17,8 @@ from gateway.openai.chat.plan import check_chat, template_messages
 from gateway.openai.completions.plan import check_completion
 from gateway.openai.output import output_rules, response_guide
 from gateway.openai.protocol import ChatCompletionRequest, CompletionRequest
-from gateway.openai.protocol import given as given_value
 from gateway.openai.sampling import choice_seeds, resolve_max_tokens, sampling_params
+from gateway.openai.sampling import given as given_value
 from gateway.settings import SamplingDefaults
 from gateway.tools import model_formats
 

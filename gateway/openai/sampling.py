@@ -1,5 +1,6 @@
 """Pure translation of the sampling fields both completion endpoints share into neutral
-sampling parameters: checks, the completion budget, defaults, and one seed per choice.
+sampling parameters: checks, the completion budget, defaults, the guide of ``response_format``,
+and one seed per choice.
 
 vLLM's beam-search fields (``use_beam_search`` with ``n`` and ``best_of``, ``length_penalty``,
 ``early_stopping``) become one TensorRT-LLM beam search per prompt, whose best ``n`` beams are
@@ -11,6 +12,7 @@ or sent as ``null``.
 
 from __future__ import annotations
 
+import json
 import random
 from dataclasses import replace
 from typing import TypeVar
@@ -20,7 +22,7 @@ from msgspec import UnsetType
 from adapters.contract import BeamSearch, Guide, SamplingParams, SeedOrigin
 from gateway.core.plan import ChoiceSpec, Prompt
 from gateway.errors import ContextLengthExceeded, InvalidRequestError
-from gateway.openai.protocol import SamplingFields
+from gateway.openai.protocol import ResponseFormat, SamplingFields
 from gateway.settings import SamplingDefaults
 
 T = TypeVar("T")
@@ -72,6 +74,28 @@ def stop_sequences(stop: str | list[str] | None) -> tuple[str, ...]:
         return ()
     stops = [stop] if isinstance(stop, str) else stop
     return tuple(s for s in stops if s)
+
+
+def response_guide(response_format: ResponseFormat | None) -> Guide | None:
+    """The guide of ``response_format`` (``text``: none)."""
+    if response_format is None or response_format.type == "text":
+        return None
+    if response_format.type == "json_object":
+        return Guide("json")
+    if response_format.type == "json_schema":
+        spec = given(response_format.json_schema)
+        schema = given(spec.schema) if spec is not None else None
+        if not isinstance(schema, dict):
+            raise InvalidRequestError(
+                "response_format json_schema needs json_schema.schema, a JSON schema object.",
+                param="response_format.json_schema.schema",
+            )
+        return Guide("json_schema", json.dumps(schema))
+    raise InvalidRequestError(
+        f"response_format type {response_format.type!r} is not supported: use text, "
+        "json_object or json_schema.",
+        param="response_format.type",
+    )
 
 
 def resolve_max_tokens(

@@ -10,7 +10,6 @@ from gateway.catalog.vision import VisionInputs
 from gateway.core.plan import Plan, Prompt
 from gateway.errors import InvalidRequestError
 from gateway.ids import rng
-from gateway.openai.output import response_guide
 from gateway.openai.protocol import CompletionRequest
 from gateway.openai.sampling import (
     beam_choices,
@@ -20,6 +19,7 @@ from gateway.openai.sampling import (
     given,
     include_usage,
     resolve_max_tokens,
+    response_guide,
     sampling_params,
 )
 

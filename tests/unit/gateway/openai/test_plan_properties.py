@@ -13,11 +13,15 @@ from gateway.core.plan import Prompt
 from gateway.core.stops import StopMatcher
 from gateway.errors import APIError
 from gateway.http.answers import decode_body
-from gateway.openai.chat.plan import check_chat, template_messages
+from gateway.openai.chat.plan import check_chat, output_rules, template_messages
 from gateway.openai.completions.plan import check_completion
-from gateway.openai.output import output_rules, response_guide
 from gateway.openai.protocol import ChatCompletionRequest, CompletionRequest
-from gateway.openai.sampling import choice_seeds, resolve_max_tokens, sampling_params
+from gateway.openai.sampling import (
+    choice_seeds,
+    resolve_max_tokens,
+    response_guide,
+    sampling_params,
+)
 from gateway.openai.sampling import given as given_value
 from gateway.settings import SamplingDefaults
 from gateway.tools import model_formats

@@ -13,7 +13,7 @@ from adapters.contract import GenerationRequest, Guide, InvalidRequest, Sampling
 from adapters.triton.config import parse_model_config
 from adapters.triton.tensors import build_inputs
 from gateway.errors import InvalidRequestError
-from gateway.openai.output import output_rules
+from gateway.openai.chat.plan import output_rules
 from gateway.openai.protocol import ChatCompletionRequest
 from gateway.tools import Folded, OutputRules, conversation, model_formats
 from gateway.tools.formats import FORMATS, Function, guess_format, tool_format

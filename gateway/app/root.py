@@ -21,7 +21,6 @@ from opentelemetry.sdk.trace.export import SpanExporter
 from adapters.contract import Backend
 from deploy.sidecar.spec import Spec
 from gateway.app.docs import docs, docs_asset, openapi_json
-from gateway.app.gate import gate
 from gateway.catalog.lora.board import AdapterBoard
 from gateway.catalog.registry import ModelRegistry
 from gateway.errors import ClientDisconnected, from_http_exception, to_api_error
@@ -34,6 +33,7 @@ from gateway.openai.responses import routes as responses
 from gateway.ops import health, metrics
 from gateway.replicas.sources import Resolver, resolve_addresses
 from gateway.runtime.base import BackendFactory, Runtime, triton_backend
+from gateway.runtime.lifecycle import gate
 from gateway.runtime.modes import SupervisingRuntime, WorkerRuntime
 from gateway.server import SideListener, door_limits
 from gateway.settings import Settings, SettingsError

@@ -37,6 +37,7 @@ from gateway.settings import (
     Settings,
     SettingsError,
 )
+from gateway.tools import ReasoningFormat, ToolFormat, model_formats
 
 logger = logging.getLogger(__name__)
 DEFAULT_TRITON_URL = "127.0.0.1:8001"
@@ -88,6 +89,10 @@ class ServedModel:
     tokenizer: PromptTokenizer
     context_length: int
     created: int
+    tool_format: ToolFormat
+    """How the model writes tool calls: its setting's format, else the one its template shows."""
+    reasoning: ReasoningFormat | None
+    """How the model's reasoning is told from its answer (None: it is all answer)."""
     adapter: LoraAdapter | None = None
     """The LoRA adapter a request named (``route.name`` is then the adapter's name)."""
     base: str | None = None
@@ -365,6 +370,9 @@ def load_model(route: ModelRoute, executor: Executor) -> ServedModel:
         postprocessing=route.postprocessing,
     )
     context_length = route.context_length or tokenizer.model_max_length or DEFAULT_CONTEXT_LENGTH
+    tool_format, reasoning = model_formats(
+        route.tool_call_format, route.reasoning_parser, tokenizer.template_text
+    )
     logger.info(
         "model %s -> %s/%s (context %d tokens)",
         route.name,
@@ -377,5 +385,7 @@ def load_model(route: ModelRoute, executor: Executor) -> ServedModel:
         tokenizer=tokenizer,
         context_length=context_length,
         created=int(time.time()),
+        tool_format=tool_format,
+        reasoning=reasoning,
         vision=read_vision(route.tokenizer_dir, route.images, tokenizer.token_text),
     )

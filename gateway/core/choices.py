@@ -1,5 +1,6 @@
-"""One choice's backend chunks made into events: stop sequences cut, tokens counted, log probs
-lined up with the text; a beam search's answer made into its choices."""
+"""One choice's backend chunks made into events under the choice's deadline: stop sequences cut,
+tokens counted, log probs lined up with the text; a beam search's answer made into its
+choices."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ from gateway.core.events import ChoiceEnd, Event, TextDelta, UsageMeter, finish_
 from gateway.core.plan import ChoiceSpec
 from gateway.core.ports import ModelTokenizer
 from gateway.core.stops import Cut, StopCutter, Token
-from gateway.core.streams import CLEANUP_GRACE_S, Deadline
+from gateway.core.streams import CLEANUP_GRACE_S, timed_out
+from gateway.errors import GatewayTimeoutError
 
 logger = logging.getLogger(__name__)
 
@@ -99,6 +101,47 @@ class Choice:
         self._meter.ended(end)
         events.append(end)
         return events
+
+
+class Deadline:
+    """The deadline of one choice's stream: one timer for the whole stream, not one per event.
+
+    The reader sets ``waiting`` (and the task's ``cancelling`` count) while it awaits the
+    stream: when the deadline passes then, the awaiting task is cancelled, and the reader turns
+    the cancellation into the timeout (``raise_if_expired``, as ``asyncio.timeout`` does); when
+    it passes while the consumer is busy elsewhere, ``expired`` says so at the next item.
+    ``cancel`` once the stream ends.
+    """
+
+    __slots__ = ("cancelled", "cancelling", "expired", "handle", "timeout_s", "waiting")
+
+    def __init__(self, timeout_s: float) -> None:
+        loop = asyncio.get_running_loop()
+        self.timeout_s = timeout_s
+        self.expired = False
+        self.cancelled = False
+        self.waiting: asyncio.Task[object] | None = None
+        self.cancelling = 0
+        self.handle = loop.call_at(loop.time() + timeout_s, self._expire)
+
+    def _expire(self) -> None:
+        self.expired = True
+        if self.waiting is not None:
+            self.cancelled = self.waiting.cancel()
+
+    def raise_if_expired(self, task: asyncio.Task[object] | None) -> None:
+        """Where the cancellation of ``task`` (waiting for the stream) was the deadline's, and
+        nobody else's, the timeout is raised in its place."""
+        if self.cancelled and task and task.uncancel() <= self.cancelling:
+            raise self.error() from None
+
+    def error(self) -> GatewayTimeoutError:
+        """The timeout, as the client is told."""
+        return timed_out(self.timeout_s)
+
+    def cancel(self) -> None:
+        """The stream ended: the timer goes."""
+        self.handle.cancel()
 
 
 class ChoiceReader:

@@ -1,4 +1,4 @@
-"""Streams under a deadline: one read in the caller's task, or several interleaved."""
+"""Several streams interleaved under a deadline, each iterated whole in its own task."""
 
 from __future__ import annotations
 
@@ -29,7 +29,8 @@ class _Failed:
     error: Exception
 
 
-def _timed_out(timeout_s: float) -> GatewayTimeoutError:
+def timed_out(timeout_s: float) -> GatewayTimeoutError:
+    """The timeout of a generation past ``timeout_s``, as the client is told."""
     return GatewayTimeoutError(f"The model did not finish within {timeout_s:.0f} s.")
 
 
@@ -70,7 +71,7 @@ async def merge(
             elif isinstance(item, _Failed):
                 raise item.error
             elif isinstance(item, _TimedOut):
-                raise _timed_out(timeout_s)
+                raise timed_out(timeout_s)
             else:
                 yield item
     finally:
@@ -80,44 +81,3 @@ async def merge(
             task.cancel()
         with anyio.move_on_after(CLEANUP_GRACE_S, shield=True):
             await asyncio.gather(*tasks, return_exceptions=True)
-
-
-class Deadline:
-    """The deadline of one choice's stream: one timer for the whole stream, not one per event.
-
-    The reader sets ``waiting`` (and the task's ``cancelling`` count) while it awaits the
-    stream: when the deadline passes then, the awaiting task is cancelled, and the reader turns
-    the cancellation into the timeout (``raise_if_expired``, as ``asyncio.timeout`` does); when
-    it passes while the consumer is busy elsewhere, ``expired`` says so at the next item.
-    ``cancel`` once the stream ends.
-    """
-
-    __slots__ = ("cancelled", "cancelling", "expired", "handle", "timeout_s", "waiting")
-
-    def __init__(self, timeout_s: float) -> None:
-        loop = asyncio.get_running_loop()
-        self.timeout_s = timeout_s
-        self.expired = False
-        self.cancelled = False
-        self.waiting: asyncio.Task[object] | None = None
-        self.cancelling = 0
-        self.handle = loop.call_at(loop.time() + timeout_s, self._expire)
-
-    def _expire(self) -> None:
-        self.expired = True
-        if self.waiting is not None:
-            self.cancelled = self.waiting.cancel()
-
-    def raise_if_expired(self, task: asyncio.Task[object] | None) -> None:
-        """Where the cancellation of ``task`` (waiting for the stream) was the deadline's, and
-        nobody else's, the timeout is raised in its place."""
-        if self.cancelled and task and task.uncancel() <= self.cancelling:
-            raise self.error() from None
-
-    def error(self) -> GatewayTimeoutError:
-        """The timeout, as the client is told."""
-        return _timed_out(self.timeout_s)
-
-    def cancel(self) -> None:
-        """The stream ended: the timer goes."""
-        self.handle.cancel()

@@ -22,14 +22,17 @@ from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 from gateway.observability.logs import LogFormat, configure_logging, log_access
 from gateway.observability.metrics import GatewayMetrics
 from gateway.observability.record import (
+    PROPAGATED,
     REQUEST_ID_HEADER,
     RequestRecord,
+    Tracing,
+    TracingSettings,
     begin,
     current,
     end,
+    finish_request,
     request_id_from,
 )
-from gateway.observability.tracing import PROPAGATED, Tracing, TracingSettings, finish_request
 
 __all__ = [
     "GatewayMetrics",

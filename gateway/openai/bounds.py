@@ -20,8 +20,8 @@ from gateway.openai.protocol import (
     ChatMessage,
     CompletionRequest,
     SamplingFields,
-    given,
 )
+from gateway.openai.sampling import given
 from gateway.settings import RequestBounds
 
 DEFAULT_MAX_CHOICES = 64

@@ -24,6 +24,7 @@ from gateway.core.generation import GenerationService
 from gateway.core.plan import Plan
 from gateway.errors import (
     ClientDisconnected,
+    InvalidRequestError,
     OversizeError,
     to_api_error,
 )
@@ -38,7 +39,7 @@ from gateway.observability import Observability
 from gateway.openai.bounds import Bounds
 from gateway.openai.protocol import SamplingFields
 from gateway.openai.shaping import Header
-from gateway.queueing.flows import current_flow, request_class
+from gateway.queueing.flows import current_flow
 from gateway.queueing.scheduler import Flow
 from gateway.tenancy import TenantPolicy
 from gateway.tenancy.keys import credentials_headers
@@ -214,11 +215,29 @@ def _flow(tenant: TenantPolicy, body: SamplingFields) -> Flow:
     )
 
 
+def request_class(tenant_class: int, priority: int | None, service_tier: str | None) -> int:
+    """The class a request is queued in: its tenant's, lowered (never raised) by the request's
+    ``priority`` (a class, higher first, as llm-d's ``InferenceObjective``) or by OpenAI's
+    ``service_tier: flex`` (one class below the tenant's)."""
+    level = tenant_class
+    if service_tier == "flex":
+        level -= 1
+    if priority is not None:
+        if priority > tenant_class:
+            raise InvalidRequestError(
+                f"priority {priority} is above your class ({tenant_class}); a request may "
+                "lower its priority, not raise it.",
+                param="priority",
+            )
+        level = min(level, priority)
+    return level
+
+
 def route(path: str, endpoint: Endpoint[Any]) -> ASGIRouteHandler:
     """``POST path`` answered by ``endpoint``: a plain ASGI handler inside the app's middleware
     and error handling, without the framework's per-request parsing of parameters and
     injection of dependencies (the pipeline is read from the app's runtime). The routers' gate
-    (``gateway.app.gate``) answers its other methods and refuses it while draining."""
+    (``gateway.runtime.lifecycle.gate``) answers its other methods and refuses it while draining."""
 
     async def handle(scope: HTTPScope, receive: Receive, send: Send) -> None:
         pipeline: CompletionPipeline = scope["litestar_app"].state.runtime.pipeline

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, Literal
 
 from msgspec import UNSET, Meta, Struct, UnsetType
 
@@ -363,19 +363,3 @@ class ModelList(Struct, frozen=True, kw_only=True):
 
     object: str = "list"
     data: list[ModelCard]
-
-
-T = TypeVar("T")
-
-
-def given(value: T | UnsetType | None) -> T | None:
-    """The value the client sent, or ``None`` for both absent and null."""
-    return None if isinstance(value, UnsetType) else value
-
-
-def first_given(*values: T | UnsetType | None) -> T | None:
-    """The first value the client sent, if any."""
-    for value in values:
-        if (found := given(value)) is not None:
-            return found
-    return None

@@ -89,7 +89,7 @@ class Runtime(abc.ABC):
         check_settings(settings)
         self.settings = settings
         self.registry = ModelRegistry()
-        self.lifecycle = Lifecycle()
+        self.lifecycle = Lifecycle(settings.limits.retry_after_s)
         self.observability = observability
         self.metrics = observability.metrics
         self.tenancy = Tenancy(settings.tenancy, self.metrics)

@@ -1,4 +1,4 @@
-"""A request's admission while the request is prepared.
+"""A request's admission while the request is prepared, and what it reserves.
 
 A shared store (Redis) answers an admission after a round trip: two wake-ups and a script, a few
 hundred microseconds on an idle host. Its command is sent as soon as the plan is counted, and
@@ -9,6 +9,9 @@ the request goes to Triton before its command is even written (``Tenancy.admissi
 answer then overlaps the engine's first token; should the answer refuse after all, the request
 is stopped there before any of its output is passed on. The memory store decides at once and
 has nothing to overlap.
+
+What a plan costs a tenant: the tokens its admission reserves (``reservation``) and the engine
+sequences it holds against the concurrency limit while it runs (``sequences``).
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ from collections.abc import Awaitable
 from typing import Protocol
 
 import anyio
+
+from gateway.core.plan import Plan
 
 
 class Ticket(Protocol):
@@ -119,3 +124,29 @@ def _settle_later(answer: asyncio.Future[Ticket], used: int) -> None:
     task = asyncio.ensure_future(answer.result().settle_shielded(used))
     _LATE.add(task)
     task.add_done_callback(_LATE.discard)
+
+
+def reservation(plan: Plan) -> int:
+    """The most tokens a plan can use: each prompt once, plus every choice's ``max_tokens``; a
+    beam search generates (and is charged) ``width`` beams of a prompt, however few it returns."""
+    prompts = {spec.prompt_index: spec.prompt.token_count for spec in plan.choices}
+    outputs: dict[int, int] = {}
+    for spec in plan.choices:
+        beam = spec.params.beam
+        if beam is None:
+            outputs[spec.index] = spec.params.max_tokens
+        else:
+            outputs[-1 - spec.prompt_index] = beam.width * spec.params.max_tokens
+    return sum(prompts.values()) + sum(outputs.values())
+
+
+def sequences(plan: Plan) -> int:
+    """Engine sequences a plan runs at once: one per choice, or a beam search's ``width`` per
+    prompt, however few beams it returns."""
+    widths: dict[int, int] = {}
+    for spec in plan.choices:
+        beam = spec.params.beam
+        widths[spec.index if beam is None else -1 - spec.prompt_index] = (
+            1 if beam is None else beam.width
+        )
+    return sum(widths.values())

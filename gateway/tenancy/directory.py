@@ -118,14 +118,6 @@ class Directory:
         """The tenant called ``name``."""
         return self.snapshot.tenants.get(name)
 
-    def find(self, key: str) -> tuple[KeyEntry, TenantPolicy] | None:
-        """The entry and tenant of a presented key, if it opens one."""
-        entry = self.snapshot.keys.find(key)
-        if entry is None:
-            return None
-        tenant = self.snapshot.tenants.get(entry.tenant)
-        return None if tenant is None else (entry, tenant)
-
     async def start(self) -> None:
         """Load the run-time state once, then keep polling for changes."""
         if self._link is None:

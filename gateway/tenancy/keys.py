@@ -1,4 +1,5 @@
-"""API keys: made at random, stored as SHA-256 digests, found with a constant-time comparison."""
+"""API keys: made at random, stored as SHA-256 digests, found with a constant-time comparison;
+the key a request presents, and the admin key's checks."""
 
 from __future__ import annotations
 
@@ -7,12 +8,17 @@ import hmac
 import secrets
 from collections.abc import Iterable, Mapping
 
+from gateway.errors import AuthenticationError
 from gateway.tenancy.config import KeyEntry
 
 KEY_PREFIX = "tgw-"
 MAX_KEY_LENGTH = 256
 _AUTHORIZATION, _AZURE = "authorization", "api-key"
 _CREDENTIALS = (_AUTHORIZATION.encode(), _AZURE.encode())
+_MISSING_KEY = (
+    "You didn't provide an API key. You need to provide your API key in an Authorization "
+    "header using Bearer auth (i.e. Authorization: Bearer YOUR_KEY), or as the api-key header."
+)
 
 
 def new_key() -> str:
@@ -87,3 +93,34 @@ class KeyRing:
 def matches(key: str, sha256: str | None) -> bool:
     """Whether ``key`` hashes to ``sha256``, compared in constant time."""
     return sha256 is not None and hmac.compare_digest(digest(key), sha256)
+
+
+def required_key(headers: Mapping[str, str]) -> str:
+    """The key the request presents; a 401 for none or a malformed one."""
+    try:
+        key = presented_key(headers)
+    except MalformedKey as exc:
+        raise AuthenticationError(f"Malformed API key: {exc}.") from None
+    if key is None:
+        raise AuthenticationError(_MISSING_KEY)
+    return key
+
+
+def check_admin_key(headers: Mapping[str, str], admin_key_sha256: str | None) -> None:
+    """Let only the admin key through (a tenant key never); a 401 otherwise, or while the admin
+    API is off (no ``admin_key_sha256``)."""
+    if admin_key_sha256 is None:
+        raise AuthenticationError(
+            "The admin API is off: set tenancy.admin_key_sha256 to turn it on."
+        )
+    if not matches(required_key(headers), admin_key_sha256):
+        raise AuthenticationError("Incorrect admin API key provided.")
+
+
+def carries_admin_key(headers: Mapping[str, str], admin_key_sha256: str | None) -> bool:
+    """Whether the request carries the admin key."""
+    try:
+        key = presented_key(headers)
+    except MalformedKey:
+        return False
+    return key is not None and matches(key, admin_key_sha256)

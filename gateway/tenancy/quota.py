@@ -1,21 +1,108 @@
-"""Limits of a tenant, what is left of them, and the stores that count them.
+"""Limits of a tenant, what is left of them, the stores that count them, and what an answer
+says of them.
+
+Each limit is counted with the generic cell rate algorithm with costs: smooth limits without
+window boundaries. A limit of ``rate`` units per ``period`` seconds refills continuously and holds
+at most ``capacity`` units, so no burst is ever larger than ``capacity`` and a long run never
+admits more than ``capacity + rate * time``. Its whole state is one number, the theoretical
+arrival time (TAT): the moment the bucket would be full again. The Redis store
+(``gateway.tenancy.redis_store``) runs the same arithmetic in Lua; this module is the reference
+and the memory store's implementation.
 
 A store admits a request in one step that checks every limit and takes from all of them only
 if all allow it, and settles it in one step that gives back the unused reservation and
-releases its concurrency lease. The memory store does both in this process; the Redis store
-(``gateway.tenancy.redis_store``) runs the same steps as one Lua script each.
+releases its concurrency lease. An answer carries OpenAI's ``x-ratelimit-*`` headers of what is
+left; a refusal is the 429 naming the limit, with when to retry.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from gateway.tenancy import gcra
+from gateway.errors import RateLimitError
 from gateway.tenancy.config import TenantPolicy
-from gateway.tenancy.gcra import Decision, Limit
+
+EPSILON = 1e-9
+
+
+@dataclass(frozen=True, slots=True)
+class Limit:
+    """``rate`` units per ``period`` seconds, at most ``capacity`` units at once."""
+
+    name: str
+    rate: float
+    period: float
+    capacity: float
+
+    @property
+    def interval(self) -> float:
+        """Seconds that one unit takes to refill."""
+        return self.period / self.rate
+
+    @property
+    def tolerance(self) -> float:
+        """How far the TAT may run ahead of now: the bucket's capacity in seconds."""
+        return self.capacity * self.interval
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """The outcome of asking a limit for ``cost`` units at one moment."""
+
+    allowed: bool
+    tat: float
+    """The TAT after the request (unchanged when denied)."""
+    retry_after: float
+    """Seconds until the same request would be allowed (0 when allowed)."""
+    remaining: float
+    """Units left right after the decision."""
+    reset_after: float
+    """Seconds until the bucket is full again."""
+
+
+def take(limit: Limit, tat: float, now: float, cost: float) -> Decision:
+    """Ask ``limit`` for ``cost`` units at ``now``, given its current ``tat``."""
+    base = max(tat, now)
+    new_tat = base + cost * limit.interval
+    if new_tat - now > limit.tolerance + EPSILON:
+        return Decision(
+            allowed=False,
+            tat=tat,
+            retry_after=new_tat - limit.tolerance - now,
+            remaining=max(0.0, (limit.tolerance - (base - now)) / limit.interval),
+            reset_after=base - now,
+        )
+    return Decision(
+        allowed=True,
+        tat=new_tat,
+        retry_after=0.0,
+        remaining=max(0.0, (limit.tolerance - (new_tat - now)) / limit.interval),
+        reset_after=new_tat - now,
+    )
+
+
+def give_back(limit: Limit, tat: float, now: float, units: float) -> float:
+    """The TAT after returning ``units`` (negative: charging more than was taken)."""
+    return (
+        max(tat - units * limit.interval, now)
+        if units >= 0
+        else max(tat, now) - units * limit.interval
+    )
+
+
+def status(limit: Limit, tat: float, now: float) -> Decision:
+    """What is left now, without taking anything."""
+    return take(limit, tat, now, 0.0)
+
+
+def whole(value: float) -> int:
+    """Units as a whole number for headers: never rounds a partial unit up."""
+    return math.floor(value + EPSILON)
+
 
 MINUTE = 60.0
 DAY = 86400.0
@@ -157,7 +244,7 @@ def quota_of(limits: Limits, decisions: Mapping[str, Decision]) -> Quota:
 def statuses(limits: Limits, tats: Mapping[str, float], now: float) -> dict[str, Decision]:
     """What is left of every bucket, taking nothing."""
     return {
-        limit.name: gcra.status(limit, tats.get(limit.name, 0.0), now)
+        limit.name: status(limit, tats.get(limit.name, 0.0), now)
         for limit, _ in limits.buckets
         if limit is not None
     }
@@ -193,7 +280,7 @@ class MemoryStore:
             if limit is None:
                 continue
             cost = float(tokens) if counts_tokens else 1.0
-            decision = gcra.take(limit, state.tats.get(limit.name, 0.0), now, cost)
+            decision = take(limit, state.tats.get(limit.name, 0.0), now, cost)
             if not decision.allowed:
                 quota = quota_of(limits, statuses(limits, state.tats, now))
                 raise Rejected(limit.name, decision.retry_after, quota)
@@ -213,8 +300,58 @@ class MemoryStore:
         state = self._tenants.setdefault(tenant, _TenantState())
         for limit, counts_tokens in limits.buckets:
             if limit is not None and counts_tokens and limit.name in state.tats:
-                state.tats[limit.name] = gcra.give_back(limit, state.tats[limit.name], now, refund)
+                state.tats[limit.name] = give_back(limit, state.tats[limit.name], now, refund)
         state.leases.pop(lease, None)
 
     async def close(self) -> None:
         """Nothing to release."""
+
+
+def duration(seconds: float) -> str:
+    """A duration as OpenAI writes it in ``x-ratelimit-reset-*``: ``20ms``, ``1.5s``, ``6m0s``."""
+    if seconds < 1:
+        return f"{max(0, math.ceil(seconds * 1000))}ms"
+    minutes, rest = divmod(seconds, 60)
+    hours, minutes = divmod(int(minutes), 60)
+    text = f"{rest:.3f}".rstrip("0").rstrip(".") + "s"
+    if hours:
+        return f"{hours}h{minutes}m{text}"
+    return f"{minutes}m{text}" if minutes else text
+
+
+def rate_limit_headers(quota: Quota | None) -> dict[str, str]:
+    """``x-ratelimit-{limit,remaining,reset}-{requests,tokens}`` for the limits that apply."""
+    headers: dict[str, str] = {}
+    for kind, entry in (("requests", quota and quota.requests), ("tokens", quota and quota.tokens)):
+        if not entry:
+            continue
+        limit, decision = entry
+        headers[f"x-ratelimit-limit-{kind}"] = str(whole(limit.rate))
+        headers[f"x-ratelimit-remaining-{kind}"] = str(whole(decision.remaining))
+        headers[f"x-ratelimit-reset-{kind}"] = duration(decision.reset_after)
+    return headers
+
+
+def rate_limit_error(tenant: TenantPolicy, rejected: Rejected) -> RateLimitError:
+    """The 429 of a request a limit refused: which limit, and when to retry."""
+    retry = max(rejected.retry_after, 0.001)
+    headers = {
+        **rate_limit_headers(rejected.quota),
+        "Retry-After": str(math.ceil(retry)),
+        "retry-after-ms": str(math.ceil(retry * 1000)),
+    }
+    what = {
+        "requests": (f"requests per minute (limit {tenant.requests_per_minute})", "requests"),
+        "tokens": (f"tokens per minute (limit {tenant.tokens_per_minute})", "tokens"),
+        "tokens_per_day": (f"tokens per day (limit {tenant.tokens_per_day})", "tokens"),
+        "concurrency": (
+            f"sequences in flight at once (limit {tenant.max_concurrency})",
+            "requests",
+        ),
+    }[rejected.limit]
+    return RateLimitError(
+        f"Rate limit reached for {what[0]} of tenant {tenant.name}. "
+        f"Please try again in {duration(retry)}.",
+        headers=headers,
+        kind=what[1],
+    )

@@ -19,9 +19,10 @@ import logging
 from collections.abc import Awaitable
 from typing import Any
 
-from gateway.tenancy.gcra import Decision, Limit
 from gateway.tenancy.quota import (
     CONCURRENCY_RETRY_S,
+    Decision,
+    Limit,
     Limits,
     Quota,
     Rejected,

@@ -26,12 +26,10 @@ from gateway.errors import (
 )
 from gateway.ids import random_hex
 from gateway.observability.metrics import GatewayMetrics
-from gateway.tenancy import gcra
-from gateway.tenancy.admission import Admission
+from gateway.tenancy.admission import Admission, reservation, sequences
 from gateway.tenancy.config import TenancyConfigError, TenancySettings, TenantPolicy
-from gateway.tenancy.costs import reservation, sequences
 from gateway.tenancy.directory import Directory
-from gateway.tenancy.keys import MalformedKey, matches, presented_key
+from gateway.tenancy.keys import carries_admin_key, check_admin_key, matches, required_key
 from gateway.tenancy.quota import (
     Limits,
     MemoryStore,
@@ -40,10 +38,12 @@ from gateway.tenancy.quota import (
     Rejected,
     StoreUnavailable,
     far_from_limits,
+    rate_limit_error,
+    rate_limit_headers,
     requests_left,
+    whole,
 )
 from gateway.tenancy.redis_store import RedisStore
-from gateway.tenancy.refusals import rate_limit_error, rate_limit_headers
 from gateway.tenancy.responses_store import response_store
 
 logger = logging.getLogger(__name__)
@@ -52,10 +52,6 @@ SETTLE_GRACE_S = 5.0
 ADMIN_KEY_ON_API = (
     "This is the admin key, which serves the admin API only (/admin/* and the LoRA adapter "
     "endpoints); call the OpenAI API with a tenant's API key."
-)
-_MISSING_KEY = (
-    "You didn't provide an API key. You need to provide your API key in an Authorization "
-    "header using Bearer auth (i.e. Authorization: Bearer YOUR_KEY), or as the api-key header."
 )
 
 
@@ -150,30 +146,23 @@ class Tenancy:
         """The tenant the request's key opens; 401 for none, a malformed or an unknown key."""
         if not self.settings.auth:
             return self.settings.anonymous
-        key = self._key(headers)
-        found = self.directory.find(key)
-        if found is None and matches(key, self.settings.admin_key_sha256):
+        key = required_key(headers)
+        snapshot = self.directory.snapshot
+        entry = snapshot.keys.find(key)
+        tenant = None if entry is None else snapshot.tenants.get(entry.tenant)
+        if tenant is None and matches(key, self.settings.admin_key_sha256):
             raise AuthenticationError(ADMIN_KEY_ON_API)
-        if found is None:
+        if tenant is None:
             raise AuthenticationError("Incorrect API key provided.")
-        return found[1]
+        return tenant
 
     def authenticate_admin(self, headers: Mapping[str, str]) -> None:
         """Let only the admin key through (a tenant key never)."""
-        if self.settings.admin_key_sha256 is None:
-            raise AuthenticationError(
-                "The admin API is off: set tenancy.admin_key_sha256 to turn it on."
-            )
-        if not matches(self._key(headers), self.settings.admin_key_sha256):
-            raise AuthenticationError("Incorrect admin API key provided.")
+        check_admin_key(headers, self.settings.admin_key_sha256)
 
     def is_admin(self, headers: Mapping[str, str]) -> bool:
         """Whether the request carries the admin key."""
-        try:
-            key = presented_key(headers)
-        except MalformedKey:
-            return False
-        return key is not None and matches(key, self.settings.admin_key_sha256)
+        return carries_admin_key(headers, self.settings.admin_key_sha256)
 
     def describe(self) -> str:
         """One line for the start-up banner: auth, and the tenants and keys in force."""
@@ -352,16 +341,6 @@ class Tenancy:
             self._unavailable(exc, admitting=False)
 
     @staticmethod
-    def _key(headers: Mapping[str, str]) -> str:
-        try:
-            key = presented_key(headers)
-        except MalformedKey as exc:
-            raise AuthenticationError(f"Malformed API key: {exc}.") from None
-        if key is None:
-            raise AuthenticationError(_MISSING_KEY)
-        return key
-
-    @staticmethod
     def _check_fits(limits: Limits, tokens: int, width: int) -> None:
         # The tenant's max_tokens was applied when the plan was made (planning's cap).
         if limits.concurrency is not None and width > limits.concurrency:
@@ -375,7 +354,7 @@ class Tenancy:
         if room is not None and tokens > room:
             raise OversizeError(
                 f"This request can use up to {tokens} tokens (prompt plus max_tokens for each "
-                f"choice), more than your token limit can ever hold ({gcra.whole(room)}); "
+                f"choice), more than your token limit can ever hold ({whole(room)}); "
                 "lower max_tokens or n.",
                 param="max_tokens",
             )

@@ -1,6 +1,7 @@
 """Tool calls, structured output and reasoning, free of any API's schema: guides, the models'
 call and reasoning formats, generated text parsed into reasoning, content and calls."""
 
+from gateway.tools.formats import ToolFormat
 from gateway.tools.output import OutputRules, conversation, model_formats, special_tokens_read
 from gateway.tools.parsing import (
     Arguments,
@@ -11,6 +12,7 @@ from gateway.tools.parsing import (
     Piece,
     Reasoning,
 )
+from gateway.tools.reasoning import ReasoningFormat
 
 __all__ = [
     "Arguments",
@@ -21,6 +23,8 @@ __all__ = [
     "Parser",
     "Piece",
     "Reasoning",
+    "ReasoningFormat",
+    "ToolFormat",
     "conversation",
     "model_formats",
     "special_tokens_read",

@@ -6,8 +6,8 @@ The gateway app runs in this process with Triton's recorded answers replayed, as
 kind). One warmed-up streamed chat is then traced with ``sys.setprofile``:
 
 - *before the first send*: every module of ``gateway/`` and ``adapters/`` whose code runs from the
-  request's arrival until the backend opens its Triton call (the replay double's own module is
-  left out);
+  request's arrival until the backend opens its Triton call, in the order the request first
+  enters them (the replay double's own module is left out);
 - *per token*: the stack each time the Triton exchange decodes a response, from the ASGI app down:
   the async generator frames on it and the modules of its frames.
 
@@ -62,7 +62,8 @@ def module_of(frame: FrameType) -> str | None:
 class Trace:
     """What one request's trace saw."""
 
-    before_send: set[str] = field(default_factory=set)
+    before_send: dict[str, None] = field(default_factory=dict)
+    """The modules entered before the first send, in the order first entered."""
     sent: bool = False
     generators: Counter[tuple[str, ...]] = field(default_factory=Counter)
     token_modules: Counter[tuple[str, ...]] = field(default_factory=Counter)
@@ -80,7 +81,7 @@ class Trace:
             if frame.f_code.co_qualname.endswith(SENDS):
                 self.sent = True
             elif module != DOUBLE:
-                self.before_send.add(module)
+                self.before_send.setdefault(module)
         if name == PER_TOKEN:
             self._token(frame)
 
@@ -113,13 +114,13 @@ async def traced(client: InProcessClient, model: str, tokens: int) -> Trace:
 
 
 def report(model: str, trace: Trace) -> str:
-    gateway = sorted(m for m in trace.before_send if m.startswith("gateway"))
-    adapters = sorted(m for m in trace.before_send if m.startswith("adapters"))
+    gateway = [m for m in trace.before_send if m.startswith("gateway")]
+    adapters = [m for m in trace.before_send if m.startswith("adapters")]
     lines = [
         f"## streamed chat, {model}",
         f"modules before the first send: {len(trace.before_send)} "
-        f"({len(gateway)} gateway, {len(adapters)} adapters)",
-        *(f"  {m}" for m in gateway + adapters),
+        f"({len(gateway)} gateway, {len(adapters)} adapters), in the order first entered",
+        *(f"  {m}" for m in trace.before_send),
     ]
     chain, _ = trace.generators.most_common(1)[0] if trace.generators else ((), 0)
     modules, _ = trace.token_modules.most_common(1)[0] if trace.token_modules else ((), 0)

@@ -5,17 +5,17 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor
 from pathlib import Path
 from typing import Any, TypeVar
 
-from jinja2 import TemplateError
+from jinja2 import Template, TemplateError
 
 from deploy.triton.pipeline.detokenizer import IncrementalText
 from gateway.catalog.text.hub import TextTokenizer, load_tokenizer
 from gateway.catalog.text.special import KeptSpecialText
-from gateway.catalog.text.template import pick_template, render_chat
+from gateway.catalog.text.template import compile_template, pick_template
 from gateway.core.plan import Prompt
 from gateway.errors import InvalidRequestError
 
@@ -24,6 +24,8 @@ INLINE_CHARS = 4096
 """Inputs up to this many characters are templated and tokenized on the event loop: that takes
 tens of microseconds, less than a hop to a worker thread and back. Longer ones go to the
 executor so the loop keeps serving other requests."""
+REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
+"""The names templates read a message's reasoning by."""
 
 
 def _chat_chars(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> int:
@@ -78,6 +80,8 @@ class PromptTokenizer:
         """The engine's default end id: the eos token (None when the tokenizer has none)."""
         self.pad_id = end_id if pad_id is None else pad_id
         self._bos_added = self._adds_bos()
+        self._compiled: dict[bool, Template] = {}
+        """The chat template of requests without tools and with, compiled at first use."""
 
     @classmethod
     def load(
@@ -236,8 +240,12 @@ class PromptTokenizer:
                 "This model has no chat template; use /v1/completions.", param="model"
             )
         try:
+            compiled = self._compiled.get(bool(tools))
+            if compiled is None:
+                source = pick_template(template, tools=bool(tools))
+                compiled = self._compiled[bool(tools)] = compile_template(source)
             text = render_chat(
-                pick_template(template, tools=bool(tools)),
+                compiled,
                 messages,
                 tools=tools or None,
                 special_tokens=self._tokenizer.special_tokens,
@@ -295,3 +303,37 @@ class PromptTokenizer:
             return False
         ids = self._tokenizer.encode("a", add_special_tokens=True)
         return bool(ids) and ids[0] == self._bos_id
+
+
+def render_chat(
+    template: Template,
+    messages: list[dict[str, Any]],
+    *,
+    tools: list[dict[str, Any]] | None,
+    special_tokens: Mapping[str, str],
+    add_generation_prompt: bool = True,
+    variables: Mapping[str, Any] | None = None,
+) -> str:
+    """The conversation as a compiled chat template writes it, given what ``transformers``
+    gives it: messages without ``None`` fields, reasoning under its aliases, ``tools``,
+    ``add_generation_prompt`` and the named special tokens; ``variables`` are the request's
+    extra inputs (``reasoning_effort``, ``enable_thinking``)."""
+    plain = [_aliased({k: v for k, v in message.items() if v is not None}) for message in messages]
+    return template.render(
+        messages=plain,
+        tools=tools,
+        documents=None,
+        add_generation_prompt=add_generation_prompt,
+        **special_tokens,
+        **(variables or {}),
+    )
+
+
+def _aliased(message: dict[str, Any]) -> dict[str, Any]:
+    """Reasoning under every name templates read it by."""
+    reasoning = next(
+        (message[key] for key in REASONING_FIELDS if message.get(key) is not None), None
+    )
+    if reasoning is None:
+        return message
+    return {"thinking": reasoning, **message, "reasoning_content": reasoning}

@@ -1,10 +1,10 @@
-"""Chat templates rendered as ``transformers`` renders them, without importing it.
+"""Chat templates compiled as ``transformers`` compiles them, without importing it.
 
 The same sandboxed jinja2 environment (``trim_blocks``, ``lstrip_blocks``, loop controls), the
 same ``tojson`` filter (no HTML escaping), the same globals (``raise_exception``,
-``strftime_now``, a restricted ``namespace``), and the same inputs: messages without ``None``
-fields, reasoning under its aliases, ``tools``, ``add_generation_prompt`` and the named special
-tokens.
+``strftime_now``, a restricted ``namespace``); of a model's named templates, the one a request
+takes. A model compiles each of its templates once; ``gateway.catalog.text.prompts`` renders
+them with the inputs ``transformers`` gives.
 """
 
 from __future__ import annotations
@@ -18,8 +18,6 @@ from typing import Any
 import jinja2
 from jinja2.ext import loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-_REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
 
 
 def _raise_exception(message: str) -> None:
@@ -99,35 +97,3 @@ def pick_template(template: str | Mapping[str, str], *, tools: bool) -> str:
     raise jinja2.exceptions.TemplateError(
         f"the model has several chat templates and none is the default: {sorted(template)}"
     )
-
-
-def render_chat(
-    source: str,
-    messages: list[dict[str, Any]],
-    *,
-    tools: list[dict[str, Any]] | None,
-    special_tokens: Mapping[str, str],
-    add_generation_prompt: bool = True,
-    variables: Mapping[str, Any] | None = None,
-) -> str:
-    """The conversation as the template writes it; ``variables`` are the request's extra
-    inputs (``reasoning_effort``, ``enable_thinking``)."""
-    plain = [_aliased({k: v for k, v in message.items() if v is not None}) for message in messages]
-    return compile_template(source).render(
-        messages=plain,
-        tools=tools,
-        documents=None,
-        add_generation_prompt=add_generation_prompt,
-        **special_tokens,
-        **(variables or {}),
-    )
-
-
-def _aliased(message: dict[str, Any]) -> dict[str, Any]:
-    """Reasoning under every name templates read it by."""
-    reasoning = next(
-        (message[key] for key in _REASONING_FIELDS if message.get(key) is not None), None
-    )
-    if reasoning is None:
-        return message
-    return {"thinking": reasoning, **message, "reasoning_content": reasoning}

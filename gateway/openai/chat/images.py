@@ -15,7 +15,8 @@ from gateway.catalog.vision import VisionInputs
 from gateway.core.plan import Prompt
 from gateway.errors import InvalidRequestError
 from gateway.media import ImageError, ImagePolicy, check_image_url
-from gateway.openai.protocol import ChatMessage, ContentPart, ImageURL, given
+from gateway.openai.protocol import ChatMessage, ContentPart, ImageURL
+from gateway.openai.sampling import given
 
 DETAILS = ("auto", "low", "high")
 IMAGE_PART = "image_url"

@@ -1,36 +1,45 @@
-"""Plan a chat completion: validate, template the conversation (tools included), count its
-tokens, fan out ``n`` choices."""
+"""Plan a chat completion: validate, decide its output rules (``response_format``, ``tools``,
+``tool_choice`` and ``parallel_tool_calls`` checked and turned into the rules of
+``gateway.tools``), template the conversation (tools included), count its tokens, fan out ``n``
+choices."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+from dataclasses import dataclass, replace
 from typing import Any
 
 import msgspec
 
+from adapters.contract import Guide
 from gateway.catalog.registry import ServedModel
 from gateway.core.plan import Plan
 from gateway.errors import InvalidRequestError
 from gateway.ids import rng
-from gateway.openai.beams import beam_choices, beam_search
 from gateway.openai.chat.images import IMAGE_PART, chat_images, counted_images
-from gateway.openai.output import output_rules
 from gateway.openai.protocol import (
     ChatCompletionRequest,
     ChatMessage,
     ContentPart,
-    first_given,
-    given,
+    NamedToolChoice,
+    Tool,
 )
 from gateway.openai.sampling import (
+    beam_choices,
+    beam_search,
     check_common,
     fan_out,
+    first_given,
+    given,
     include_usage,
     resolve_max_tokens,
+    response_guide,
     sampling_params,
 )
 from gateway.tools import conversation
-from gateway.tools.output import TEXT_ONLY, OutputRules
+from gateway.tools.formats import Function, ToolFormat
+from gateway.tools.output import TEXT_ONLY, OutputRules, auto_guide, calls_schema, required_guide
+from gateway.tools.reasoning import ReasoningFormat
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,13 +61,7 @@ async def plan_chat(
     ``max_tokens_cap`` tokens (the caller's), and one that names no length gets at most that."""
     check_chat(request, model.route.max_n)
     tokenizer = model.tokenizer
-    output = output_rules(
-        request,
-        model.route.tool_call_format,
-        tokenizer.template_text,
-        tokenizer.takes_tools,
-        model.route.reasoning_parser,
-    )
+    output = output_rules(request, model.tool_format, model.reasoning, tokenizer.takes_tools)
     variables = template_variables(request, tokenizer.template_text)
     images = chat_images(model, request.messages)
     parts = model.vision is not None
@@ -102,6 +105,7 @@ async def plan_chat(
     )
 
 
+TOOL_CHOICES = ("none", "auto", "required")
 REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high")
 
 
@@ -185,3 +189,97 @@ def check_chat(request: ChatCompletionRequest, max_n: int) -> None:
             "log probabilities of the sampled tokens.",
             param="top_logprobs",
         )
+
+
+def _functions(tools: list[Tool] | None) -> tuple[Function, ...]:
+    functions = []
+    for index, tool in enumerate(tools or ()):
+        function = given(tool.function)
+        if tool.type != "function" or function is None:
+            raise InvalidRequestError(
+                f"Only function tools are supported, got a tool of type {tool.type!r}.",
+                param=f"tools[{index}]",
+            )
+        parameters = given(function.parameters)
+        functions.append(Function(function.name, given(function.description), parameters))
+    names = [f.name for f in functions]
+    duplicated = sorted({name for name in names if names.count(name) > 1})
+    if duplicated:
+        raise InvalidRequestError(f"Tool names must be unique: {duplicated}.", param="tools")
+    return tuple(functions)
+
+
+def _choice(
+    request: ChatCompletionRequest, functions: tuple[Function, ...]
+) -> tuple[str, Function | None]:
+    """``none``, ``auto``, ``required``, or ``function`` with the function it names."""
+    choice = given(request.tool_choice)
+    if choice is None:
+        return ("auto" if functions else "none"), None
+    if isinstance(choice, NamedToolChoice):
+        named = given(choice.function)
+        if choice.type != "function" or named is None:
+            raise InvalidRequestError(
+                'A named tool_choice is {"type": "function", "function": {"name": ...}}.',
+                param="tool_choice",
+            )
+        function = next((f for f in functions if f.name == named.name), None)
+        if function is None:
+            raise InvalidRequestError(
+                f"tool_choice names function {named.name!r}, which is not in tools.",
+                param="tool_choice",
+            )
+        return "function", function
+    if choice not in TOOL_CHOICES:
+        raise InvalidRequestError(
+            f"tool_choice must be none, auto, required or a named function, got {choice!r}.",
+            param="tool_choice",
+        )
+    if choice != "none" and not functions:
+        raise InvalidRequestError(f"tool_choice {choice!r} needs tools.", param="tool_choice")
+    return str(choice), None
+
+
+def output_rules(
+    request: ChatCompletionRequest,
+    fmt: ToolFormat,
+    reasoning: ReasoningFormat | None,
+    takes_tools: bool,
+) -> OutputRules:
+    """Check the request's output fields and decide the guide and the parsing, for a model
+    writing calls in ``fmt`` and its reasoning in ``reasoning`` (None: no reasoning)."""
+    if given(request.functions) is not None or given(request.function_call) is not None:
+        raise InvalidRequestError(
+            "functions and function_call are deprecated and not supported: use tools and "
+            "tool_choice.",
+            param="functions" if given(request.functions) is not None else "function_call",
+        )
+    functions = _functions(given(request.tools))
+    choice, named = _choice(request, functions)
+    parallel = given(request.parallel_tool_calls) is not False
+    formatted = response_guide(given(request.response_format))
+    if choice == "none":
+        return OutputRules(guide=formatted, reasoning=reasoning)
+    if formatted is not None:
+        raise InvalidRequestError(
+            f"response_format {formatted.guide_type} cannot be combined with tool_choice "
+            f"{choice!r}: send tool_choice 'none', or leave response_format out.",
+            param="response_format",
+        )
+    base = OutputRules(
+        mode="format",
+        functions=functions,
+        tool_format=fmt,
+        parallel=parallel,
+        template_tools=takes_tools,
+        reasoning=reasoning,
+    )
+    if choice == "required" and (tagged := required_guide(fmt, functions, parallel)):
+        return replace(base, mode="tagged", guide=tagged)
+    if choice == "required":
+        schema = json.dumps(calls_schema(functions, parallel))
+        return replace(base, mode="calls", guide=Guide("json_schema", schema, param="tool_choice"))
+    if named is not None:
+        guide = Guide("json_schema", json.dumps(named.schema), param="tool_choice")
+        return replace(base, mode="arguments", function=named.name, guide=guide)
+    return replace(base, guide=auto_guide(fmt, functions, parallel))

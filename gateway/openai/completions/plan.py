@@ -10,17 +10,16 @@ from gateway.catalog.vision import VisionInputs
 from gateway.core.plan import Plan, Prompt
 from gateway.errors import InvalidRequestError
 from gateway.ids import rng
-from gateway.openai.beams import beam_choices, beam_search
-from gateway.openai.output import response_guide
-from gateway.openai.protocol import (
-    CompletionRequest,
-    given,
-)
+from gateway.openai.protocol import CompletionRequest
 from gateway.openai.sampling import (
+    beam_choices,
+    beam_search,
     check_common,
     fan_out,
+    given,
     include_usage,
     resolve_max_tokens,
+    response_guide,
     sampling_params,
 )
 

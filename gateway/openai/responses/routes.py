@@ -17,7 +17,7 @@ from gateway.openai.bounds import Bounds, check_chat_bounds
 from gateway.openai.chat.plan import plan_chat
 from gateway.openai.chat.shape import chat_chunks, chat_completion
 from gateway.openai.pipeline import Endpoint, route
-from gateway.openai.protocol import ChatCompletion, given
+from gateway.openai.protocol import ChatCompletion
 from gateway.openai.responses.conversation import chat_messages
 from gateway.openai.responses.protocol import (
     DeletedResponse,
@@ -41,6 +41,7 @@ from gateway.openai.responses.translate import (
     refuse_unsupported,
     responses_params,
 )
+from gateway.openai.sampling import given
 from gateway.tenancy import TenantPolicy
 from gateway.tenancy.responses_store import ResponseStore
 from gateway.tenancy.service import Tenancy

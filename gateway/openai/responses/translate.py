@@ -12,7 +12,7 @@ import msgspec
 
 from gateway.errors import InvalidRequestError
 from gateway.ids import random_hex
-from gateway.openai.protocol import ChatCompletionRequest, given
+from gateway.openai.protocol import ChatCompletionRequest
 from gateway.openai.responses.protocol import (
     FunctionCallItem,
     FunctionCallOutput,
@@ -30,6 +30,7 @@ from gateway.openai.responses.protocol import (
     ResponsesRequest,
     ToolChoiceObject,
 )
+from gateway.openai.sampling import given
 
 MESSAGE_ROLES = ("user", "system", "developer", "assistant")
 TOOL_CHOICES = ("auto", "none", "required")

@@ -10,8 +10,14 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind, StatusCode
 
 from gateway.observability import Observability, ObservabilitySettings
-from gateway.observability.record import RequestRecord, begin, end, request_id_from
-from gateway.observability.tracing import Tracing, TracingSettings
+from gateway.observability.record import (
+    RequestRecord,
+    Tracing,
+    TracingSettings,
+    begin,
+    end,
+    request_id_from,
+)
 
 PARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 

@@ -19,10 +19,16 @@ from gateway.openai.bounds import (
 )
 from gateway.openai.protocol import ChatCompletionRequest, CompletionRequest
 from gateway.settings import RequestBounds
-from gateway.tenancy import gcra
-from gateway.tenancy.costs import sequences
-from gateway.tenancy.gcra import Limit
-from gateway.tenancy.quota import Limits, MemoryStore, Quota, Rejected, requests_left
+from gateway.tenancy.admission import sequences
+from gateway.tenancy.quota import (
+    Decision,
+    Limit,
+    Limits,
+    MemoryStore,
+    Quota,
+    Rejected,
+    requests_left,
+)
 
 SETTINGS = RequestBounds(
     max_choices=8,
@@ -293,6 +299,6 @@ def test_requests_left_by_the_last_answer(
     known_limit: Limit | None, remaining: float, elapsed: float, left: float | None
 ) -> None:
     limits = Limits(requests=THREE_A_MINUTE)
-    decision = gcra.Decision(False, 0.0, 0.0, remaining, 0.0)
+    decision = Decision(False, 0.0, 0.0, remaining, 0.0)
     known = Quota(requests=(known_limit, decision) if known_limit else None)
     assert requests_left(limits, known, elapsed) == left

@@ -11,11 +11,12 @@ import pytest
 from adapters.contract import SamplingParams
 from gateway.core.plan import Prompt
 from gateway.errors import ContextLengthExceeded, InvalidRequestError
-from gateway.openai.beams import beam_choices, beam_search
 from gateway.openai.chat.plan import check_chat, template_messages
 from gateway.openai.completions.plan import check_completion
 from gateway.openai.protocol import ChatCompletionRequest, CompletionRequest
 from gateway.openai.sampling import (
+    beam_choices,
+    beam_search,
     choice_seeds,
     fan_out,
     resolve_max_tokens,

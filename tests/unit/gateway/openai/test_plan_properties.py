@@ -13,13 +13,18 @@ from gateway.core.plan import Prompt
 from gateway.core.stops import StopMatcher
 from gateway.errors import APIError
 from gateway.http.answers import decode_body
-from gateway.openai.chat.plan import check_chat, template_messages
+from gateway.openai.chat.plan import check_chat, output_rules, template_messages
 from gateway.openai.completions.plan import check_completion
-from gateway.openai.output import output_rules, response_guide
 from gateway.openai.protocol import ChatCompletionRequest, CompletionRequest
-from gateway.openai.protocol import given as given_value
-from gateway.openai.sampling import choice_seeds, resolve_max_tokens, sampling_params
+from gateway.openai.sampling import (
+    choice_seeds,
+    resolve_max_tokens,
+    response_guide,
+    sampling_params,
+)
+from gateway.openai.sampling import given as given_value
 from gateway.settings import SamplingDefaults
+from gateway.tools import model_formats
 
 SETTINGS = settings(max_examples=200, deadline=None, suppress_health_check=list(HealthCheck))
 TEMPLATE = "{% for m in messages %}{{ m.content }}{% endfor %}"
@@ -82,7 +87,7 @@ def _plan(request: Any) -> None:
     if isinstance(request, ChatCompletionRequest):
         check_chat(request, max_n=4)
         template_messages(request.messages)
-        output_rules(request, None, TEMPLATE, takes_tools=False)
+        output_rules(request, *model_formats(None, None, TEMPLATE), takes_tools=False)
     else:
         check_completion(request, max_n=4)
     guide = response_guide(given_value(request.response_format))

@@ -26,7 +26,6 @@ from gateway.openai.protocol import (
     ToolCall,
     ToolCallDelta,
     Usage,
-    given,
 )
 from gateway.openai.responses.conversation import chat_messages
 from gateway.openai.responses.protocol import (
@@ -47,6 +46,7 @@ from gateway.openai.responses.translate import (
     input_items,
     refuse_unsupported,
 )
+from gateway.openai.sampling import given
 from gateway.tenancy.config import ResponseStoreSettings
 from gateway.tenancy.responses_store import MemoryResponses
 

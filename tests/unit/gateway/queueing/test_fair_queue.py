@@ -11,13 +11,12 @@ import pytest
 
 from adapters.contract import GenerationRequest, ModelTarget, SamplingParams, TokenChunk
 from adapters.scripted import ScriptedBackend
-from gateway.errors import InvalidRequestError, RateLimitError, ServiceUnavailableError
+from gateway.errors import RateLimitError, ServiceUnavailableError
 from gateway.queueing.flows import (
     FAIRNESS_HEADER,
     OBJECTIVE_HEADER,
     current_flow,
     llm_d_headers,
-    request_class,
 )
 from gateway.queueing.gate import ModelSlots
 from gateway.queueing.scheduler import FairQueue, Flow, Ledger
@@ -117,23 +116,6 @@ def test_removing_a_queued_item_leaves_nothing_behind() -> None:
     assert queue.remove("y") and queue.remove("x")
     assert not queue.remove("x")
     assert len(queue) == 0 and queue.depths() == {} and queue.pop() is None
-
-
-@pytest.mark.parametrize(
-    ("tenant_class", "priority", "tier", "expected"),
-    [(0, None, None, 0), (2, 1, None, 1), (2, None, "flex", 1), (2, None, "priority", 2),
-     (0, -3, "flex", -3), (1, 1, "default", 1)],
-)  # fmt: skip
-def test_a_request_may_lower_its_class(
-    tenant_class: int, priority: int | None, tier: str | None, expected: int
-) -> None:
-    assert request_class(tenant_class, priority, tier) == expected
-
-
-def test_a_request_may_not_raise_its_class() -> None:
-    with pytest.raises(InvalidRequestError, match="lower its priority") as raised:
-        request_class(0, 1, None)
-    assert raised.value.param == "priority"
 
 
 def test_bad_queue_settings_are_named() -> None:

@@ -10,7 +10,7 @@ import pytest
 from adapters.contract import BeamSearch, SamplingParams
 from gateway.core.plan import ChoiceSpec, Plan, Prompt
 from gateway.errors import AuthenticationError
-from gateway.tenancy import gcra
+from gateway.tenancy.admission import reservation
 from gateway.tenancy.config import (
     KeyEntry,
     PolicyError,
@@ -21,8 +21,6 @@ from gateway.tenancy.config import (
     check_policy,
     check_tenancy,
 )
-from gateway.tenancy.costs import reservation
-from gateway.tenancy.gcra import Limit
 from gateway.tenancy.keys import (
     KeyRing,
     MalformedKey,
@@ -32,8 +30,18 @@ from gateway.tenancy.keys import (
     new_key,
     presented_key,
 )
-from gateway.tenancy.quota import HEADROOM, Limits, Quota, far_from_limits
-from gateway.tenancy.refusals import duration, rate_limit_headers
+from gateway.tenancy.quota import (
+    HEADROOM,
+    Decision,
+    Limit,
+    Limits,
+    Quota,
+    duration,
+    far_from_limits,
+    give_back,
+    rate_limit_headers,
+    take,
+)
 from gateway.tenancy.service import Tenancy
 
 PER_SECOND = Limit("requests", rate=60, period=60, capacity=3)  # one a second, three at once
@@ -42,7 +50,7 @@ PER_SECOND = Limit("requests", rate=60, period=60, capacity=3)  # one a second, 
 def test_a_full_bucket_admits_its_capacity_then_one_per_interval() -> None:
     tat, admitted = 0.0, []
     for now in [100.0, 100.0, 100.0, 100.0, 100.5, 101.0, 101.0]:
-        decision = gcra.take(PER_SECOND, tat, now, 1)
+        decision = take(PER_SECOND, tat, now, 1)
         admitted.append(decision.allowed)
         tat = decision.tat
     assert admitted == [True, True, True, False, False, True, False]
@@ -51,20 +59,20 @@ def test_a_full_bucket_admits_its_capacity_then_one_per_interval() -> None:
 def test_denials_say_when_to_retry_and_what_is_left() -> None:
     tat = 0.0
     for _ in range(3):
-        tat = gcra.take(PER_SECOND, tat, 10.0, 1).tat
-    denied = gcra.take(PER_SECOND, tat, 10.25, 1)
+        tat = take(PER_SECOND, tat, 10.0, 1).tat
+    denied = take(PER_SECOND, tat, 10.25, 1)
     assert not denied.allowed and denied.tat == tat
     assert denied.retry_after == pytest.approx(0.75)
     assert denied.remaining == pytest.approx(0.25)
     assert denied.reset_after == pytest.approx(2.75)
-    assert gcra.take(PER_SECOND, tat, 10.25 + denied.retry_after, 1).allowed
+    assert take(PER_SECOND, tat, 10.25 + denied.retry_after, 1).allowed
 
 
 def test_no_burst_beyond_capacity_and_no_more_than_rate_over_time() -> None:
     """Offered ten a second for a minute: admitted = capacity + one a second, never twice."""
     tat, admitted = 0.0, 0
     for step in range(600):
-        decision = gcra.take(PER_SECOND, tat, 1000 + step / 10, 1)
+        decision = take(PER_SECOND, tat, 1000 + step / 10, 1)
         if decision.allowed:
             admitted += 1
             tat = decision.tat
@@ -75,14 +83,14 @@ def test_no_burst_beyond_capacity_and_no_more_than_rate_over_time() -> None:
     ("cost", "allowed"), [(3, True), (4, False)], ids=["fits", "more-than-capacity"]
 )
 def test_costs_take_several_units(cost: float, allowed: bool) -> None:
-    assert gcra.take(PER_SECOND, 0.0, 50.0, cost).allowed is allowed
+    assert take(PER_SECOND, 0.0, 50.0, cost).allowed is allowed
 
 
 def test_giving_back_refills_but_never_beyond_full() -> None:
-    tat = gcra.take(PER_SECOND, 0.0, 10.0, 3).tat
-    assert gcra.give_back(PER_SECOND, tat, 10.0, 2) == pytest.approx(11.0)
-    assert gcra.give_back(PER_SECOND, tat, 10.0, 10) == 10.0
-    assert gcra.give_back(PER_SECOND, tat, 10.0, -1) == pytest.approx(14.0)
+    tat = take(PER_SECOND, 0.0, 10.0, 3).tat
+    assert give_back(PER_SECOND, tat, 10.0, 2) == pytest.approx(11.0)
+    assert give_back(PER_SECOND, tat, 10.0, 10) == 10.0
+    assert give_back(PER_SECOND, tat, 10.0, -1) == pytest.approx(14.0)
 
 
 def test_limits_of_a_policy() -> None:
@@ -117,8 +125,8 @@ def test_rate_limit_headers() -> None:
     requests = Limit("requests", 60, 60, 60)
     tokens = Limit("tokens", 1000, 60, 1000)
     quota = Quota(
-        requests=(requests, gcra.Decision(True, 0, 0, 58.99, 2.0)),
-        tokens=(tokens, gcra.Decision(True, 0, 0, 750.5, 15.03)),
+        requests=(requests, Decision(True, 0, 0, 58.99, 2.0)),
+        tokens=(tokens, Decision(True, 0, 0, 750.5, 15.03)),
     )
     assert rate_limit_headers(quota) == {
         "x-ratelimit-limit-requests": "60",
@@ -136,8 +144,8 @@ def _left(limits: Limits, requests: float, tokens: float) -> Quota:
     """An answer that left ``requests`` and ``tokens`` in the limits' buckets."""
     token_limit = limits.tokens or limits.daily_tokens
 
-    def entry(limit: Limit | None, remaining: float) -> tuple[Limit, gcra.Decision] | None:
-        return None if limit is None else (limit, gcra.Decision(True, 0.0, 0.0, remaining, 1.0))
+    def entry(limit: Limit | None, remaining: float) -> tuple[Limit, Decision] | None:
+        return None if limit is None else (limit, Decision(True, 0.0, 0.0, remaining, 1.0))
 
     return Quota(requests=entry(limits.requests, requests), tokens=entry(token_limit, tokens))
 

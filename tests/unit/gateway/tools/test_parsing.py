@@ -13,9 +13,9 @@ from adapters.contract import GenerationRequest, Guide, InvalidRequest, Sampling
 from adapters.triton.config import parse_model_config
 from adapters.triton.tensors import build_inputs
 from gateway.errors import InvalidRequestError
-from gateway.openai.output import output_rules
+from gateway.openai.chat.plan import output_rules
 from gateway.openai.protocol import ChatCompletionRequest
-from gateway.tools import Folded, conversation
+from gateway.tools import Folded, OutputRules, conversation, model_formats
 from gateway.tools.formats import FORMATS, Function, guess_format, tool_format
 from gateway.tools.parsing import ArgumentsOnly, ObjectCalls, Parser
 
@@ -116,31 +116,34 @@ def request(**fields: Any) -> ChatCompletionRequest:
     return msgspec.convert(body, ChatCompletionRequest)
 
 
+def rules(body: ChatCompletionRequest, fmt: str | None, takes_tools: bool) -> OutputRules:
+    """The output rules of ``body`` for a model whose template shows no format of its own, its
+    tool-call format set to ``fmt``."""
+    return output_rules(body, *model_formats(fmt, None, ""), takes_tools)
+
+
 def test_plans_per_tool_choice() -> None:
-    assert output_rules(request(), None, "", True).mode == "text"
-    auto = output_rules(request(tools=TOOLS), None, "", True)
+    assert rules(request(), None, True).mode == "text"
+    auto = rules(request(tools=TOOLS), None, True)
     assert auto.mode == "format" and auto.guide is not None and auto.guide.optional
     assert json.loads(auto.guide.guide or "")["format"]["triggers"] == ["<tool_call>"]
-    required = output_rules(request(tools=TOOLS, tool_choice="required"), None, "", True)
+    required = rules(request(tools=TOOLS, tool_choice="required"), None, True)
     tag = json.loads(required.guide.guide or "")["format"]  # type: ignore[union-attr]
     assert required.mode == "tagged" and tag["type"] == "tags_with_separator"
     assert tag["at_least_one"] and not tag["stop_after_first"]
-    required = output_rules(request(tools=TOOLS, tool_choice="required"), "mistral", "", True)
+    required = rules(request(tools=TOOLS, tool_choice="required"), "mistral", True)
     schema = json.loads(required.guide.guide or "")  # type: ignore[union-attr]
     assert required.mode == "calls" and schema["minItems"] == 1 and "maxItems" not in schema
-    single = output_rules(
-        request(tools=TOOLS, tool_choice="required", parallel_tool_calls=False),
-        "pythonic",
-        "",
-        True,
+    single = rules(
+        request(tools=TOOLS, tool_choice="required", parallel_tool_calls=False), "pythonic", True
     )
     assert json.loads(single.guide.guide or "")["maxItems"] == 1  # type: ignore[union-attr]
     named = request(
         tools=TOOLS, tool_choice={"type": "function", "function": {"name": "get_weather"}}
     )
-    plan = output_rules(named, "pythonic", "", True)
+    plan = rules(named, "pythonic", True)
     assert plan.mode == "arguments" and plan.function == "get_weather"
-    none = output_rules(request(tools=TOOLS, tool_choice="none"), None, "", True)
+    none = rules(request(tools=TOOLS, tool_choice="none"), None, True)
     assert none.mode == "text" and none.guide is None
 
 
@@ -168,7 +171,7 @@ def test_a_required_grammar_ends_after_each_call(fmt: str, parallel: bool) -> No
 
     tools = [{"type": "function", "function": {"name": "get_weather", "parameters": WEATHER}}]
     fields = {"tools": tools, "tool_choice": "required", "parallel_tool_calls": parallel}
-    guide = output_rules(request(**fields), fmt, "", False).guide
+    guide = rules(request(**fields), fmt, False).guide
     assert guide is not None and guide.guide_type == "structural_tag" and not guide.optional
     grammar = xgr.Grammar.from_structural_tag(guide.guide)
     one, two = calls_text(fmt, ["Paris"]), calls_text(fmt, ["Paris", "Oslo"])
@@ -177,7 +180,7 @@ def test_a_required_grammar_ends_after_each_call(fmt: str, parallel: bool) -> No
     for refused in ("", "Sure. " + one, one + " done"):
         assert not _is_grammar_accept_string(grammar, refused)
     for size in CHUNKINGS:
-        folded = fold(output_rules(request(**fields), fmt, "", False).parser(), two, size)
+        folded = fold(rules(request(**fields), fmt, False).parser(), two, size)
         assert folded.content == ""
         assert [args for _, args in calls_of(folded)] == [{"city": "Paris"}, {"city": "Oslo"}][
             : 2 if parallel else 1
@@ -185,17 +188,17 @@ def test_a_required_grammar_ends_after_each_call(fmt: str, parallel: bool) -> No
 
 
 def test_response_format_guides() -> None:
-    assert output_rules(request(response_format={"type": "text"}), None, "", True).guide is None
-    guide = output_rules(request(response_format={"type": "json_object"}), None, "", True).guide
+    assert rules(request(response_format={"type": "text"}), None, True).guide is None
+    guide = rules(request(response_format={"type": "json_object"}), None, True).guide
     assert guide == Guide("json")
     schema = {"type": "object"}
     fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": schema, "strict": True}}
-    guide = output_rules(request(response_format=fmt), None, "", True).guide
+    guide = rules(request(response_format=fmt), None, True).guide
     assert guide == Guide("json_schema", json.dumps(schema))
 
 
 def test_pythonic_auto_has_no_structural_tag() -> None:
-    plan = output_rules(request(tools=TOOLS), "pythonic", "", True)
+    plan = rules(request(tools=TOOLS), "pythonic", True)
     assert plan.mode == "format" and plan.guide is None
 
 
@@ -211,7 +214,7 @@ def test_pythonic_auto_has_no_structural_tag() -> None:
 )
 def test_unservable_combinations(fields: dict[str, Any]) -> None:
     with pytest.raises(InvalidRequestError):
-        output_rules(request(**fields), None, "", True)
+        rules(request(**fields), None, True)
 
 
 HISTORY = [
@@ -229,14 +232,14 @@ HISTORY = [
 
 
 def test_history_for_a_template_that_takes_tools() -> None:
-    plan = output_rules(request(tools=TOOLS), None, "", True)
+    plan = rules(request(tools=TOOLS), None, True)
     messages, tools = conversation(HISTORY, plan)
     assert tools == [Function("get_weather", None, TOOLS[0]["function"]["parameters"]).as_tool()]
     assert messages[2]["tool_calls"][0]["function"]["arguments"] == {"city": "Paris"}
 
 
 def test_history_written_out_for_a_template_that_does_not() -> None:
-    plan = output_rules(request(tools=TOOLS), "hermes", "", False)
+    plan = rules(request(tools=TOOLS), "hermes", False)
     messages, tools = conversation(HISTORY, plan)
     assert tools is None
     assert messages[0]["role"] == "system" and "Be brief." in messages[0]["content"]

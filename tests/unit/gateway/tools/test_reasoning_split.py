@@ -17,7 +17,8 @@ import xgrammar as xgr
 from xgrammar.testing import _is_grammar_accept_string
 
 from adapters.contract import Guide
-from gateway.catalog.text.template import render_chat
+from gateway.catalog.text.prompts import render_chat
+from gateway.catalog.text.template import compile_template
 from gateway.errors import InvalidRequestError
 from gateway.openai.chat.plan import template_messages, template_variables
 from gateway.openai.protocol import ChatCompletionRequest, ChatMessage
@@ -329,5 +330,7 @@ def test_an_earlier_answers_reasoning_reaches_the_template() -> None:
             ],
             list[ChatMessage],
         )
-        text = render_chat(template, template_messages(history), tools=None, special_tokens={})
+        text = render_chat(
+            compile_template(template), template_messages(history), tools=None, special_tokens={}
+        )
         assert text == "2+2?|<think>Two and two.</think>4|"

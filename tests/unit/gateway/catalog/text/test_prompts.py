@@ -4,6 +4,8 @@ and the same prompts, ids and text as ``transformers`` (which the serving proces
 from __future__ import annotations
 
 import dataclasses
+import json
+import shutil
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -103,6 +105,30 @@ async def test_chat_template_file_overrides_the_tokenizer(
     )
     prompt = await tokenizer.chat_prompt([{"role": "system", "content": "s"}, *CONVERSATION])
     assert prompt.text == "[system] s\n[user] hello\n[assistant] "
+
+
+async def test_named_templates_serve_the_requests_they_are_for_whichever_came_first(
+    tiny_model_dir: Path, executor: ThreadPoolExecutor, tmp_path: Path
+) -> None:
+    """A chat with tools renders the ``tool_use`` template and one without the ``default``, the
+    same again once each was compiled and kept."""
+    folder = tmp_path / "named"
+    shutil.copytree(tiny_model_dir, folder)
+    (folder / "chat_template.jinja").unlink(missing_ok=True)
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    config["chat_template"] = [
+        {
+            "name": "default",
+            "template": "[plain]{% for m in messages %}{{ m.content }}{% endfor %}",
+        },
+        {"name": "tool_use", "template": "[tools {{ tools | length }}]{{ messages[0].content }}"},
+    ]
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    tokenizer = PromptTokenizer.load(str(folder), executor)
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {}}}]
+    for _ in range(2):
+        assert (await tokenizer.chat_prompt(CONVERSATION, tools)).text == "[tools 1]hello"
+        assert (await tokenizer.chat_prompt(CONVERSATION)).text == "[plain]hello"
 
 
 async def test_a_template_error_is_a_400(

@@ -1,0 +1,65 @@
+"""A served model as loaded: what depends on the model alone is decided once, when it loads."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from adapters.contract import ModelTarget
+from gateway.catalog.registry import ModelRoute, load_model
+from gateway.settings import SamplingDefaults
+
+HARMONY = "<|start|>{{ messages[0].content }}<|channel|>analysis<|message|>"
+THINK_AND_CALLS = "<think></think>{{ messages[0].content }}<tool_call>"
+
+
+@pytest.fixture(scope="module")
+def executor() -> Iterator[ThreadPoolExecutor]:
+    with ThreadPoolExecutor(1) as pool:
+        yield pool
+
+
+@pytest.mark.parametrize(
+    ("tool_call_format", "reasoning_parser", "template", "formats"),
+    [
+        (None, None, None, ("hermes", None)),
+        ("mistral", "think", None, ("mistral", "think")),
+        (None, None, HARMONY, ("harmony", "harmony")),
+        (None, None, THINK_AND_CALLS, ("hermes", "think")),
+        ("pythonic", "none", THINK_AND_CALLS, ("pythonic", None)),
+    ],
+)
+def test_a_model_s_formats_are_decided_when_it_loads(
+    tiny_model_dir: Path,
+    executor: ThreadPoolExecutor,
+    tmp_path: Path,
+    tool_call_format: str | None,
+    reasoning_parser: str | None,
+    template: str | None,
+    formats: tuple[str, str | None],
+) -> None:
+    """The settings' tool-call and reasoning formats, else those the chat template shows (the
+    tiny model's ChatML shows none: Hermes calls, no reasoning), are the served model's own."""
+    template_file = None
+    if template is not None:
+        template_file = tmp_path / "chat.jinja"
+        template_file.write_text(template)
+    route = ModelRoute(
+        name="tiny",
+        target=ModelTarget(url="127.0.0.1:1", triton_model="tiny_ensemble", kind="ensemble"),
+        tokenizer_dir=str(tiny_model_dir),
+        chat_template_file=None if template_file is None else str(template_file),
+        context_length=256,
+        add_special_tokens=True,
+        max_n=4,
+        defaults=SamplingDefaults(),
+        owned_by="me",
+        tool_call_format=tool_call_format,
+        reasoning_parser=reasoning_parser,
+    )
+    served = load_model(route, executor)
+    reasoning = served.reasoning.name if served.reasoning is not None else None
+    assert (served.tool_format.name, reasoning) == formats

@@ -13,6 +13,7 @@ import httpx
 import msgspec
 import openai
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
 
 from deploy.sidecar.supervisor import Sidecar
 from gateway.queueing.settings import QueueSettings
@@ -78,18 +79,24 @@ def _eventually_above(server: Sidecar, count: float) -> None:
 
 
 def _answer(client: openai.OpenAI, model: str, endpoint: str, stream: bool, prompt: str) -> str:
-    kwargs: dict[str, Any] = {"model": model, "max_tokens": 12, "temperature": 0}
     if endpoint == "chat":
-        messages = [{"role": "user", "content": prompt}]
+        messages: list[ChatCompletionMessageParam] = [{"role": "user", "content": prompt}]
         if stream:
-            chunks = client.chat.completions.create(messages=messages, stream=True, **kwargs)
+            chunks = client.chat.completions.create(
+                model=model, messages=messages, max_tokens=12, temperature=0, stream=True
+            )
             return "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
-        answer = client.chat.completions.create(messages=messages, **kwargs)
+        answer = client.chat.completions.create(
+            model=model, messages=messages, max_tokens=12, temperature=0
+        )
         return answer.choices[0].message.content or ""
     if stream:
-        pieces = client.completions.create(prompt=prompt, stream=True, **kwargs)
+        pieces = client.completions.create(
+            model=model, prompt=prompt, max_tokens=12, temperature=0, stream=True
+        )
         return "".join(c.choices[0].text for c in pieces if c.choices)
-    return client.completions.create(prompt=prompt, **kwargs).choices[0].text
+    whole = client.completions.create(model=model, prompt=prompt, max_tokens=12, temperature=0)
+    return whole.choices[0].text
 
 
 @pytest.mark.parametrize("endpoint", ["chat", "completions"])

@@ -110,3 +110,10 @@ def test_a_split_answer_is_the_whole_answer(
     split = _answer(client, "tiny-split", endpoint, stream, PROMPT)
     assert split == whole and split
     _eventually_above(generation, before)
+
+
+def test_each_pool_of_a_split_model_has_its_replica_metrics(client: openai.OpenAI) -> None:
+    root = str(client.base_url).removesuffix("/").removesuffix("/v1")
+    text = httpx.get(f"{root}/metrics", timeout=10).text
+    assert value(text, "gateway_replica_up", model="tiny-split/context") == 1
+    assert value(text, "gateway_replica_up", model="tiny-split") == 1

@@ -110,3 +110,27 @@ async def test_a_lost_handoff_runs_the_request_whole(servers: Any) -> None:
         streamed = dataclasses.replace(request, stream=True)
         with pytest.raises(BackendError, match="holds no request"):
             await _answer(Lost(pools, backend, streamed))
+
+
+async def test_a_context_replica_that_fails_first_costs_the_request_nothing(
+    servers: Any,
+) -> None:
+    context, generation = servers
+    # The first context replica in turn answers nothing; the request moves to the other.
+    pool = ReplicaPool("context", TARGET, RoutingSettings(policy="round_robin"))
+    pool.update(
+        [
+            ReplicaAddress("context-gone", f"127.0.0.1:{free_port()}"),
+            ReplicaAddress("context-live", context.grpc_url),
+        ]
+    )
+    for replica in pool.replicas.values():
+        pool.probed(replica, True)
+    pools = PhasePools(pool, _pool("generation", generation))
+    request = dataclasses.replace(_request(True), request_id="context-failover")
+    async with TritonBackend() as backend:
+        whole = await _answer(PooledRequest(pools.generation, backend, request))
+        split = await _answer(DisaggregatedRequest(pools, backend, request))
+    assert _text(split) == _text(whole)
+    assert pool.replicas["context-gone"].retries == 1
+    assert split[0].token_count == 1

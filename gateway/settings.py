@@ -295,8 +295,16 @@ def _split_problem(model: ModelSettings) -> str | None:
         return None
     if model.entry != "tensorrt_llm":
         return "routing.disaggregation needs entry tensorrt_llm (the engine splits requests)"
+    if model.pipeline is not None and not model.replicas:
+        # The pools are its pipeline's context and generation sidecars, checked at start.
+        return None
     if not model.replicas:
-        return "routing.disaggregation needs replicas: the generation pool"
+        return (
+            "routing.disaggregation needs replicas: the generation pool (or a pipeline "
+            "hosted by context and generation sidecars)"
+        )
+    if not model.routing.disaggregation.context_replicas:
+        return "routing.disaggregation.context_replicas names no replica"
     return None
 
 

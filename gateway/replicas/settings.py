@@ -44,7 +44,9 @@ class DisaggregationSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_u
     prompt's KV cache from the context replica instead of prefilling it again."""
 
     context_replicas: tuple[str | EndpointSettings, ...] | str = ()
-    """The context pool, written as ``replicas`` is: a list of endpoints or ``dns:HOST:PORT``."""
+    """The context pool, written as ``replicas`` is: a list of endpoints or ``dns:HOST:PORT``;
+    left out for a model whose pipeline runs on context and generation sidecars (their
+    ``disaggregation.phase``), whose pools are those sidecars."""
     min_prompt_tokens: int = 0
     """Shorter prompts run whole on the generation pool: their prefill is not worth a
     handoff."""
@@ -149,8 +151,6 @@ def check_routing(routing: RoutingSettings) -> list[str]:
     weights = msgspec.structs.asdict(routing.weights)
     problems += [f"weights.{name} must be >= 0" for name, value in weights.items() if value < 0]
     split = routing.disaggregation
-    if split is not None and not split.context_replicas:
-        problems.append("disaggregation.context_replicas names no replica")
     if split is not None and split.min_prompt_tokens < 0:
         problems.append("disaggregation.min_prompt_tokens must be >= 0")
     return problems

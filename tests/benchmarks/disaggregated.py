@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.benchmarks.disaggregated_load import SetupFigures, prompt_of, run_setup
+from tests.benchmarks.gpu_readings import machine
 from tests.benchmarks.gpu_setup import BIG, SMALL, build_model, ephemeral_port
 from tests.support.gateway import serve_process, stop_process
 
@@ -273,6 +274,7 @@ def main(argv: list[str] | None = None) -> int:
     tokenizer = AutoTokenizer.from_pretrained(folder)
     kv_gib = args.kv_tokens * kv_bytes_per_token(folder, args.device) / 2**30
     lines = ["# Disaggregated against aggregated serving", "", *header(args, described, kv_gib)]
+    lines.append(f"- host: {json.dumps(machine())}")
     print("\n".join(lines), flush=True)
     ports = [(ephemeral_port(), ephemeral_port()) for _ in range(2)]
     config = gateway_config(args, folder, ports)

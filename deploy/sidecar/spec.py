@@ -373,6 +373,7 @@ def _check_phases(spec: Spec) -> None:
             value = getattr(split, field)
             if value is not None and value < 1:
                 raise SpecError(f"sidecar {sidecar.name!r}: disaggregation.{field} must be >= 1")
+    _check_shared_gpus(spec)
     for name, found in phases.items():
         if found == {None}:
             continue
@@ -386,4 +387,32 @@ def _check_phases(spec: Spec) -> None:
             raise SpecError(
                 f"model {name!r} has no {missing.pop()} sidecar: a split model needs a sidecar "
                 "with disaggregation.phase context and one with phase generation"
+            )
+
+
+def _check_shared_gpus(spec: Spec) -> None:
+    """Phase sidecars of a CUDA engine on the same GPUs must each be given their share of its
+    memory: the first to load would otherwise take most of what the other needs."""
+    by_gpus: dict[str, list[SidecarSpec]] = {}
+    for sidecar in spec.sidecars:
+        gpus = sidecar.env.get("CUDA_VISIBLE_DEVICES")
+        on_cuda = any(
+            isinstance(m.engine, TorchEngine) and m.engine.device != "cpu"
+            for m in spec.models_of(sidecar)
+        )
+        if sidecar.disaggregation is not None and gpus is not None and on_cuda:
+            by_gpus.setdefault(gpus, []).append(sidecar)
+    for gpus, sidecars in by_gpus.items():
+        unsized = [
+            s.name
+            for s in sidecars
+            if s.disaggregation is not None
+            and s.disaggregation.max_tokens_in_paged_kv_cache is None
+            and s.disaggregation.kv_cache_free_gpu_mem_fraction is None
+        ]
+        if len(sidecars) > 1 and unsized:
+            raise SpecError(
+                f"sidecars {sorted(s.name for s in sidecars)} share CUDA_VISIBLE_DEVICES {gpus}: "
+                f"give {sorted(unsized)} disaggregation.max_tokens_in_paged_kv_cache (or "
+                "kv_cache_free_gpu_mem_fraction), each sidecar's share of the memory"
             )

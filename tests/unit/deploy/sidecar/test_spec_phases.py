@@ -137,3 +137,27 @@ def test_a_phase_applies_to_the_pipelines_of_its_sidecar_only() -> None:
         ],
     }
     assert [s.name for s in parse_spec(spec).sidecars] == ["ctx", "gen", "bench"]
+
+
+ONE_GPU = {"CUDA_VISIBLE_DEVICES": "0"}
+
+
+def test_two_phases_on_one_gpu_each_need_their_share_of_its_memory() -> None:
+    unsized = {**GENERATION, "env": ONE_GPU, "disaggregation": {"phase": "generation"}}
+    shared = _split_spec({**CONTEXT, "env": ONE_GPU}, unsized)
+    with pytest.raises(SpecError) as refused:
+        parse_spec(shared)
+    assert str(refused.value) == (
+        "sidecars ['ctx', 'gen'] share CUDA_VISIBLE_DEVICES 0: give ['gen'] "
+        "disaggregation.max_tokens_in_paged_kv_cache (or kv_cache_free_gpu_mem_fraction), "
+        "each sidecar's share of the memory"
+    )
+    sized = {"phase": "generation", "max_tokens_in_paged_kv_cache": 65536}
+    parse_spec(
+        _split_spec(
+            {**CONTEXT, "env": ONE_GPU}, {**GENERATION, "env": ONE_GPU, "disaggregation": sized}
+        )
+    )
+    # On the CPU there is no GPU memory to share.
+    on_cpu = _split_spec({**CONTEXT, "env": ONE_GPU}, unsized, engine={**TORCH, "device": "cpu"})
+    parse_spec(on_cpu)

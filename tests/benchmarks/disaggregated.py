@@ -60,6 +60,11 @@ def model_folder(args: argparse.Namespace, workdir: Path) -> tuple[Path, str]:
     if name in SHAPES:
         tokenizer = args.tokenizer or ensure_tiny_model()
         params = build_model(workdir / name, tokenizer, SHAPES[name], args.device)
+        if args.device == "cuda":
+            import torch
+
+            # What building took stays reserved by this process on GPU 0 otherwise.
+            torch.cuda.empty_cache()
         return workdir / name, f"{name}, random weights, {params / 1e9:.2f}B parameters"
     return Path(name), name
 

@@ -1,4 +1,5 @@
-# Developer entry points: `make demo` serves SmolLM2 through a local sidecar, `make test` runs
+# Developer entry points: `make demo` serves SmolLM2 through a local sidecar (`make
+# demo-disaggregated` through a context and a generation sidecar), `make test` runs
 # every test, `make bench` prints the benchmark figures, `make lint` checks style and types,
 # `make docs` builds the documentation site and serves it.
 PYTHON ?= python3
@@ -13,7 +14,7 @@ TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 # Where `make bench` writes its reports; BENCH_OUT=tests/benchmarks/results updates the committed ones.
 BENCH_OUT ?= .bench/results
 
-.PHONY: install demo test bench capacity soak lint docs clean gpu-bundle
+.PHONY: install demo demo-disaggregated test bench capacity soak lint docs clean gpu-bundle
 
 $(STAMP): pyproject.toml
 	# A C compiler builds the response keeper that sidecars preload (docs/deployment/transports.md).
@@ -35,6 +36,11 @@ install: $(STAMP)
 
 demo: $(STAMP)
 	$(BIN)/triton-gateway demo
+
+# The demo's model split over two CPU sidecars: long prompts prefilled on a context sidecar and
+# decoded on a generation sidecar, which takes their KV cache (docs/features/disaggregated.md).
+demo-disaggregated: $(STAMP)
+	$(BIN)/triton-gateway demo --disaggregated
 
 # Two test processes (pytest-xdist) by default: one alone leaves a 2-core machine idle for more
 # than half the run while it waits on sidecars. Each process starts its own shared sidecars, so

@@ -22,6 +22,9 @@ from typing import Literal, Protocol, runtime_checkable
 EntryModel = Literal["ensemble", "tensorrt_llm_bls", "tensorrt_llm"]
 """The TensorRT-LLM model a served model enters through: text in and out, or token ids."""
 SeedOrigin = Literal["client", "choices", "variation"]
+DisaggregationPhase = Literal["context_only", "generation_only"]
+"""One phase of a disaggregated request (TensorRT-LLM's ``request_type``): the prefill and
+first token on a context engine, or the rest on a generation engine that takes its KV cache."""
 
 
 GuideType = Literal["json", "json_schema", "regex", "ebnf_grammar", "structural_tag"]
@@ -174,6 +177,12 @@ class GenerationRequest:
     prompt, tokenized as the deployment's preprocessing tokenizes it): the backend then does not
     ask the engine to count it again in every response. ``None`` (or a prompt with images, whose
     length only the engine knows) leaves the count to the engine."""
+    phase: DisaggregationPhase | None = None
+    """The phase this request runs, or ``None`` for the whole request (context and generation
+    on one engine). Only the ``tensorrt_llm`` entry takes a phase."""
+    context_phase_params: bytes | None = None
+    """What a ``context_only`` answer handed over (``TokenChunk.context_phase_params``): the
+    input of the ``generation_only`` request that continues it, and of no other."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,6 +217,9 @@ class TokenChunk:
     cached_tokens: int | None = None
     beams: tuple[Beam, ...] = ()
     """A beam search's beams, best first (``text`` is the first's), in one final chunk."""
+    context_phase_params: bytes | None = None
+    """The handoff of a ``context_only`` request, in its final chunk: opaque bytes for the
+    ``generation_only`` request that continues it on another engine."""
 
 
 class PreparedRequest(Protocol):

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
+from gateway.replicas.settings import DisaggregationSettings, RoutingSettings
 from gateway.settings import (
     ModelSettings,
     SamplingDefaults,
@@ -30,14 +31,29 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 DEMO_MODEL = "smollm2"
+DEMO_SPLIT_TOKENS = 32
+"""``demo --disaggregated``: shorter prompts run whole on the generation sidecar."""
+_ENGINE_ONLY = ["--model-control-mode=explicit", f"--load-model={DEMO_MODEL}_tensorrt_llm"]
+DEMO_SPLIT_SIDECARS = [
+    {
+        "name": "context",
+        "disaggregation": {"phase": "context", "kv_transfer_timeout_ms": 30000},
+        "extra_args": _ENGINE_ONLY,
+    },
+    {"name": "generation", "disaggregation": {"phase": "generation"}, "extra_args": _ENGINE_ONLY},
+]
+"""``demo --disaggregated``: a context and a generation sidecar on the CPU, each loading only
+the engine model (the gateway tokenizes)."""
 
 
-def demo_settings(host: str, port: int) -> Settings:
-    """SmolLM2-135M-Instruct on the PyTorch engine in a local sidecar, served as ``smollm2``."""
+def demo_settings(host: str, port: int, *, disaggregated: bool = False) -> Settings:
+    """SmolLM2-135M-Instruct on the PyTorch engine in a local sidecar, served as ``smollm2``;
+    ``disaggregated``: in two sidecars, prompts of ``DEMO_SPLIT_TOKENS`` or more prefilled on
+    the context sidecar and decoded on the generation sidecar."""
     from deploy.sidecar.models import ensure_smollm2
 
     model_dir = ensure_smollm2()
-    spec = {
+    spec: dict[str, object] = {
         "models": [
             {
                 "name": DEMO_MODEL,
@@ -55,8 +71,16 @@ def demo_settings(host: str, port: int) -> Settings:
     # A 135M model rambles at temperature 1 and can loop on a phrase; the sampling its model card
     # suggests plus a mild repetition penalty keeps the demo's answers on topic.
     defaults = SamplingDefaults(temperature=0.2, top_p=0.9, repetition_penalty=1.1)
+    model = ModelSettings(name=DEMO_MODEL, pipeline=DEMO_MODEL, defaults=defaults)
+    if disaggregated:
+        spec["sidecars"] = DEMO_SPLIT_SIDECARS
+        split = DisaggregationSettings(min_prompt_tokens=DEMO_SPLIT_TOKENS)
+        # The gateway tokenizes: the split runs on the engine model itself.
+        model = msgspec.structs.replace(
+            model, entry="tensorrt_llm", routing=RoutingSettings(disaggregation=split)
+        )
     return Settings(
-        models=(ModelSettings(name=DEMO_MODEL, pipeline=DEMO_MODEL, defaults=defaults),),
+        models=(model,),
         sidecars=SidecarSettings(inline=spec),
         server=ServerSettings(host=host, port=port),
         tenancy=TenancySettings(auth=False),
@@ -138,7 +162,13 @@ def _demo(args: argparse.Namespace) -> int:
     print(
         "triton-gateway demo: preparing SmolLM2-135M-Instruct (first run converts it)", flush=True
     )
-    return serve(demo_settings(args.host, args.port))
+    if args.disaggregated:
+        print(
+            f"  disaggregated: prompts of {DEMO_SPLIT_TOKENS} tokens or more are prefilled on the "
+            "context sidecar and decoded on the generation sidecar",
+            flush=True,
+        )
+    return serve(demo_settings(args.host, args.port, disaggregated=args.disaggregated))
 
 
 def _init(args: argparse.Namespace) -> int:
@@ -193,6 +223,11 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--host", default="127.0.0.1", help="address to bind")
     demo.add_argument("--port", type=int, default=8000, help="port to bind")
     demo.add_argument("--debug", action="store_true", help="show tracebacks of errors")
+    demo.add_argument(
+        "--disaggregated",
+        action="store_true",
+        help="a context and a generation sidecar, long prompts split between them",
+    )
     demo.set_defaults(func=_demo)
     init = sub.add_parser("init", help="write a runnable CPU configuration to start from")
     init.add_argument("folder", help="where to write gateway.yaml, deploy.yaml and an adapter")

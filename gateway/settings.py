@@ -289,6 +289,25 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     ``routing.max_in_flight``."""
 
 
+def _split_problem(model: ModelSettings) -> str | None:
+    """Why the model cannot split its requests between two pools, where it is asked to."""
+    if model.routing.disaggregation is None:
+        return None
+    if model.entry != "tensorrt_llm":
+        return "routing.disaggregation needs entry tensorrt_llm (the engine splits requests)"
+    if model.pipeline is not None and not model.replicas:
+        # The pools are its pipeline's context and generation sidecars, checked at start.
+        return None
+    if not model.replicas:
+        return (
+            "routing.disaggregation needs replicas: the generation pool (or a pipeline "
+            "hosted by context and generation sidecars)"
+        )
+    if not model.routing.disaggregation.context_replicas:
+        return "routing.disaggregation.context_replicas names no replica"
+    return None
+
+
 def check_settings(settings: Settings) -> None:
     """Reject settings whose parts contradict each other, before anything starts."""
     for model in settings.models:
@@ -299,7 +318,7 @@ def check_settings(settings: Settings) -> None:
             raise SettingsError(
                 f"model {model.name!r}: set triton_url (one Triton) or replicas (several), not both"
             )
-        problem = _transport_problem(model)
+        problem = _transport_problem(model) or _split_problem(model)
         if problem is not None:
             raise SettingsError(f"model {model.name!r}: {problem}")
     problems = check_queueing(settings.queueing)

@@ -243,14 +243,15 @@ class TritonBackend:
         # (Stopper.release).
         keep_open = model.is_ensemble
         priority = model.request_priority(request.priority)
+        phase = request.phase
         if target.http_url is not None and stoppable and single and carries(tensors):
-            body = generate_body(request_id, tensors, priority=priority)
+            body = generate_body(request_id, tensors, priority=priority, request_type=phase)
             return self._http.call(
                 target.http_url, target.triton_model, body, request.trace_headers, deadline,
                 keep_open=keep_open,
             )  # fmt: skip
         message = infer_request(
-            target.triton_model, request_id, tensors, outputs, priority=priority
+            target.triton_model, request_id, tensors, outputs, priority=priority, request_type=phase
         )
         timeout = _remaining(deadline) + (self._stopper.ending_s if keep_open else 0.0)
         return GrpcCall(

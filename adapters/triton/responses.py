@@ -79,6 +79,7 @@ class ResponseDecoder:
             logprobs=logprobs if self._keep_logprobs else (),
             final=final,
             cached_tokens=cached_tokens(outputs, self._tokens_per_block),
+            context_phase_params=_handoff(outputs),
         )
 
     def finish(self) -> TokenChunk:
@@ -198,6 +199,7 @@ class EngineDecoder:
             logprobs=logprobs if self._keep_logprobs else (),
             final=final,
             cached_tokens=cached_tokens(outputs, self._tokens_per_block),
+            context_phase_params=_handoff(outputs),
         )
 
     def finish(self) -> TokenChunk:
@@ -225,6 +227,14 @@ class EngineDecoder:
             cached_tokens=cached_tokens(outputs, self._tokens_per_block),
             beams=tuple(beams),
         )
+
+
+def _handoff(outputs: Outputs) -> bytes | None:
+    """A context-only answer's ``context_phase_params``, as the bytes they are."""
+    array = outputs.get("context_phase_params")
+    if array is None or array.size == 0:
+        return None
+    return np.asarray(array, dtype=np.uint8).reshape(-1).tobytes()
 
 
 def cached_tokens(outputs: Outputs, tokens_per_block: int | None) -> int | None:
@@ -263,6 +273,7 @@ def join_chunks(chunks: Sequence[TokenChunk]) -> TokenChunk:
     counts = [chunk.token_count for chunk in chunks]
     prompt_tokens = [chunk.prompt_tokens for chunk in chunks if chunk.prompt_tokens is not None]
     cached = [chunk.cached_tokens for chunk in chunks if chunk.cached_tokens is not None]
+    handoffs = [chunk.context_phase_params for chunk in chunks if chunk.context_phase_params]
     return TokenChunk(
         text="".join(chunk.text for chunk in chunks),
         token_count=None if None in counts else sum(count or 0 for count in counts),
@@ -271,6 +282,7 @@ def join_chunks(chunks: Sequence[TokenChunk]) -> TokenChunk:
         final=chunks[-1].final,
         cached_tokens=cached[0] if cached else None,
         beams=beams[-1] if beams else (),
+        context_phase_params=handoffs[-1] if handoffs else None,
     )
 
 

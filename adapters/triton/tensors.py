@@ -34,7 +34,10 @@ _ENGINE_SAMPLING_INPUTS = tuple(
 
 
 def streams(request: GenerationRequest, model: ModelInputs) -> bool:
-    """Whether the request is sent as streaming: a non-decoupled model answers once."""
+    """Whether the request is sent as streaming: a non-decoupled model answers once, and so
+    does a context-only request (its first token)."""
+    if request.phase == "context_only":
+        return False
     return request.stream and model.decoupled and model.has(model.stream_input)
 
 
@@ -86,7 +89,41 @@ def build_inputs(
         tensors.extend(lora_inputs(request.lora, model, with_weights=lora_weights))
     if request.cache_salt is not None:
         tensors.extend(_cache_salt(request.cache_salt, model))
+    if request.phase is not None or request.context_phase_params is not None:
+        tensors.extend(phase_inputs(request, model))
     return [tensor.unbatched() for tensor in tensors] if model.max_batch_size == 0 else tensors
+
+
+CONTEXT_PHASE_PARAMS = "context_phase_params"
+"""The handoff tensor: an output of a context-only request, an input of a generation-only one."""
+
+
+def phase_inputs(request: GenerationRequest, model: ModelInputs) -> list[WireTensor]:
+    """The inputs of one phase of a disaggregated request (the phase itself travels as the
+    ``request_type`` request parameter): ``context_phase_params`` for the generation phase.
+    Refused where the model cannot split a request, or the request cannot be split."""
+    if not model.is_engine or not model.has(CONTEXT_PHASE_PARAMS):
+        raise InvalidRequest(
+            "this model does not serve disaggregated requests",
+            param="model",
+            detail=f"Triton model {model.name} is not a tensorrt_llm model with a "
+            f"{CONTEXT_PHASE_PARAMS} input (TensorRT-LLM v0.19 and later have it)",
+        )
+    if request.params.beam is not None:
+        raise InvalidRequest(
+            "beam search cannot be split between a context and a generation engine",
+            param=request.params.beam.param,
+        )
+    handoff = request.context_phase_params
+    if (request.phase == "generation_only") != (handoff is not None):
+        raise InvalidRequest(
+            "a generation-only request needs the context phase's handoff, and only it takes one",
+            param="model",
+            detail=f"phase {request.phase} with {0 if handoff is None else len(handoff)} bytes",
+        )
+    if handoff is None:
+        return []
+    return [WireTensor(CONTEXT_PHASE_PARAMS, "UINT8", np.frombuffer(handoff, np.uint8)[None, :])]
 
 
 def _cache_salt(salt: int, model: ModelInputs) -> list[WireTensor]:
@@ -216,6 +253,8 @@ def requested_outputs(request: GenerationRequest, model: ModelInputs) -> list[st
             names.append("output_log_probs")
         if model.reports_cached_tokens:
             names.append(REUSED_BLOCKS)
+        if request.phase == "context_only":
+            names.append(CONTEXT_PHASE_PARAMS)
         return names
     names = ["text_output"]
     if model.reports_cached_tokens:

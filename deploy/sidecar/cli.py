@@ -36,9 +36,12 @@ def _run(args: argparse.Namespace) -> int:
     try:
         for sidecar, sidecar_spec in zip(sidecars, spec.sidecars, strict=True):
             models = ", ".join(m.name for m in spec.models_of(sidecar_spec))
+            split, gpus = sidecar_spec.disaggregation, sidecar_spec.env.get("CUDA_VISIBLE_DEVICES")
+            role = f" ({split.phase} phase)" if split is not None else ""
+            where = f" GPUs {gpus}" if gpus is not None else ""
             print(
-                f"sidecar {sidecar.name}: http {sidecar.http_url} grpc {sidecar.grpc_url} "
-                f"metrics {sidecar.metrics_url} models [{models}] log {sidecar.log_path}",
+                f"sidecar {sidecar.name}{role}: http {sidecar.http_url} grpc {sidecar.grpc_url} "
+                f"metrics {sidecar.metrics_url} models [{models}]{where} log {sidecar.log_path}",
                 flush=True,
             )
         while not done.wait(1.0):

@@ -21,6 +21,7 @@ from deploy.sidecar.spec import (
     TensorRTLLMEngine,
     TorchEngine,
     looks_like_path,
+    sidecar_model,
 )
 
 TEMPLATES = Path(__file__).parent / "templates"
@@ -372,7 +373,7 @@ def render_files(spec: Spec, sidecar: SidecarSpec) -> dict[str, str]:
     files: dict[str, str] = {}
     for model in spec.models_of(sidecar):
         # Built-in names become folders here: the models inside tritonserver never see them.
-        model = resolve_model(model)
+        model = resolve_model(sidecar_model(model, sidecar))
         check_paths(model)
         files.update(render_model(model))
     return files

@@ -9,6 +9,24 @@ from typing import Any, Literal
 import msgspec
 import yaml
 
+from deploy.sidecar.engines import EngineSpec, LoadTestEngine, TensorRTLLMEngine, TorchEngine
+
+__all__ = [
+    "EngineSpec",
+    "LoadTestEngine",
+    "ModelSpec",
+    "SidecarDisaggregation",
+    "SidecarSpec",
+    "Spec",
+    "SpecError",
+    "TensorRTLLMEngine",
+    "TorchEngine",
+    "load_spec",
+    "looks_like_path",
+    "parse_spec",
+    "sidecar_model",
+]
+
 MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
 RELEASES = ("v0.8", "v0.11", "v0.19", "latest")
 Release = Literal["v0.8", "v0.11", "v0.19", "latest"]
@@ -23,141 +41,6 @@ PIPELINE_MODELS = (
 
 class SpecError(ValueError):
     """A spec that cannot be served: bad YAML, a bad value, or a missing file."""
-
-
-class TorchEngine(
-    msgspec.Struct, frozen=True, forbid_unknown_fields=True, tag="torch", tag_field="kind"
-):
-    """The project's PyTorch engine for the ``tensorrt_llm`` model (Hugging Face causal LMs)."""
-
-    model_dir: str
-    """A Hugging Face model directory or hub id (or ``tiny`` / ``smollm2``)."""
-    device: str = "auto"
-    """Torch device: ``auto`` (CUDA when the machine has it, else the CPU), ``cpu``, ``cuda`` or
-    ``cuda:N``."""
-    dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"
-    """Weights and activations dtype; ``auto`` is float32 on CPU and bfloat16 on CUDA."""
-    max_batch_size: int = 16
-    """Most sequences decoded together by in-flight batching."""
-    max_seq_len: int = 4096
-    """Most tokens of prompt plus output for one sequence."""
-    lora_cache_size: int = 8
-    """LoRA adapters the engine keeps (least recently used evicted); a request for an evicted
-    one is answered with TensorRT-LLM's "not found in cache" error, and the gateway resends."""
-    guided_decoding: bool = True
-    """Guided decoding with xgrammar (``guided_decoding_backend: xgrammar``): JSON, JSON schema,
-    regex, EBNF and structural-tag guides, which ``response_format`` and tool calls use."""
-    guided_decoding_compile_timeout_ms: int | None = None
-    """How long a request waits for its grammar to compile before it fails with a 400 (engine
-    default 5000); grammars compile beside the decode steps, which never wait for them."""
-    guided_decoding_max_compiles: int | None = None
-    """Grammars compiled at once (engine default 2); more wait their turn, within the timeout."""
-    guided_decoding_cache_mb: int | None = None
-    """Compiled grammars kept by content, in MiB (engine default 256)."""
-    enable_kv_cache_reuse: bool | None = None
-    """Prefix reuse across requests: full KV-cache blocks of earlier prompts and answers stay
-    cached, and a prompt prefills only what is not (engine default true, as the C++ backend's)."""
-    enable_chunked_context: bool | None = None
-    """Prefill long prompts in chunks of at most ``max_num_tokens`` tokens between decode steps
-    of the running batch (default false)."""
-    kv_cache_free_gpu_mem_fraction: float | None = None
-    """On CUDA, the share of the memory left free by the model that the KV cache takes (engine
-    default 0.9)."""
-    max_tokens_in_paged_kv_cache: int | None = None
-    """Tokens the KV cache holds at most; on the CPU its size (default ``max_batch_size`` times
-    ``max_seq_len``: every running sequence fits at full length)."""
-    tokens_per_block: int = 32
-    """Tokens of one KV-cache block, the unit of reuse and of the block metrics."""
-    max_num_tokens: int | None = None
-    """Most prompt tokens prefilled in one iteration (engine default 8192)."""
-    mixed_batching: bool = True
-    """Prompt chunks run in the decode step's forward pass, packed with the running rows, as
-    TensorRT-LLM's in-flight batching runs context and generation together (where the model's
-    attention allows it: checked at load, else a pass per prompt)."""
-    max_beam_width: int = 1
-    """Widest beam search a request may ask for (``beam_width``); each beam takes a row of
-    ``max_batch_size``."""
-    kv_transfer_timeout_ms: int | None = None
-    """Disaggregated serving: how long a context-only request's KV-cache blocks wait for a
-    generation engine to take them before they are freed (engine default 30000)."""
-
-
-class TensorRTLLMEngine(
-    msgspec.Struct, frozen=True, forbid_unknown_fields=True, tag="tensorrtllm", tag_field="kind"
-):
-    """The real TensorRT-LLM C++ backend (NGC Triton TensorRT-LLM container)."""
-
-    engine_dir: str
-    """Directory of the built TensorRT-LLM engine."""
-    gpu_device_ids: str | None = None
-    """GPUs of this model's executor, e.g. ``0,1``; ``;`` separates instances."""
-    participant_ids: str | None = None
-    """MPI ranks of the executor when orchestrator spawning is disabled."""
-    batching_strategy: Literal["inflight_fused_batching", "inflight_batching", "V1"] = (
-        "inflight_fused_batching"
-    )
-    """TensorRT-LLM ``gpt_model_type``."""
-    batch_scheduler_policy: Literal["guaranteed_no_evict", "max_utilization"] = (
-        "guaranteed_no_evict"
-    )
-    """Scheduler policy of the executor."""
-    kv_cache_free_gpu_mem_fraction: float | None = None
-    """Share of free GPU memory given to the KV cache (backend default 0.9)."""
-    max_tokens_in_paged_kv_cache: int | None = None
-    """Cap on KV-cache tokens."""
-    enable_kv_cache_reuse: bool | None = None
-    """Prefix reuse across requests (backend default true)."""
-    enable_chunked_context: bool | None = None
-    """Chunked prefill (backend default false)."""
-    max_beam_width: int = 1
-    """Beam width the engine was built for."""
-    lora_cache_optimal_adapter_size: int | None = None
-    """Optimal LoRA adapter size for cache pages (backend default 8)."""
-    lora_cache_max_adapter_size: int | None = None
-    """Largest LoRA adapter size (backend default 64)."""
-    lora_cache_gpu_memory_fraction: float | None = None
-    """GPU memory share of the LoRA cache (backend default 0.05)."""
-    lora_cache_host_memory_bytes: int | None = None
-    """Host LoRA cache size (backend default 1 GB)."""
-    lora_prefetch_dir: str | None = None
-    """Directory of ``<task id>/model.lora_*.npy`` loaded at start."""
-    parameters: dict[str, str] = {}
-    """Any other ``tensorrt_llm`` template placeholder, by name."""
-
-
-class LoadTestEngine(
-    msgspec.Struct, frozen=True, forbid_unknown_fields=True, tag="loadtest", tag_field="kind"
-):
-    """A load-test stand-in for the ``tensorrt_llm`` model, only for benchmarks: no model, made-up
-    tokens (meaningless text) on a TensorRT-LLM engine's schedule.
-
-    Unpaced (the default) it answers every request at once, so a benchmark measures the serving
-    overhead alone; paced (``token_s``, ``prompt_token_s``) each stream gets tokens at a set
-    rate, like an engine on a GPU, while costing the host almost nothing.
-    """
-
-    tokenizer_dir: str
-    """Tokenizer folder, hub id or built-in name (``tiny``, ``smollm2``) of the pipeline's pre-
-    and postprocessing; the load-test model itself never loads it."""
-    token_id: int | None = None
-    """The token id every output position holds; by default the request's own ``input_ids`` in
-    a cycle (never ``end_id``), so the detokenized text is made of real words."""
-    token_s: float = 0.0
-    """Seconds between two output tokens of a stream (0.0125 is 80 tokens/s); 0: at once."""
-    prompt_token_s: float = 0.0
-    """Seconds per prompt token before a stream's first token (the prefill)."""
-    max_batch_size: int = 4096
-    """Streams paced at once per instance; more wait their turn."""
-    instances: int = 1
-    """Instances of the model (each a Python-backend process) that share the requests."""
-    senders: int = 4
-    """Threads of each instance that send its responses, a request's all from the same one.
-    Each send waits for tritonserver to take the response (a round trip between processes),
-    where the C++ backend's sends cost it next to nothing: with one thread, a stream's first
-    response waits behind every response due before it."""
-
-
-EngineSpec = TorchEngine | TensorRTLLMEngine | LoadTestEngine
 
 
 class ModelSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -221,6 +104,27 @@ class ModelSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         raise SpecError(f"model {self.name!r}: tokenizer_dir is required for a tensorrtllm engine")
 
 
+class SidecarDisaggregation(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """A sidecar's part in disaggregated serving, and the KV-cache settings of its engines: the
+    gateway sends the context phase of a model's split requests to its ``context`` sidecars
+    and the generation phase to its ``generation`` sidecars (the model's
+    ``routing.disaggregation``). Its pipelines run the torch engine."""
+
+    phase: Literal["context", "generation"]
+    """``context``: prefills prompts, answers their first token and holds their KV cache until
+    a generation engine takes it; ``generation``: takes the KV cache and decodes the rest."""
+    kv_transfer_timeout_ms: int | None = None
+    """How long a context-only request's KV-cache blocks wait for a generation engine to take
+    them before they are freed (engine default 30000; the engine's own setting when unset)."""
+    kv_cache_free_gpu_mem_fraction: float | None = None
+    """On CUDA, the share of the memory free once the model is loaded that this sidecar's KV
+    cache takes (the engine's own setting when unset)."""
+    max_tokens_in_paged_kv_cache: int | None = None
+    """Tokens this sidecar's KV cache holds at most (the engine's own setting when unset): the
+    way to share one GPU between a context and a generation sidecar by fixed sizes, each
+    process seeing the other's memory as taken or free depending on which loaded first."""
+
+
 class SidecarSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """One tritonserver process and the pipelines it hosts."""
 
@@ -260,6 +164,9 @@ class SidecarSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     one the sidecar runs without it. The gateway preloads it only where a model of the sidecar
     may take HTTP; ``false`` leaves it out, and models left to ``transport: auto`` there take
     gRPC."""
+    disaggregation: SidecarDisaggregation | None = None
+    """Run one phase of disaggregated requests (``phase``) with these KV-cache settings; None:
+    whole requests. ``env: {CUDA_VISIBLE_DEVICES: "1"}`` puts a sidecar on its own GPU."""
 
 
 class Spec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -307,6 +214,20 @@ def load_spec(path: str | Path) -> Spec:
     except yaml.YAMLError as exc:
         raise SpecError(f"spec file {path} is not valid YAML: {exc}") from exc
     return parse_spec(data, base_dir=path.resolve().parent)
+
+
+def sidecar_model(model: ModelSpec, sidecar: SidecarSpec) -> ModelSpec:
+    """``model`` as ``sidecar`` runs it: a torch engine takes the sidecar's KV-cache settings."""
+    split = sidecar.disaggregation
+    if split is None or not isinstance(model.engine, TorchEngine):
+        return model
+    settings = {
+        "kv_transfer_timeout_ms": split.kv_transfer_timeout_ms,
+        "kv_cache_free_gpu_mem_fraction": split.kv_cache_free_gpu_mem_fraction,
+        "max_tokens_in_paged_kv_cache": split.max_tokens_in_paged_kv_cache,
+    }
+    given = {name: value for name, value in settings.items() if value is not None}
+    return msgspec.structs.replace(model, engine=msgspec.structs.replace(model.engine, **given))
 
 
 def looks_like_path(value: str) -> bool:
@@ -406,8 +327,92 @@ def _check(spec: Spec) -> None:
     for sidecar in spec.sidecars:
         if sidecar.stop_grace_s < 0:
             raise SpecError(f"sidecar {sidecar.name!r}: stop_grace_s must be >= 0")
+    _check_phases(spec)
     # A pipeline hosted by several sidecars has them as replicas (one per GPU, say).
     hosted = {model.name for sidecar in spec.sidecars for model in spec.models_of(sidecar)}
     missing = seen - hosted
     if missing:
         raise SpecError(f"models not hosted by any sidecar: {sorted(missing)}")
+
+
+def _check_phase_engine(sidecar: SidecarSpec, model: ModelSpec) -> None:
+    """A sidecar running one phase of split requests hosts only engines that split them."""
+    phase = sidecar.disaggregation.phase if sidecar.disaggregation else None
+    where = f"sidecar {sidecar.name!r} runs the {phase} phase of disaggregated requests"
+    if not isinstance(model.engine, TorchEngine):
+        raise SpecError(
+            f"{where}, which needs the tensorrt_llm model of a torch engine on both sides; "
+            f"model {model.name!r} has a {model.engine.__struct_config__.tag} engine"
+        )
+    if model.release not in ("v0.19", "latest"):
+        raise SpecError(
+            f"{where}: model {model.name!r} needs release v0.19 or latest (the "
+            f"context_phase_params input of the configs), not {model.release}"
+        )
+
+
+def _check_phases(spec: Spec) -> None:
+    """Each pipeline runs whole on all its sidecars, or split: context and generation
+    sidecars, both with the torch engine and sane KV-cache settings."""
+    phases: dict[str, set[str | None]] = {}
+    for sidecar in spec.sidecars:
+        split = sidecar.disaggregation
+        for model in spec.models_of(sidecar):
+            phases.setdefault(model.name, set()).add(split.phase if split else None)
+            if split is not None:
+                _check_phase_engine(sidecar, model)
+        if split is None:
+            continue
+        fraction = split.kv_cache_free_gpu_mem_fraction
+        if fraction is not None and not 0.0 < fraction <= 1.0:
+            raise SpecError(
+                f"sidecar {sidecar.name!r}: disaggregation.kv_cache_free_gpu_mem_fraction "
+                "must be in (0, 1]"
+            )
+        for field in ("kv_transfer_timeout_ms", "max_tokens_in_paged_kv_cache"):
+            value = getattr(split, field)
+            if value is not None and value < 1:
+                raise SpecError(f"sidecar {sidecar.name!r}: disaggregation.{field} must be >= 1")
+    _check_shared_gpus(spec)
+    for name, found in phases.items():
+        if found == {None}:
+            continue
+        if None in found:
+            raise SpecError(
+                f"model {name!r} runs on sidecars with and without a disaggregation phase: give "
+                "every sidecar hosting it disaggregation.phase context or generation, or none"
+            )
+        missing = {"context", "generation"} - found
+        if missing:
+            raise SpecError(
+                f"model {name!r} has no {missing.pop()} sidecar: a split model needs a sidecar "
+                "with disaggregation.phase context and one with phase generation"
+            )
+
+
+def _check_shared_gpus(spec: Spec) -> None:
+    """Phase sidecars of a CUDA engine on the same GPUs must each be given their share of its
+    memory: the first to load would otherwise take most of what the other needs."""
+    by_gpus: dict[str, list[SidecarSpec]] = {}
+    for sidecar in spec.sidecars:
+        gpus = sidecar.env.get("CUDA_VISIBLE_DEVICES")
+        on_cuda = any(
+            isinstance(m.engine, TorchEngine) and m.engine.device != "cpu"
+            for m in spec.models_of(sidecar)
+        )
+        if sidecar.disaggregation is not None and gpus is not None and on_cuda:
+            by_gpus.setdefault(gpus, []).append(sidecar)
+    for gpus, sidecars in by_gpus.items():
+        unsized = [
+            s.name
+            for s in sidecars
+            if s.disaggregation is not None
+            and s.disaggregation.max_tokens_in_paged_kv_cache is None
+            and s.disaggregation.kv_cache_free_gpu_mem_fraction is None
+        ]
+        if len(sidecars) > 1 and unsized:
+            raise SpecError(
+                f"sidecars {sorted(s.name for s in sidecars)} share CUDA_VISIBLE_DEVICES {gpus}: "
+                f"give {sorted(unsized)} disaggregation.max_tokens_in_paged_kv_cache (or "
+                "kv_cache_free_gpu_mem_fraction), each sidecar's share of the memory"
+            )

@@ -14,6 +14,7 @@ import msgspec
 
 from adapters.contract import LoraAdapter, ModelTarget
 from deploy.sidecar.spec import ModelSpec, Spec, TorchEngine
+from gateway.catalog.disaggregation import sidecar_pools
 from gateway.catalog.lora import LoraLibrary
 from gateway.catalog.text.decoding import decoding
 from gateway.catalog.text.prompts import PromptTokenizer
@@ -143,6 +144,7 @@ def resolve_routes(
         _with_replicas(
             _route(model, spec, grpc_urls, http_urls or {}, over_http, settings.limits.bounds),
             model,
+            spec,
             sidecar_replicas or {},
             over_http,
         )
@@ -232,20 +234,24 @@ def _route(
 def _with_replicas(
     route: ModelRoute,
     model: ModelSettings,
+    spec: Spec | None,
     sidecar_replicas: Mapping[str, Sequence[ReplicaAddress]],
     over_http: Collection[str],
 ) -> ModelRoute:
     """The route with its replicas: configured ones, or the sidecars hosting its pipeline."""
     source: ReplicaSource | None = None
+    routing = model.routing
+    takes_http = model.name in over_http
     if model.replicas:
         try:
-            routing = model.routing
             source = parse_source(model.replicas, routing.metrics_port, routing.http_port)
         except SourceError as exc:
             raise SettingsError(f"model {model.name!r}: replicas: {exc}") from exc
     elif model.triton_url is None and model.pipeline is not None:
-        hosts = sidecar_replicas.get(model.pipeline)
-        source = tuple(hosts) if hosts else None
+        hosts = sidecar_replicas.get(model.pipeline) or ()
+        if hosts or routing.disaggregation is not None:
+            found, routing = sidecar_pools(model, spec, hosts, takes_http=takes_http)
+            source = found or None
         if source and model.triton_http_url is not None:
             raise SettingsError(
                 f"model {model.name!r}: triton_http_url names one Triton, and pipeline "
@@ -253,8 +259,7 @@ def _with_replicas(
             )
     if source is None:
         # One Triton: its ``max_in_flight`` still caps it, with the fair queue in front.
-        return dataclasses.replace(route, routing=model.routing)
-    takes_http = model.name in over_http
+        return dataclasses.replace(route, routing=routing)
     if isinstance(source, DnsName) and not takes_http:
         source = dataclasses.replace(source, http_port=None)
     if isinstance(source, tuple):
@@ -264,7 +269,7 @@ def _with_replicas(
     else:
         first, http_url = f"dns:{source.host}:{source.port}", None
     target = dataclasses.replace(route.target, url=first, http_url=http_url)
-    return dataclasses.replace(route, target=target, replicas=source, routing=model.routing)
+    return dataclasses.replace(route, target=target, replicas=source, routing=routing)
 
 
 def triton_endpoints(route: ModelRoute) -> list[str]:

@@ -152,6 +152,12 @@ class SamplingFields(Struct, frozen=True, kw_only=True):
     service_tier: Literal["auto", "default", "flex", "priority"] | UnsetType | None = UNSET
     """OpenAI's: ``flex`` waits one class below the tenant's when the model is full; the
     others keep the tenant's class (none raises it)."""
+    request_type: Any | UnsetType = UNSET
+    """TensorRT-LLM's phase of a disaggregated request: the gateway's to set, refused."""
+    context_phase_params: Any | UnsetType = UNSET
+    """A disaggregated request's handoff between engines: the gateway's to carry, refused."""
+    disaggregated_params: Any | UnsetType = UNSET
+    """trtllm-serve's field for the same handoff: refused."""
 
 
 class ChatCompletionRequest(SamplingFields, frozen=True, kw_only=True):

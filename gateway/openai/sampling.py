@@ -17,7 +17,7 @@ import random
 from dataclasses import replace
 from typing import TypeVar
 
-from msgspec import UnsetType
+from msgspec import UNSET, UnsetType
 
 from adapters.contract import BeamSearch, Guide, SamplingParams, SeedOrigin
 from gateway.core.plan import ChoiceSpec, Prompt
@@ -62,10 +62,24 @@ def check_common(request: SamplingFields, max_n: int) -> None:
         raise InvalidRequestError(
             "min_p is not supported by TensorRT-LLM models served through Triton.", param="min_p"
         )
+    _refuse_phases(request)
     if given(request.stream_options) is not None and not given(request.stream):
         raise InvalidRequestError(
             "stream_options is only allowed when stream is true.", param="stream_options"
         )
+
+
+def _refuse_phases(request: SamplingFields) -> None:
+    """A client choosing a disaggregation phase, or handing over another engine's KV cache
+    (whose handoff id lets its holder take blocks of someone else's prompt), is refused: the
+    gateway alone splits requests between its context and generation pools."""
+    for name in ("request_type", "context_phase_params", "disaggregated_params"):
+        if getattr(request, name) is not UNSET:
+            raise InvalidRequestError(
+                f"{name} is not accepted: the gateway decides where each phase of a request "
+                "runs and hands the KV cache over itself.",
+                param=name,
+            )
 
 
 def stop_sequences(stop: str | list[str] | None) -> tuple[str, ...]:

@@ -15,6 +15,7 @@ from deploy.sidecar.spec import (
     TorchEngine,
     looks_like_path,
 )
+from gateway.catalog.disaggregation import check_sidecar_pools
 from gateway.settings import Settings, SettingsError
 
 BUILT_IN = "a Hugging Face folder, a hub id or a built-in name (tiny, tiny-vision, smollm2)"
@@ -28,6 +29,7 @@ def check_before_start(settings: Settings, spec: Spec | None) -> None:
     if spec is not None:
         for field, folder, what in _spec_folders(spec):
             _check_folder(f"deploy spec: {field}", folder, what)
+        check_sidecar_pools(settings.models, spec)
     for model in settings.models:
         if model.tokenizer_dir is not None and looks_like_path(model.tokenizer_dir):
             _check_folder(f"models {model.name!r}: tokenizer_dir", model.tokenizer_dir, BUILT_IN)

@@ -19,11 +19,12 @@ from gateway.queueing.held import HeldRequest
 from gateway.queueing.scheduler import Ledger
 from gateway.queueing.settings import QueueSettings
 from gateway.queueing.shared import SharedLedger
-from gateway.replicas import dispatch
+from gateway.replicas import disaggregated, dispatch
+from gateway.replicas.disaggregated import PhasePools
 from gateway.replicas.dispatch import AttemptObserver
 from gateway.replicas.pool import Clock, ReplicaPool
 from gateway.replicas.settings import RoutingSettings
-from gateway.replicas.sources import ReplicaSource, Resolver, resolve_addresses
+from gateway.replicas.sources import ReplicaSource, Resolver, parse_source, resolve_addresses
 from gateway.replicas.watch import PoolWatch
 
 logger = logging.getLogger(__name__)
@@ -67,6 +68,8 @@ class Router:
         processes); by default each model keeps its own."""
         self._pools: dict[str, ReplicaPool] = {}
         self._sources: dict[str, ReplicaSource] = {}
+        self._context_pools: dict[str, ReplicaPool] = {}
+        """The context pools of disaggregated models, watched as the others are."""
         self._slots: dict[str, ModelSlots] = {}
         self._objectives: dict[str, dict[int, str]] = {}
         self._resolver = resolver
@@ -95,13 +98,26 @@ class Router:
             slots = self._slots.get(model.name)
             if slots is not None:
                 pool.on_capacity(slots.pump)
+            split = model.routing.disaggregation
+            if split is not None:
+                context = ReplicaPool(
+                    f"{model.name}/context",
+                    model.target,
+                    model.routing,
+                    retry_after_s=retry_after_s,
+                    **extra,
+                )
+                self._context_pools[model.name] = context
+                self._sources[context.model] = parse_source(
+                    split.context_replicas, model.routing.metrics_port
+                )
 
     def _pool_capacity(self, model: str) -> Callable[[], int]:
         """A pool's slots, read at each use: its replicas come, go and fill up."""
         return lambda: self._pools[model].slots()
 
     def __iter__(self) -> Iterator[ReplicaPool]:
-        return iter(self._pools.values())
+        return iter([*self._pools.values(), *self._context_pools.values()])
 
     def __bool__(self) -> bool:
         return bool(self._pools)
@@ -129,7 +145,8 @@ class Router:
 
     def start(self, backend: Backend, http: httpx.AsyncClient) -> None:
         """Start probing, scraping and resolving every pool's replicas."""
-        for name, pool in self._pools.items():
+        for pool in self:
+            name = pool.model
             watch = PoolWatch(pool, self._sources[name], backend, http, self._resolver)
             for loop in watch.loops():
                 self._tasks.append(asyncio.create_task(loop(), name=f"replicas-{name}"))
@@ -161,11 +178,16 @@ class Router:
         slots = self._slots.get(model)
         if pool is None and slots is None and model not in self._objectives:
             return None
+        phases = self._phases(model)
 
         async def prepare(request: GenerationRequest) -> PreparedRequest:
             request = self._tagged(model, request)
-            if pool is not None:
-                prepared: PreparedRequest = await dispatch.prepare(pool, backend, observer, request)
+            if phases is not None:
+                prepared: PreparedRequest = await disaggregated.prepare(
+                    phases, backend, observer, request
+                )
+            elif pool is not None:
+                prepared = await dispatch.prepare(pool, backend, observer, request)
             else:
                 prepared = await backend.prepare(target, request)
             if slots is None:
@@ -173,6 +195,14 @@ class Router:
             return HeldRequest(slots, current_flow.get() or ANONYMOUS, request, prepared)
 
         return prepare
+
+    def _phases(self, model: str) -> PhasePools | None:
+        """The context and generation pools of a disaggregated model; None for the others."""
+        context, pool = self._context_pools.get(model), self._pools.get(model)
+        split = None if pool is None else pool.settings.disaggregation
+        if context is None or pool is None or split is None:
+            return None
+        return PhasePools(context, pool, split.min_prompt_tokens)
 
     def _tagged(self, model: str, request: GenerationRequest) -> GenerationRequest:
         """``request`` with llm-d's fairness and objective headers, where the model is behind

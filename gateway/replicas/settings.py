@@ -38,6 +38,20 @@ class ScoreWeights(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     replica holds, 0.5 where the replica's LoRA cache has room for it; else 0."""
 
 
+class DisaggregationSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """A model's requests split in two (entry ``tensorrt_llm``): the prefill and first token on
+    a context pool, the rest on the model's ``replicas`` (the generation pool), which take the
+    prompt's KV cache from the context replica instead of prefilling it again."""
+
+    context_replicas: tuple[str | EndpointSettings, ...] | str = ()
+    """The context pool, written as ``replicas`` is: a list of endpoints or ``dns:HOST:PORT``;
+    left out for a model whose pipeline runs on context and generation sidecars (their
+    ``disaggregation.phase``), whose pools are those sidecars."""
+    min_prompt_tokens: int = 0
+    """Shorter prompts run whole on the generation pool: their prefill is not worth a
+    handoff."""
+
+
 class RoutingSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """How requests of a model with several replicas are spread, and when a replica is out."""
 
@@ -100,6 +114,8 @@ class RoutingSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     objectives: dict[int, str] = {}
     """``InferenceObjective`` names by fair-queueing class, for ``inference_pool``: a request
     names the objective of the highest class at or below its own."""
+    disaggregation: DisaggregationSettings | None = None
+    """Run the context phase of long prompts on another pool (``disaggregation``), or None."""
 
 
 def check_routing(routing: RoutingSettings) -> list[str]:
@@ -134,4 +150,7 @@ def check_routing(routing: RoutingSettings) -> list[str]:
             problems.append(f"{name} must be >= 1")
     weights = msgspec.structs.asdict(routing.weights)
     problems += [f"weights.{name} must be >= 0" for name, value in weights.items() if value < 0]
+    split = routing.disaggregation
+    if split is not None and split.min_prompt_tokens < 0:
+        problems.append("disaggregation.min_prompt_tokens must be >= 0")
     return problems

@@ -58,3 +58,31 @@ def test_token_ids_outside_the_vocabulary_are_a_400(client: openai.OpenAI) -> No
     with pytest.raises(openai.BadRequestError) as raised:
         client.completions.create(model=ENSEMBLE_MODEL, prompt=[1, 99_999_999], max_tokens=2)
     assert raised.value.body["param"] == "prompt[1]"  # type: ignore[index]
+
+
+@pytest.mark.parametrize("endpoint", ["chat", "completions"])
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("request_type", "generation_only"),
+        ("request_type", "context_and_generation"),
+        ("context_phase_params", [84, 80, 67, 80, 1]),
+        ("context_phase_params", None),
+        ("disaggregated_params", {"request_type": "context_only"}),
+    ],
+)
+def test_a_client_choosing_a_disaggregation_phase_is_a_400(
+    client: openai.OpenAI, endpoint: str, field: str, value: object
+) -> None:
+    body = {"max_tokens": 2, "extra_body": {field: value}}
+    with pytest.raises(openai.BadRequestError) as raised:
+        if endpoint == "chat":
+            messages = [{"role": "user", "content": PROMPT}]
+            client.chat.completions.create(model=ENGINE_MODEL, messages=messages, **body)  # type: ignore[arg-type]
+        else:
+            client.completions.create(model=ENGINE_MODEL, prompt=PROMPT, **body)  # type: ignore[arg-type]
+    assert raised.value.status_code == 400
+    error = raised.value.body
+    assert isinstance(error, dict)
+    assert error["param"] == field
+    assert "the gateway decides where each phase" in error["message"]

@@ -42,10 +42,12 @@ def infer_request(
     outputs: Sequence[str] | None,
     *,
     priority: int = 0,
+    request_type: str | None = None,
 ) -> service_pb2.ModelInferRequest:
     """A ``ModelInferRequest`` with raw tensor contents that asks for an empty final response.
 
-    ``priority`` sets Triton's request priority (1 is the highest level) where it is above 0.
+    ``priority`` sets Triton's request priority (1 is the highest level) where it is above 0;
+    ``request_type`` is TensorRT-LLM's phase of a disaggregated request, where set.
     """
     message = service_pb2.ModelInferRequest(model_name=model_name, id=request_id)
     for tensor in tensors:
@@ -59,6 +61,8 @@ def infer_request(
     message.parameters["triton_enable_empty_final_response"].bool_param = True
     if priority > 0:
         message.parameters["priority"].uint64_param = priority
+    if request_type is not None:
+        message.parameters["request_type"].string_param = request_type
     return message
 
 

@@ -30,13 +30,24 @@ def carries(tensors: Sequence[WireTensor]) -> bool:
     return all(tensor.datatype in _JSON_TYPES and tensor.ndim <= 2 for tensor in tensors)
 
 
-def generate_body(request_id: str, tensors: Sequence[WireTensor], *, priority: int = 0) -> bytes:
+def generate_body(
+    request_id: str,
+    tensors: Sequence[WireTensor],
+    *,
+    priority: int = 0,
+    request_type: str | None = None,
+) -> bytes:
     """A ``generate_stream`` request: each input without its batch dimension."""
     body: dict[str, Any] = {"id": request_id}
     for tensor in tensors:
         body[tensor.name] = tensor.json_value()
+    parameters: dict[str, Any] = {}
     if priority > 0:
-        body["parameters"] = {"priority": priority}
+        parameters["priority"] = priority
+    if request_type is not None:
+        parameters["request_type"] = request_type
+    if parameters:
+        body["parameters"] = parameters
     return _encoder.encode(body)
 
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from gateway.cli import DEMO_MODEL, build_parser, main
+from gateway.cli import DEMO_MODEL, DEMO_SPLIT_TOKENS, build_parser, demo_settings, main
 
 
 def test_serve_needs_a_config() -> None:
@@ -20,8 +20,31 @@ def test_serve_needs_a_config() -> None:
 
 def test_demo_defaults() -> None:
     args = build_parser().parse_args(["demo"])
-    assert (args.host, args.port) == ("127.0.0.1", 8000)
+    assert (args.host, args.port, args.disaggregated) == ("127.0.0.1", 8000, False)
     assert DEMO_MODEL == "smollm2"
+
+
+def test_the_disaggregated_demo_splits_its_model_over_a_context_and_a_generation_sidecar(
+    tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import deploy.sidecar.models
+    from gateway.catalog.registry import resolve_routes
+    from gateway.ops.preflight import check_before_start
+    from gateway.replicas.sources import ReplicaAddress
+    from gateway.runtime.spec import parse_sidecar_spec
+
+    monkeypatch.setattr(deploy.sidecar.models, "ensure_smollm2", lambda: tiny_model_dir)
+    assert build_parser().parse_args(["demo", "--disaggregated"]).disaggregated
+    settings = demo_settings("127.0.0.1", 0, disaggregated=True)
+    assert settings.sidecars is not None
+    spec = parse_sidecar_spec(settings.sidecars)
+    check_before_start(settings, spec)
+    hosts = {DEMO_MODEL: [ReplicaAddress(s.name, f"{s.name}:8001") for s in spec.sidecars]}
+    (route,) = resolve_routes(settings, spec, {DEMO_MODEL: "context:8001"}, None, hosts)
+    assert [replica.name for replica in route.replicas or ()] == ["generation"]
+    split = route.routing.disaggregation
+    assert split is not None and split.min_prompt_tokens == DEMO_SPLIT_TOKENS
+    assert [getattr(pool, "name", None) for pool in split.context_replicas] == ["context"]
 
 
 @pytest.mark.parametrize("content", [None, "models: [{name: x, nope: 1}]\n", "models: [\n"])

@@ -15,6 +15,7 @@ from gateway.settings import (
     ModelSettings,
     Settings,
     SettingsError,
+    check_settings,
     load_settings,
     parse_settings,
 )
@@ -271,3 +272,38 @@ def test_the_open_files_limit_is_raised_and_a_cap_beyond_it_is_warned_of(
         assert f"server.max_connections is {hard}" in caplog.text
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+SPLIT_MODEL = {
+    "name": "m",
+    "tokenizer_dir": "/t",
+    "entry": "tensorrt_llm",
+    "replicas": ["g:8001"],
+    "routing": {"disaggregation": {"context_replicas": ["c:8001"], "min_prompt_tokens": 256}},
+}
+
+
+def test_a_model_may_split_its_requests_between_two_pools() -> None:
+    (model,) = parse_settings({"models": [SPLIT_MODEL]}).models
+    split = model.routing.disaggregation
+    assert split is not None and split.min_prompt_tokens == 256
+    assert split.context_replicas == ("c:8001",)
+
+
+@pytest.mark.parametrize(
+    ("change", "match"),
+    [
+        ({"entry": "ensemble"}, "needs entry tensorrt_llm"),
+        ({"replicas": []}, "needs replicas: the generation pool"),
+        ({"routing": {"disaggregation": {}}}, "context_replicas names no replica"),
+        (
+            {"routing": {"disaggregation": {"context_replicas": ["c:1"], "min_prompt_tokens": -1}}},
+            "min_prompt_tokens must be >= 0",
+        ),
+    ],
+)
+def test_a_split_the_model_cannot_serve_is_refused(change: dict[str, Any], match: str) -> None:
+    with pytest.raises(SettingsError, match=match):
+        check_settings(
+            parse_settings({"models": [{**SPLIT_MODEL, **change}], "tenancy": {"auth": False}})
+        )

@@ -203,7 +203,7 @@ def test_a_split_tool_call_is_the_whole_tool_call(
         if not stream:
             answer = client.chat.completions.create(**kwargs)
             calls = answer.choices[0].message.tool_calls or []
-            return [(c.function.name, c.function.arguments) for c in calls]  # type: ignore[union-attr]
+            return [(c.function.name, c.function.arguments) for c in calls]
         names: dict[int, str] = {}
         arguments: dict[int, str] = {}
         for chunk in client.chat.completions.create(**kwargs, stream=True):

@@ -34,8 +34,9 @@ class PhaseMetrics:
         )
         self.handoff = Histogram(
             "gateway_disaggregated_handoff_seconds",
-            "Time from a split request's context answer to the first response of its "
-            "generation phase (the KV-cache transfer, and the wait for a generation slot).",
+            "Time from a streamed split request's context answer to the first response of its "
+            "generation phase (the wait for a generation slot, the KV-cache transfer and one "
+            "decoding step).",
             ["model"],
             buckets=HANDOFF_BUCKETS,
             registry=registry,

@@ -63,7 +63,7 @@ class SplitObserver(AttemptObserver, Protocol):
         ...
 
     def handed_over(self, model: str, seconds: float) -> None:
-        """The generation phase answered ``seconds`` after the context phase."""
+        """A streamed generation phase first answered ``seconds`` after the context phase."""
         ...
 
 
@@ -184,7 +184,9 @@ class DisaggregatedRequest:
         try:
             async with aclosing(pooled.stream()) as chunks:
                 async for chunk in chunks:
-                    if not started and self._observer is not None:
+                    # A whole answer's one response comes at its end: only a stream's first
+                    # tells when the generation phase started.
+                    if not started and request.stream and self._observer is not None:
                         self._observer.handed_over(self._model, time.monotonic() - answered_at)
                     started = sent = True
                     yield chunk

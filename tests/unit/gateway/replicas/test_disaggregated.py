@@ -129,6 +129,16 @@ async def test_a_split_request_is_heard_phase_by_phase() -> None:
     assert backend.released == []
 
 
+async def test_a_whole_split_answer_has_no_handoff_time() -> None:
+    backend = _script([TokenChunk("abc", 3, final=True)])
+    observer = Observer()
+    request = DisaggregatedRequest(_pools(), backend, _request(stream=False), observer)
+    assert await _texts(request) == ["abc"]
+    assert observer.log[-1] == ("generation", "ended", "answered")
+    # Its generation phase answered once, at its end: no measure of the handoff.
+    assert observer.handoffs == 0
+
+
 @pytest.mark.parametrize(
     ("request_", "decision"),
     [

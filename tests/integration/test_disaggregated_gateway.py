@@ -33,7 +33,7 @@ from tests.integration.test_disaggregated_backend import (
     disaggregated_servers,
 )
 from tests.support.gateway import LiveGateway
-from tests.support.prometheus import total, value
+from tests.support.prometheus import parse, total, value
 from tests.support.replica_gateway import FAST, endpoints
 
 pytestmark = pytest.mark.slow
@@ -89,8 +89,16 @@ def client(
         )
 
     split = DisaggregationSettings(context_replicas=endpoints([context]), min_prompt_tokens=32)
+    # Both servers in the context pool: a prompt's context phase goes where its prefix is.
+    both = DisaggregationSettings(
+        context_replicas=endpoints([context, generation]), min_prompt_tokens=32
+    )
     settings = Settings(
-        models=(model("tiny-whole"), model("tiny-split", disaggregation=split)),
+        models=(
+            model("tiny-whole"),
+            model("tiny-split", disaggregation=split),
+            model("tiny-split-both", disaggregation=both, prefix_block_tokens=16),
+        ),
         limits=LimitSettings(request_timeout_s=60.0, shutdown_grace_s=5.0),
         tenancy=TenancySettings(auth=False),
         queueing=QueueSettings(enabled=False),
@@ -256,6 +264,30 @@ def test_a_repeated_prompt_reuses_its_prefix_on_both_sides(
     _eventually(lambda: _reused(context) - reused[0] >= blocks - 1, "no reuse in context")
     _eventually(lambda: _reused(generation) - reused[1] >= blocks - 1, "no reuse in generation")
     assert cached_again >= (blocks - 1) * 16 > cached_first
+
+
+def test_the_context_phase_goes_to_the_context_replica_that_caches_its_prefix(
+    client: openai.OpenAI,
+) -> None:
+    pool = "tiny-split-both/context"
+
+    def routed(text: str) -> dict[str, float]:
+        return {
+            labels["replica"]: number
+            for name, labels, number in parse(text)
+            if name == "gateway_replica_requests_total" and labels["model"] == pool
+        }
+
+    before = _gateway_metrics(client)
+    prompt = "Its own prefix, to find the context replica that caches it. " * 3 + PROMPT
+    answers = [_answer(client, "tiny-split-both", "completions", False, prompt) for _ in range(3)]
+    after = _gateway_metrics(client)
+    assert len(set(answers)) == 1
+    # Every context phase went to the one replica that prefilled the prompt first.
+    added = {name: count - routed(before).get(name, 0.0) for name, count in routed(after).items()}
+    assert sorted(added.values()) == [0.0, 3.0]
+    hits = total(after, "gateway_replica_prefix_hits_total", model=pool)
+    assert hits - total(before, "gateway_replica_prefix_hits_total", model=pool) == 2
 
 
 def test_the_split_and_whole_requests_are_counted_by_how_they_ran(

@@ -7,7 +7,11 @@ other than ``tensorrt_llm``) runs whole on the generation pool. Each phase is a 
 (``dispatch.PooledRequest``): a context failure before the first token is retried on another
 context replica. A generation phase that fails before anything reached the caller (a whole
 answer, the handoff lost) is run again whole; once the first token was streamed, its failure
-ends the stream in-band like any other.
+ends the stream in-band like any other. A generation phase that ends before answering (the
+caller gone, a failure) has the context replica free the blocks it holds for it at once.
+
+An observer (``SplitObserver``: the request's metrics and spans) hears how each request runs,
+where each phase went and how it ended.
 """
 
 from __future__ import annotations
@@ -164,7 +168,7 @@ class DisaggregatedRequest:
             yield dataclasses.replace(context, final=False, context_phase_params=None)
         generation, phase = self._phase("generation", "generation_only", request)
         generation = dataclasses.replace(generation, context_phase_params=handoff)
-        async with aclosing(self._generation(generation, phase, (replica, handoff))) as rest:
+        async with aclosing(self._generation(generation, phase, replica)) as rest:
             async for chunk in rest:
                 yield chunk
         if phase.outcome == "handoff_lost":
@@ -173,11 +177,11 @@ class DisaggregatedRequest:
                     yield chunk
 
     async def _generation(
-        self, request: GenerationRequest, phase: Phase, held: tuple[Replica, bytes]
+        self, request: GenerationRequest, phase: Phase, context: Replica
     ) -> AsyncGenerator[TokenChunk, None]:
         """The generation phase's chunks; a failure before any reached the caller is the
-        ``handoff_lost`` outcome (the caller runs the request whole), raised after. ``held``:
-        the context replica and the handoff it holds."""
+        ``handoff_lost`` outcome (the caller runs the request whole), raised after. ``context``
+        holds the handoff the request carries."""
         answered_at = time.monotonic()
         sent, started = request.stream, False
         pooled = self._pooled(self._pools.generation, request, phase.observer)
@@ -200,10 +204,10 @@ class DisaggregatedRequest:
             phase.fail("failed", exc)
             raise
         finally:
-            if not started:
+            if not started and request.context_phase_params is not None:
                 # The context replica holds the prompt's blocks for a generation phase that
                 # will not take them: freed now rather than after kv_transfer_timeout_ms.
-                self._backend.release_handoff(held[0].target, held[1])
+                self._backend.release_handoff(context.target, request.context_phase_params)
             phase.end()
 
     def _whole(self) -> AsyncGenerator[TokenChunk, None]:

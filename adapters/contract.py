@@ -257,6 +257,13 @@ class Backend(Protocol):
         """Whether the target model is loaded and ready to serve."""
         ...
 
+    def release_handoff(self, target: ModelTarget, handoff: bytes) -> None:
+        """Free at once, in the background, the KV cache that ``target``'s engine holds for
+        the generation phase of the context phase that answered ``handoff`` (its
+        ``context_phase_params``), a generation phase that will not come; ``close`` awaits
+        it."""
+        ...
+
     async def close(self) -> None:
         """Release channels and background tasks."""
         ...

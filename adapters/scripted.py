@@ -43,6 +43,8 @@ class ScriptedBackend:
         self.urls: list[str] = []
         """The server each request went to."""
         self.closed_early: list[str] = []
+        self.released: list[tuple[str, bytes]] = []
+        """(server, handoff) of each context phase whose handoff was released."""
         self.closed = False
 
     def chunks_for(self, request: GenerationRequest) -> Sequence[Step]:
@@ -65,6 +67,10 @@ class ScriptedBackend:
         if target.url in self.hung:
             await asyncio.Event().wait()
         return self.ready and target.url not in self.down
+
+    def release_handoff(self, target: ModelTarget, handoff: bytes) -> None:
+        """Record the release (``released``)."""
+        self.released.append((target.url, handoff))
 
     async def close(self) -> None:
         """Nothing to release; remembers it was called."""

@@ -185,6 +185,16 @@ class TritonBackend:
         """HTTP connections kept alive between streams, waiting for the next one."""
         return self._http.idle_connections
 
+    def release_handoff(self, target: ModelTarget, handoff: bytes) -> None:
+        """A stop request for the context phase call that answered ``handoff``: its engine
+        frees the blocks it holds for the generation phase (TensorRT-LLM cancels a
+        context-complete request so)."""
+        call_id = self._stopper.handed_off.pop(handoff, None)
+        if call_id is None:
+            logger.warning("no context phase call known for a handoff to release")
+            return
+        self._stopper.stop_later(target.url, target.engine_model or target.triton_model, call_id)
+
     async def close(self) -> None:
         """Finish pending stop requests and close every channel."""
         await self._stopper.close()
@@ -341,6 +351,10 @@ class TritonRequest:
                     while not exchange.finished:
                         chunk = exchange.on_replies(await call.read())
                         if chunk is not None:
+                            if chunk.context_phase_params is not None:
+                                self._backend._stopper.handed_off.remember(
+                                    chunk.context_phase_params, self._request_id
+                                )
                             yielded = True
                             yield chunk
                     await call.drain()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import OrderedDict
 from collections.abc import Coroutine
 from typing import Any
 
@@ -18,8 +19,31 @@ from adapters.triton.responses import Exchange
 from adapters.triton.tensors import stop_request_inputs
 
 logger = logging.getLogger(__name__)
+HANDOFFS_KEPT = 4096
+"""Context phase answers whose call a later release of their handoff may still name."""
 _RESTOP_S = 0.5
 """How long an abandoned ensemble call has to end after a stop request before it is sent again."""
+
+
+class HandedOff:
+    """The Triton ids of the context phase calls that answered the latest handoffs, by
+    handoff: a generation phase that will not come has its context call stopped, which frees
+    the blocks held for it. The oldest are forgotten (long taken, or freed by their engine's
+    ``kv_transfer_timeout_ms``)."""
+
+    def __init__(self, kept: int = HANDOFFS_KEPT) -> None:
+        self._kept = kept
+        self._calls: OrderedDict[bytes, str] = OrderedDict()
+
+    def remember(self, handoff: bytes, call_id: str) -> None:
+        """The call ``call_id`` answered ``handoff``."""
+        self._calls[handoff] = call_id
+        while len(self._calls) > self._kept:
+            self._calls.popitem(last=False)
+
+    def pop(self, handoff: bytes, default: str | None = None) -> str | None:
+        """The call that answered ``handoff``, forgotten; ``default`` if unknown."""
+        return self._calls.pop(handoff, default)
 
 
 class Stopper:
@@ -30,6 +54,7 @@ class Stopper:
         self._open = open_call
         self._stop_timeout_s = stop_timeout_s
         self._background: set[asyncio.Task[None]] = set()
+        self.handed_off = HandedOff()
 
     async def close(self) -> None:
         """Finish pending stops within ``ending_s``; cancel what is left."""
@@ -72,6 +97,11 @@ class Stopper:
             return
         call.cancel()
         self._later(self._stop_once(target.url, engine_model, request_id))
+
+    def stop_later(self, url: str, engine_model: str, request_id: str) -> None:
+        """Send a stop request for ``request_id`` to ``engine_model`` at ``url`` in the
+        background: the request's call has ended, its engine may still hold its KV cache."""
+        self._later(self._stop_once(url, engine_model, request_id))
 
     @property
     def ending_s(self) -> float:

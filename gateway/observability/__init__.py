@@ -21,6 +21,7 @@ from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
 from gateway.observability.logs import LogFormat, configure_logging, log_access
 from gateway.observability.metrics import GatewayMetrics
+from gateway.observability.phases import PhaseMetrics, PhaseWatch, name_replica, phase_attributes
 from gateway.observability.record import (
     PROPAGATED,
     REQUEST_ID_HEADER,
@@ -96,13 +97,29 @@ class GenerationWatch:
 
     def replica(self, name: str, address: str) -> None:
         """The call went to replica ``name`` at ``address`` (``host:port``) of the model."""
-        if not self.span.is_recording():
-            return
-        host, _, port = address.rpartition(":")
-        self.span.set_attribute("triton.replica", name)
-        self.span.set_attribute("server.address", host.strip("[]"))
-        if port.isdigit():
-            self.span.set_attribute("server.port", int(port))
+        name_replica(self.span, name, address)
+
+    def decided(self, model: str, decision: str) -> None:
+        """A request of the disaggregated ``model`` runs split, or whole (``decision`` says
+        why)."""
+        self._owner.phase_metrics.requests.labels(model, decision).inc()
+        if self.span.is_recording():
+            self.span.set_attribute("gateway.disaggregation", decision)
+
+    def phase(self, model: str, phase: str) -> PhaseWatch:
+        """Start watching one phase (``context``, ``generation``) of a split request."""
+        tracing = self._owner.tracing
+        span = tracing.child(
+            self.span, f"triton.{phase}", SpanKind.CLIENT, phase_attributes(model, phase)
+        )
+        incoming = self._record.trace_headers if self._record is not None else {}
+        return PhaseWatch(
+            self._owner.phase_metrics, span, model, phase, tracing.outgoing(span, incoming)
+        )
+
+    def handed_over(self, model: str, seconds: float) -> None:
+        """A split request's generation phase answered ``seconds`` after its context phase."""
+        self._owner.phase_metrics.handoff.labels(model).observe(seconds)
 
     def failover(self, name: str, error: BaseException) -> None:
         """The call failed on replica ``name`` before its first token; another is tried."""
@@ -183,6 +200,7 @@ class Observability:
     ) -> None:
         self.settings = settings
         self.metrics = GatewayMetrics()
+        self.phase_metrics = PhaseMetrics(self.metrics.registry)
         self.tracing = Tracing(settings.tracing, span_exporter)
 
     def serving(self, model: str, adapter: str | None, tenant: str, operation: str) -> None:

@@ -81,6 +81,8 @@ class PooledRequest:
         self._backend = backend
         self._request = request
         self._observer = observer
+        self.replica: Replica | None = None
+        """The replica that answered (its first chunk), once one did."""
 
     def send(self) -> None:
         """Nothing goes before the replica is picked (``stream``)."""
@@ -124,6 +126,7 @@ class PooledRequest:
                 replica.retries += 1
                 if self._observer is not None:
                     self._observer.failover(replica.name, exc)
+        self.replica = replica
         try:
             if first is None:
                 return

@@ -32,6 +32,10 @@ def _gauges() -> dict[str, GaugeMetricFamily]:
         "waiting_requests": "Waiting requests its engine reported (a score input).",
         "scheduled_requests": "Scheduled requests its engine reported (a score input).",
         "kv_cache_utilization": "Share of its engine's KV-cache blocks in use (a score input).",
+        "kv_handoffs": "KV-cache handoffs its engine sent or received since it started "
+        "(disaggregated serving: nv_trt_llm_disaggregated_serving_metrics request_count).",
+        "kv_transfer_milliseconds": "Time its engine spent on those handoffs in all "
+        "(nv_trt_llm_disaggregated_serving_metrics kv_cache_transfer_ms).",
     }
     return {
         key: GaugeMetricFamily(f"gateway_replica_{key}", text, labels=LABELS)
@@ -111,6 +115,10 @@ class ReplicaMetrics(Collector):
             gauges["waiting_requests"].add_metric(labels, signals.waiting)
             gauges["scheduled_requests"].add_metric(labels, signals.scheduled)
             gauges["kv_cache_utilization"].add_metric(labels, signals.kv_fraction)
+            if signals.handoffs is not None:
+                gauges["kv_handoffs"].add_metric(labels, signals.handoffs)
+            if signals.transfer_ms is not None:
+                gauges["kv_transfer_milliseconds"].add_metric(labels, signals.transfer_ms)
         counters["requests"].add_metric(labels, float(replica.routed))
         counters["retries"].add_metric(labels, float(replica.retries))
         counters["prefix_hits"].add_metric(labels, float(replica.prefix_hits))

@@ -20,8 +20,7 @@ from gateway.queueing.scheduler import Ledger
 from gateway.queueing.settings import QueueSettings
 from gateway.queueing.shared import SharedLedger
 from gateway.replicas import disaggregated, dispatch
-from gateway.replicas.disaggregated import PhasePools
-from gateway.replicas.dispatch import AttemptObserver
+from gateway.replicas.disaggregated import PhasePools, SplitObserver
 from gateway.replicas.pool import Clock, ReplicaPool
 from gateway.replicas.settings import RoutingSettings
 from gateway.replicas.sources import ReplicaSource, Resolver, parse_source, resolve_addresses
@@ -169,7 +168,7 @@ class Router:
         model: str,
         backend: Backend,
         target: ModelTarget,
-        observer: AttemptObserver | None = None,
+        observer: SplitObserver | None = None,
     ) -> Callable[[GenerationRequest], Awaitable[PreparedRequest]] | None:
         """How requests of the base model ``model`` are prepared: for its pool (their replica
         picked once they are admitted), inside its slots, with llm-d's headers; None where

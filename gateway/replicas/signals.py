@@ -6,6 +6,11 @@ The C++ backend (and this project's engine) publish, per ``tensorrt_llm`` model:
     nv_trt_llm_request_metrics{model="...",request_type="scheduled",version="1"} 8
     nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type="fraction",model="...",version="1"} 0.4
     nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type="tokens_per",model="...",version="1"} 64
+
+and, serving disaggregated, the handoffs sent or received and their time in all::
+
+    nv_trt_llm_disaggregated_serving_metrics{disaggregated_serving_type="request_count",...} 7
+    nv_trt_llm_disaggregated_serving_metrics{disaggregated_serving_type="kv_cache_transfer_ms"...} 4
 """
 
 from __future__ import annotations
@@ -14,7 +19,8 @@ import re
 from dataclasses import dataclass
 
 _LINE = re.compile(
-    r"^(?P<family>nv_trt_llm_request_metrics|nv_trt_llm_kv_cache_block_metrics)"
+    r"^(?P<family>nv_trt_llm_request_metrics|nv_trt_llm_kv_cache_block_metrics"
+    r"|nv_trt_llm_disaggregated_serving_metrics)"
     r"\{(?P<labels>[^}]*)\}\s+(?P<value>\S+)",
     re.MULTILINE,
 )
@@ -24,21 +30,36 @@ _WANTED = {
     ("nv_trt_llm_request_metrics", "request_type", "scheduled"): "scheduled",
     ("nv_trt_llm_kv_cache_block_metrics", "kv_cache_block_type", "fraction"): "kv_fraction",
     ("nv_trt_llm_kv_cache_block_metrics", "kv_cache_block_type", "tokens_per"): "tokens_per",
+    (
+        "nv_trt_llm_disaggregated_serving_metrics",
+        "disaggregated_serving_type",
+        "request_count",
+    ): "handoffs",
+    (
+        "nv_trt_llm_disaggregated_serving_metrics",
+        "disaggregated_serving_type",
+        "kv_cache_transfer_ms",
+    ): "transfer_ms",
 }
 _KINDS = {
     "nv_trt_llm_request_metrics": "request_type",
     "nv_trt_llm_kv_cache_block_metrics": "kv_cache_block_type",
+    "nv_trt_llm_disaggregated_serving_metrics": "disaggregated_serving_type",
 }
+_SUMMED = frozenset({"waiting", "scheduled", "handoffs", "transfer_ms"})
 
 
 @dataclass(frozen=True, slots=True)
 class EngineSignals:
-    """What one replica's engine reported: its queue, KV-cache use and KV block size."""
+    """What one replica's engine reported: its queue, KV-cache use and KV block size, and
+    its KV-cache handoffs (disaggregated serving): how many, and their time in all."""
 
     waiting: float = 0.0
     scheduled: float = 0.0
     kv_fraction: float = 0.0
     tokens_per_block: int | None = None
+    handoffs: float | None = None
+    transfer_ms: float | None = None
 
 
 def parse_signals(text: str, engine_model: str | None) -> EngineSignals | None:
@@ -57,8 +78,8 @@ def parse_signals(text: str, engine_model: str | None) -> EngineSignals | None:
             value = float(match["value"])
         except ValueError:
             continue
-        # Several models or versions: queues add up, the fullest cache counts.
-        if name in ("waiting", "scheduled"):
+        # Several models or versions: queues and handoffs add up, the fullest cache counts.
+        if name in _SUMMED:
             found[name] = found.get(name, 0.0) + value
         else:
             found[name] = max(found.get(name, value), value)
@@ -70,4 +91,6 @@ def parse_signals(text: str, engine_model: str | None) -> EngineSignals | None:
         scheduled=found.get("scheduled", 0.0),
         kv_fraction=found.get("kv_fraction", 0.0),
         tokens_per_block=int(tokens_per) if tokens_per and tokens_per >= 1 else None,
+        handoffs=found.get("handoffs"),
+        transfer_ms=found.get("transfer_ms"),
     )

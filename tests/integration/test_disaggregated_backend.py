@@ -9,6 +9,7 @@ import functools
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -36,27 +37,30 @@ PROMPT = "The quick brown fox jumps over the lazy dog, and then it runs far away
 BLOCKS = "nv_trt_llm_kv_cache_block_metrics"
 
 
-@pytest.fixture(scope="module")
-def servers(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    """A context server and a generation server, each serving the tiny model's engine."""
-    engine = {
+@contextmanager
+def disaggregated_servers(
+    tiny_model_dir: Path, work: Path, *names: str, **engine: Any
+) -> Iterator[list[Sidecar]]:
+    """Tritonservers called ``names`` (a context and a generation server by default), each
+    serving the tiny model's engine (``engine`` overriding its settings)."""
+    settings = {
         "kind": "torch",
         "model_dir": str(tiny_model_dir),
         "max_batch_size": 4,
         "tokens_per_block": 16,
         "guided_decoding": False,
         "kv_transfer_timeout_ms": 60000,
+        **engine,
     }
     spec = parse_spec(
         {
-            "models": [{"name": "tiny", "release": "latest", "engine": engine}],
+            "models": [{"name": "tiny", "release": "latest", "engine": settings}],
             "sidecars": [
-                {"name": "context", "keep_responses": False, **QUICK_STOP},
-                {"name": "generation", "keep_responses": False, **QUICK_STOP},
+                {"name": name, "keep_responses": False, **QUICK_STOP}
+                for name in names or ("context", "generation")
             ],
         }
     )
-    work = tmp_path_factory.mktemp("disagg-backend")
     started = [sidecar_from_spec(spec, sidecar, work) for sidecar in spec.sidecars]
     try:
         for server in started:
@@ -65,6 +69,13 @@ def servers(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> I
     finally:
         for server in started:
             server.stop()
+
+
+@pytest.fixture(scope="module")
+def servers(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A context server and a generation server, each serving the tiny model's engine."""
+    with disaggregated_servers(tiny_model_dir, tmp_path_factory.mktemp("disagg-backend")) as both:
+        yield both
 
 
 def _target(server: Sidecar, transport: str) -> ModelTarget:

@@ -15,7 +15,7 @@ from deploy.sidecar.ports import free_port
 from deploy.sidecar.supervisor import Sidecar
 from gateway.replicas.disaggregated import DisaggregatedRequest, PhasePools
 from gateway.replicas.dispatch import PooledRequest
-from gateway.replicas.pool import ReplicaPool
+from gateway.replicas.pool import Replica, ReplicaPool
 from gateway.replicas.settings import RoutingSettings
 from gateway.replicas.sources import ReplicaAddress
 from tests.integration.test_disaggregated_backend import ENGINE, _request, servers
@@ -94,16 +94,17 @@ async def test_a_lost_handoff_runs_the_request_whole(servers: Any) -> None:
         class Lost(DisaggregatedRequest):
             """Hands over a handoff that another request took already."""
 
-            async def _context(self) -> TokenChunk | None:
-                answer = await super()._context()
-                assert answer is not None
+            async def _context(self) -> tuple[TokenChunk, Replica] | None:
+                answered = await super()._context()
+                assert answered is not None
+                answer = answered[0]
                 taken = dataclasses.replace(
                     request,
                     phase="generation_only",
                     context_phase_params=answer.context_phase_params,
                 )
                 await _answer(PooledRequest(pools.generation, backend, taken))
-                return answer
+                return answered
 
         answer = await _answer(Lost(pools, backend, request))
         assert _text(answer) == _text(whole)

@@ -11,6 +11,7 @@ import json
 import logging
 import queue
 import threading
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,6 +46,10 @@ _SEQUENCES_NEED_DECOUPLED = (
     "num_return_sequences > 1 requires the tensorrt_llm backend to be using decoupled "
     "transaction policy: each sequence is a response of its own"
 )
+
+_HANDED_OFF_KEPT = 4096
+"""Answered context-only requests whose engine ids a stop request may still name (the oldest
+are forgotten: their blocks were taken or freed after ``kv_transfer_timeout_ms`` long since)."""
 
 Outgoing = tuple["_Pending", Any, bool]
 """A response on its way: its request, the response, and whether it is the final one."""
@@ -138,6 +143,9 @@ class TritonPythonModel:
         self._engine = load_engine(self._settings)
         self._lock = threading.Lock()
         self._pending: dict[str, _Pending] = {}
+        self._handed_off: OrderedDict[str, list[str]] = OrderedDict()
+        """Engine ids of answered context-only requests by Triton id: a stop request for one
+        frees the blocks its engine still holds for a generation engine."""
         self._keys = itertools.count()
         self._stopping = threading.Event()
         self._outboxes: list[queue.SimpleQueue[Outgoing | None]] = [
@@ -268,9 +276,12 @@ class TritonPythonModel:
             return
         with self._lock:
             targets = [p for p in self._pending.values() if p.triton_id == triton_id]
+            handed_off = self._handed_off.pop(triton_id, [])
         for target in targets:
             for engine_id in target.contexts:
                 self._engine.stop(engine_id)
+        for engine_id in handed_off:
+            self._engine.stop(engine_id)
         # The C++ backend answers a stop request with an empty response, in both policies.
         self._deliver(state, pb_utils.InferenceResponse(output_tensors=[]), final=True)
 
@@ -300,6 +311,10 @@ class TritonPythonModel:
             if output.finished:
                 state.remaining -= 1
             final = state.remaining <= 0
+            if output.context_phase_params is not None:
+                self._handed_off.setdefault(state.triton_id, []).append(output.request_id)
+                while len(self._handed_off) > _HANDED_OFF_KEPT:
+                    self._handed_off.popitem(last=False)
         context = state.contexts[output.request_id]
         if output.finished:
             self._metrics.completed(context.prompt.size, output.cached_tokens - context.prompt.size)

@@ -89,7 +89,7 @@ class Disaggregation:
         layout = self.store.pool.layout
         params = ContextPhaseParams(
             address=server.address,
-            handoff_id=self.handoffs.hold(table, prompt),
+            handoff_id=self.handoffs.hold(table, prompt, request.request_id),
             first_tokens=tuple(first),
             prompt_length=prompt,
             tokens_per_block=self.store.tokens_per_block,
@@ -184,10 +184,14 @@ class Disaggregation:
         return len(self._fetching)
 
     def cancel(self, request_id: str) -> None:
-        """Cancel a request whose blocks are on their way (it ends when they arrive)."""
+        """Cancel a request whose blocks are on their way (it ends when they arrive), or free
+        at once the blocks a context-only request holds for a generation engine, as
+        TensorRT-LLM's executor frees a context-complete request it is asked to cancel."""
         fetching = self._fetching.get(request_id)
         if fetching is not None:
             fetching.cancelled = True
+        for table in self.handoffs.drop(request_id):
+            self.store.release(table)
 
     def complete(
         self, fetched: Fetched

@@ -70,6 +70,7 @@ class _Held:
     table: BlockTable
     prompt_length: int
     deadline: float
+    request_id: str = ""
 
 
 class Handoffs:
@@ -81,17 +82,25 @@ class Handoffs:
         self._lock = threading.Lock()
         self._held: dict[str, _Held] = {}
 
-    def hold(self, table: BlockTable, prompt_length: int) -> str:
-        """Hold ``table`` under a new unguessable id."""
+    def hold(self, table: BlockTable, prompt_length: int, request_id: str = "") -> str:
+        """Hold ``table`` of the engine's request ``request_id`` under a new unguessable id."""
         handoff_id = secrets.token_hex(16)
+        deadline = time.monotonic() + self.timeout_s
         with self._lock:
-            self._held[handoff_id] = _Held(table, prompt_length, time.monotonic() + self.timeout_s)
+            self._held[handoff_id] = _Held(table, prompt_length, deadline, request_id)
         return handoff_id
 
     def take(self, handoff_id: str) -> _Held | None:
         """The held request of ``handoff_id``, now no longer held; None if unknown or gone."""
         with self._lock:
             return self._held.pop(handoff_id, None)
+
+    def drop(self, request_id: str) -> list[BlockTable]:
+        """The tables held for the engine's request ``request_id``, no longer held (its client
+        stopped it before a generation engine took them)."""
+        with self._lock:
+            gone = [key for key, held in self._held.items() if held.request_id == request_id]
+            return [self._held.pop(key).table for key in gone]
 
     def expired(self) -> list[BlockTable]:
         """The tables whose deadline passed, no longer held."""

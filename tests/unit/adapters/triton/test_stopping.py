@@ -8,7 +8,7 @@ import logging
 
 import pytest
 
-from adapters.triton.stopping import Stopper
+from adapters.triton.stopping import HandedOff, Stopper
 
 
 class EndingCall:
@@ -148,3 +148,16 @@ async def test_a_call_read_to_its_end_is_left_alone() -> None:
     stopper = Stopper(_never_opened, stop_timeout_s=1.0)
     stopper.release(call, Finished(), None, "r-6", "op")  # type: ignore[arg-type]
     assert not stopper._background and not call.cancelled
+
+
+def test_a_handoff_names_the_context_call_that_answered_it_once() -> None:
+    handed_off = HandedOff(kept=2)
+    handed_off.remember(b"first", "r-0-1")
+    handed_off.remember(b"second", "r-1-2")
+    assert handed_off.pop(b"first") == "r-0-1"
+    assert handed_off.pop(b"first") is None
+    # The oldest are forgotten past ``kept``: long taken, or freed by their engine's timeout.
+    handed_off.remember(b"third", "r-2-3")
+    handed_off.remember(b"fourth", "r-3-4")
+    assert handed_off.pop(b"second") is None
+    assert handed_off.pop(b"fourth") == "r-3-4"

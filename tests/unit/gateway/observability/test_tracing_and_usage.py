@@ -79,3 +79,49 @@ def test_a_request_id_outside_the_safe_form_is_replaced_and_logged_escaped(
 @pytest.mark.parametrize("given", ["job-42", "a.b:c_d-e", "x" * 128, "01HV3Z9:retry.2"])
 def test_a_safe_request_id_is_kept(given: str) -> None:
     assert request_id_from({"x-request-id": given}) == given
+
+
+def test_each_phase_of_a_split_request_is_a_span_and_counted() -> None:
+    exporter = InMemorySpanExporter()
+    observability = Observability(ObservabilitySettings(), span_exporter=exporter)
+    record = RequestRecord("r1", "POST", "/v1/completions", model="m", tenant="t")
+    record.span = observability.tracing.start_request("POST /v1/completions", {}, {})
+    token = begin(record)
+    try:
+        watch = observability.generation({})
+        watch.decided("m", "split")
+        context = watch.phase("m", "context")
+        context.replica("ctx-0", "10.0.0.1:8001")
+        context.ended("answered")
+        context.ended("failed")  # a phase ends once
+        generation = watch.phase("m", "generation")
+        headers = generation.trace_headers()
+        watch.handed_over("m", 0.02)
+        generation.ended("handoff_lost", RuntimeError("the context engine holds no request"))
+        watch.close()
+    finally:
+        end(token)
+    spans = {s.name: s for s in exporter.get_finished_spans()}
+    generate = spans["triton.generate"]
+    assert dict(generate.attributes or {})["gateway.disaggregation"] == "split"
+    for name in ("triton.context", "triton.generation"):
+        parent = spans[name].parent
+        assert parent is not None and generate.context is not None
+        assert parent.span_id == generate.context.span_id
+    assert dict(spans["triton.context"].attributes or {})["triton.replica"] == "ctx-0"
+    assert dict(spans["triton.context"].attributes or {})["server.port"] == 8001
+    assert spans["triton.generation"].status.status_code == StatusCode.ERROR
+    # The generation phase's Triton call is traced under its own span.
+    own = spans["triton.generation"].context
+    assert own is not None and f"{own.span_id:016x}" in headers["traceparent"]
+    registry = observability.metrics.registry
+
+    def sample(name: str, **labels: str) -> float | None:
+        return registry.get_sample_value(name, {"model": "m", **labels})
+
+    assert sample("gateway_disaggregated_requests_total", decision="split") == 1
+    phases = "gateway_disaggregated_phases_total"
+    assert sample(phases, phase="context", outcome="answered") == 1
+    assert sample(phases, phase="context", outcome="failed") is None
+    assert sample(phases, phase="generation", outcome="handoff_lost") == 1
+    assert sample("gateway_disaggregated_handoff_seconds_count") == 1

@@ -24,6 +24,7 @@ from gateway.tenancy import TenancySettings
 
 TINY = 'model="tiny_tensorrt_llm",version="1"'
 BIG = 'model="big_tensorrt_llm",version="1"'
+DISAGG = "nv_trt_llm_disaggregated_serving_metrics"
 METRICS = "\n".join(
     [
         "# HELP nv_trt_llm_request_metrics TRT LLM request metrics",
@@ -35,6 +36,8 @@ METRICS = "\n".join(
         f'nv_trt_llm_kv_cache_block_metrics{{kv_cache_block_type="fraction",{TINY}}} 0.25',
         f'nv_trt_llm_kv_cache_block_metrics{{kv_cache_block_type="tokens_per",{TINY}}} 32',
         f'nv_trt_llm_kv_cache_block_metrics{{kv_cache_block_type="fraction",{BIG}}} 0.5',
+        f'{DISAGG}{{disaggregated_serving_type="request_count",{BIG}}} 7',
+        f'{DISAGG}{{{BIG},disaggregated_serving_type="kv_cache_transfer_ms"}} 41.5',
         'nv_inference_request_success{model="tiny_ensemble",version="1"} 12',
         "",
     ]
@@ -45,8 +48,8 @@ METRICS = "\n".join(
     ("text", "model", "expected"),
     [
         (METRICS, "tiny_tensorrt_llm", EngineSignals(3.0, 8.0, 0.25, 32)),
-        (METRICS, "big_tensorrt_llm", EngineSignals(5.0, 0.0, 0.5, None)),
-        (METRICS, None, EngineSignals(8.0, 8.0, 0.5, 32)),
+        (METRICS, "big_tensorrt_llm", EngineSignals(5.0, 0.0, 0.5, None, 7.0, 41.5)),
+        (METRICS, None, EngineSignals(8.0, 8.0, 0.5, 32, 7.0, 41.5)),
         (METRICS, "other", None),
         ('nv_inference_request_success{model="x"} 1\n', None, None),
         (

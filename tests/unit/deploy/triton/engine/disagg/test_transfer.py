@@ -72,6 +72,17 @@ def test_a_held_request_nobody_takes_expires() -> None:
     assert handoffs.expired() == []
 
 
+def test_a_held_request_its_client_stopped_is_dropped_and_cannot_be_taken() -> None:
+    handoffs = Handoffs(60.0)
+    mine, other = BlockTable(blocks=[1]), BlockTable(blocks=[2])
+    handoff_id = handoffs.hold(mine, 4, "0:req/0")
+    handoffs.hold(other, 4, "1:other/0")
+    assert handoffs.drop("0:req/0") == [mine]
+    assert handoffs.take(handoff_id) is None
+    assert handoffs.drop("0:req/0") == []
+    assert handoffs.next_deadline_s() is not None
+
+
 def test_the_server_sends_the_blocks_after_those_the_taker_has() -> None:
     source, target = _pool(3), _pool(4)
     handoffs = Handoffs(60.0)

@@ -1,10 +1,12 @@
 """The gRPC calls' HPACK header blocks: a call's headers read back by a real HPACK decoder as the
 fields grpcio sends, never adding to the server's table; the server's blocks decoded as a fresh
 decoder decodes them, a kept block included, after the table changed; and a call's headers and
-request going out in one write, within the flow-control windows."""
+request going out in one write, within the flow-control windows, with those of every call
+opened in the same turn of the event loop."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterable
 from typing import Any
 
@@ -131,20 +133,22 @@ def _frame(kind: int, stream_id: int, payload: bytes) -> bytes:
     )
 
 
-HEADERS, DATA, SETTINGS, WINDOW_UPDATE = 1, 0, 4, 8
+HEADERS, DATA, RST_STREAM, SETTINGS, WINDOW_UPDATE = 1, 0, 3, 4, 8
 END_STREAM, END_HEADERS = 0x1, 0x4
 
 
-def test_a_calls_headers_and_request_go_out_in_one_write_within_the_windows() -> None:
+async def test_a_calls_headers_and_request_go_out_in_one_write_within_the_windows() -> None:
     transport = RecordingTransport()
     connection = H2Connection(AUTHORITY)
     connection.connection_made(transport)  # type: ignore[arg-type]
     # The server lets a stream send 100 bytes before its WINDOW_UPDATE.
     connection.data_received(_frame(SETTINGS, 0, (4).to_bytes(2, "big") + (100).to_bytes(4, "big")))
+    await asyncio.sleep(0)
     message = bytes(range(256)) * 2
     transport.writes.clear()
 
     connection.open(STREAM_PATH, message[:50], {}, 5.0, Receiver())
+    await asyncio.sleep(0)
     assert len(transport.writes) == 1
     assert [(kind, flags) for kind, flags, _, _ in _frames(transport.writes[0])] == [
         (HEADERS, END_HEADERS), (DATA, END_STREAM),
@@ -152,6 +156,7 @@ def test_a_calls_headers_and_request_go_out_in_one_write_within_the_windows() ->
 
     transport.writes.clear()
     connection.open(STREAM_PATH, message, {}, 5.0, Receiver())
+    await asyncio.sleep(0)
     assert len(transport.writes) == 1
     first = _frames(transport.writes[0])
     assert [(kind, flags, len(payload)) for kind, flags, _, payload in first] == [
@@ -159,9 +164,28 @@ def test_a_calls_headers_and_request_go_out_in_one_write_within_the_windows() ->
     ]  # fmt: skip
     transport.writes.clear()
     connection.data_received(_frame(WINDOW_UPDATE, 3, (1000).to_bytes(4, "big")))
+    await asyncio.sleep(0)
     rest = _frames(transport.writes[-1])
     assert [(kind, flags, stream_id) for kind, flags, stream_id, _ in rest] == [
         (DATA, END_STREAM, 3)
     ]
     sent = first[1][3] + rest[0][3]
     assert sent == b"\0" + len(message).to_bytes(4, "big") + message
+
+
+async def test_the_calls_opened_in_one_turn_of_the_loop_go_out_in_one_write_in_order() -> None:
+    transport = RecordingTransport()
+    connection = H2Connection(AUTHORITY)
+    connection.connection_made(transport)  # type: ignore[arg-type]
+    transport.writes.clear()
+    first = connection.open(STREAM_PATH, b"one", {}, 5.0, Receiver())
+    connection.open(STREAM_PATH, b"two", {}, 5.0, Receiver())
+    first.cancel()
+    assert not transport.writes
+    await asyncio.sleep(0)
+    assert len(transport.writes) == 1
+    frames = _frames(transport.writes[0])
+    assert [(kind, stream_id) for kind, _, stream_id, _ in frames] == [
+        (HEADERS, 1), (DATA, 1), (HEADERS, 3), (DATA, 3), (RST_STREAM, 1),
+    ]  # fmt: skip
+    assert frames[3][3] == b"\0" + (3).to_bytes(4, "big") + b"two"

@@ -148,6 +148,8 @@ class H2Connection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports are not ``asyncio.Transport`` subclasses, but have its methods.
         self._transport = cast(asyncio.Transport, transport)
+        # A call cancelled from outside a callback of the loop still has its reset written.
+        self._loop = asyncio.get_running_loop()
         settings = (2).to_bytes(2, "big") + (0).to_bytes(4, "big")  # no server push
         settings += (4).to_bytes(2, "big") + _STREAM_WINDOW.to_bytes(4, "big")
         increment = (_CONNECTION_WINDOW - _DEFAULT_WINDOW).to_bytes(4, "big")
@@ -410,7 +412,7 @@ class H2Connection(asyncio.Protocol):
         if self._transport is None:
             return
         if not self._outgoing:
-            asyncio.get_running_loop().call_soon(self._flush)
+            self._loop.call_soon(self._flush)
         self._outgoing.append(data)
 
     def _flush(self) -> None:

@@ -13,7 +13,7 @@ from typing import Any
 import hpack
 import pytest
 
-from adapters.triton.grpc.h2 import H2Connection
+from adapters.triton.grpc.h2 import H2Connection, Stream
 from adapters.triton.grpc.headers import RequestHeaders, ResponseHeaders, grpc_timeout
 from adapters.triton.grpc.stream import STREAM_PATH
 
@@ -189,3 +189,25 @@ async def test_the_calls_opened_in_one_turn_of_the_loop_go_out_in_one_write_in_o
         (HEADERS, 1), (DATA, 1), (HEADERS, 3), (DATA, 3), (RST_STREAM, 1),
     ]  # fmt: skip
     assert frames[3][3] == b"\0" + (3).to_bytes(4, "big") + b"two"
+
+
+def test_a_call_cancelled_outside_the_loops_callbacks_has_its_reset_written() -> None:
+    loop = asyncio.new_event_loop()
+    try:
+        transport = RecordingTransport()
+        connection = H2Connection(AUTHORITY)
+
+        async def opened() -> Stream:
+            connection.connection_made(transport)  # type: ignore[arg-type]
+            return connection.open(STREAM_PATH, b"one", {}, 5.0, Receiver())
+
+        stream = loop.run_until_complete(opened())
+        stream.cancel()
+        loop.run_until_complete(asyncio.sleep(0))
+        written = b"".join(transport.writes).removeprefix(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
+        frames = _frames(written)
+        assert [(kind, stream_id) for kind, _, stream_id, _ in frames] == [
+            (SETTINGS, 0), (WINDOW_UPDATE, 0), (HEADERS, 1), (DATA, 1), (RST_STREAM, 1),
+        ]  # fmt: skip
+    finally:
+        loop.close()

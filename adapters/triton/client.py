@@ -25,7 +25,7 @@ from adapters.contract import (
 from adapters.triton.beams import beam_inputs, beam_width_named
 from adapters.triton.config import ModelInputs, parse_model_config
 from adapters.triton.errors import guide_named
-from adapters.triton.grpc.h2 import Channels
+from adapters.triton.grpc.channels import Channels
 from adapters.triton.grpc.stream import (
     Call,
     GrpcCall,

@@ -36,7 +36,7 @@ from gateway.replicas.pool import Replica, ReplicaPool
 
 logger = logging.getLogger(__name__)
 
-Decision = Literal[
+SplitDecision = Literal[
     "split", "whole_short_prompt", "whole_beam_search", "whole_images", "whole_no_prompt_ids"
 ]
 """How a request of a disaggregated model runs: split, or whole and why."""
@@ -59,7 +59,7 @@ class SplitObserver(AttemptObserver, Protocol):
     """Who hears how a disaggregated model's request runs (metrics, spans)."""
 
     def decided(self, model: str, decision: str) -> None:
-        """The request runs split or whole (``Decision``)."""
+        """The request runs split or whole (``SplitDecision``)."""
         ...
 
     def phase(self, model: str, phase: str) -> PhaseObserver:
@@ -80,7 +80,7 @@ class PhasePools:
     min_prompt_tokens: int = 0
 
 
-def decide(request: GenerationRequest, pools: PhasePools) -> Decision:
+def decide(request: GenerationRequest, pools: PhasePools) -> SplitDecision:
     """Whether ``request`` runs as two phases: a prompt of token ids at least
     ``min_prompt_tokens`` long, without a beam search or images (the engine does not split
     them), to the ``tensorrt_llm`` entry."""

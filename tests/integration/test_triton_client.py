@@ -29,7 +29,7 @@ from adapters.contract import (
 )
 from adapters.scripted import ScriptedBackend
 from adapters.triton import TritonBackend
-from adapters.triton.grpc.h2 import Channels
+from adapters.triton.grpc.channels import Channels
 from adapters.triton.grpc.stream import GrpcCall, infer_request
 from adapters.triton.wire import WireTensor
 from deploy.sidecar.fleet import sidecar_from_spec

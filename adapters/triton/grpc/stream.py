@@ -26,7 +26,8 @@ from tritonclient.utils import InferenceServerException
 
 from adapters.contract import BackendError, BackendTimeout
 from adapters.triton.errors import HttpError, classify
-from adapters.triton.grpc.h2 import Channels, H2Connection, Stream, rpc_error
+from adapters.triton.grpc.channels import Channels
+from adapters.triton.grpc.h2 import H2Connection, Stream, rpc_error
 from adapters.triton.responses import Outputs, Reply
 from adapters.triton.wire import RawOutputs, WireTensor
 

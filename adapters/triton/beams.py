@@ -4,8 +4,7 @@ engine's answer."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -13,7 +12,6 @@ import numpy.typing as npt
 
 from adapters.contract import BeamSearch, InvalidRequest
 from adapters.triton.config import ModelInputs
-from adapters.triton.errors import BEAM_WIDTH
 from adapters.triton.wire import WireTensor
 
 Outputs = Mapping[str, npt.NDArray[Any]]
@@ -62,22 +60,6 @@ def beam_inputs(beam: BeamSearch, model: ModelInputs, *, logprobs: bool) -> list
     if early is not None and early != _ENGINE_DEFAULT_EARLY_STOPPING:
         tensors.append(_early_stopping(early, model))
     return tensors
-
-
-@contextmanager
-def beam_width_named(beam: BeamSearch | None) -> Iterator[None]:
-    """An engine's refusal of the beam width, named by the request field that set it (``n`` or
-    ``best_of``), as the gateway names it where it knows the deployment's ``max_beam_width``."""
-    try:
-        yield
-    except InvalidRequest as exc:
-        if beam is None or exc.param != BEAM_WIDTH:
-            raise
-        raise InvalidRequest(
-            f"{beam.param} asks for {beam.width} beams, which the model refused: {exc}",
-            param=beam.param,
-            detail=exc.detail,
-        ) from exc
 
 
 def _early_stopping(value: int, model: ModelInputs) -> WireTensor:

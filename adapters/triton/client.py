@@ -22,9 +22,9 @@ from adapters.contract import (
     ModelTarget,
     TokenChunk,
 )
-from adapters.triton.beams import beam_inputs, beam_width_named
+from adapters.triton.beams import beam_inputs
 from adapters.triton.config import ModelInputs, parse_model_config
-from adapters.triton.errors import guide_named
+from adapters.triton.errors import beam_width_named, guide_named
 from adapters.triton.grpc.channels import Channels
 from adapters.triton.grpc.stream import (
     Call,

@@ -9,6 +9,7 @@ from adapters.contract import (
     BackendError,
     BackendTimeout,
     BackendUnavailable,
+    BeamSearch,
     Guide,
     InferenceFailed,
     InvalidRequest,
@@ -150,6 +151,22 @@ def guide_named(guide: Guide | None) -> Iterator[None]:
             raise
         field = "tools" if guide.param == "tool_choice" else guide.param
         raise InvalidRequest(str(exc), param=field, detail=exc.detail) from exc
+
+
+@contextmanager
+def beam_width_named(beam: BeamSearch | None) -> Iterator[None]:
+    """An engine's refusal of the beam width, named by the request field that set it (``n`` or
+    ``best_of``), as the gateway names it where it knows the deployment's ``max_beam_width``."""
+    try:
+        yield
+    except InvalidRequest as exc:
+        if beam is None or exc.param != BEAM_WIDTH:
+            raise
+        raise InvalidRequest(
+            f"{beam.param} asks for {beam.width} beams, which the model refused: {exc}",
+            param=beam.param,
+            detail=exc.detail,
+        ) from exc
 
 
 class HttpError(Exception):

@@ -17,8 +17,7 @@ from adapters.contract import (
     LoraNotCached,
     ModelNotFound,
 )
-from adapters.triton.beams import beam_width_named
-from adapters.triton.errors import classify, guide_named
+from adapters.triton.errors import beam_width_named, classify, guide_named
 from gateway.errors import from_backend_error, to_api_error
 from gateway.observability.logs import RequestIdFilter
 from gateway.observability.record import RequestRecord, begin, end

@@ -6,9 +6,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -27,7 +26,7 @@ from deploy.sidecar.fleet import sidecar_from_spec
 from deploy.sidecar.spec import parse_spec
 from deploy.sidecar.supervisor import Sidecar
 from tests.integration.test_triton_client import tiny_tokens
-from tests.support.prometheus import value
+from tests.support.prometheus import read_until, value
 from tests.support.sidecars import QUICK_STOP
 
 pytestmark = pytest.mark.slow
@@ -154,17 +153,6 @@ def _used_blocks(server: Sidecar) -> float:
     return value(text, BLOCKS, model=ENGINE, kv_cache_block_type="used")
 
 
-def _eventually(read: Callable[[], float], check: Callable[[float], bool]) -> float:
-    """The first reading that passes ``check``: the engine publishes every 100 ms."""
-    deadline = time.monotonic() + 20
-    reading = read()
-    while not check(reading):
-        assert time.monotonic() < deadline, f"the metrics never showed it: {reading}"
-        time.sleep(0.05)
-        reading = read()
-    return reading
-
-
 async def test_a_generation_phase_given_up_is_stopped_at_its_engine(servers: Any) -> None:
     context, generation = servers
     async with TritonBackend() as backend:
@@ -179,4 +167,4 @@ async def test_a_generation_phase_given_up_is_stopped_at_its_engine(servers: Any
         assert (await anext(chunks)).token_count
         await chunks.aclose()
     for server in (context, generation):
-        _eventually(functools.partial(_used_blocks, server), lambda blocks: blocks == 0)
+        read_until(functools.partial(_used_blocks, server), lambda blocks: blocks == 0)

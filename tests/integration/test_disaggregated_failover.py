@@ -72,10 +72,7 @@ def gateway(servers: Any, tiny_model_dir: Path) -> Iterator[str]:
     gateway = LiveGateway(settings)
     gateway.start()
     try:
-        deadline = time.monotonic() + 60
-        while httpx.get(f"{gateway.url}/health/ready", timeout=5).status_code != 200:
-            assert time.monotonic() < deadline, "the gateway never became ready"
-            time.sleep(0.1)
+        gateway.wait_ready()
         yield gateway.url
     finally:
         gateway.stop()

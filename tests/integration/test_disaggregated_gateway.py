@@ -106,10 +106,7 @@ def client(
     gateway = LiveGateway(settings, span_exporter=exporter)
     gateway.start()
     try:
-        deadline = time.monotonic() + 60
-        while httpx.get(f"{gateway.url}/health/ready", timeout=5).status_code != 200:
-            assert time.monotonic() < deadline, "the gateway never became ready"
-            time.sleep(0.1)
+        gateway.wait_ready()
         with openai.OpenAI(base_url=f"{gateway.url}/v1", api_key="unused", max_retries=0) as c:
             yield c
     finally:

@@ -73,10 +73,7 @@ def gateway(
     )
     live = LiveGateway(settings).start()
     try:
-        deadline = time.monotonic() + 120
-        while httpx.get(f"{live.url}/health/ready", timeout=5).status_code != 200:
-            assert time.monotonic() < deadline, "the gateway never became ready"
-            time.sleep(0.2)
+        live.wait_ready(timeout_s=120)
         yield live
     finally:
         live.stop()

@@ -4,9 +4,8 @@ on the other, the KV cache handed over between their processes."""
 
 from __future__ import annotations
 
-import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +18,7 @@ from deploy.sidecar.spec import parse_spec
 from deploy.sidecar.supervisor import Sidecar
 from deploy.triton.engine.disagg.phase import ContextPhaseParams
 from tests.support.engine_grpc import Stream, request, stop, tokens_of
-from tests.support.prometheus import value
+from tests.support.prometheus import read_until, value
 from tests.support.sidecars import QUICK_STOP
 
 pytestmark = pytest.mark.slow
@@ -127,17 +126,6 @@ def _used_blocks(server: Sidecar, model: str) -> float:
     return value(_scrape(server), BLOCKS, model=model, kv_cache_block_type="used")
 
 
-def _eventually(read: Callable[[], float], check: Callable[[float], bool]) -> float:
-    """The first reading that passes ``check``: the engine publishes every 100 ms."""
-    deadline = time.monotonic() + 20
-    reading = read()
-    while not check(reading):
-        assert time.monotonic() < deadline, f"the metrics never showed it: {reading}"
-        time.sleep(0.05)
-        reading = read()
-    return reading
-
-
 def _metric(outputs: dict[str, Any], name: str) -> float:
     return float(outputs[name].reshape(-1)[0])
 
@@ -177,12 +165,12 @@ def test_a_generation_engine_holding_the_prefix_takes_only_the_rest(servers: Any
 
 def test_held_blocks_are_freed_once_taken(servers: Any) -> None:
     context, generation = servers
-    _eventually(lambda: _used_blocks(context, LONG), lambda used: used == 0)
+    read_until(lambda: _used_blocks(context, LONG), lambda used: used == 0)
     prompt = _prompt(31)
     _, params, _ = _context(context, prompt)
-    _eventually(lambda: _used_blocks(context, LONG), lambda used: used >= PROMPT_BLOCKS)
+    read_until(lambda: _used_blocks(context, LONG), lambda used: used >= PROMPT_BLOCKS)
     _generation(generation, prompt, params)
-    _eventually(lambda: _used_blocks(context, LONG), lambda used: used == 0)
+    read_until(lambda: _used_blocks(context, LONG), lambda used: used == 0)
     again = _values(prompt)
     again["context_phase_params"] = _params_input(params)
     assert "taken already" in _error(generation, again, "generation_only")
@@ -192,8 +180,8 @@ def test_held_blocks_are_freed_after_the_timeout(servers: Any) -> None:
     context, generation = servers
     prompt = _prompt(41)
     _, params, _ = _context(context, prompt, QUICK)
-    _eventually(lambda: _used_blocks(context, QUICK), lambda used: used >= PROMPT_BLOCKS)
-    _eventually(lambda: _used_blocks(context, QUICK), lambda used: used == 0)
+    read_until(lambda: _used_blocks(context, QUICK), lambda used: used >= PROMPT_BLOCKS)
+    read_until(lambda: _used_blocks(context, QUICK), lambda used: used == 0)
     late = _values(prompt)
     late["context_phase_params"] = _params_input(params)
     message = _error(generation, late, "generation_only")
@@ -248,7 +236,7 @@ def test_the_disaggregated_serving_metrics_count_handoffs_on_both_sides(servers:
             text = _scrape(server)
             return value(text, DISAGG, model=LONG, disaggregated_serving_type="request_count")
 
-        assert _eventually(handoffs, lambda count: count >= 1) >= 1
+        assert read_until(handoffs, lambda count: count >= 1) >= 1
         text = _scrape(server)
         assert (
             value(text, DISAGG, model=LONG, disaggregated_serving_type="kv_cache_transfer_ms") > 0
@@ -272,4 +260,4 @@ def test_a_stopped_generation_phase_frees_its_blocks_on_both_sides(servers: Any)
         def used(server: Sidecar = server) -> float:
             return _used_blocks(server, LONG)
 
-        _eventually(used, lambda blocks: blocks == 0)
+        read_until(used, lambda blocks: blocks == 0)

@@ -4,7 +4,6 @@ starts both, routes over both and names them in its metrics (zero-compute load-t
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -46,10 +45,7 @@ def gateway(
     )
     live = LiveGateway(settings).start()
     try:
-        deadline = time.monotonic() + 90
-        while httpx.get(f"{live.url}/health/ready", timeout=5).status_code != 200:
-            assert time.monotonic() < deadline, "the gateway never became ready"
-            time.sleep(0.2)
+        live.wait_ready(timeout_s=90)
         yield live
     finally:
         live.stop()

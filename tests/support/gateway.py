@@ -217,6 +217,14 @@ class LiveGateway:
             time.sleep(0.05)
         return self
 
+    def wait_ready(self, timeout_s: float = 60.0) -> LiveGateway:
+        """Return once ``/health/ready`` answers 200: every model has a replica up."""
+        deadline = time.monotonic() + timeout_s
+        while httpx.get(f"{self.url}/health/ready", timeout=5).status_code != 200:
+            assert time.monotonic() < deadline, "the gateway never became ready"
+            time.sleep(0.1)
+        return self
+
     def stop(self) -> None:
         """Shut down as on SIGTERM: drain, then run the lifespan's shutdown."""
         self._server.should_exit = True

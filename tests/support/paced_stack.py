@@ -142,10 +142,7 @@ def paced_gateway(
     )
     gateway = LiveGateway(settings).start()
     try:
-        deadline = time.monotonic() + 60
-        while httpx.get(f"{gateway.url}/health/ready", timeout=5).status_code != 200:
-            assert time.monotonic() < deadline, "the gateway never became ready"
-            time.sleep(0.1)
+        gateway.wait_ready()
         yield Stack(gateway, keys, admin_key)
     finally:
         gateway.stop()

@@ -62,3 +62,15 @@ def scrape_until(
         assert time.monotonic() < deadline, f"{family} {labels} never reached {expected}"
         time.sleep(0.05)
     return text
+
+
+def read_until(read: Callable[[], float], check: Callable[[float], bool]) -> float:
+    """The first reading that passes ``check``, read again every 50 ms for 20 s at most: an
+    engine publishes its metrics every 100 ms."""
+    deadline = time.monotonic() + 20
+    reading = read()
+    while not check(reading):
+        assert time.monotonic() < deadline, f"the metrics never showed it: {reading}"
+        time.sleep(0.05)
+        reading = read()
+    return reading

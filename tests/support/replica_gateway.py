@@ -157,10 +157,7 @@ def replica_gateway(
     state["replicas"] = Replicas(sidecars, gateway, spans)
     gateway.start()
     try:
-        deadline = time.monotonic() + 60
-        while httpx.get(f"{gateway.url}/health/ready", timeout=5).status_code != 200:
-            assert time.monotonic() < deadline, "the gateway never became ready"
-            time.sleep(0.1)
+        gateway.wait_ready()
         yield state["replicas"]
     finally:
         gateway.stop()

@@ -19,7 +19,6 @@ import httpx
 import msgspec
 import pytest
 
-from deploy.sidecar.supervisor import Sidecar
 from gateway.queueing.settings import QueueSettings
 from gateway.replicas.settings import DisaggregationSettings
 from gateway.settings import LimitSettings, ModelSettings, Settings
@@ -27,7 +26,7 @@ from gateway.tenancy import TenancySettings
 from tests.integration.test_disaggregated_backend import ENGINE, PROMPT, disaggregated_servers
 from tests.support.engine_probe import EngineProcess
 from tests.support.gateway import LiveGateway
-from tests.support.prometheus import total, value
+from tests.support.prometheus import total
 from tests.support.replica_gateway import FAST, endpoints
 
 pytestmark = pytest.mark.slow
@@ -78,15 +77,13 @@ def gateway(servers: Any, tiny_model_dir: Path) -> Iterator[str]:
         gateway.stop()
 
 
-def _holding(context: Sidecar, generation: Sidecar) -> bool:
-    """Whether the context engine holds blocks of two prompts at least (about six blocks each)
-    for generation phases waiting in the generation engine's queue."""
-    held = httpx.get(context.metrics_url, timeout=10).text
-    waiting = httpx.get(generation.metrics_url, timeout=10).text
-    return (
-        value(held, "nv_trt_llm_kv_cache_block_metrics", model=ENGINE, kv_cache_block_type="used")
-        >= 12
-        and value(waiting, "nv_trt_llm_request_metrics", model=ENGINE, request_type="waiting") >= 2
+def _context_answers(metrics: str) -> float:
+    return total(
+        metrics,
+        "gateway_disaggregated_phases_total",
+        model="tiny-split",
+        phase="context",
+        outcome="answered",
     )
 
 
@@ -108,6 +105,7 @@ async def test_a_context_replica_killed_between_the_phases_costs_no_request(
     context_a, _, generation = servers
     # The engine's stub serves the handoffs: killed with its server, at once.
     stub = EngineProcess(context_a, ENGINE).pid
+    generation_stub = EngineProcess(generation, ENGINE).pid
     async with httpx.AsyncClient(base_url=gateway, timeout=120) as client:
         answers: list[httpx.Response] = []
         streams: list[tuple[int, str]] = []
@@ -119,6 +117,10 @@ async def test_a_context_replica_killed_between_the_phases_costs_no_request(
                 body = _body("tiny-split", next(numbers))
                 answers.append(await client.post("/v1/completions", json=body))
 
+        async def loop_once(_: int) -> None:
+            body = _body("tiny-split", next(numbers))
+            answers.append(await client.post("/v1/completions", json=body))
+
         async def streamed() -> None:
             while not stop.is_set():
                 body = {**_body("tiny-split", next(numbers)), "stream": True}
@@ -127,16 +129,27 @@ async def test_a_context_replica_killed_between_the_phases_costs_no_request(
 
         clients = [asyncio.create_task(loop()) for _ in range(6)]
         clients += [asyncio.create_task(streamed()) for _ in range(2)]
-        # Generation phases wait for a slot of the generation engine, their handoffs held by
-        # both context replicas (chosen in turn): context-a dies holding some.
-        deadline = time.monotonic() + 60
-        while not await asyncio.to_thread(_holding, context_a, generation):
-            assert time.monotonic() < deadline, "context-a never held waiting handoffs"
+        while len(answers) < 6:
             assert not any(task.done() for task in clients)
-            await asyncio.sleep(0.02)
-        assert context_a.pid is not None
-        os.kill(stub, signal.SIGKILL)
-        os.killpg(context_a.pid, signal.SIGKILL)
+            await asyncio.sleep(0.05)
+        # The generation engine's stub paused: no generation phase takes a handoff, while four
+        # more requests run their context phases on both context replicas in turn, so that
+        # context-a dies holding the handoffs of two at least (its server still answers the
+        # gateway's probes meanwhile).
+        os.kill(generation_stub, signal.SIGSTOP)
+        try:
+            before = _context_answers((await client.get("/metrics")).text)
+            extra = [asyncio.create_task(loop_once(n)) for n in range(4)]
+            deadline = time.monotonic() + 60
+            while _context_answers((await client.get("/metrics")).text) < before + 4:
+                assert time.monotonic() < deadline, "the context phases never answered"
+                await asyncio.sleep(0.05)
+            assert context_a.pid is not None
+            os.kill(stub, signal.SIGKILL)
+            os.killpg(context_a.pid, signal.SIGKILL)
+        finally:
+            os.kill(generation_stub, signal.SIGCONT)
+        await asyncio.gather(*extra)
         served = len(answers)
         deadline = time.monotonic() + 60
         while len(answers) < served + 16:

@@ -311,6 +311,8 @@ def run(
             for (workers, ahead), transport, (tree, code) in itertools.product(
                 variants, args.transports, trees
             ):
+                if code is not None and transport not in (args.baseline_transports or [transport]):
+                    continue
                 name = (f"gateway-{workers}" + ("" if ahead else "-waiting")
                         + ("-http" if transport == "http" else "") + tree)  # fmt: skip
                 config = gateway_config(
@@ -379,6 +381,13 @@ def main() -> None:
         type=Path,
         help="another checkout of this project: each gateway also runs from its code "
         "(gateway-N@baseline), measured in the same rounds, a change's before beside its after",
+    )
+    parser.add_argument(
+        "--baseline-transports",
+        nargs="+",
+        choices=("grpc", "http"),
+        help="the transports the baseline's gateways use (default: all of --transports), when a "
+        "change touches only one of them",
     )
     parser.add_argument("--levels", type=int, nargs="+", default=list(LEVELS))
     parser.add_argument(

@@ -125,7 +125,7 @@ class CompletionPipeline:
         headers.update(self.tenancy.known_headers(tenant))
         self.tenancy.refuse_if_spent(tenant)
         body = decode_body(await read_body(scope, receive, self.max_body_bytes), endpoint.schema)
-        model = self.registry.get(body.model, tenant.allows_model, tenant.allows_adapter)
+        model = self.registry.get(body.model, tenant)
         if endpoint.bind is not None:
             endpoint = await until_disconnect(receive, endpoint.bind(self.tenancy, tenant, body))
         try:
@@ -240,7 +240,9 @@ def route(path: str, endpoint: Endpoint[Any]) -> ASGIRouteHandler:
     (``gateway.runtime.lifecycle.gate``) answers its other methods and refuses it while draining."""
 
     async def handle(scope: HTTPScope, receive: Receive, send: Send) -> None:
-        pipeline: CompletionPipeline = scope["litestar_app"].state.runtime.pipeline
+        pipeline: CompletionPipeline | None = scope["litestar_app"].state.runtime.pipeline
+        if pipeline is None:
+            raise RuntimeError("the gateway has not started")
         answer = await pipeline.answer(scope, receive, endpoint)
         await answer(scope, receive, send)
 

@@ -184,9 +184,11 @@ class Tenancy:
         """The salt that keeps the tenant's cached prompts in its KV-cache scope, narrowed by
         the ``client``'s own ``cache_salt``. None where nothing is kept apart: no client salt,
         and auth off (every request is one tenant's) or a model whose cache its tenants share."""
-        if client is None and (shared or not self.settings.auth):
+        if client is not None:
+            return tenant.client_salt(client)
+        if shared or not self.settings.auth:
             return None
-        return tenant.scope_salt(client)
+        return tenant.scope_salt
 
     def known_headers(self, tenant: TenantPolicy) -> dict[str, str]:
         """Rate-limit headers as of the tenant's last admission (for answers before one)."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+import msgspec
 import pytest
 
 from adapters.contract import BeamSearch, SamplingParams
@@ -366,3 +367,21 @@ def test_credentials_headers_are_the_first_of_each_name_presented_key_reads() ->
     assert presented_key(found) == "tgw-one"
     assert presented_key(credentials_headers(raw[3:])) == "azure-key"
     assert credentials_headers([]) == {}
+
+
+@pytest.mark.parametrize(
+    ("patterns", "every", "names"),
+    [(("*",), True, set()), (("llama-8b", "qwen-*"), False, {"llama-8b"}),
+     (("a?", "[ab]c", "plain"), False, {"plain"}), ((), False, set())],
+)  # fmt: skip
+def test_what_a_request_reads_of_a_policy_is_derived_once(
+    patterns: tuple[str, ...], every: bool, names: set[str]
+) -> None:
+    tenant = TenantPolicy(name="t", models=patterns)
+    assert (tenant.every_model, tenant.model_names) == (every, names)
+    assert tenant.scope_salt is tenant.scope_salt  # derived once, then read
+    # Kept beside the fields, never encoded with them.
+    assert set(msgspec.json.decode(msgspec.json.encode(tenant))) == set(tenant.__struct_fields__)
+    # A policy changed at run time is a new object: its values are derived afresh.
+    renamed = msgspec.structs.replace(tenant, name="u", models=("*",))
+    assert renamed.every_model and renamed.scope_salt != tenant.scope_salt

@@ -42,8 +42,7 @@ from gateway.openai.shaping import Header
 from gateway.queueing.flows import current_flow
 from gateway.queueing.scheduler import Flow
 from gateway.tenancy import TenantPolicy
-from gateway.tenancy.keys import credentials_headers
-from gateway.tenancy.service import Tenancy
+from gateway.tenancy.service import Tenancy, credentials_headers
 
 Body = TypeVar("Body", bound=SamplingFields)
 BodyIn = TypeVar("BodyIn", bound=SamplingFields, contravariant=True)

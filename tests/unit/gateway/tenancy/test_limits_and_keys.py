@@ -22,14 +22,6 @@ from gateway.tenancy.config import (
     check_policy,
     check_tenancy,
 )
-from gateway.tenancy.service import (
-    MalformedKey,
-    credentials_headers,
-    digest,
-    matches,
-    new_key,
-    presented_key,
-)
 from gateway.tenancy.quota import (
     HEADROOM,
     Decision,
@@ -42,7 +34,15 @@ from gateway.tenancy.quota import (
     rate_limit_headers,
     take,
 )
-from gateway.tenancy.service import Tenancy
+from gateway.tenancy.service import (
+    MalformedKey,
+    Tenancy,
+    credentials_headers,
+    digest,
+    matches,
+    new_key,
+    presented_key,
+)
 
 PER_SECOND = Limit("requests", rate=60, period=60, capacity=3)  # one a second, three at once
 

@@ -24,7 +24,7 @@ from gateway.settings import (
 )
 from gateway.tenancy import TenancySettings
 from gateway.tenancy.config import resolve_store
-from gateway.tenancy.keys import digest, new_key
+from gateway.tenancy.service import digest, new_key
 
 if TYPE_CHECKING:
     from deploy.sidecar.spec import Spec
@@ -119,7 +119,9 @@ def serve(settings: Settings, settings_dir: Path | None = None) -> int:
     runtime = app.state["runtime"]
     # Once started: with the Redis store, the tenants and keys in force are known only then.
     failure = run(
-        app, settings, on_started=lambda: print(f"  {runtime.tenancy.describe()}", flush=True)
+        app,
+        settings,
+        on_started=lambda: print(f"  {runtime.tenancy.directory.describe()}", flush=True),
     )
     if failure is not None:
         print(f"error: {failure}", file=sys.stderr, flush=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +38,7 @@ from gateway.settings import (
     Settings,
     SettingsError,
 )
+from gateway.tenancy import TenantPolicy
 from gateway.tools import ReasoningFormat, ToolFormat, model_formats
 
 logger = logging.getLogger(__name__)
@@ -84,9 +85,20 @@ class ModelRoute:
 
 @dataclass(frozen=True, slots=True)
 class ServedModel:
-    """A model ready to serve: where it runs, how to tokenize for it, and its limits."""
+    """A model ready to serve: where it runs, how to tokenize for it, and its limits.
+
+    What every request reads of it is a field, decided when it is loaded (or named as an
+    adapter on its base): ``name`` and ``target`` are ``route``'s, ``own_counts`` whether the
+    gateway's count of a prompt is the engine's."""
 
     route: ModelRoute
+    name: str
+    """Public model id (``route.name``)."""
+    target: ModelTarget
+    """Where the model runs in Triton (``route.target``)."""
+    own_counts: bool
+    """Whether the gateway's count of a text prompt is the engine's, so the engine need not be
+    asked: a text model whose preprocessing tokenizes as the gateway does."""
     tokenizer: PromptTokenizer
     context_length: int
     created: int
@@ -101,23 +113,10 @@ class ServedModel:
     vision: VisionInputs | None = None
     """How the model takes images; None for a text-only model."""
 
-    @property
-    def name(self) -> str:
-        """Public model id."""
-        return self.route.name
-
-    @property
-    def target(self) -> ModelTarget:
-        """Where the model runs in Triton."""
-        return self.route.target
-
     def own_count(self, prompt: Prompt) -> int | None:
-        """The prompt's length for ``usage`` where the gateway's count is the engine's, so the
-        engine need not be asked (``None``: ask it): a text prompt, to a text model whose
-        preprocessing tokenizes as the gateway does."""
-        if not self.route.counts_prompts or self.vision is not None:
-            return None
-        return prompt.exact_count
+        """The prompt's length for ``usage`` where the gateway's count is the engine's
+        (``own_counts``), so the engine need not be asked (``None``: ask it)."""
+        return prompt.exact_count if self.own_counts else None
 
 
 def resolve_routes(
@@ -305,28 +304,27 @@ class ModelRegistry:
         self._models = {model.name: model for model in models or []}
         self.adapters = LoraLibrary()
 
-    def get(
-        self,
-        name: str,
-        allowed: Callable[[str], bool] = lambda _: True,
-        adapter_allowed: Callable[[str], bool] = lambda _: True,
-    ) -> ServedModel:
+    def get(self, name: str, tenant: TenantPolicy) -> ServedModel:
         """The model or LoRA adapter (``adapter`` or ``base:adapter``) called ``name``, if the
-        caller may use it (and its base model); else the same 404 ``model_not_found`` as for a
-        name that does not exist."""
+        ``tenant`` may use it (and its base model); else the same 404 ``model_not_found`` as
+        for a name that does not exist."""
         model = self._models.get(name)
         if model is not None:
-            if not allowed(model.name):
+            # A tenant open to every model, or naming this one, is let through on the values
+            # its policy derived once; only a pattern is matched here.
+            if not (tenant.every_model or name in tenant.model_names or tenant.allows_model(name)):
                 raise unknown_model(name)
             return model
         found = self.adapters.find(name)
         base = self._models.get(found.base) if found is not None else None
         if found is None or base is None:
             raise unknown_model(name)
-        if not (allowed(base.name) and adapter_allowed(found.name)):
+        if not (tenant.allows_model(base.name) and tenant.allows_adapter(found.name)):
             raise unknown_model(name)
         route = dataclasses.replace(base.route, name=name)
-        return dataclasses.replace(base, route=route, adapter=found.adapter, base=base.name)
+        return dataclasses.replace(
+            base, route=route, name=name, adapter=found.adapter, base=base.name
+        )
 
     def base_model(self, name: str) -> ServedModel | None:
         """The base model called ``name`` (adapters not included)."""
@@ -385,12 +383,16 @@ def load_model(route: ModelRoute, executor: Executor) -> ServedModel:
         route.target.triton_model,
         context_length,
     )
+    vision = read_vision(route.tokenizer_dir, route.images, tokenizer.token_text)
     return ServedModel(
         route=route,
+        name=route.name,
+        target=route.target,
+        own_counts=route.counts_prompts and vision is None,
         tokenizer=tokenizer,
         context_length=context_length,
         created=int(time.time()),
         tool_format=tool_format,
         reasoning=reasoning,
-        vision=read_vision(route.tokenizer_dir, route.images, tokenizer.token_text),
+        vision=vision,
     )

@@ -9,6 +9,9 @@ span's attributes when the answer ends.
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import re
 import time
 from collections.abc import Callable, Mapping
 from typing import Any, Literal
@@ -17,22 +20,19 @@ import msgspec
 from litestar.enums import ScopeType
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
 from opentelemetry.sdk.trace.export import SpanExporter
-from opentelemetry.trace import Span, SpanKind, Status, StatusCode
+from opentelemetry.trace import INVALID_SPAN, Span, SpanKind, Status, StatusCode
 
+from gateway.ids import random_hex
 from gateway.observability.logs import LogFormat, configure_logging, log_access
 from gateway.observability.metrics import GatewayMetrics
 from gateway.observability.phases import PhaseMetrics, PhaseWatch, name_replica, phase_attributes
 from gateway.observability.record import (
     PROPAGATED,
-    REQUEST_ID_HEADER,
     RequestRecord,
     Tracing,
     TracingSettings,
-    begin,
-    current,
-    end,
+    current_request,
     finish_request,
-    request_id_from,
 )
 
 __all__ = [
@@ -44,8 +44,14 @@ __all__ = [
     "RequestRecord",
     "TracingSettings",
     "configure_logging",
-    "current",
+    "current_request",
+    "request_id_from",
 ]
+REQUEST_ID_HEADER = "x-request-id"
+SAFE_REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+"""The client ids taken as they are: no spaces, ``=`` or quotes, so one cannot write fields of
+its own (``tenant=team-a``) into a log line or change the Triton request id's shape."""
+logger = logging.getLogger(__name__)
 
 
 class MetricsSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -92,7 +98,7 @@ class GenerationWatch:
         of the answer): the request's queue time."""
         record = self._record
         if record is not None and record.queue_s is None:
-            record.queue_s = record.elapsed()
+            record.queue_s = time.monotonic() - record.start
             self._owner.metrics.record_queue(record)
 
     def replica(self, name: str, address: str) -> None:
@@ -130,9 +136,11 @@ class GenerationWatch:
             )
 
     def trace_headers(self) -> dict[str, str]:
-        """Trace context for the gRPC metadata of the Triton call."""
+        """Trace context for the gRPC metadata of the Triton call: none with tracing off and
+        none from the client."""
         incoming = self._record.trace_headers if self._record is not None else {}
-        return self._owner.tracing.outgoing(self.span, incoming)
+        tracing = self._owner.tracing
+        return tracing.outgoing(self.span, incoming) if tracing.enabled or incoming else {}
 
     def text(self, index: int) -> None:
         """Choice ``index`` produced text."""
@@ -205,7 +213,7 @@ class Observability:
 
     def serving(self, model: str, adapter: str | None, tenant: str, operation: str) -> None:
         """The current request goes to ``model`` (``adapter`` on it) for ``tenant``."""
-        record = current()
+        record = current_request.get()
         if record is None:
             return
         record.model, record.adapter, record.tenant = model, adapter or "", tenant
@@ -220,13 +228,14 @@ class Observability:
 
     def step(self, name: str) -> Any:
         """A child span of the current request (templating, authentication, admission)."""
-        return self.tracing.step(name)
+        return self.tracing.step(name) if self.tracing.enabled else contextlib.nullcontext()
 
     def generation(self, attributes: dict[str, Any], *, sent: bool = True) -> GenerationWatch:
         """Start watching the current request's Triton call (sent now, or at ``sent()``)."""
-        record = current()
-        parent = record.span if record is not None else None
-        span = self.tracing.child(parent, "triton.generate", SpanKind.CLIENT, attributes)
+        record = current_request.get()
+        span: Span = INVALID_SPAN
+        if self.tracing.enabled and record is not None:
+            span = self.tracing.child(record.span, "triton.generate", SpanKind.CLIENT, attributes)
         return GenerationWatch(self, record, span, sent=sent)
 
     def middleware(
@@ -252,7 +261,7 @@ class Observability:
                         message["headers"] = [*message.get("headers", ()), echo]
                     await send(message)
 
-                token = begin(record)
+                token = current_request.set(record)
                 on_start()
                 self.metrics.in_flight.inc()
                 try:
@@ -264,7 +273,7 @@ class Observability:
                     self.metrics.in_flight.dec()
                     on_end()
                     self._close(record)
-                    end(token)
+                    current_request.reset(token)
 
             return observe
 
@@ -275,6 +284,9 @@ class Observability:
         route = str(scope.get("path_template") or "other")
         record = RequestRecord(request_id_from(headers), method, route)
         record.trace_headers = {k: v for k, v in headers.items() if k in PROPAGATED}
+        if not self.tracing.enabled:
+            record.span = INVALID_SPAN
+            return record
         record.span = self.tracing.start_request(
             f"{method} {route}",
             headers,
@@ -288,7 +300,7 @@ class Observability:
         return record
 
     def _close(self, record: RequestRecord) -> None:
-        seconds = record.elapsed()
+        seconds = time.monotonic() - record.start
         self.metrics.record_request(record, seconds)
         finish_request(record)
         log_access(record, seconds)
@@ -296,3 +308,20 @@ class Observability:
     def close(self) -> None:
         """Flush the span exporter."""
         self.tracing.close()
+
+
+def request_id_from(headers: dict[str, str]) -> str:
+    """The client's ``X-Request-ID`` when ``SAFE_REQUEST_ID`` matches all of it, else a new one
+    (the refused value is logged escaped, and shortened)."""
+    given = headers.get(REQUEST_ID_HEADER)
+    if given is not None and SAFE_REQUEST_ID.fullmatch(given):
+        return given
+    generated = random_hex(16)
+    if given is not None:
+        logger.info(
+            "X-Request-ID %s refused (allowed: %s); request id %s instead",
+            ascii(given[:256]),
+            SAFE_REQUEST_ID.pattern,
+            generated,
+        )
+    return generated

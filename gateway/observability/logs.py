@@ -11,7 +11,7 @@ import logging
 import time
 from typing import Any, Literal
 
-from gateway.observability.record import RequestRecord, current
+from gateway.observability.record import RequestRecord, current_request
 
 access_logger = logging.getLogger("gateway.access")
 LogFormat = Literal["text", "json"]
@@ -31,7 +31,7 @@ class RequestIdFilter(logging.Filter):
     """Adds ``request_id`` to every record logged while a request is being answered."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        request = current()
+        request = current_request.get()
         if not hasattr(record, "request_id"):
             record.request_id = request.request_id if request is not None else None
         return True

@@ -313,35 +313,35 @@ class GatewayMetrics:
     def record_queue(self, record: RequestRecord) -> None:
         """The request reached Triton ``record.queue_s`` after it arrived."""
         if record.queue_s is not None:
-            self._queue_time(*record.labels).observe(record.queue_s)
+            self._queue_time(*labels_of(record)).observe(record.queue_s)
 
     def record_first_token(self, record: RequestRecord) -> None:
         """The request's first text came ``record.first_token_s`` after it arrived."""
         if record.first_token_s is not None:
-            self._time_to_first_token(*record.labels).observe(record.first_token_s)
+            self._time_to_first_token(*labels_of(record)).observe(record.first_token_s)
 
     def token_gaps(self, record: RequestRecord) -> TokenGaps:
         """The counter of the gaps between consecutive pieces of ``record``'s streamed text;
         ``flush`` it when the request ends."""
-        return TokenGaps(self._inter_token_latency(*record.labels))
+        return TokenGaps(self._inter_token_latency(*labels_of(record)))
 
     def record_tokens(self, record: RequestRecord, prompt: int, completion: int) -> None:
         """Token counts of one finished choice."""
-        self._prompt_tokens(*record.labels).inc(prompt)
-        self._completion_tokens(*record.labels).inc(completion)
+        self._prompt_tokens(*labels_of(record)).inc(prompt)
+        self._completion_tokens(*labels_of(record)).inc(completion)
 
     def record_cached_tokens(self, record: RequestRecord, cached: int) -> None:
         """``cached`` tokens of one prompt came from the engine's KV cache."""
-        self._cached_prompt_tokens(*record.labels).inc(cached)
+        self._cached_prompt_tokens(*labels_of(record)).inc(cached)
 
     def record_request(self, record: RequestRecord, seconds: float) -> None:
         """One answered HTTP request; completion requests also by model, adapter and tenant."""
         self._requests(record.route, record.method, str(record.status)).inc()
         self._duration(record.route, record.method).observe(seconds)
         if record.generates:
-            self._generation_requests(*record.labels, str(record.status)).inc()
+            self._generation_requests(*labels_of(record), str(record.status)).inc()
             if record.status < 400:
-                self._end_to_end(*record.labels).observe(seconds)
+                self._end_to_end(*labels_of(record)).observe(seconds)
 
     def render(self) -> bytes:
         """The Prometheus text exposition of every metric, of every worker process."""
@@ -353,3 +353,8 @@ class GatewayMetrics:
         if self._sidecars is not None:
             registry.register(self._sidecars)
         return generate_latest(registry)
+
+
+def labels_of(record: RequestRecord) -> tuple[str, str, str]:
+    """A request's ``model``, ``adapter`` and ``tenant`` label values, all from configuration."""
+    return record.model, record.adapter, record.tenant

@@ -1,6 +1,9 @@
 """One request as observed: its record (what the request path learns about it, for its log line,
 metrics and span) and its trace.
 
+With tracing off, a request that brings no trace context runs none of the trace's code: the
+request path reads ``Tracing.enabled`` first (``gateway.observability``).
+
 The trace is OpenTelemetry's: a span per HTTP request, children for its steps, context to
 Triton. The W3C ``traceparent`` of the client is the parent of the request's span; the Triton
 call's context goes into the gRPC metadata, so a tritonserver started with
@@ -11,7 +14,6 @@ the client's ``traceparent`` is still passed on to Triton unchanged.
 from __future__ import annotations
 
 import logging
-import re
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -29,12 +31,6 @@ from opentelemetry.sdk.trace.sampling import ParentBasedTraceIdRatio
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from gateway.ids import random_hex
-
-REQUEST_ID_HEADER = "x-request-id"
-SAFE_REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
-"""The client ids taken as they are: no spaces, ``=`` or quotes, so one cannot write fields of
-its own (``tenant=team-a``) into a log line or change the Triton request id's shape."""
 logger = logging.getLogger(__name__)
 
 
@@ -65,49 +61,9 @@ class RequestRecord:
         """Whether the request reached a model (completion routes past model lookup)."""
         return bool(self.model)
 
-    @property
-    def labels(self) -> tuple[str, str, str]:
-        """``model``, ``adapter`` and ``tenant`` label values, all from configuration."""
-        return self.model, self.adapter, self.tenant
 
-    def elapsed(self) -> float:
-        """Seconds since the request arrived."""
-        return time.monotonic() - self.start
-
-
-_current: ContextVar[RequestRecord | None] = ContextVar("gateway_request", default=None)
-
-
-def current() -> RequestRecord | None:
-    """The record of the request being answered in this context, if any."""
-    return _current.get()
-
-
-def begin(record: RequestRecord) -> Any:
-    """Make ``record`` current; returns the token ``end`` takes."""
-    return _current.set(record)
-
-
-def end(token: Any) -> None:
-    """Restore the context ``begin`` changed."""
-    _current.reset(token)
-
-
-def request_id_from(headers: dict[str, str]) -> str:
-    """The client's ``X-Request-ID`` when ``SAFE_REQUEST_ID`` matches all of it, else a new one
-    (the refused value is logged escaped, and shortened)."""
-    given = headers.get(REQUEST_ID_HEADER)
-    if given is not None and SAFE_REQUEST_ID.fullmatch(given):
-        return given
-    generated = random_hex(16)
-    if given is not None:
-        logger.info(
-            "X-Request-ID %s refused (allowed: %s); request id %s instead",
-            ascii(given[:256]),
-            SAFE_REQUEST_ID.pattern,
-            generated,
-        )
-    return generated
+current_request: ContextVar[RequestRecord | None] = ContextVar("gateway_request", default=None)
+"""The record of the request being answered in this context, if any (set by the middleware)."""
 
 
 PROPAGATED = ("traceparent", "tracestate")
@@ -134,8 +90,10 @@ class Tracing:
 
     def __init__(self, settings: TracingSettings, exporter: SpanExporter | None = None) -> None:
         self.settings = settings
+        self.enabled = settings.enabled or exporter is not None
+        """Whether spans are recorded."""
         self.provider: TracerProvider | None = None
-        if settings.enabled or exporter is not None:
+        if self.enabled:
             self.provider = TracerProvider(
                 resource=Resource.create({"service.name": settings.service_name}),
                 sampler=ParentBasedTraceIdRatio(settings.sample_ratio),
@@ -144,11 +102,6 @@ class Tracing:
             self.tracer: trace.Tracer = self.provider.get_tracer("triton-gateway")
         else:
             self.tracer = trace.NoOpTracer()
-
-    @property
-    def enabled(self) -> bool:
-        """Whether spans are recorded."""
-        return self.provider is not None
 
     def start_request(
         self, name: str, headers: Mapping[str, str], attributes: dict[str, Any]
@@ -164,7 +117,7 @@ class Tracing:
     @contextmanager
     def step(self, name: str, kind: SpanKind = SpanKind.INTERNAL) -> Iterator[Span]:
         """A child span of the current request's span (a no-op outside requests)."""
-        record = current()
+        record = current_request.get()
         if record is None or record.span is None or not self.enabled:
             yield trace.INVALID_SPAN
             return

@@ -42,8 +42,7 @@ from gateway.openai.shaping import Header
 from gateway.queueing.flows import current_flow
 from gateway.queueing.scheduler import Flow
 from gateway.tenancy import TenantPolicy
-from gateway.tenancy.keys import credentials_headers
-from gateway.tenancy.service import Tenancy
+from gateway.tenancy.service import Tenancy, credentials_headers
 
 Body = TypeVar("Body", bound=SamplingFields)
 BodyIn = TypeVar("BodyIn", bound=SamplingFields, contravariant=True)
@@ -125,7 +124,7 @@ class CompletionPipeline:
         headers.update(self.tenancy.known_headers(tenant))
         self.tenancy.refuse_if_spent(tenant)
         body = decode_body(await read_body(scope, receive, self.max_body_bytes), endpoint.schema)
-        model = self.registry.get(body.model, tenant.allows_model, tenant.allows_adapter)
+        model = self.registry.get(body.model, tenant)
         if endpoint.bind is not None:
             endpoint = await until_disconnect(receive, endpoint.bind(self.tenancy, tenant, body))
         try:
@@ -240,7 +239,9 @@ def route(path: str, endpoint: Endpoint[Any]) -> ASGIRouteHandler:
     (``gateway.runtime.lifecycle.gate``) answers its other methods and refuses it while draining."""
 
     async def handle(scope: HTTPScope, receive: Receive, send: Send) -> None:
-        pipeline: CompletionPipeline = scope["litestar_app"].state.runtime.pipeline
+        pipeline: CompletionPipeline | None = scope["litestar_app"].state.runtime.pipeline
+        if pipeline is None:
+            raise RuntimeError("the gateway has not started")
         answer = await pipeline.answer(scope, receive, endpoint)
         await answer(scope, receive, send)
 

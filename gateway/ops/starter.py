@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from gateway.tenancy.keys import digest, new_key
+from gateway.tenancy.service import digest, new_key
 
 MODEL = "smollm2"
 ADAPTER = "smollm2-example"

@@ -112,7 +112,9 @@ class Runtime(abc.ABC):
             settings.limits.tokenizer_threads, thread_name_prefix="tokenizer"
         )
         self._generation: GenerationService | None = None
-        self._pipeline: CompletionPipeline | None = None
+        self.pipeline: CompletionPipeline | None = None
+        """The completion pipeline both completion routes run, once started: a plain attribute,
+        as the routes read it on every request."""
         self.metrics.watch_sidecars(lambda: self.sidecars)
         self._resolver = resolver
         self.router = Router(())
@@ -159,13 +161,6 @@ class Runtime(abc.ABC):
         if self._generation is None:
             raise RuntimeError("the gateway has not started")
         return self._generation
-
-    @property
-    def pipeline(self) -> CompletionPipeline:
-        """The completion pipeline both completion routes run, once started."""
-        if self._pipeline is None:
-            raise RuntimeError("the gateway has not started")
-        return self._pipeline
 
     async def start(self) -> None:
         """Prepare sidecars, load every tokenizer, create the backend; sidecars boot meanwhile."""
@@ -221,7 +216,7 @@ class Runtime(abc.ABC):
             # Models without a pool, slots or llm-d headers go straight to their Triton.
             dispatcher=self.router if self.router.dispatches else None,
         )
-        self._pipeline = CompletionPipeline(
+        self.pipeline = CompletionPipeline(
             self._generation,
             self.tenancy,
             self.registry,

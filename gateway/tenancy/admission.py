@@ -19,23 +19,57 @@ from __future__ import annotations
 import asyncio
 import functools
 from collections.abc import Awaitable
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import anyio
 
 from gateway.core.plan import Plan
+from gateway.tenancy.config import TenantPolicy
+from gateway.tenancy.quota import Limits, Quota, rate_limit_headers
+
+SETTLE_GRACE_S = 5.0
+"""How long a ticket's settlement may go on once its request is being cancelled."""
 
 
-class Ticket(Protocol):
-    """What an admission hands over: the answer's headers and the settlement."""
+class Settles(Protocol):
+    """Where a ticket is settled: the store side of tenancy (``Tenancy.settle``)."""
+
+    async def settle(self, ticket: TenantTicket, used: int) -> None: ...
+
+
+@dataclass(eq=False)
+class TenantTicket:
+    """One admitted request: its reservation, lease and headers, settled once its answer ends."""
+
+    tenancy: Settles
+    tenant: TenantPolicy
+    limits: Limits
+    reserved: int
+    lease: str
+    quota: Quota | None
+    """None when the store was unreachable and the request was let through."""
+    settled: bool = field(default=False)
 
     def headers(self) -> dict[str, str]:
         """The rate-limit headers of the answer."""
-        ...
+        return rate_limit_headers(self.quota)
 
     async def settle_shielded(self, used: int) -> None:
-        """Settle with ``used`` tokens, completed even while being cancelled."""
-        ...
+        """``settle``, completed even when the request is being cancelled (within a grace)."""
+        task = asyncio.current_task()
+        if task is not None and not task.cancelling():
+            await self.settle(used)
+            return
+        with anyio.move_on_after(SETTLE_GRACE_S, shield=True):
+            await self.settle(used)
+
+    async def settle(self, used: int) -> None:
+        """Give back what the request reserved but did not use, and end its lease."""
+        if self.settled:
+            return
+        self.settled = True
+        await self.tenancy.settle(self, used)
 
 
 class Admission:
@@ -51,7 +85,7 @@ class Admission:
 
     def __init__(
         self,
-        answer: asyncio.Future[Ticket],
+        answer: asyncio.Future[TenantTicket],
         headers: dict[str, str],
         bound_s: float,
         *,
@@ -66,16 +100,16 @@ class Admission:
             self._show(answer.result())
 
     @classmethod
-    def decided(cls, ticket: Ticket, headers: dict[str, str], bound_s: float) -> Admission:
+    def decided(cls, ticket: TenantTicket, headers: dict[str, str], bound_s: float) -> Admission:
         """An admission the store answered already."""
-        answer: asyncio.Future[Ticket] = asyncio.get_running_loop().create_future()
+        answer: asyncio.Future[TenantTicket] = asyncio.get_running_loop().create_future()
         answer.set_result(ticket)
         return cls(answer, headers, bound_s)
 
     @classmethod
     def pending(
         cls,
-        ticket: Awaitable[Ticket],
+        ticket: Awaitable[TenantTicket],
         headers: dict[str, str],
         bound_s: float,
         *,
@@ -108,7 +142,7 @@ class Admission:
         self._show(ticket)
         await ticket.settle_shielded(used)
 
-    def _show(self, ticket: Ticket) -> None:
+    def _show(self, ticket: TenantTicket) -> None:
         if not self._shown:
             self._shown = True
             self._headers.update(ticket.headers())
@@ -118,7 +152,7 @@ _LATE: set[asyncio.Task[None]] = set()
 """Settlements of admissions answered after their request gave up waiting."""
 
 
-def _settle_later(answer: asyncio.Future[Ticket], used: int) -> None:
+def _settle_later(answer: asyncio.Future[TenantTicket], used: int) -> None:
     if answer.cancelled() or answer.exception() is not None:
         return
     task = asyncio.ensure_future(answer.result().settle_shielded(used))

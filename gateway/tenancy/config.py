@@ -27,10 +27,20 @@ LIMITS = (
     "max_choices",
 )
 """The policy's limits: each one is a positive whole number, or unset (no limit)."""
+PATTERN = re.compile(r"[*?[]")
+"""What makes a model name a shell pattern rather than a name (``fnmatch``'s special
+characters)."""
 
 
-class TenantPolicy(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """What one tenant may use, and how fast. Unset limits do not apply."""
+class TenantPolicy(
+    msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True, dict=True
+):
+    """What one tenant may use, and how fast. Unset limits do not apply.
+
+    What the request path reads of a policy on every request (``every_model``, ``model_names``,
+    ``scope_salt``) is derived once per policy, on first use, and kept beside its fields (not
+    encoded with them): a policy changed at run time is a new object, derived afresh.
+    """
 
     name: str
     """Tenant name; shows in metrics and logs."""
@@ -73,15 +83,34 @@ class TenantPolicy(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     reuse each other's cached prefixes (a public scope). Unset, the tenant has a scope of its
     own that no other tenant can name."""
 
-    def scope_salt(self, client: str | None = None) -> int:
-        """The 64-bit salt of the tenant's KV-cache scope, derived from the scope (and a
-        client's ``cache_salt`` within it) alone: a named scope and a tenant's own scope hash
-        apart, whatever they are called, and no client salt reaches another scope."""
-        kind, name = ("scope", self.cache_scope) if self.cache_scope else ("tenant", self.name)
-        return _scope_salt(kind, name, client)
+    @functools.cached_property
+    def scope_salt(self) -> int:
+        """The 64-bit salt of the tenant's KV-cache scope, derived from the scope alone: a named
+        scope and a tenant's own scope hash apart, whatever they are called."""
+        return _scope_salt(*self._scope, None)
+
+    def client_salt(self, client: str) -> int:
+        """The scope's salt narrowed by a client's ``cache_salt``: it changes only the salt's
+        lower bits, so no client salt reaches another scope."""
+        return _scope_salt(*self._scope, client)
+
+    @property
+    def _scope(self) -> tuple[str, str]:
+        return ("scope", self.cache_scope) if self.cache_scope else ("tenant", self.name)
+
+    @functools.cached_property
+    def every_model(self) -> bool:
+        """Whether the tenant may use every model (``*`` among its ``models``)."""
+        return "*" in self.models
+
+    @functools.cached_property
+    def model_names(self) -> frozenset[str]:
+        """The model names the tenant's ``models`` give exactly, without a pattern."""
+        return frozenset(name for name in self.models if not PATTERN.search(name))
 
     def allows_model(self, name: str) -> bool:
-        """Whether the tenant may use the model called ``name``."""
+        """Whether the tenant may use the model called ``name`` (the request path reads
+        ``every_model`` and ``model_names`` first, and matches patterns only past them)."""
         return any(fnmatch.fnmatchcase(name, pattern) for pattern in self.models)
 
     def allows_adapter(self, name: str) -> bool:

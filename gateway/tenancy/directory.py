@@ -114,6 +114,20 @@ class Directory:
         """Whether run-time changes are possible (and shared by every replica)."""
         return self._link is not None
 
+    def describe(self) -> str:
+        """One line for the start-up banner: auth, and the tenants and keys in force."""
+        settings = self._settings
+        if not settings.auth:
+            return "auth: OFF (tenancy.auth: false) - anyone who reaches this port may use it"
+        admin = "on" if settings.admin_key_sha256 is not None else "off"
+        # ``auto`` counts in memory here: ``triton-gateway serve`` resolves it before building
+        # the app, so the line names what runs rather than what was written.
+        store = "redis" if self.shared else "memory, tenants and keys from the file"
+        return (
+            f"auth: on, {len(self.snapshot.tenants)} tenant(s) and {len(self.snapshot.keys)} "
+            f"key(s) in force, limits in {store}, admin API {admin}"
+        )
+
     def tenant(self, name: str) -> TenantPolicy | None:
         """The tenant called ``name``."""
         return self.snapshot.tenants.get(name)
@@ -193,7 +207,7 @@ class Directory:
         def decide(snapshot: Snapshot) -> Change | None:
             if name not in snapshot.tenants:
                 return None
-            keys = tuple(k for k in snapshot.keys.entries() if k.tenant == name)
+            keys = tuple(k for k in snapshot.keys.values() if k.tenant == name)
             return Change(deleted=(name,), revoked=keys)
 
         return await self._apply(decide) is not None
@@ -210,7 +224,7 @@ class Directory:
         """Revoke the key whose id (or full digest) is ``key_id``; None if there is none."""
 
         def decide(snapshot: Snapshot) -> Change | None:
-            entries = snapshot.keys.entries()
+            entries = snapshot.keys.values()
             entry = next((k for k in entries if key_id in (k.key_id, k.sha256)), None)
             return None if entry is None else Change(revoked=(entry,))
 
@@ -223,7 +237,7 @@ class Directory:
 
     def key_entries(self) -> list[KeyEntry]:
         """Every key that opens something."""
-        return sorted(self.snapshot.keys.entries(), key=lambda k: (k.tenant, k.name, k.key_id))
+        return sorted(self.snapshot.keys.values(), key=lambda k: (k.tenant, k.name, k.key_id))
 
     async def _apply(self, decide: ChangeDecision) -> Change | None:
         """Decide a change from the state in force and write it, unless another change came

@@ -19,12 +19,15 @@ import logging
 from collections.abc import Awaitable
 from typing import Any
 
+from gateway.tenancy.config import StoreSettings, TenancyConfigError
 from gateway.tenancy.quota import (
     CONCURRENCY_RETRY_S,
     Decision,
     Limit,
     Limits,
+    MemoryStore,
     Quota,
+    QuotaStore,
     Rejected,
     StoreUnavailable,
     quota_of,
@@ -292,3 +295,21 @@ class RedisStore:
                     )
                 except StoreUnavailable as exc:
                     logger.debug("renewing the leases of %s failed: %s", tenant, exc)
+
+
+def open_store(settings: StoreSettings) -> tuple[QuotaStore, RespLink | None]:
+    """The store ``settings`` name, and its Redis connection (None for this process's memory)."""
+    if settings.kind == "embedded":
+        raise TenancyConfigError(
+            "tenancy.store.kind: embedded is a redis-server that triton-gateway serve "
+            "starts; an app built by other means names a Redis (kind: redis) instead"
+        )
+    if settings.kind != "redis":
+        return MemoryStore(), None
+    store = RedisStore.connect(
+        settings.url,
+        prefix=settings.prefix,
+        timeout_s=settings.timeout_s,
+        lease_ttl_s=settings.lease_ttl_s,
+    )
+    return store, store.link

@@ -24,8 +24,7 @@ from gateway.tenancy import KeyEntry, TenantPolicy
 from gateway.tenancy.config import PolicyError, TenancyConfigError, check_key
 from gateway.tenancy.directory import DirectoryReadOnly
 from gateway.tenancy.edits import TenantFields, apply_fields, missing_fields
-from gateway.tenancy.keys import digest, new_key
-from gateway.tenancy.service import Tenancy
+from gateway.tenancy.service import Tenancy, digest, new_key
 
 
 class KeyRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

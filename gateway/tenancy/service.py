@@ -1,22 +1,21 @@
 """What the request path asks of tenancy: who is calling, what they may use, and may they go now.
 
-``authenticate`` turns credentials into a tenant (401 otherwise). ``admit`` reserves a request's
-worst case (its prompt plus every choice's ``max_tokens``) against the tenant's limits in one
-store call and returns a ``TenantTicket`` (``admission``: a shared store answers while the
-request is prepared); the ticket meters what the request really used and gives the rest back
-when its events end, whether they end normally, with an error or because the client left. Every
-answer carries OpenAI's ``x-ratelimit-*`` headers.
+``authenticate`` turns the key a request presents into a tenant (401 otherwise); keys are made
+at random and stored only as SHA-256 digests. ``admission`` reserves a request's worst case (its
+prompt plus every choice's ``max_tokens``) against the tenant's limits in one store call, answered
+while the request is prepared (``gateway.tenancy.admission``); its ticket meters what the request
+really used and gives the rest back when its events end, whether they end normally, with an error
+or because the client left. Every answer carries OpenAI's ``x-ratelimit-*`` headers.
 """
 
 from __future__ import annotations
 
-import asyncio
+import hashlib
+import hmac
 import logging
+import secrets
 import time
-from collections.abc import Awaitable, Mapping
-from dataclasses import dataclass, field
-
-import anyio
+from collections.abc import Awaitable, Iterable, Mapping
 
 from gateway.core.plan import Plan
 from gateway.errors import (
@@ -26,15 +25,13 @@ from gateway.errors import (
 )
 from gateway.ids import random_hex
 from gateway.observability.metrics import GatewayMetrics
-from gateway.tenancy.admission import Admission, reservation, sequences
-from gateway.tenancy.config import TenancyConfigError, TenancySettings, TenantPolicy
+from gateway.tenancy.admission import Admission, TenantTicket, reservation, sequences
+from gateway.tenancy.config import TenancySettings, TenantPolicy
 from gateway.tenancy.directory import Directory
-from gateway.tenancy.keys import carries_admin_key, check_admin_key, matches, required_key
 from gateway.tenancy.quota import (
     Limits,
     MemoryStore,
     Quota,
-    QuotaStore,
     Rejected,
     StoreUnavailable,
     far_from_limits,
@@ -43,50 +40,86 @@ from gateway.tenancy.quota import (
     requests_left,
     whole,
 )
-from gateway.tenancy.redis_store import RedisStore
+from gateway.tenancy.redis_store import open_store
 from gateway.tenancy.responses_store import response_store
 
 logger = logging.getLogger(__name__)
 
-SETTLE_GRACE_S = 5.0
 ADMIN_KEY_ON_API = (
     "This is the admin key, which serves the admin API only (/admin/* and the LoRA adapter "
     "endpoints); call the OpenAI API with a tenant's API key."
 )
+KEY_PREFIX = "tgw-"
+MAX_KEY_LENGTH = 256
+_AUTHORIZATION, _AZURE = "authorization", "api-key"
+_CREDENTIALS = (_AUTHORIZATION.encode(), _AZURE.encode())
+_MISSING_KEY = (
+    "You didn't provide an API key. You need to provide your API key in an Authorization "
+    "header using Bearer auth (i.e. Authorization: Bearer YOUR_KEY), or as the api-key header."
+)
 
 
-@dataclass(eq=False)
-class TenantTicket:
-    """One admitted request: its reservation, lease and headers, settled once its answer ends."""
+def new_key() -> str:
+    """A fresh API key: the prefix and 256 random bits."""
+    return KEY_PREFIX + secrets.token_urlsafe(32)
 
-    tenancy: Tenancy
-    tenant: TenantPolicy
-    limits: Limits
-    reserved: int
-    lease: str
-    quota: Quota | None
-    """None when the store was unreachable and the request was let through."""
-    settled: bool = field(default=False)
 
-    def headers(self) -> dict[str, str]:
-        """The rate-limit headers of the answer."""
-        return rate_limit_headers(self.quota)
+def digest(key: str) -> str:
+    """The hex SHA-256 of a key, the only form in which keys are stored."""
+    return hashlib.sha256(key.encode()).hexdigest()
 
-    async def settle_shielded(self, used: int) -> None:
-        """``settle``, completed even when the request is being cancelled (within a grace)."""
-        task = asyncio.current_task()
-        if task is not None and not task.cancelling():
-            await self.settle(used)
-            return
-        with anyio.move_on_after(SETTLE_GRACE_S, shield=True):
-            await self.settle(used)
 
-    async def settle(self, used: int) -> None:
-        """Give back what the request reserved but did not use, and end its lease."""
-        if self.settled:
-            return
-        self.settled = True
-        await self.tenancy.settle(self, used)
+def matches(key: str, sha256: str | None) -> bool:
+    """Whether ``key`` hashes to ``sha256``, compared in constant time."""
+    return sha256 is not None and hmac.compare_digest(digest(key), sha256)
+
+
+class MalformedKey(ValueError):
+    """A credentials header that is present but not usable."""
+
+
+def presented_key(headers: Mapping[str, str]) -> str | None:
+    """The key of ``Authorization: Bearer <key>`` or of Azure's ``api-key: <key>``.
+
+    Returns None when neither header is present; raises ``MalformedKey`` for a header that is
+    there but holds no usable key.
+    """
+    authorization = headers.get(_AUTHORIZATION)
+    if authorization is not None:
+        scheme, _, key = authorization.strip().partition(" ")
+        if scheme.lower() != "bearer" or not key.strip():
+            raise MalformedKey("the Authorization header must be `Bearer <key>`")
+        return _checked(key.strip())
+    azure = headers.get(_AZURE)
+    return None if azure is None else _checked(azure.strip())
+
+
+def credentials_headers(raw: Iterable[tuple[bytes, bytes]]) -> dict[str, str]:
+    """The headers ``presented_key`` reads, out of an ASGI scope's raw headers (the first of each
+    name): all that authentication needs, without a mapping of every header."""
+    found: dict[str, str] = {}
+    for name, value in raw:
+        name = name.lower()
+        if name in _CREDENTIALS:
+            found.setdefault(name.decode("latin-1"), value.decode("latin-1"))
+    return found
+
+
+def _checked(key: str) -> str:
+    if not key or len(key) > MAX_KEY_LENGTH or not key.isprintable() or " " in key:
+        raise MalformedKey("the API key is malformed")
+    return key
+
+
+def required_key(headers: Mapping[str, str]) -> str:
+    """The key the request presents; a 401 for none or a malformed one."""
+    try:
+        key = presented_key(headers)
+    except MalformedKey as exc:
+        raise AuthenticationError(f"Malformed API key: {exc}.") from None
+    if key is None:
+        raise AuthenticationError(_MISSING_KEY)
+    return key
 
 
 class Tenancy:
@@ -96,23 +129,7 @@ class Tenancy:
         self.settings = settings
         self.metrics = metrics or GatewayMetrics()
         store = settings.store
-        if store.kind == "embedded":
-            raise TenancyConfigError(
-                "tenancy.store.kind: embedded is a redis-server that triton-gateway serve "
-                "starts; an app built by other means names a Redis (kind: redis) instead"
-            )
-        client = None
-        self.store: QuotaStore
-        if store.kind == "redis":
-            redis_store = RedisStore.connect(
-                store.url,
-                prefix=store.prefix,
-                timeout_s=store.timeout_s,
-                lease_ttl_s=store.lease_ttl_s,
-            )
-            self.store, client = redis_store, redis_store.link
-        else:
-            self.store = MemoryStore()
+        self.store, client = open_store(store)
         self.redis = client
         """The store's Redis connection (None with the memory store), for what else the
         replicas share."""
@@ -148,8 +165,11 @@ class Tenancy:
             return self.settings.anonymous
         key = required_key(headers)
         snapshot = self.directory.snapshot
-        entry = snapshot.keys.find(key)
-        tenant = None if entry is None else snapshot.tenants.get(entry.tenant)
+        wanted = digest(key)
+        entry = snapshot.keys.get(wanted)
+        tenant = None
+        if entry is not None and hmac.compare_digest(entry.sha256, wanted):
+            tenant = snapshot.tenants.get(entry.tenant)
         if tenant is None and matches(key, self.settings.admin_key_sha256):
             raise AuthenticationError(ADMIN_KEY_ON_API)
         if tenant is None:
@@ -157,26 +177,23 @@ class Tenancy:
         return tenant
 
     def authenticate_admin(self, headers: Mapping[str, str]) -> None:
-        """Let only the admin key through (a tenant key never)."""
-        check_admin_key(headers, self.settings.admin_key_sha256)
+        """Let only the admin key through (a tenant key never); a 401 otherwise, or while the
+        admin API is off (no ``admin_key_sha256``)."""
+        admin_key_sha256 = self.settings.admin_key_sha256
+        if admin_key_sha256 is None:
+            raise AuthenticationError(
+                "The admin API is off: set tenancy.admin_key_sha256 to turn it on."
+            )
+        if not matches(required_key(headers), admin_key_sha256):
+            raise AuthenticationError("Incorrect admin API key provided.")
 
     def is_admin(self, headers: Mapping[str, str]) -> bool:
         """Whether the request carries the admin key."""
-        return carries_admin_key(headers, self.settings.admin_key_sha256)
-
-    def describe(self) -> str:
-        """One line for the start-up banner: auth, and the tenants and keys in force."""
-        if not self.settings.auth:
-            return "auth: OFF (tenancy.auth: false) - anyone who reaches this port may use it"
-        snapshot = self.directory.snapshot
-        admin = "on" if self.settings.admin_key_sha256 is not None else "off"
-        # ``auto`` counts in memory here: ``triton-gateway serve`` resolves it before building
-        # the app, so the line names what runs rather than what was written.
-        store = "redis" if self.redis is not None else "memory, tenants and keys from the file"
-        return (
-            f"auth: on, {len(snapshot.tenants)} tenant(s) and {len(snapshot.keys)} key(s) in "
-            f"force, limits in {store}, admin API {admin}"
-        )
+        try:
+            key = presented_key(headers)
+        except MalformedKey:
+            return False
+        return key is not None and matches(key, self.settings.admin_key_sha256)
 
     def cache_salt(
         self, tenant: TenantPolicy, *, shared: bool = False, client: str | None = None
@@ -184,9 +201,11 @@ class Tenancy:
         """The salt that keeps the tenant's cached prompts in its KV-cache scope, narrowed by
         the ``client``'s own ``cache_salt``. None where nothing is kept apart: no client salt,
         and auth off (every request is one tenant's) or a model whose cache its tenants share."""
-        if client is None and (shared or not self.settings.auth):
+        if client is not None:
+            return tenant.client_salt(client)
+        if shared or not self.settings.auth:
             return None
-        return tenant.scope_salt(client)
+        return tenant.scope_salt
 
     def known_headers(self, tenant: TenantPolicy) -> dict[str, str]:
         """Rate-limit headers as of the tenant's last admission (for answers before one)."""

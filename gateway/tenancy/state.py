@@ -21,7 +21,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from gateway.tenancy.config import KeyEntry, TenancySettings, TenantPolicy
-from gateway.tenancy.keys import KeyRing
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,7 +42,8 @@ class Snapshot:
     """Tenants by name and the keys that open them, as of one moment."""
 
     tenants: dict[str, TenantPolicy]
-    keys: KeyRing
+    keys: dict[str, KeyEntry]
+    """The keys by their digest (``KeyEntry.sha256``)."""
 
 
 def in_force(settings: TenancySettings, changes: RunTimeChanges | None = None) -> Snapshot:
@@ -56,7 +56,7 @@ def in_force(settings: TenancySettings, changes: RunTimeChanges | None = None) -
         for key in (*settings.keys, *changes.keys)
         if key.sha256 not in changes.revoked and key.tenant in tenants
     ]
-    return Snapshot(tenants, KeyRing(keys))
+    return Snapshot(tenants, {key.sha256: key for key in keys})
 
 
 def differences(settings: TenancySettings, changes: RunTimeChanges) -> list[str]:

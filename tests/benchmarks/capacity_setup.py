@@ -13,7 +13,7 @@ from deploy.sidecar.fleet import sidecar_from_spec
 from deploy.sidecar.spec import parse_spec
 from deploy.sidecar.supervisor import Sidecar
 from gateway.catalog.text.prompts import PromptTokenizer
-from gateway.tenancy.keys import digest
+from gateway.tenancy.service import digest
 
 KEY = "tgw-capacity-0123456789abcdef0123456789abcdef"
 PROMPT = "Write a short story about a lighthouse keeper who finds a message in a bottle."

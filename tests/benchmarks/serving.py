@@ -44,7 +44,7 @@ from deploy.sidecar.models import ensure_tiny_model
 from deploy.sidecar.spec import parse_spec
 from deploy.sidecar.supervisor import Sidecar
 from gateway.catalog.text.hub import load_tokenizer
-from gateway.tenancy.keys import digest
+from gateway.tenancy.service import digest
 from tests.benchmarks import litellm_proxy
 from tests.benchmarks import report as bench_report
 from tests.benchmarks.loadgen import HttpClient, Sample, TritonStreamClient, run_level, summarize

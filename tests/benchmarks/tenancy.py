@@ -32,10 +32,9 @@ from redis.utils import HIREDIS_AVAILABLE
 from adapters.contract import SamplingParams
 from gateway.core.plan import ChoiceSpec, Plan, Prompt
 from gateway.tenancy.config import KeyEntry, StoreSettings, TenancySettings, TenantPolicy
-from gateway.tenancy.keys import digest, new_key
 from gateway.tenancy.redis_store import ADMIT, RENEW, SETTLE, RedisStore
 from gateway.tenancy.resp import Arg, RespLink, _Protocol
-from gateway.tenancy.service import Tenancy
+from gateway.tenancy.service import Tenancy, digest, new_key
 from tests.support.redis_server import RedisServer
 
 CPU_TARGET_US = 100.0

@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway.tenancy.keys import digest, new_key
+from gateway.tenancy.service import digest, new_key
 from tests.support.gateway import serve_process, stop_process
 from tests.support.paced_stack import Answer, completion, flood, stream_one
 

@@ -13,7 +13,7 @@ import openai
 import psutil
 import pytest
 
-from gateway.tenancy.keys import digest, new_key
+from gateway.tenancy.service import digest, new_key
 from tests.support.gateway import serve_process, stop_process
 
 pytestmark = pytest.mark.slow

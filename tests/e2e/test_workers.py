@@ -22,7 +22,7 @@ import psutil
 import pytest
 
 from deploy.sidecar.frontend import keeper
-from gateway.tenancy.keys import digest, new_key
+from gateway.tenancy.service import digest, new_key
 from tests.support.gateway import serve_process, stop_process
 from tests.support.prometheus import scrape_until, total
 from tests.support.redis_server import RedisServer

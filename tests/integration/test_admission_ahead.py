@@ -21,8 +21,7 @@ from adapters.contract import SamplingParams
 from deploy.sidecar.supervisor import Sidecar
 from gateway.core.plan import ChoiceSpec, Plan, Prompt
 from gateway.tenancy import KeyEntry, StoreSettings, TenancySettings, TenantPolicy
-from gateway.tenancy.keys import digest, new_key
-from gateway.tenancy.service import Tenancy
+from gateway.tenancy.service import Tenancy, digest, new_key
 from tests.support.engine_probe import EngineProcess
 from tests.support.gateway import ENGINE_MODEL, ENSEMBLE_MODEL, LiveGateway, sidecar_settings
 from tests.support.redis_server import RedisServer

@@ -21,7 +21,7 @@ import pytest
 from deploy.sidecar.supervisor import Sidecar
 from gateway.settings import AdapterSettings, Settings
 from gateway.tenancy.config import KeyEntry, TenancySettings, TenantPolicy
-from gateway.tenancy.keys import digest, new_key
+from gateway.tenancy.service import digest, new_key
 from tests.support.engine_grpc import Stream, request
 from tests.support.gateway import (
     ACCUMULATING_BLS_MODEL,

@@ -16,7 +16,7 @@ import pytest
 
 from deploy.sidecar.supervisor import Sidecar
 from gateway.tenancy.config import KeyEntry, TenancySettings, TenantPolicy
-from gateway.tenancy.keys import digest, new_key
+from gateway.tenancy.service import digest, new_key
 from tests.support.gateway import (
     BLS_MODEL,
     ENGINE_MODEL,

@@ -15,7 +15,7 @@ import redis
 
 from deploy.sidecar.supervisor import Sidecar
 from gateway.settings import load_settings
-from gateway.tenancy.keys import digest, new_key
+from gateway.tenancy.service import digest, new_key
 from gateway.workers.pool import embedded_data_file, needs_embedded_redis, worker_settings
 from gateway.workers.redis import EmbeddedRedis
 from tests.support.gateway import serve_process, stop_process

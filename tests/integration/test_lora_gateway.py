@@ -19,7 +19,7 @@ import pytest
 from deploy.sidecar.supervisor import Sidecar
 from gateway.settings import AdapterSettings, ModelSettings, Settings
 from gateway.tenancy.config import KeyEntry, TenancySettings, TenantPolicy
-from gateway.tenancy.keys import digest, new_key
+from gateway.tenancy.service import digest, new_key
 from tests.support.gateway import LiveGateway, sidecar_settings
 from tests.support.lora import peft_greedy
 from tests.support.prometheus import total

@@ -17,7 +17,7 @@ from deploy.sidecar.supervisor import Sidecar
 from gateway.observability import MetricsSettings, ObservabilitySettings
 from gateway.settings import Settings
 from gateway.tenancy import KeyEntry, TenancySettings, TenantPolicy
-from gateway.tenancy.keys import digest, new_key
+from gateway.tenancy.service import digest, new_key
 from tests.support.gateway import LiveGateway, free_port, serve_process, sidecar_settings
 
 pytestmark = pytest.mark.slow

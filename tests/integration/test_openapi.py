@@ -29,7 +29,7 @@ from gateway.app import create_app
 from gateway.app.openapi import document
 from gateway.settings import LimitSettings, ModelSettings, Settings
 from gateway.tenancy import KeyEntry, TenancySettings, TenantPolicy
-from gateway.tenancy.keys import digest, new_key
+from gateway.tenancy.service import digest, new_key
 from tests.support.gateway import ENSEMBLE_MODEL, LiveGateway, gateway_url  # noqa: F401
 
 DOCUMENT = document("0")

@@ -17,7 +17,7 @@ import pytest
 from deploy.sidecar.supervisor import Sidecar
 from gateway.settings import RequestBounds
 from gateway.tenancy import KeyEntry, StoreSettings, TenancySettings, TenantPolicy
-from gateway.tenancy.keys import digest, new_key
+from gateway.tenancy.service import digest, new_key
 from tests.support.gateway import LiveGateway, sidecar_settings
 from tests.support.prometheus import total
 from tests.support.redis_server import RedisServer

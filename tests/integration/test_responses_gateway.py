@@ -19,7 +19,7 @@ from pydantic import BaseModel, Field
 
 from deploy.sidecar.supervisor import Sidecar
 from gateway.tenancy import KeyEntry, StoreSettings, TenancySettings, TenantPolicy
-from gateway.tenancy.keys import digest, new_key
+from gateway.tenancy.service import digest, new_key
 from tests.support.gateway import LiveGateway, sidecar_settings
 from tests.support.redis_server import RedisServer
 

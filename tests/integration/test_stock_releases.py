@@ -22,7 +22,7 @@ import openai
 import pytest
 
 from gateway.tenancy.config import KeyEntry, TenancySettings, TenantPolicy
-from gateway.tenancy.keys import digest, new_key
+from gateway.tenancy.service import digest, new_key
 from tests.support.engine import beam_texts
 from tests.support.engine_probe import EngineProcess
 from tests.support.gateway import LiveGateway

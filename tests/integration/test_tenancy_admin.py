@@ -14,7 +14,7 @@ import pytest
 
 from deploy.sidecar.supervisor import Sidecar
 from gateway.tenancy import KeyEntry, StoreSettings, TenancySettings, TenantPolicy
-from gateway.tenancy.keys import digest, new_key
+from gateway.tenancy.service import digest, new_key
 from tests.support.gateway import LiveGateway, serve_process, sidecar_settings, stop_process
 from tests.support.redis_server import RedisServer
 

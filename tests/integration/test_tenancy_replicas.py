@@ -21,7 +21,7 @@ import httpx
 import pytest
 
 from deploy.sidecar.supervisor import Sidecar
-from gateway.tenancy.keys import digest, new_key
+from gateway.tenancy.service import digest, new_key
 from tests.support.engine_probe import EngineProcess
 from tests.support.gateway import serve_process
 from tests.support.redis_server import RedisServer

@@ -21,7 +21,7 @@ from gateway.queueing.settings import QueueSettings
 from gateway.replicas.settings import EndpointSettings, RoutingSettings
 from gateway.settings import LimitSettings, ModelSettings, Settings
 from gateway.tenancy import KeyEntry, StoreSettings, TenancySettings, TenantPolicy
-from gateway.tenancy.keys import digest, new_key
+from gateway.tenancy.service import digest, new_key
 from tests.support.gateway import LiveGateway
 from tests.support.sidecars import QUICK_STOP
 

@@ -124,20 +124,20 @@ def test_each_tenant_has_its_own_scope_and_a_named_scope_is_shared() -> None:
     a, b = TenantPolicy(name="team-a"), TenantPolicy(name="team-b")
     public_a = TenantPolicy(name="team-a", cache_scope="public")
     public_c = TenantPolicy(name="team-c", cache_scope="public")
-    assert a.scope_salt() != b.scope_salt()
-    assert public_a.scope_salt() == public_c.scope_salt() != a.scope_salt()
+    assert a.scope_salt != b.scope_salt
+    assert public_a.scope_salt == public_c.scope_salt != a.scope_salt
     # A scope named after another tenant is not that tenant's own scope.
-    assert TenantPolicy(name="x", cache_scope="team-a").scope_salt() != a.scope_salt()
-    assert 0 <= a.scope_salt() < 2**64
+    assert TenantPolicy(name="x", cache_scope="team-a").scope_salt != a.scope_salt
+    assert 0 <= a.scope_salt < 2**64
 
 
 def test_a_client_cache_salt_narrows_its_scope_and_never_joins_another() -> None:
     a, b = TenantPolicy(name="team-a"), TenantPolicy(name="team-b")
-    assert a.scope_salt("mine") == a.scope_salt("mine") != a.scope_salt()
-    assert a.scope_salt("mine") != b.scope_salt("mine")
+    assert a.client_salt("mine") == a.client_salt("mine") != a.scope_salt
+    assert a.client_salt("mine") != b.client_salt("mine")
     # Whatever b sends, its salts are its own scope's: not a's, with or without a's salt.
-    guesses = ("", "team-a", "tenant\0team-a", str(a.scope_salt()), "client")
-    assert not {b.scope_salt(g) for g in guesses} & {a.scope_salt(), a.scope_salt("mine")}
+    guesses = ("", "team-a", "tenant\0team-a", str(a.scope_salt), "client")
+    assert not {b.client_salt(g) for g in guesses} & {a.scope_salt, a.client_salt("mine")}
 
 
 @pytest.mark.parametrize(
@@ -156,7 +156,8 @@ def test_when_a_request_carries_a_salt(
     tenant = TenantPolicy(name="team-a")
     tenancy = Tenancy(TenancySettings(auth=auth, tenants=(tenant,)))
     salt = tenancy.cache_salt(tenant, shared=shared, client=client)
-    assert salt == (tenant.scope_salt(client) if salted else None)
+    expected = tenant.scope_salt if client is None else tenant.client_salt(client)
+    assert salt == (expected if salted else None)
 
 
 @pytest.mark.parametrize("scope", ["no spaces/here", "public\n", "s" * 65, "-public"])
@@ -242,8 +243,8 @@ def test_a_client_salt_changes_only_the_lower_bits_of_its_scopes_salt() -> None:
     """The engine tells scopes apart by a salt's upper bits (its grammar compile slots), so
     no client salt can make a tenant a new owner there."""
     team_a = TenantPolicy(name="team-a")
-    own = team_a.scope_salt()
+    own = team_a.scope_salt
     for client in ("x", "y", "z" * 256):
-        narrowed = team_a.scope_salt(client)
+        narrowed = team_a.client_salt(client)
         assert narrowed >> 32 == own >> 32 and narrowed != own
-    assert TenantPolicy(name="team-b").scope_salt() >> 32 != own >> 32
+    assert TenantPolicy(name="team-b").scope_salt >> 32 != own >> 32

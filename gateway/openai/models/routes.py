@@ -67,7 +67,7 @@ async def retrieve_model(model_id: str, registry: ModelRegistry, audience: Audie
     """One served model or adapter; ids may contain slashes."""
     name = model_id.lstrip("/")
     tenant = audience.tenant
-    model = registry.get(name, tenant.allows_model, tenant.allows_adapter)
+    model = registry.get(name, tenant)
     found = registry.adapters.find(name)
     base = registry.base_model(model.base) if model.base is not None else None
     if base is not None and found is not None:

@@ -39,7 +39,7 @@ from typing import Any
 import httpx
 
 from deploy.sidecar.models import ensure_tiny_model
-from gateway.tenancy.keys import digest, new_key
+from gateway.tenancy.service import digest, new_key
 from tests.benchmarks.hostile.runner import rss_mb
 from tests.support.gateway import serve_process, stop_process
 

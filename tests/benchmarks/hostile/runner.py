@@ -27,7 +27,7 @@ import yaml
 
 from deploy.sidecar.models import ensure_smollm2
 from gateway.ops.starter import MODEL, write_starter
-from gateway.tenancy.keys import digest
+from gateway.tenancy.service import digest
 from tests.support.gateway import serve_process, stop_process
 
 VICTIM_INTERVAL_S = 0.5

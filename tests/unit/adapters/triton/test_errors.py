@@ -20,7 +20,7 @@ from adapters.contract import (
 from adapters.triton.errors import beam_width_named, classify, guide_named
 from gateway.errors import from_backend_error, to_api_error
 from gateway.observability.logs import RequestIdFilter
-from gateway.observability.record import RequestRecord, begin, end
+from gateway.observability.record import RequestRecord, current_request
 
 BLS_TRACEBACK = (
     'Traceback (most recent call last):\n  File "/models/tensorrt_llm_bls/1/model.py", line 9'
@@ -196,14 +196,14 @@ def test_other_refusals_keep_their_param_under_a_guide() -> None:
 def test_a_refusal_tells_the_client_no_internals_and_logs_them_under_the_request_id(
     message: str, status: str | None, caplog: pytest.LogCaptureFixture
 ) -> None:
-    token = begin(RequestRecord("client-7", "POST", "/v1/chat/completions"))
+    token = current_request.set(RequestRecord("client-7", "POST", "/v1/chat/completions"))
     try:
         with caplog.at_level(logging.WARNING, logger="gateway.errors"):
             error = to_api_error(classify(message, status))
         (logged,) = caplog.records
         RequestIdFilter().filter(logged)  # as the log handler does while the request runs
     finally:
-        end(token)
+        current_request.reset(token)
     body = error.envelope().error
     assert error.status_code == 400 and body.type == "invalid_request_error"
     assert body.code is not None and body.message

@@ -9,8 +9,11 @@ from pathlib import Path
 import pytest
 
 from adapters.contract import ModelTarget
-from gateway.catalog.registry import ModelRoute, load_model
+from gateway.catalog.registry import ModelRegistry, ModelRoute, load_model
+from gateway.core.plan import Prompt
+from gateway.errors import ModelNotFoundError
 from gateway.settings import SamplingDefaults
+from gateway.tenancy import TenantPolicy
 
 HARMONY = "<|start|>{{ messages[0].content }}<|channel|>analysis<|message|>"
 THINK_AND_CALLS = "<think></think>{{ messages[0].content }}<tool_call>"
@@ -63,3 +66,49 @@ def test_a_model_s_formats_are_decided_when_it_loads(
     served = load_model(route, executor)
     reasoning = served.reasoning.name if served.reasoning is not None else None
     assert (served.tool_format.name, reasoning) == formats
+
+
+def tiny_route(tiny_model_dir: Path, *, counts_prompts: bool) -> ModelRoute:
+    return ModelRoute(
+        name="tiny",
+        target=ModelTarget(url="127.0.0.1:1", triton_model="tiny_ensemble", kind="ensemble"),
+        tokenizer_dir=str(tiny_model_dir),
+        chat_template_file=None,
+        context_length=256,
+        add_special_tokens=True,
+        max_n=4,
+        defaults=SamplingDefaults(),
+        owned_by="me",
+        counts_prompts=counts_prompts,
+    )
+
+
+@pytest.mark.parametrize("counts_prompts", [True, False])
+def test_what_every_request_reads_of_a_model_is_decided_when_it_loads(
+    tiny_model_dir: Path, executor: ThreadPoolExecutor, counts_prompts: bool
+) -> None:
+    route = tiny_route(tiny_model_dir, counts_prompts=counts_prompts)
+    served = load_model(route, executor)
+    assert (served.name, served.target, served.own_counts) == ("tiny", route.target, counts_prompts)
+    prompt = Prompt(text="hi", token_count=3, ids=(1, 2, 3))
+    assert served.own_count(prompt) == (prompt.exact_count if counts_prompts else None)
+
+
+@pytest.mark.parametrize(
+    ("models", "found"),
+    [(("*",), True), (("tiny",), True), (("ti*",), True), (("t?ny", "other"), True),
+     (("other",), False), ((), False)],
+)  # fmt: skip
+def test_a_model_is_found_for_the_tenants_that_may_use_it(
+    tiny_model_dir: Path, executor: ThreadPoolExecutor, models: tuple[str, ...], found: bool
+) -> None:
+    registry = ModelRegistry(
+        [load_model(tiny_route(tiny_model_dir, counts_prompts=False), executor)]
+    )
+    tenant = TenantPolicy(name="t", models=models)
+    if found:
+        assert registry.get("tiny", tenant).name == "tiny"
+        return
+    with pytest.raises(ModelNotFoundError) as caught:
+        registry.get("tiny", tenant)
+    assert caught.value.code == "model_not_found"

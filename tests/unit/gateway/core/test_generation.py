@@ -132,9 +132,7 @@ async def test_the_gateway_sends_its_own_count_of_a_text_prompt_where_it_is_the_
 ) -> None:
     """With it the backend leaves ``num_input_tokens`` unasked; without (a deployment that may
     tokenize otherwise, a prompt with images) the engine counts."""
-    counting = dataclasses.replace(
-        served, route=dataclasses.replace(served.route, counts_prompts=True)
-    )
+    counting = dataclasses.replace(served, own_counts=True)
     image = PromptImage(b"\x89PNG", "image/png")
     pictured = dataclasses.replace(plan(), choices=(
         dataclasses.replace(plan().choices[0], prompt=Prompt("<image> hello", 9, images=(image,))),

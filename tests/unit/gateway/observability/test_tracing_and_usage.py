@@ -9,14 +9,12 @@ import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
-from gateway.observability import Observability, ObservabilitySettings
+from gateway.observability import Observability, ObservabilitySettings, request_id_from
 from gateway.observability.record import (
     RequestRecord,
     Tracing,
     TracingSettings,
-    begin,
-    end,
-    request_id_from,
+    current_request,
 )
 
 PARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
@@ -36,7 +34,7 @@ def test_prompt_tokens_count_once_per_prompt_and_errors_mark_the_span() -> None:
     observability = Observability(ObservabilitySettings(), span_exporter=exporter)
     record = RequestRecord("r1", "POST", "/v1/completions", model="m", tenant="t")
     record.span = observability.tracing.start_request("POST /v1/completions", {}, {})
-    token = begin(record)
+    token = current_request.set(record)
     try:
         watch = observability.generation({})
         watch.ended(0, 10, 3)
@@ -44,7 +42,7 @@ def test_prompt_tokens_count_once_per_prompt_and_errors_mark_the_span() -> None:
         watch.ended(1, 6, 2)
         watch.close(RuntimeError("backend failed"))
     finally:
-        end(token)
+        current_request.reset(token)
     assert (record.prompt_tokens, record.completion_tokens) == (16, 9)
     labels = {"model": "m", "adapter": "", "tenant": "t"}
     registry = observability.metrics.registry
@@ -68,7 +66,7 @@ def test_request_ids() -> None:
 def test_a_request_id_outside_the_safe_form_is_replaced_and_logged_escaped(
     given: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    with caplog.at_level(logging.INFO, logger="gateway.observability.record"):
+    with caplog.at_level(logging.INFO, logger="gateway.observability"):
         generated = request_id_from({"x-request-id": given})
     assert generated != given and re.fullmatch(r"[0-9a-f]{32}", generated)
     (logged,) = caplog.records
@@ -86,7 +84,7 @@ def test_each_phase_of_a_split_request_is_a_span_and_counted() -> None:
     observability = Observability(ObservabilitySettings(), span_exporter=exporter)
     record = RequestRecord("r1", "POST", "/v1/completions", model="m", tenant="t")
     record.span = observability.tracing.start_request("POST /v1/completions", {}, {})
-    token = begin(record)
+    token = current_request.set(record)
     try:
         watch = observability.generation({})
         watch.decided("m", "split")
@@ -100,7 +98,7 @@ def test_each_phase_of_a_split_request_is_a_span_and_counted() -> None:
         generation.ended("handoff_lost", RuntimeError("the context engine holds no request"))
         watch.close()
     finally:
-        end(token)
+        current_request.reset(token)
     spans = {s.name: s for s in exporter.get_finished_spans()}
     generate = spans["triton.generate"]
     assert dict(generate.attributes or {})["gateway.disaggregation"] == "split"
@@ -125,3 +123,26 @@ def test_each_phase_of_a_split_request_is_a_span_and_counted() -> None:
     assert sample(phases, phase="context", outcome="failed") is None
     assert sample(phases, phase="generation", outcome="handoff_lost") == 1
     assert sample("gateway_disaggregated_handoff_seconds_count") == 1
+
+
+async def test_with_tracing_off_a_request_without_trace_context_runs_none_of_the_tracer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def refused(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the tracer ran with tracing off")
+
+    for method in ("start_request", "step", "child", "outgoing"):
+        monkeypatch.setattr(Tracing, method, refused)
+    observability = Observability(ObservabilitySettings())
+    seen: list[dict[str, str]] = []
+
+    async def app(scope: object, receive: object, send: object) -> None:
+        with observability.step("gateway.auth"):
+            watch = observability.generation({"triton.model": "m"})
+        seen.append(watch.trace_headers())
+        watch.close()
+
+    observe = observability.middleware(lambda: None, lambda: None)(app)
+    scope = {"type": "http", "method": "POST", "path": "/v1/chat/completions", "headers": []}
+    await observe(scope, None, None)  # type: ignore[arg-type]
+    assert seen == [{}]

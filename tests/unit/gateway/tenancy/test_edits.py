@@ -14,7 +14,7 @@ from gateway.ops.metrics import metrics_need_admin_key
 from gateway.settings import Settings, SettingsError, check_settings, parse_settings
 from gateway.tenancy.config import KeyEntry, PolicyError, TenancySettings, TenantPolicy
 from gateway.tenancy.edits import FIELDS, TenantFields, apply_fields, missing_fields
-from gateway.tenancy.keys import digest
+from gateway.tenancy.service import digest
 from gateway.tenancy.state import RunTimeChanges, differences, in_force
 
 SEARCH = TenantPolicy(
@@ -181,10 +181,10 @@ def test_run_time_changes_win_for_what_they_touch(
 ) -> None:
     snapshot = in_force(FILE, changes)
     assert snapshot.tenants == tenants
-    assert sorted(k.name for k in snapshot.keys.entries()) == keys
+    assert sorted(k.name for k in snapshot.keys.values()) == keys
     assert differences(FILE, changes) == lines
     for name in ("ka", "kb", "kb2", "kc"):
-        assert (snapshot.keys.find(name) is not None) is (name in keys)
+        assert (digest(name) in snapshot.keys) is (name in keys)
 
 
 SHA = "a" * 64

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+import msgspec
 import pytest
 
 from adapters.contract import BeamSearch, SamplingParams
@@ -21,15 +22,6 @@ from gateway.tenancy.config import (
     check_policy,
     check_tenancy,
 )
-from gateway.tenancy.keys import (
-    KeyRing,
-    MalformedKey,
-    credentials_headers,
-    digest,
-    matches,
-    new_key,
-    presented_key,
-)
 from gateway.tenancy.quota import (
     HEADROOM,
     Decision,
@@ -42,7 +34,15 @@ from gateway.tenancy.quota import (
     rate_limit_headers,
     take,
 )
-from gateway.tenancy.service import Tenancy
+from gateway.tenancy.service import (
+    MalformedKey,
+    Tenancy,
+    credentials_headers,
+    digest,
+    matches,
+    new_key,
+    presented_key,
+)
 
 PER_SECOND = Limit("requests", rate=60, period=60, capacity=3)  # one a second, three at once
 
@@ -193,9 +193,6 @@ def test_keys_are_random_and_stored_as_digests() -> None:
     assert re.fullmatch(r"tgw-[A-Za-z0-9_-]{43}", key)
     assert key != new_key()
     assert digest(key) == digest(key) and len(digest(key)) == 64
-    ring = KeyRing([KeyEntry(tenant="a", sha256=digest(key))])
-    assert ring.find(key) == KeyEntry(tenant="a", sha256=digest(key))
-    assert ring.find(key + "x") is None
     assert matches(key, digest(key)) and not matches(key, None) and not matches("x", digest(key))
 
 
@@ -366,3 +363,21 @@ def test_credentials_headers_are_the_first_of_each_name_presented_key_reads() ->
     assert presented_key(found) == "tgw-one"
     assert presented_key(credentials_headers(raw[3:])) == "azure-key"
     assert credentials_headers([]) == {}
+
+
+@pytest.mark.parametrize(
+    ("patterns", "every", "names"),
+    [(("*",), True, set()), (("llama-8b", "qwen-*"), False, {"llama-8b"}),
+     (("a?", "[ab]c", "plain"), False, {"plain"}), ((), False, set())],
+)  # fmt: skip
+def test_what_a_request_reads_of_a_policy_is_derived_once(
+    patterns: tuple[str, ...], every: bool, names: set[str]
+) -> None:
+    tenant = TenantPolicy(name="t", models=patterns)
+    assert (tenant.every_model, tenant.model_names) == (every, names)
+    assert tenant.scope_salt is tenant.scope_salt  # derived once, then read
+    # Kept beside the fields, never encoded with them.
+    assert set(msgspec.json.decode(msgspec.json.encode(tenant))) == set(tenant.__struct_fields__)
+    # A policy changed at run time is a new object: its values are derived afresh.
+    renamed = msgspec.structs.replace(tenant, name="u", models=("*",))
+    assert renamed.every_model and renamed.scope_salt != tenant.scope_salt

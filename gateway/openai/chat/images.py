@@ -159,4 +159,5 @@ def counted_images(prompt: Prompt, images: int, vision: VisionInputs) -> Prompt:
             param="messages",
         )
     extra = placed * (vision.tokens_per_image - 1)
-    return dataclasses.replace(prompt, token_count=prompt.token_count + extra)
+    # The images' tokens are the engine's to count: the prompt's count is no longer exact.
+    return dataclasses.replace(prompt, token_count=prompt.token_count + extra, exact_count=None)

@@ -393,6 +393,27 @@ async def test_log_probs_after_a_stop_cut_are_those_of_the_text_returned(
     assert result.logprobs == logprobs[: len(result.tokens)]
 
 
+@pytest.mark.parametrize("stream", [True, False])
+async def test_log_probs_without_stop_sequences_spell_the_whole_answer(
+    served: ServedModel, stream: bool
+) -> None:
+    """No stop sequence to cut: every token and its log prob still come with the text."""
+    text = "the model answers.\nmore text"
+    pieces = await served.tokenizer.pieces(text)
+    logprobs = [-0.5 - index for index in range(len(pieces))]
+    if stream:
+        answer = [
+            TokenChunk(piece, 1, 3, logprobs=(logprob,))
+            for piece, logprob in zip(pieces, logprobs, strict=True)
+        ]
+    else:
+        answer = [TokenChunk(text, len(pieces), 3, logprobs=tuple(logprobs))]
+    asked = dataclasses.replace(plan(max_tokens=50), logprobs=True)
+    results = await GenerationService(ScriptedBackend(answer), timeout_s=5).collect(served, asked)
+    (result,) = results
+    assert (result.text, result.tokens, result.logprobs) == (text, pieces, logprobs)
+
+
 async def test_a_beams_log_probs_after_a_stop_cut_are_those_of_its_text(
     served: ServedModel,
 ) -> None:

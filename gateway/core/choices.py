@@ -54,7 +54,13 @@ class Choice:
         self._tokenizer = tokenizer
         self.logprobs = logprobs
         self._meter = meter
-        self.cutter = StopCutter(spec.params.stop, by_token=logprobs)
+        # Without stop sequences nor log probs the text goes out as it comes: nothing to cut,
+        # no tokens to line up with it, so no cutter to ask at every chunk.
+        self.cutter: StopCutter | None = (
+            StopCutter(spec.params.stop, by_token=logprobs)
+            if spec.params.stop or logprobs
+            else None
+        )
         self._raw: list[str] = []
         self._counted: int | None = 0
         self._prompt_tokens: int | None = None
@@ -75,14 +81,22 @@ class Choice:
         self._prompt_tokens = chunk.prompt_tokens or self._prompt_tokens
         if self._cached is None:
             self._cached = chunk.cached_tokens
-        cut = self.cutter.feed(chunk.text, tokens)
+        cutter = self.cutter
+        if cutter is None:
+            return TextDelta(spec.index, chunk.text) if chunk.text else None
+        cut = cutter.feed(chunk.text, tokens)
         return _delta(spec.index, cut) if cut.text or cut.tokens else None
 
     async def end(self) -> list[Event]:
         """The text held back, and the choice's ending."""
         spec, cutter = self.spec, self.cutter
-        tail = cutter.flush()
-        events: list[Event] = [_delta(spec.index, tail)] if tail.text or tail.tokens else []
+        events: list[Event] = []
+        stopped = False
+        if cutter is not None:
+            tail = cutter.flush()
+            if tail.text or tail.tokens:
+                events.append(_delta(spec.index, tail))
+            stopped = cutter.stopped
         completion_tokens = self._counted
         if completion_tokens is None:
             # Re-tokenized text can come out longer than what the engine generated.
@@ -93,7 +107,7 @@ class Choice:
         end = ChoiceEnd(
             index=spec.index,
             prompt_index=spec.prompt_index,
-            finish_reason=finish_reason(cutter.stopped, completion_tokens, spec.params.max_tokens),
+            finish_reason=finish_reason(stopped, completion_tokens, spec.params.max_tokens),
             prompt_tokens=prompt_tokens,
             completion_tokens=completion_tokens,
             cached_tokens=None if cached is None else min(cached, prompt_tokens),
@@ -166,7 +180,7 @@ class ChoiceReader:
             cutter, logprobs = choice.cutter, choice.logprobs
             # Read here rather than through a coroutine of its own: one frame less a token.
             task = asyncio.current_task()
-            while not cutter.stopped:
+            while cutter is None or not cutter.stopped:
                 deadline.waiting, deadline.cancelling = task, task.cancelling() if task else 0
                 try:
                     chunk = await anext(chunks)
@@ -207,7 +221,7 @@ async def choice_events(choice: Choice, chunks: AsyncIterator[TokenChunk]) -> As
             delta = choice.feed(chunk, tokens)
             if delta is not None:
                 yield delta
-            if choice.cutter.stopped:
+            if choice.cutter is not None and choice.cutter.stopped:
                 break
         else:
             exhausted = True

@@ -24,12 +24,10 @@ class Prompt:
     """The prompt's token ids as the engine takes them (special tokens included)."""
     images: tuple[PromptImage, ...] = ()
     """Its images, in the order the text marks their places (``token_count`` counts them)."""
-
-    @property
-    def exact_count(self) -> int | None:
-        """``token_count`` where it is exactly what the engine gets from ``text`` through a
-        preprocessing model: not for a prompt with images, whose length only the engine knows."""
-        return None if self.images else self.token_count
+    exact_count: int | None = None
+    """``token_count`` where the tokenizer that made the prompt counted exactly what the engine
+    gets from ``text`` through a preprocessing model; None where only the engine knows (a prompt
+    with images, one made elsewhere)."""
 
     @property
     def echoed(self) -> str:
@@ -67,7 +65,10 @@ class Plan:
             return self
         images = await self.images()
         choices = tuple(
-            dataclasses.replace(choice, prompt=dataclasses.replace(choice.prompt, images=images))
+            dataclasses.replace(
+                choice,
+                prompt=dataclasses.replace(choice.prompt, images=images, exact_count=None),
+            )
             for choice in self.choices
         )
         return dataclasses.replace(self, choices=choices, images=None)

@@ -262,7 +262,9 @@ class PromptTokenizer:
 
     def _prompt(self, text: str, shown: str | None = None) -> Prompt:
         ids = self._tokenizer.encode(text, add_special_tokens=self._add_special_tokens)
-        return Prompt(text=text, token_count=len(ids), shown=shown, ids=tuple(ids))
+        return Prompt(
+            text=text, token_count=len(ids), shown=shown, ids=tuple(ids), exact_count=len(ids)
+        )
 
     def _text_prompt(self, text: str) -> Prompt:
         prompt = self._prompt(text)
@@ -276,7 +278,9 @@ class PromptTokenizer:
                 param="prompt",
             )
         ids = self._tokenizer.encode(start, add_special_tokens=False)
-        return Prompt(text=start, token_count=len(ids), shown=text, ids=tuple(ids))
+        return Prompt(
+            text=start, token_count=len(ids), shown=text, ids=tuple(ids), exact_count=len(ids)
+        )
 
     def _token_prompt(self, ids: list[int], param: str) -> Prompt:
         vocabulary = len(self._tokenizer)

@@ -24,17 +24,6 @@ IMAGE_ROLES = ("user",)
 """The roles whose messages may hold images, as OpenAI's chat completions take them."""
 
 
-def image_parts(messages: Sequence[ChatMessage]) -> list[tuple[str, ContentPart]]:
-    """Every image part with its ``messages[i].content[j]`` name, in conversation order."""
-    found = []
-    for index, message in enumerate(messages):
-        if isinstance(message.content, list):
-            for part_index, part in enumerate(message.content):
-                if part.type == IMAGE_PART:
-                    found.append((f"messages[{index}].content[{part_index}]", part))
-    return found
-
-
 def policy_of(vision: VisionInputs) -> ImagePolicy:
     """The media loader's policy from the model's image settings."""
     settings = vision.settings
@@ -87,12 +76,13 @@ class ChatImages:
         return tuple(images)
 
 
-def chat_images(model: ServedModel, messages: Sequence[ChatMessage]) -> ChatImages | None:
-    """The chat's image parts, checked against the model without loading them; None for a
-    chat without image parts."""
+def chat_images(
+    model: ServedModel, messages: Sequence[ChatMessage], parts: Sequence[tuple[str, ContentPart]]
+) -> ChatImages | None:
+    """The chat's image ``parts`` (each with its ``messages[i].content[j]`` name), checked
+    against the model without loading them; None for a chat without image parts."""
     if model.vision is not None:
         refuse_typed_image_tokens(messages, model.vision)
-    parts = image_parts(messages)
     if not parts:
         return None
     vision = model.vision
@@ -159,4 +149,5 @@ def counted_images(prompt: Prompt, images: int, vision: VisionInputs) -> Prompt:
             param="messages",
         )
     extra = placed * (vision.tokens_per_image - 1)
-    return dataclasses.replace(prompt, token_count=prompt.token_count + extra)
+    # The images' tokens are the engine's to count: the prompt's count is no longer exact.
+    return dataclasses.replace(prompt, token_count=prompt.token_count + extra, exact_count=None)

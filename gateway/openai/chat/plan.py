@@ -63,11 +63,18 @@ async def plan_chat(
     tokenizer = model.tokenizer
     output = output_rules(request, model.tool_format, model.reasoning, tokenizer.takes_tools)
     variables = template_variables(request, tokenizer.template_text)
-    images = chat_images(model, request.messages)
-    parts = model.vision is not None
-    messages, tools = conversation(template_messages(request.messages, parts=parts), output)
+    found = image_parts(request.messages)
+    # A chat without images, to a model that takes none, has nothing for the images' checks.
+    images = (
+        chat_images(model, request.messages, found) if found or model.vision is not None else None
+    )
+    messages = template_messages(request.messages, parts=model.vision is not None)
+    tools = None
+    if output.functions or _tool_history(request.messages):
+        messages, tools = conversation(messages, output)
     prompt = await tokenizer.chat_prompt(messages, tools, variables)
-    output = output.for_prompt(prompt.text, tokenizer.token_count)
+    if output.reasoning is not None:
+        output = output.for_prompt(prompt.text, tokenizer.token_count)
     if model.vision is not None:
         prompt = counted_images(prompt, len(images.urls) if images else 0, model.vision)
     requested = first_given(request.max_completion_tokens, request.max_tokens)
@@ -149,6 +156,23 @@ def template_messages(messages: list[ChatMessage], *, parts: bool = False) -> li
                 entry[key] = msgspec.to_builtins(value)
         converted.append(entry)
     return converted
+
+
+def _tool_history(messages: list[ChatMessage]) -> bool:
+    """Whether the conversation holds calls or their results, which the model's tool format
+    may have to write out."""
+    return any(message.role == "tool" or given(message.tool_calls) for message in messages)
+
+
+def image_parts(messages: list[ChatMessage]) -> list[tuple[str, ContentPart]]:
+    """Every image part with its ``messages[i].content[j]`` name, in conversation order."""
+    found = []
+    for index, message in enumerate(messages):
+        if isinstance(message.content, list):
+            for part_index, part in enumerate(message.content):
+                if part.type == IMAGE_PART:
+                    found.append((f"messages[{index}].content[{part_index}]", part))
+    return found
 
 
 def _parts(content: list[ContentPart]) -> list[dict[str, Any]]:
@@ -259,7 +283,7 @@ def output_rules(
     parallel = given(request.parallel_tool_calls) is not False
     formatted = response_guide(given(request.response_format))
     if choice == "none":
-        return OutputRules(guide=formatted, reasoning=reasoning)
+        return OutputRules(guide=formatted, reasoning=reasoning, parses=reasoning is not None)
     if formatted is not None:
         raise InvalidRequestError(
             f"response_format {formatted.guide_type} cannot be combined with tool_choice "
@@ -273,6 +297,7 @@ def output_rules(
         parallel=parallel,
         template_tools=takes_tools,
         reasoning=reasoning,
+        parses=True,
     )
     if choice == "required" and (tagged := required_guide(fmt, functions, parallel)):
         return replace(base, mode="tagged", guide=tagged)

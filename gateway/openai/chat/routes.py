@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from gateway.openai.bounds import check_chat_bounds
 from gateway.openai.chat.plan import plan_chat
-from gateway.openai.chat.shape import chat_chunks, chat_completion
 from gateway.openai.pipeline import Endpoint, route
 from gateway.openai.protocol import ChatCompletionRequest
+from gateway.openai.shaping import chat_chunks, chat_completion
 
 CHAT = Endpoint(
     operation="chat",

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from gateway.openai.bounds import check_completion_bounds
 from gateway.openai.completions.plan import plan_completion
-from gateway.openai.completions.shape import completion_chunks, text_completion
 from gateway.openai.pipeline import Endpoint, route
 from gateway.openai.protocol import CompletionRequest
+from gateway.openai.shaping import completion_chunks, text_completion
 
 TEXT = Endpoint(
     operation="text_completion",

@@ -15,7 +15,6 @@ from gateway.core.plan import Plan
 from gateway.errors import ResourceNotFoundError
 from gateway.openai.bounds import Bounds, check_chat_bounds
 from gateway.openai.chat.plan import plan_chat
-from gateway.openai.chat.shape import chat_chunks, chat_completion
 from gateway.openai.pipeline import Endpoint, route
 from gateway.openai.protocol import ChatCompletion
 from gateway.openai.responses.conversation import chat_messages
@@ -42,6 +41,7 @@ from gateway.openai.responses.translate import (
     responses_params,
 )
 from gateway.openai.sampling import given
+from gateway.openai.shaping import chat_chunks, chat_completion
 from gateway.tenancy import TenantPolicy
 from gateway.tenancy.responses_store import ResponseStore
 from gateway.tenancy.service import Tenancy

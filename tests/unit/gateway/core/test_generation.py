@@ -58,7 +58,7 @@ def served(tiny_model_dir: Path) -> ServedModel:
 
 
 def plan(n: int = 1, *, max_tokens: int = 10, stop: tuple[str, ...] = ()) -> Plan:
-    prompt = Prompt("hello", 3)
+    prompt = Prompt("hello", 3, exact_count=3)
     params = SamplingParams(max_tokens=max_tokens, stop=stop)
     choices = tuple(ChoiceSpec(i, 0, prompt, params) for i in range(n))
     return Plan(model="tiny", choices=choices, stream=True, include_usage=True)
@@ -133,10 +133,11 @@ async def test_the_gateway_sends_its_own_count_of_a_text_prompt_where_it_is_the_
     """With it the backend leaves ``num_input_tokens`` unasked; without (a deployment that may
     tokenize otherwise, a prompt with images) the engine counts."""
     counting = dataclasses.replace(served, own_counts=True)
-    image = PromptImage(b"\x89PNG", "image/png")
-    pictured = dataclasses.replace(plan(), choices=(
-        dataclasses.replace(plan().choices[0], prompt=Prompt("<image> hello", 9, images=(image,))),
-    ))  # fmt: skip
+
+    async def one_image() -> tuple[PromptImage, ...]:
+        return (PromptImage(b"\x89PNG", "image/png"),)
+
+    pictured = await dataclasses.replace(plan(), images=one_image).with_images()
     sent = []
     for model, request in ((counting, plan()), (served, plan()), (counting, pictured)):
         # The engine reports no prompt count: usage takes the gateway's.
@@ -388,6 +389,27 @@ async def test_log_probs_after_a_stop_cut_are_those_of_the_text_returned(
     assert result.text == "the model answer"
     assert result.tokens == _cut_pieces(pieces, len(result.text))
     assert result.logprobs == logprobs[: len(result.tokens)]
+
+
+@pytest.mark.parametrize("stream", [True, False])
+async def test_log_probs_without_stop_sequences_spell_the_whole_answer(
+    served: ServedModel, stream: bool
+) -> None:
+    """No stop sequence to cut: every token and its log prob still come with the text."""
+    text = "the model answers.\nmore text"
+    pieces = await served.tokenizer.pieces(text)
+    logprobs = [-0.5 - index for index in range(len(pieces))]
+    if stream:
+        answer = [
+            TokenChunk(piece, 1, 3, logprobs=(logprob,))
+            for piece, logprob in zip(pieces, logprobs, strict=True)
+        ]
+    else:
+        answer = [TokenChunk(text, len(pieces), 3, logprobs=tuple(logprobs))]
+    asked = dataclasses.replace(plan(max_tokens=50), logprobs=True)
+    results = await GenerationService(ScriptedBackend(answer), timeout_s=5).collect(served, asked)
+    (result,) = results
+    assert (result.text, result.tokens, result.logprobs) == (text, pieces, logprobs)
 
 
 async def test_a_beams_log_probs_after_a_stop_cut_are_those_of_its_text(

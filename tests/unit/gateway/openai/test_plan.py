@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import random
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import msgspec
 import pytest
 
-from adapters.contract import SamplingParams
+from adapters.contract import ModelTarget, SamplingParams
+from gateway.catalog.registry import ModelRoute, ServedModel, load_model
 from gateway.core.plan import Prompt
 from gateway.errors import ContextLengthExceeded, InvalidRequestError
-from gateway.openai.chat.plan import check_chat, template_messages
+from gateway.openai.chat.plan import check_chat, plan_chat, template_messages
 from gateway.openai.completions.plan import check_completion
 from gateway.openai.protocol import ChatCompletionRequest, CompletionRequest
 from gateway.openai.sampling import (
@@ -219,6 +222,59 @@ def test_template_messages() -> None:
         {"role": "assistant", "content": "", "tool_calls": [CALL]},
         {"role": "tool", "content": "42", "tool_call_id": "1"},
     ]
+
+
+CALLS_TEMPLATE = (
+    "{% for m in messages %}{{ m.role }}: {{ m.content }}"
+    "{% for call in m.tool_calls or [] %}{{ call.function.name }}"
+    "{% for key, value in call.function.arguments.items() %} {{ key }}={{ value }}{% endfor %}"
+    "{% endfor %}\n{% endfor %}assistant:"
+)
+"""A template that reads history calls' arguments as objects, as Hugging Face templates do."""
+
+
+def text_model(tokenizer_dir: Path, template: Path | None = None) -> ServedModel:
+    """The tiny text model (it takes no images), under ``template`` if given."""
+    route = ModelRoute(
+        name="tiny",
+        target=ModelTarget(url="127.0.0.1:1", triton_model="tiny_ensemble", kind="ensemble"),
+        tokenizer_dir=str(tokenizer_dir),
+        chat_template_file=None if template is None else str(template),
+        context_length=256,
+        add_special_tokens=False,
+        max_n=1,
+        defaults=SamplingDefaults(),
+        owned_by="me",
+    )
+    return load_model(route, ThreadPoolExecutor(1))
+
+
+async def test_a_history_of_calls_is_templated_without_tools_in_the_request(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """Calls in the history reach the template with their arguments as objects, whether or not
+    the request offers tools."""
+    template = tmp_path / "calls.jinja"
+    template.write_text(CALLS_TEMPLATE)
+    call = {**CALL, "function": {"name": "f", "arguments": '{"city": "Paris"}'}}
+    history = [
+        USER,
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+        {"role": "tool", "content": "sunny", "tool_call_id": "1"},
+    ]
+    model = text_model(tiny_model_dir, template)
+    plan = await plan_chat(model, chat(messages=history), max_tokens_cap=None)
+    assert "assistant: f city=Paris" in plan.choices[0].prompt.text
+
+
+@pytest.mark.parametrize("role", ["user", "system"])
+async def test_a_model_without_images_refuses_image_parts(tiny_model_dir: Path, role: str) -> None:
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+    content = [{"type": "text", "text": "Look:"}, image]
+    request = chat(messages=[USER, {"role": role, "content": content}])
+    with pytest.raises(InvalidRequestError, match="does not take images") as refused:
+        await plan_chat(text_model(tiny_model_dir), request, max_tokens_cap=None)
+    assert refused.value.param == "messages[1].content[1]"
 
 
 def test_parts_other_than_text_and_images_are_rejected() -> None:

@@ -9,9 +9,14 @@ import msgspec
 from adapters.contract import SamplingParams
 from gateway.core.events import ChoiceEnd, ChoiceResult, Event, TextDelta
 from gateway.core.plan import ChoiceSpec, Plan, Prompt
-from gateway.openai.chat.shape import chat_chunks, chat_completion
-from gateway.openai.completions.shape import completion_chunks, text_completion
-from gateway.openai.shaping import Header, usage_of
+from gateway.openai.shaping import (
+    Header,
+    chat_chunks,
+    chat_completion,
+    completion_chunks,
+    text_completion,
+    usage_of,
+)
 
 HEADER = Header(id="chatcmpl-1", created=7, model="m")
 

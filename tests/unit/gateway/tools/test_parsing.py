@@ -147,6 +147,31 @@ def test_plans_per_tool_choice() -> None:
     assert none.mode == "text" and none.guide is None
 
 
+NAMED = {"type": "function", "function": {"name": "get_weather"}}
+
+
+@pytest.mark.parametrize("reasoning", [None, "think", "harmony"])
+@pytest.mark.parametrize(
+    ("fields", "calls"),
+    [
+        ({}, False),
+        ({"response_format": {"type": "json_object"}}, False),
+        ({"tools": TOOLS}, True),
+        ({"tools": TOOLS, "tool_choice": "none"}, False),
+        ({"tools": TOOLS, "tool_choice": "required"}, True),
+        ({"tools": TOOLS, "tool_choice": NAMED}, True),
+    ],
+)
+def test_the_rules_say_whether_the_answer_is_parsed(
+    fields: dict[str, Any], calls: bool, reasoning: str | None
+) -> None:
+    """Shaping reads ``parses`` as the rules were made with it: the answer is parsed where it
+    may hold calls or reasoning, and passes as it is otherwise."""
+    output = output_rules(request(**fields), *model_formats("hermes", reasoning, ""), True)
+    assert output.parses_calls is calls
+    assert output.parses is (calls or reasoning is not None)
+
+
 WEATHER = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
 
 

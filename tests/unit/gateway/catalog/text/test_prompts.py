@@ -3,7 +3,6 @@ and the same prompts, ids and text as ``transformers`` (which the serving proces
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import shutil
 from collections.abc import Iterator
@@ -15,7 +14,6 @@ import pytest
 from tokenizers.processors import TemplateProcessing
 from transformers import AutoTokenizer
 
-from adapters.contract import PromptImage
 from gateway.catalog.text.prompts import INLINE_CHARS, PromptTokenizer, strip_leading_bos
 from gateway.errors import InvalidRequestError
 
@@ -76,8 +74,7 @@ async def test_exact_counts_are_what_the_preprocessing_makes_of_the_text(
     tiny_model_dir: Path, executor: ThreadPoolExecutor, tmp_path: Path, preprocessing_adds_bos: bool
 ) -> None:
     """The count the gateway sends instead of asking the engine for ``num_input_tokens``: that
-    of the text as the preprocessing tokenizes it (an empty prompt included); none for a prompt
-    with images."""
+    of the text as the preprocessing tokenizes it (an empty prompt included)."""
     tokenizer = llama_like(tiny_model_dir, tmp_path)
     prompts = PromptTokenizer.load(
         str(tmp_path), executor, add_special_tokens=preprocessing_adds_bos
@@ -89,8 +86,6 @@ async def test_exact_counts_are_what_the_preprocessing_makes_of_the_text(
     ):
         preprocessed = tokenizer.encode(prompt.text, add_special_tokens=preprocessing_adds_bos)
         assert prompt.exact_count == len(preprocessed) > 0
-    image = PromptImage(b"\x89PNG", "image/png")
-    assert dataclasses.replace(prompt, images=(image,)).exact_count is None
 
 
 async def test_chat_template_file_overrides_the_tokenizer(

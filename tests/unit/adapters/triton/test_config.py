@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 
 from adapters.triton.config import ModelInputs, TensorSpec, parse_model_config, wire_datatype
+from adapters.triton.tensors import first_input
 from tests.support.stock_configs import stock, with_lora_columns, without_token_counts
 
 
@@ -27,13 +28,13 @@ def test_release_differences_are_discovered(
 ) -> None:
     model = parse_model_config(variant(stock(name, release=release)))
 
-    assert model.first_input("min_tokens", "min_length") == TensorSpec(
+    assert first_input(model, ("min_tokens", "min_length")) == TensorSpec(
         min_tokens, "INT32", (1,), optional=True
     )
-    assert model.first_input("seed", "random_seed") == TensorSpec(
+    assert first_input(model, ("seed", "random_seed")) == TensorSpec(
         seed, "UINT64", (1,), optional=True
     )
-    assert model.has("exclude_input_in_output") is exclude
+    assert ("exclude_input_in_output" in model.accepted) is exclude
     assert model.reports_output_tokens is counts
     assert model.reports_input_tokens is counts
 
@@ -101,7 +102,7 @@ def test_engine_decoupled_mode(decoupled: bool) -> None:
 
     assert model.decoupled is decoupled
     assert model.platform == "python"
-    assert model.has("stop")
+    assert "stop" in model.accepted
     assert model.inputs["input_lengths"] == TensorSpec("input_lengths", "INT32", (1,))
 
 
@@ -181,21 +182,3 @@ def _renamed_perf_flag(document: dict[str, Any]) -> dict[str, Any]:
 )
 def test_the_reuse_stats_flag_of_each_release(document: dict[str, Any], flag: str | None) -> None:
     assert parse_model_config(document).reuse_stats_input == flag
-
-
-@pytest.mark.parametrize(
-    ("batching", "sent"),
-    [(None, {1: 0, 5: 0}), ({}, {1: 0, 5: 0}), ({"priority_levels": 3}, {0: 0, 1: 1, 5: 3})],
-    ids=["no-batcher", "no-levels", "three-levels"],
-)
-def test_a_priority_reaches_triton_only_where_the_model_declares_levels(
-    batching: dict[str, Any] | None, sent: dict[int, int]
-) -> None:
-    """TensorRT-LLM's executor schedules on its own: Triton's request priority means
-    something only to a model whose dynamic batcher has ``priority_levels``."""
-    document = dict(stock("tensorrt_llm")["config"])
-    document.pop("dynamic_batching", None)
-    if batching is not None:
-        document["dynamic_batching"] = batching
-    model = parse_model_config(document)
-    assert {given: model.request_priority(given) for given in sent} == sent

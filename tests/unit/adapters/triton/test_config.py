@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -182,3 +183,14 @@ def _renamed_perf_flag(document: dict[str, Any]) -> dict[str, Any]:
 )
 def test_the_reuse_stats_flag_of_each_release(document: dict[str, Any], flag: str | None) -> None:
     assert parse_model_config(document).reuse_stats_input == flag
+
+
+def test_what_a_request_reads_follows_the_options_its_engine_adds() -> None:
+    """An ensemble's own config says neither its engine's block size nor its guided decoding:
+    the copy holding its engine's options answers from them."""
+    model = parse_model_config(stock("ensemble"))
+    assert model.reuse_stats_input == "return_perf_metrics"
+    assert not model.reports_cached_tokens and not model.accepts_guides
+
+    engine = replace(model, tokens_per_block=32, guided_decoding=True)
+    assert engine.reports_cached_tokens and engine.accepts_guides

@@ -12,6 +12,7 @@ import numpy.typing as npt
 
 from adapters.contract import BeamSearch, InvalidRequest
 from adapters.triton.config import ModelInputs
+from adapters.triton.tensors import first_input
 from adapters.triton.wire import WireTensor
 
 Outputs = Mapping[str, npt.NDArray[Any]]
@@ -34,7 +35,7 @@ def beam_inputs(beam: BeamSearch, model: ModelInputs, *, logprobs: bool) -> list
             detail=f"Triton model {model.name} is not the engine; the tensorrt_llm entry returns "
             "log probs per beam",
         )
-    if not model.has("beam_width"):
+    if "beam_width" not in model.accepted:
         raise InvalidRequest(
             "use_beam_search is not supported by this model.",
             param="use_beam_search",
@@ -48,7 +49,7 @@ def beam_inputs(beam: BeamSearch, model: ModelInputs, *, logprobs: bool) -> list
         )
     tensors = [WireTensor("beam_width", "INT32", np.array([[beam.width]], np.int32))]
     if beam.length_penalty is not None:
-        spec = model.first_input("length_penalty", "len_penalty")
+        spec = first_input(model, ("length_penalty", "len_penalty"))
         if spec is None:
             raise InvalidRequest(
                 "length_penalty is not supported by this model.",
@@ -63,7 +64,7 @@ def beam_inputs(beam: BeamSearch, model: ModelInputs, *, logprobs: bool) -> list
 
 
 def _early_stopping(value: int, model: ModelInputs) -> WireTensor:
-    spec = model.inputs.get("early_stopping") if model.has("early_stopping") else None
+    spec = model.inputs.get("early_stopping") if "early_stopping" in model.accepted else None
     if spec is None:
         raise InvalidRequest(
             "early_stopping is not supported by this model, which always stops early.",

@@ -18,16 +18,17 @@ from tritonclient.grpc import service_pb2
 from adapters.contract import (
     BackendError,
     GenerationRequest,
+    InvalidRequest,
     LoraNotCached,
     ModelTarget,
     TokenChunk,
 )
 from adapters.triton.beams import beam_inputs
 from adapters.triton.config import ModelInputs, parse_model_config
-from adapters.triton.errors import beam_width_named, guide_named
-from adapters.triton.grpc.channels import Channels
+from adapters.triton.errors import refusal_named
 from adapters.triton.grpc.stream import (
     Call,
+    Channels,
     GrpcCall,
     infer_request,
     map_triton_errors,
@@ -252,7 +253,7 @@ class TritonBackend:
         # An ensemble's call outlives its deadline, for its stop request and drain
         # (Stopper.release).
         keep_open = model.is_ensemble
-        priority = model.request_priority(request.priority)
+        priority = request_priority(model, request.priority)
         phase = request.phase
         if target.http_url is not None and stoppable and single and carries(tensors):
             body = generate_body(request_id, tensors, priority=priority, request_type=phase)
@@ -268,6 +269,12 @@ class TritonBackend:
             self._streams, target.url, message, timeout, request.trace_headers, outputs,
             deadline=deadline if keep_open else None,
         )  # fmt: skip
+
+
+def request_priority(model: ModelInputs, priority: int) -> int:
+    """The priority to send Triton for a caller's ``priority``: none (0) where the model
+    declares no ``priority_levels``, else at most its lowest level."""
+    return min(priority, model.priority_levels) if model.priority_levels else 0
 
 
 def _remaining(deadline: float) -> float:
@@ -343,11 +350,7 @@ class TritonRequest:
         while True:
             call, exchange = self._call or self._open(), self._exchange
             try:
-                with (
-                    guide_named(params.guide),
-                    beam_width_named(params.beam),
-                    map_triton_errors(self._operation),
-                ):
+                with map_triton_errors(self._operation):
                     while not exchange.finished:
                         chunk = exchange.on_replies(await call.read())
                         if chunk is not None:
@@ -363,6 +366,12 @@ class TritonRequest:
                 if yielded or self._weights or lora is None or lora.weights is None:
                     raise
                 logger.info("LoRA task %d was evicted; resending its weights", lora.task_id)
+            except InvalidRequest as exc:
+                # Named where a refusal is caught: a request Triton serves never pays for it.
+                named = refusal_named(exc, params.guide, params.beam)
+                if named is None:
+                    raise
+                raise named from exc
             else:
                 if self._lora_key is not None:
                     self._backend._lora_sent.add(self._lora_key)

@@ -66,93 +66,76 @@ class ModelInputs:
     request's priority would reach no scheduler that reads it (TensorRT-LLM's executor
     schedules on its own)."""
 
-    def request_priority(self, priority: int) -> int:
-        """The priority to send Triton for a caller's ``priority``: none (0) where the model
-        declares no ``priority_levels``, else at most its lowest level."""
-        return min(priority, self.priority_levels) if self.priority_levels else 0
+    accepted: frozenset[str] = field(init=False)
+    """The inputs the model declares and passes on to its engine (not ``dropped``)."""
+    is_ensemble: bool = field(init=False)
+    """Whether Triton schedules this model as an ensemble of steps."""
+    is_engine: bool = field(init=False)
+    """Whether this is the ``tensorrt_llm`` model itself: token ids in and out."""
+    stream_input: str = field(init=False)
+    """The input that turns streaming on: ``streaming`` on the engine, else ``stream``."""
+    reports_output_tokens: bool = field(init=False)
+    """Whether the model can return ``num_output_tokens`` when asked."""
+    reports_input_tokens: bool = field(init=False)
+    """Whether the model can return ``num_input_tokens`` when asked."""
+    supports_logprobs: bool = field(init=False)
+    """Whether per-token log probabilities can be requested and returned."""
+    counts_by_logprobs: bool = field(init=False)
+    """Without token-count outputs, the log probs (one per token) count tokens exactly."""
+    accepts_guides: bool = field(init=False)
+    """Whether guided-decoding inputs can be sent and the engine will honour them."""
+    reuse_stats_input: str | None = field(init=False)
+    """The flag that asks for per-request KV reuse stats, where the model returns them."""
+    reports_cached_tokens: bool = field(init=False)
+    """Whether the engine's reused blocks can be asked for and turned into prompt tokens."""
+    salts_kv_cache: bool = field(init=False)
+    """Whether requests can carry TensorRT-LLM's ``cache_salt_id``: KV blocks are then shared
+    only between requests of the same salt."""
+    lora_config_columns: int | None = field(init=False)
+    """Columns of a ``lora_config`` row (3, or 4 with DoRA); ``None`` without LoRA."""
 
-    @property
-    def is_ensemble(self) -> bool:
-        """Whether Triton schedules this model as an ensemble of steps."""
-        return self.platform == "ensemble"
-
-    @property
-    def is_engine(self) -> bool:
-        """Whether this is the ``tensorrt_llm`` model itself: token ids in and out."""
-        return "input_ids" in self.inputs and self.engine_model == self.name
-
-    @property
-    def stream_input(self) -> str:
-        """The input that turns streaming on: ``streaming`` on the engine, else ``stream``."""
-        return "streaming" if self.is_engine else "stream"
-
-    def has(self, name: str) -> bool:
-        """Whether the model declares input ``name`` (and passes it on to its engine)."""
-        return name in self.inputs and name not in self.dropped
-
-    def first_input(self, *names: str) -> TensorSpec | None:
-        """The first of ``names`` the model declares and passes on (new name first, then the
-        old one)."""
-        for name in names:
-            if self.has(name):
-                return self.inputs[name]
-        return None
+    def __post_init__(self) -> None:
+        """Derive what requests ask of the model once, when it is described (and again for a
+        copy with its engine's options), so a request reads ready values."""
+        accepted = frozenset(self.inputs) - self.dropped
+        outputs = self.outputs
+        is_engine = "input_ids" in self.inputs and self.engine_model == self.name
+        reports_output_tokens = (
+            "return_num_output_tokens" in accepted and "num_output_tokens" in outputs
+        )
+        supports_logprobs = "return_log_probs" in accepted and "output_log_probs" in outputs
+        reuse_stats_input = None
+        if REUSED_BLOCKS in outputs:
+            reuse_stats_input = next((n for n in _REUSE_STATS_INPUTS if n in accepted), None)
+        lora = self.inputs.get("lora_config")
+        derived = {
+            "accepted": accepted,
+            "is_ensemble": self.platform == "ensemble",
+            "is_engine": is_engine,
+            "stream_input": "streaming" if is_engine else "stream",
+            "reports_output_tokens": reports_output_tokens,
+            "reports_input_tokens": (
+                "return_num_input_tokens" in accepted and "num_input_tokens" in outputs
+            ),
+            "supports_logprobs": supports_logprobs,
+            "counts_by_logprobs": not reports_output_tokens and supports_logprobs,
+            "accepts_guides": self.guided_decoding
+            and {"guided_decoding_guide_type", "guided_decoding_guide"} <= accepted,
+            "reuse_stats_input": reuse_stats_input,
+            "reports_cached_tokens": (
+                self.tokens_per_block is not None and reuse_stats_input is not None
+            ),
+            "salts_kv_cache": "cache_salt_id" in accepted,
+            "lora_config_columns": (
+                lora.dims[-1] if lora is not None and lora.dims and lora.dims[-1] > 0 else None
+            ),
+        }
+        for name, value in derived.items():
+            object.__setattr__(self, name, value)
 
     def drops(self, *names: str) -> str | None:
         """The first of ``names`` the model declares but does not pass on, if any."""
         return next((name for name in names if name in self.dropped), None)
-
-    @property
-    def reports_output_tokens(self) -> bool:
-        """Whether the model can return ``num_output_tokens`` when asked."""
-        return self.has("return_num_output_tokens") and "num_output_tokens" in self.outputs
-
-    @property
-    def reports_input_tokens(self) -> bool:
-        """Whether the model can return ``num_input_tokens`` when asked."""
-        return self.has("return_num_input_tokens") and "num_input_tokens" in self.outputs
-
-    @property
-    def counts_by_logprobs(self) -> bool:
-        """Without token-count outputs, the log probs (one per token) count tokens exactly."""
-        return not self.reports_output_tokens and self.supports_logprobs
-
-    @property
-    def supports_logprobs(self) -> bool:
-        """Whether per-token log probabilities can be requested and returned."""
-        return self.has("return_log_probs") and "output_log_probs" in self.outputs
-
-    @property
-    def accepts_guides(self) -> bool:
-        """Whether guided-decoding inputs can be sent and the engine will honour them."""
-        names = ("guided_decoding_guide_type", "guided_decoding_guide")
-        return self.guided_decoding and all(self.has(name) for name in names)
-
-    @property
-    def reuse_stats_input(self) -> str | None:
-        """The flag that asks for per-request KV reuse stats, where the model returns them."""
-        if REUSED_BLOCKS not in self.outputs:
-            return None
-        return next((name for name in _REUSE_STATS_INPUTS if self.has(name)), None)
-
-    @property
-    def salts_kv_cache(self) -> bool:
-        """Whether requests can carry TensorRT-LLM's ``cache_salt_id``: KV blocks are then
-        shared only between requests of the same salt."""
-        return self.has("cache_salt_id")
-
-    @property
-    def reports_cached_tokens(self) -> bool:
-        """Whether the engine's reused blocks can be asked for and turned into prompt tokens."""
-        return self.tokens_per_block is not None and self.reuse_stats_input is not None
-
-    @property
-    def lora_config_columns(self) -> int | None:
-        """Columns of a ``lora_config`` row (3, or 4 with DoRA); ``None`` without LoRA."""
-        spec = self.inputs.get("lora_config")
-        if spec is None or not spec.dims or spec.dims[-1] <= 0:
-            return None
-        return spec.dims[-1]
 
 
 def parse_model_config(document: Mapping[str, Any]) -> ModelInputs:

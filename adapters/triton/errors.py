@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
-
 from adapters.contract import (
     BackendError,
     BackendTimeout,
@@ -24,7 +21,7 @@ BEAM_WIDTH = "beam_width"
 """The ``param`` of a refused beam width, which the request's own field then replaces."""
 GUIDE = "guided_decoding_guide"
 """The ``param`` of a refused grammar (one that does not parse, or did not compile in time),
-which the request's own field then replaces (``guide_named``)."""
+which the request's own field then replaces (``refusal_named``)."""
 
 # In-band stream errors carry no status code, so the message decides; the first match wins.
 _MESSAGE_RULES: tuple[tuple[str, type[BackendError]], ...] = (
@@ -139,34 +136,25 @@ def classify(message: str, status: str | None = None) -> BackendError:
     return _STATUS_RULES.get(code, InferenceFailed)(message)
 
 
-@contextmanager
-def guide_named(guide: Guide | None) -> Iterator[None]:
-    """An engine's refusal of the request's grammar, named by the request field the grammar
-    was made of: ``response_format``, or ``tools`` for a tool call's grammar (made of the
-    tools' schemas, though ``tool_choice`` asked for it)."""
-    try:
-        yield
-    except InvalidRequest as exc:
-        if guide is None or exc.param != GUIDE:
-            raise
+def refusal_named(
+    refusal: InvalidRequest, guide: Guide | None, beam: BeamSearch | None
+) -> InvalidRequest | None:
+    """An engine's refusal of the request's grammar or beam width, named by the request field
+    that set it; ``None`` for any other refusal, which stands as raised.
+
+    A grammar is named ``response_format``, or ``tools`` for a tool call's grammar (made of the
+    tools' schemas, though ``tool_choice`` asked for it); a beam width ``n`` or ``best_of``, as
+    the gateway names it where it knows the deployment's ``max_beam_width``."""
+    if refusal.param == GUIDE and guide is not None:
         field = "tools" if guide.param == "tool_choice" else guide.param
-        raise InvalidRequest(str(exc), param=field, detail=exc.detail) from exc
-
-
-@contextmanager
-def beam_width_named(beam: BeamSearch | None) -> Iterator[None]:
-    """An engine's refusal of the beam width, named by the request field that set it (``n`` or
-    ``best_of``), as the gateway names it where it knows the deployment's ``max_beam_width``."""
-    try:
-        yield
-    except InvalidRequest as exc:
-        if beam is None or exc.param != BEAM_WIDTH:
-            raise
-        raise InvalidRequest(
-            f"{beam.param} asks for {beam.width} beams, which the model refused: {exc}",
+        return InvalidRequest(str(refusal), param=field, detail=refusal.detail)
+    if refusal.param == BEAM_WIDTH and beam is not None:
+        return InvalidRequest(
+            f"{beam.param} asks for {beam.width} beams, which the model refused: {refusal}",
             param=beam.param,
-            detail=exc.detail,
-        ) from exc
+            detail=refusal.detail,
+        )
+    return None
 
 
 class HttpError(Exception):

@@ -22,7 +22,7 @@ def check_images(model: ModelInputs) -> None:
             detail=f"Triton model {model.name} is the engine itself, which takes no images: "
             "serve this model through its ensemble or BLS (entry ensemble or tensorrt_llm_bls)",
         )
-    if not model.has("image_url_input"):
+    if "image_url_input" not in model.accepted:
         raise InvalidRequest(
             "This model takes no images.",
             param="messages",

@@ -373,7 +373,7 @@ def _decoder(
     request: GenerationRequest, model: ModelInputs, streaming: bool
 ) -> ResponseDecoder | EngineDecoder:
     """How responses become chunks: text outputs, or token ids through the gateway's tokenizer."""
-    echoes = not streaming and not model.has("exclude_input_in_output")
+    echoes = not streaming and "exclude_input_in_output" not in model.accepted
     block = model.tokens_per_block if model.reports_cached_tokens else None
     if model.is_engine:
         if request.tokens is None:

@@ -53,6 +53,9 @@ class Stopper:
     def __init__(self, open_call: CallOpener, stop_timeout_s: float) -> None:
         self._open = open_call
         self._stop_timeout_s = stop_timeout_s
+        self.ending_s = 2 * stop_timeout_s
+        """How long ending an abandoned ensemble call may take: its stop requests and the
+        drain of its call."""
         self._background: set[asyncio.Task[None]] = set()
         self.handed_off = HandedOff()
 
@@ -102,12 +105,6 @@ class Stopper:
         """Send a stop request for ``request_id`` to ``engine_model`` at ``url`` in the
         background: the request's call has ended, its engine may still hold its KV cache."""
         self._later(self._stop_once(url, engine_model, request_id))
-
-    @property
-    def ending_s(self) -> float:
-        """How long ending an abandoned ensemble call may take: its stop requests and the
-        drain of its call."""
-        return 2 * self._stop_timeout_s
 
     def _later(self, work: Coroutine[Any, Any, None]) -> None:
         """Run ``work`` in the background; ``close`` waits for it."""

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from adapters.contract import GenerationRequest, Guide, InvalidRequest, SamplingParams
-from adapters.triton.config import REUSED_BLOCKS, ModelInputs
+from adapters.triton.config import REUSED_BLOCKS, ModelInputs, TensorSpec
 from adapters.triton.images import check_images, image_urls
 from adapters.triton.lora_tensors import lora_inputs
 from adapters.triton.wire import Array, WireTensor, flag, scalar, text
@@ -33,12 +33,21 @@ _ENGINE_SAMPLING_INPUTS = tuple(
 )
 
 
+def first_input(model: ModelInputs, names: Sequence[str]) -> TensorSpec | None:
+    """The first of ``names`` the model declares and passes on (new name first, then the old
+    one)."""
+    for name in names:
+        if name in model.accepted:
+            return model.inputs[name]
+    return None
+
+
 def streams(request: GenerationRequest, model: ModelInputs) -> bool:
     """Whether the request is sent as streaming: a non-decoupled model answers once, and so
     does a context-only request (its first token)."""
     if request.phase == "context_only":
         return False
-    return request.stream and model.decoupled and model.has(model.stream_input)
+    return request.stream and model.decoupled and model.stream_input in model.accepted
 
 
 def counts_prompt(request: GenerationRequest, model: ModelInputs) -> bool:
@@ -102,7 +111,7 @@ def phase_inputs(request: GenerationRequest, model: ModelInputs) -> list[WireTen
     """The inputs of one phase of a disaggregated request (the phase itself travels as the
     ``request_type`` request parameter): ``context_phase_params`` for the generation phase.
     Refused where the model cannot split a request, or the request cannot be split."""
-    if not model.is_engine or not model.has(CONTEXT_PHASE_PARAMS):
+    if not model.is_engine or CONTEXT_PHASE_PARAMS not in model.accepted:
         raise InvalidRequest(
             "this model does not serve disaggregated requests",
             param="model",
@@ -158,11 +167,11 @@ def _sampling(
     tensors = []
     for field_name, names in table:
         value = getattr(params, field_name)
-        if field_name == "top_k" and greedy and model.first_input(*names) is not None:
+        if field_name == "top_k" and greedy and first_input(model, names) is not None:
             value = 1
         if value is None:
             continue
-        spec = model.first_input(*names)
+        spec = first_input(model, names)
         if spec is not None:
             tensors.append(scalar(spec, field_name, value))
         elif field_name not in params.defaulted and not _honoured_unsent(
@@ -188,7 +197,7 @@ def _honoured_unsent(
     if field_name != "temperature" or not model.drops("temperature"):
         return False
     top_k = dict(table)["top_k"]
-    return value == 1.0 or (greedy and model.first_input(*top_k) is not None)
+    return value == 1.0 or (greedy and first_input(model, top_k) is not None)
 
 
 def _unsupported(field_name: str, model: ModelInputs, names: tuple[str, ...]) -> InvalidRequest:
@@ -219,7 +228,7 @@ def _engine_prompt(request: GenerationRequest, model: ModelInputs) -> list[WireT
         scalar(model.inputs.get("request_output_len"), "max_tokens", request.params.max_tokens),
     ]
     for name, value in (("end_id", tokens.end_id), ("pad_id", tokens.pad_id)):
-        if value is not None and model.has(name):
+        if value is not None and name in model.accepted:
             tensors.append(scalar(model.inputs[name], name, value))
     return tensors
 
@@ -227,9 +236,9 @@ def _engine_prompt(request: GenerationRequest, model: ModelInputs) -> list[WireT
 def _stop_words(request: GenerationRequest, model: ModelInputs) -> WireTensor:
     """Stop sequences as text (``stop_words``), or as the engine's ``[1, 2, P]`` id lists."""
     stop = request.params.stop
-    if model.has("stop_words"):
+    if "stop_words" in model.accepted:
         return WireTensor("stop_words", "BYTES", [[w.encode() for w in stop]])
-    if not model.has("stop_words_list") or request.tokens is None:
+    if "stop_words_list" not in model.accepted or request.tokens is None:
         raise InvalidRequest("this model does not support stop sequences", param="stop")
     return WireTensor("stop_words_list", "INT32", word_list(request.tokens.word_ids(stop)))
 
@@ -284,7 +293,7 @@ def guide_inputs(guide: Guide, model: ModelInputs) -> list[WireTensor]:
     if not model.accepts_guides:
         if guide.optional:
             return []
-        if model.has("guided_decoding_guide_type"):
+        if "guided_decoding_guide_type" in model.accepted:
             why = (
                 f"guided decoding is not enabled on the engine of Triton model {model.name} "
                 "(tensorrt_llm parameter guided_decoding_backend: xgrammar, and "
@@ -310,7 +319,7 @@ def _seed(params: SamplingParams, model: ModelInputs) -> list[WireTensor]:
     """The seed, where the model takes one; without it only a variation seed may be dropped."""
     if params.seed is None:
         return []
-    spec = model.first_input(*_SEED_INPUTS)
+    spec = first_input(model, _SEED_INPUTS)
     if spec is not None:
         return [scalar(spec, "seed", params.seed)]
     if params.seed_origin == "client":
@@ -327,9 +336,9 @@ def _seed(params: SamplingParams, model: ModelInputs) -> list[WireTensor]:
 def _flags(request: GenerationRequest, model: ModelInputs) -> list[WireTensor]:
     flags = []
     streaming = streams(request, model)
-    if model.has(model.stream_input):
+    if model.stream_input in model.accepted:
         flags.append(flag(model.stream_input, streaming))
-    if model.has("exclude_input_in_output") and not streaming:
+    if "exclude_input_in_output" in model.accepted and not streaming:
         # A streamed request never gets its prompt back (TensorRT-LLM's executor sends only new
         # tokens when streaming, whatever the flag says): one input fewer to send and read.
         flags.append(flag("exclude_input_in_output", True))

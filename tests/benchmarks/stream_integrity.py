@@ -32,8 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-from adapters.triton.grpc.channels import Channels
-from adapters.triton.grpc.stream import Call, GrpcCall, infer_request
+from adapters.triton.grpc.stream import Call, Channels, GrpcCall, infer_request
 from adapters.triton.http.call import HttpStreams
 from adapters.triton.http.wire import generate_body
 from adapters.triton.wire import WireTensor

@@ -48,8 +48,7 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from adapters.contract import GenerationRequest, ModelTarget, SamplingParams
 from adapters.triton import TritonBackend
-from adapters.triton.grpc.channels import Channels
-from adapters.triton.grpc.stream import STREAM_PATH, infer_request
+from adapters.triton.grpc.stream import STREAM_PATH, Channels, infer_request
 from adapters.triton.http.call import HttpStreams
 from adapters.triton.wire import WireTensor
 from deploy.sidecar.fleet import sidecar_from_spec

@@ -29,8 +29,8 @@ from adapters.contract import (
 )
 from adapters.scripted import ScriptedBackend
 from adapters.triton import TritonBackend
-from adapters.triton.grpc.channels import Channels
-from adapters.triton.grpc.stream import GrpcCall, infer_request
+from adapters.triton.grpc.stream import Channels, GrpcCall, infer_request
+from adapters.triton.tensors import first_input
 from adapters.triton.wire import WireTensor
 from deploy.sidecar.fleet import sidecar_from_spec
 from deploy.sidecar.models import ensure_tiny_model
@@ -140,7 +140,7 @@ async def test_describe_discovers_the_rendered_models(sidecar: Sidecar) -> None:
     assert ensemble.is_ensemble
     assert ensemble.engine_model == "tiny_tensorrt_llm"
     assert ensemble.decoupled, "the ensemble inherits the engine's decoupled mode"
-    assert ensemble.first_input("min_tokens", "min_length") is not None
+    assert first_input(ensemble, ("min_tokens", "min_length")) is not None
     assert (bls.decoupled, bls.accumulate_tokens) == (True, False)
     assert (accumulating.decoupled, accumulating.accumulate_tokens) == (True, True)
     assert bls.engine_model == "tiny_tensorrt_llm"

@@ -5,7 +5,8 @@ frontend loses some (``python -m tests.benchmarks.stream_integrity --http-thread
 usual 212,992-byte socket buffer and without the response keeper: 1,536 of 1,536 gRPC streams
 whole against 1,514 of 1,643 over HTTP; docs/results/stream-integrity.md), and it carries what
 JSON cannot (LoRA weights in 16-bit floats, beams). Its calls run on the gateway's own HTTP/2
-client (``h2.py``); each response is parsed once and its outputs read from their raw contents
+client (``h2.py``), one connection to each server shared by every call to it (``Channels``);
+each response is parsed once and its outputs read from their raw contents
 (``RawOutputs``: texts, counts and ids straight from the bytes, an array only where a caller
 asks for one). On 2 shared cores (``python -m tests.benchmarks.transports --backend --levels 32
 --rounds 3``, medians of 3 runs) the backend's CPU per streamed token went from 19.1 to 19.5 µs,
@@ -26,7 +27,6 @@ from tritonclient.utils import InferenceServerException
 
 from adapters.contract import BackendError, BackendTimeout
 from adapters.triton.errors import HttpError, classify
-from adapters.triton.grpc.channels import Channels
 from adapters.triton.grpc.h2 import H2Connection, Stream, rpc_error
 from adapters.triton.responses import Outputs, Reply
 from adapters.triton.wire import RawOutputs, WireTensor
@@ -132,6 +132,60 @@ class Call(Protocol):
     def ended(self) -> bool:
         """Whether the call has ended (read to its end, failed or cancelled)."""
         ...
+
+
+class Channels:
+    """The HTTP/2 connections to gRPC servers by address (``host:port``): one in use for each,
+    shared by every call, dialled when a call needs it."""
+
+    def __init__(self) -> None:
+        self._connections: dict[str, H2Connection] = {}
+        self._dialling: dict[str, asyncio.Future[H2Connection]] = {}
+
+    def ready(self, url: str) -> H2Connection | None:
+        """The address's connection where it can take a call now."""
+        connection = self._connections.get(url)
+        return connection if connection is not None and connection.has_room() else None
+
+    async def connect(self, url: str) -> H2Connection:
+        """The address's connection, dialled where none can take a call (one dial for every
+        caller waiting; a caller cancelled leaves it to the others)."""
+        connection = self.ready(url)
+        if connection is not None:
+            return connection
+        dialling = self._dialling.get(url)
+        if dialling is None:
+            dialling = asyncio.ensure_future(self._dial(url))
+            self._dialling[url] = dialling
+            dialling.add_done_callback(lambda done: self._dialled(url, done))
+        return await asyncio.shield(dialling)
+
+    async def close(self) -> None:
+        """Close every connection."""
+        for dialling in self._dialling.values():
+            dialling.cancel()
+        connections, self._connections = list(self._connections.values()), {}
+        for connection in connections:
+            connection.close()
+
+    async def _dial(self, url: str) -> H2Connection:
+        host, _, port = url.rpartition(":")
+        loop = asyncio.get_running_loop()
+        _, connection = await loop.create_connection(
+            lambda: H2Connection(url), host.strip("[]"), int(port)
+        )
+        return connection
+
+    def _dialled(self, url: str, done: asyncio.Future[H2Connection]) -> None:
+        if self._dialling.get(url) is done:
+            del self._dialling[url]
+        if done.cancelled():
+            return
+        if done.exception() is None:
+            previous = self._connections.get(url)
+            self._connections[url] = done.result()
+            if previous is not None:
+                previous.retire()
 
 
 class GrpcCall:

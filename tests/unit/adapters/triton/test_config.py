@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
 
 from adapters.triton.config import ModelInputs, TensorSpec, parse_model_config, wire_datatype
+from adapters.triton.tensors import first_input
 from tests.support.stock_configs import stock, with_lora_columns, without_token_counts
 
 
@@ -27,13 +29,13 @@ def test_release_differences_are_discovered(
 ) -> None:
     model = parse_model_config(variant(stock(name, release=release)))
 
-    assert model.first_input("min_tokens", "min_length") == TensorSpec(
+    assert first_input(model, ("min_tokens", "min_length")) == TensorSpec(
         min_tokens, "INT32", (1,), optional=True
     )
-    assert model.first_input("seed", "random_seed") == TensorSpec(
+    assert first_input(model, ("seed", "random_seed")) == TensorSpec(
         seed, "UINT64", (1,), optional=True
     )
-    assert model.has("exclude_input_in_output") is exclude
+    assert ("exclude_input_in_output" in model.accepted) is exclude
     assert model.reports_output_tokens is counts
     assert model.reports_input_tokens is counts
 
@@ -101,7 +103,7 @@ def test_engine_decoupled_mode(decoupled: bool) -> None:
 
     assert model.decoupled is decoupled
     assert model.platform == "python"
-    assert model.has("stop")
+    assert "stop" in model.accepted
     assert model.inputs["input_lengths"] == TensorSpec("input_lengths", "INT32", (1,))
 
 
@@ -183,19 +185,12 @@ def test_the_reuse_stats_flag_of_each_release(document: dict[str, Any], flag: st
     assert parse_model_config(document).reuse_stats_input == flag
 
 
-@pytest.mark.parametrize(
-    ("batching", "sent"),
-    [(None, {1: 0, 5: 0}), ({}, {1: 0, 5: 0}), ({"priority_levels": 3}, {0: 0, 1: 1, 5: 3})],
-    ids=["no-batcher", "no-levels", "three-levels"],
-)
-def test_a_priority_reaches_triton_only_where_the_model_declares_levels(
-    batching: dict[str, Any] | None, sent: dict[int, int]
-) -> None:
-    """TensorRT-LLM's executor schedules on its own: Triton's request priority means
-    something only to a model whose dynamic batcher has ``priority_levels``."""
-    document = dict(stock("tensorrt_llm")["config"])
-    document.pop("dynamic_batching", None)
-    if batching is not None:
-        document["dynamic_batching"] = batching
-    model = parse_model_config(document)
-    assert {given: model.request_priority(given) for given in sent} == sent
+def test_what_a_request_reads_follows_the_options_its_engine_adds() -> None:
+    """An ensemble's own config says neither its engine's block size nor its guided decoding:
+    the copy holding its engine's options answers from them."""
+    model = parse_model_config(stock("ensemble"))
+    assert model.reuse_stats_input == "return_perf_metrics"
+    assert not model.reports_cached_tokens and not model.accepts_guides
+
+    engine = replace(model, tokens_per_block=32, guided_decoding=True)
+    assert engine.reports_cached_tokens and engine.accepts_guides

@@ -95,7 +95,7 @@ def test_outputs_are_ids_and_lengths_plus_log_probs_when_asked() -> None:
     assert requested_outputs(engine_request(), ENGINE) == ["output_ids", "sequence_length"]
     asked = requested_outputs(engine_request(logprobs=True), ENGINE)
     assert asked == ["output_ids", "sequence_length", "output_log_probs"]
-    assert OLD_ENGINE.is_engine and not OLD_ENGINE.has("exclude_input_in_output")
+    assert OLD_ENGINE.is_engine and "exclude_input_in_output" not in OLD_ENGINE.accepted
 
 
 def ids(values: list[int]) -> dict[str, np.ndarray[Any, Any]]:

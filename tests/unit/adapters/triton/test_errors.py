@@ -17,7 +17,7 @@ from adapters.contract import (
     LoraNotCached,
     ModelNotFound,
 )
-from adapters.triton.errors import beam_width_named, classify, guide_named
+from adapters.triton.errors import classify, refusal_named
 from gateway.errors import from_backend_error, to_api_error
 from gateway.observability.logs import RequestIdFilter
 from gateway.observability.record import RequestRecord, current_request
@@ -114,17 +114,16 @@ def test_an_engine_refused_beam_width_is_a_400_naming_the_request_field(
     error = classify(message, "StatusCode.INTERNAL")
     assert isinstance(error, InvalidRequest)
 
-    with pytest.raises(InvalidRequest) as caught, beam_width_named(beam):
-        raise error
-    assert caught.value.param == param and caught.value.detail == message
-    answer = from_backend_error(caught.value, retry_after_s=1)
+    named = refusal_named(error, None, beam)
+    assert named is not None and named.param == param and named.detail == message
+    answer = from_backend_error(named, retry_after_s=1)
     assert answer.status_code == 400 and answer.param == param
 
 
 def test_other_refusals_keep_their_param_under_a_beam_search() -> None:
-    with pytest.raises(InvalidRequest) as caught, beam_width_named(BeamSearch(width=2)):
-        raise classify("temperature must not be negative")
-    assert caught.value.param is None
+    refusal = classify("temperature must not be negative")
+    assert isinstance(refusal, InvalidRequest)
+    assert refusal_named(refusal, None, BeamSearch(width=2)) is None
 
 
 LATE_GRAMMAR = (
@@ -168,18 +167,23 @@ def test_a_refused_grammar_is_a_400_naming_the_field_it_was_made_of(
     error = classify(message, "StatusCode.INTERNAL")
     assert isinstance(error, InvalidRequest)
 
-    with pytest.raises(InvalidRequest) as caught, guide_named(guide):
-        raise error
-    assert caught.value.param == param and caught.value.detail == message
-    assert "response_format" in str(caught.value) and "ensemble" not in str(caught.value)
-    answer = from_backend_error(caught.value, retry_after_s=1)
+    named = refusal_named(error, guide, None)
+    assert named is not None and named.param == param and named.detail == message
+    assert "response_format" in str(named) and "ensemble" not in str(named)
+    answer = from_backend_error(named, retry_after_s=1)
     assert answer.status_code == 400 and answer.param == param
 
 
 def test_other_refusals_keep_their_param_under_a_guide() -> None:
-    with pytest.raises(InvalidRequest) as caught, guide_named(Guide("json")):
-        raise classify("temperature must not be negative")
-    assert caught.value.param is None
+    refusal = classify("temperature must not be negative")
+    assert isinstance(refusal, InvalidRequest)
+    assert refusal_named(refusal, Guide("json"), None) is None
+
+
+def test_a_refusal_is_named_only_by_the_field_of_its_own_kind() -> None:
+    grammar = classify(LATE_GRAMMAR)
+    assert isinstance(grammar, InvalidRequest)
+    assert refusal_named(grammar, None, BeamSearch(width=2)) is None
 
 
 @pytest.mark.parametrize(

@@ -22,7 +22,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from deploy.sidecar.supervisor import Sidecar
 from gateway.queueing.settings import QueueSettings
-from gateway.replicas.settings import EndpointSettings, RoutingSettings
+from gateway.replicas.settings import EndpointSettings, RoutingSettings, ScoreWeights
 from gateway.settings import AdapterSettings, LimitSettings, ModelSettings, Settings
 from gateway.tenancy import TenancySettings
 from tests.support.gateway import LiveGateway
@@ -105,7 +105,8 @@ def replica_gateway(
     tiny_model_dir: Path, adapters: dict[str, Path], workdir: Path
 ) -> Iterator[Replicas]:
     """The four servers and a gateway over them serving ``tiny`` (r1-r3, the LoRA adapters),
-    ``tiny-mixed`` (r1, r2 and the slow r4), ``tiny-limited`` (r1, r2, two requests each at
+    ``tiny-ties`` (r1-r3, the KV cache's use left out of the score), ``tiny-mixed`` (r1, r2 and
+    the slow r4), ``tiny-limited`` (r1, r2, two requests each at
     most) and ``tiny-dns`` (what ``DNS_NAME`` resolves to, ``Replicas.addresses``)."""
     third = make_peft_adapter(
         tiny_model_dir,
@@ -136,6 +137,9 @@ def replica_gateway(
                     AdapterSettings(name="lora-c", path=str(third)),
                 ),
             ),
+            # Ties on load and affinity alone: the engines' KV-cache use, scraped, lags the
+            # requests one at a time and breaks no tie here.
+            model("tiny-ties", endpoints([r1, r2, r3]), weights=ScoreWeights(kv_cache=0.0)),
             model("tiny-mixed", endpoints([r1, r2, r4])),
             model("tiny-limited", endpoints([r1, r2]), max_in_flight=2),
             model("tiny-dns", f"dns:{DNS_NAME}:{r1.grpc_port}", metrics_port=r1.metrics_port),

@@ -148,11 +148,15 @@ async def test_weights_three_to_one_split_the_tokens_three_to_one(stack: Stack) 
 async def test_a_higher_class_overtakes_the_requests_of_a_lower_one_queued_before_it(
     stack: Stack,
 ) -> None:
-    # Held long enough for the queue to be set up on a loaded host.
-    long, short = completion(300), completion(5)
+    # Held long enough for the queue to be set up on a loaded host, and a second longer than
+    # each other, so that the slots free one at a time and the queue's order is the order of
+    # the first tokens: two slots freed together start two queued requests together, whose first
+    # tokens then come in either order (0.34 ms apart, the later-queued one first, once).
+    short = completion(5)
     async with _client(stack) as client:
         holding = [
-            asyncio.create_task(stream_one(client, stack, "basic", long)) for _ in range(SLOTS)
+            asyncio.create_task(stream_one(client, stack, "basic", completion(300 + 100 * slot)))
+            for slot in range(SLOTS)
         ]
         await _until(lambda: stack.slots().in_flight == SLOTS, "the slots taken")
         queued = [asyncio.create_task(stream_one(client, stack, "basic", short)) for _ in range(3)]

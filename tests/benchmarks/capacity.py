@@ -6,6 +6,9 @@ TensorRT-LLM engine on a GPU streams, while the host spends almost nothing on it
 closed-loop load then rises from one stream to thousands against:
 
 - ``direct``: Triton's HTTP ``generate_stream`` to the engine, the prompt's ids prebuilt;
+- ``direct-grpc`` (``--direct-grpc``): the same request on Triton's gRPC ``ModelStreamInfer``,
+  through the backend's own HTTP/2 client, one connection a load process: Triton's gRPC
+  frontend beside its HTTP one, which is what a gateway reaching Triton over gRPC starts from;
 - ``gateway-1``: ``triton-gateway serve`` with one worker, ``/v1/completions`` streamed, the
   engine entry (the gateway tokenizes and detokenizes), auth and the rate limiter on;
 - ``gateway-N``: the same with ``--workers`` worker processes (limits in the embedded Redis);
@@ -50,6 +53,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from adapters.triton.grpc.stream import Channels
 from deploy.sidecar.models import ensure_tiny_model
 from gateway.catalog.text.hub import load_tokenizer
 from tests.benchmarks.capacity_report import render_markdown, render_plot, report_of
@@ -58,11 +62,12 @@ from tests.benchmarks.capacity_setup import (
     KEY,
     PROMPT,
     chat_ids,
+    direct_grpc_job,
     gateway_config,
     start_triton,
 )
 from tests.benchmarks.cpu_sets import parse_cpus, pin_self, pin_tree
-from tests.benchmarks.loadgen import HttpClient, Sample, has_output_ids, run_level
+from tests.benchmarks.loadgen import H2StreamClient, HttpClient, Sample, has_output_ids, run_level
 from tests.benchmarks.relay import relay_process
 from tests.benchmarks.serving import cpu_seconds
 from tests.support.gateway import serve_process, stop_process
@@ -116,7 +121,12 @@ def client_main(job: dict[str, Any]) -> tuple[list[Result], float]:
     samples and the CPU seconds it spent."""
 
     async def run() -> list[Sample]:
+        channels = Channels()
+
         async def connect() -> Any:
+            if job.get("grpc"):
+                url = f"{job['host']}:{job['port']}"
+                return H2StreamClient(channels, url, job["message"]).send
             client = HttpClient(
                 job["host"], job["port"], job["path"], job["body"], KEY,
                 is_token=has_output_ids if job["direct"] else None,
@@ -129,6 +139,7 @@ def client_main(job: dict[str, Any]) -> tuple[list[Result], float]:
             connect, job["streams"], job["seconds"], job["stall_s"], job["stagger_s"], job["phase"],
             job["think_s"],
         )  # fmt: skip
+        await channels.close()
         return samples
 
     cpu = time.process_time()
@@ -298,6 +309,10 @@ def run(
             # Every target runs from the start, so that each level measures them one after the
             # other (direct first), round after round: drift of the host falls on all alike.
             targets = [Target("direct", sidecar.http_url, direct, direct_chat, triton)]
+            if args.direct_grpc:
+                text_job = direct_grpc_job(list(ids), args.tokens)
+                chat_job = direct_grpc_job(templated, args.tokens)
+                targets.append(Target("direct-grpc", sidecar.grpc_url, text_job, chat_job, triton))
             for workers in args.relay if args.relay is not None else [max(args.workers)]:
                 relayed = relay_process(sidecar, ENGINE_MODEL, direct["body"], workdir, workers)
                 url, pid = running.enter_context(relayed)
@@ -375,6 +390,12 @@ def main() -> None:
         default=["grpc"],
         help="the gateway's transports to Triton, each a gateway of its own (gateway-N over gRPC, "
         "gateway-N-http over Triton's HTTP generate_stream)",
+    )
+    parser.add_argument(
+        "--direct-grpc",
+        action="store_true",
+        help="also Triton's gRPC ModelStreamInfer, direct (direct-grpc): its frontend beside "
+        "its HTTP one, under the same load",
     )
     parser.add_argument(
         "--baseline",

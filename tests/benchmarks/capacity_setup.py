@@ -1,5 +1,6 @@
 """What the capacity benchmark and its first-token probe run against: the paced engine's
-sidecar, the gateway's configuration for it, the prompt and its templated chat ids."""
+sidecar, the gateway's configuration for it, the prompt and its templated chat ids, the direct
+gRPC request."""
 
 from __future__ import annotations
 
@@ -9,6 +10,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
+from adapters.triton.grpc.stream import infer_request
+from adapters.triton.wire import WireTensor
 from deploy.sidecar.fleet import sidecar_from_spec
 from deploy.sidecar.spec import parse_spec
 from deploy.sidecar.supervisor import Sidecar
@@ -96,3 +101,20 @@ def chat_ids(vocabulary: Any) -> list[int]:
         prompts = PromptTokenizer(vocabulary, executor)
         prompt = asyncio.run(prompts.chat_prompt([{"role": "user", "content": PROMPT}]))
     return list(prompt.ids)
+
+
+def direct_grpc_job(ids: list[int], tokens: int) -> dict[str, Any]:
+    """A load process's job against Triton's gRPC ``ModelStreamInfer``: the engine request of
+    the direct HTTP one (the same prompt ids, ``tokens`` streamed), as one prebuilt message."""
+    arrays = {
+        "input_ids": np.array([ids], np.int32),
+        "input_lengths": np.array([[len(ids)]], np.int32),
+        "request_output_len": np.array([[tokens]], np.int32),
+        "streaming": np.array([[True]]),
+    }
+    tensors = [
+        WireTensor(name, "BOOL" if array.dtype == bool else "INT32", array)
+        for name, array in arrays.items()
+    ]
+    request = infer_request(ENGINE_MODEL, "capacity", tensors, ["output_ids", "sequence_length"])
+    return {"grpc": True, "message": request.SerializeToString()}

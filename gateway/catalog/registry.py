@@ -85,20 +85,9 @@ class ModelRoute:
 
 @dataclass(frozen=True, slots=True)
 class ServedModel:
-    """A model ready to serve: where it runs, how to tokenize for it, and its limits.
-
-    What every request reads of it is a field, decided when it is loaded (or named as an
-    adapter on its base): ``name`` and ``target`` are ``route``'s, ``own_counts`` whether the
-    gateway's count of a prompt is the engine's."""
+    """A model ready to serve: where it runs, how to tokenize for it, and its limits."""
 
     route: ModelRoute
-    name: str
-    """Public model id (``route.name``)."""
-    target: ModelTarget
-    """Where the model runs in Triton (``route.target``)."""
-    own_counts: bool
-    """Whether the gateway's count of a text prompt is the engine's, so the engine need not be
-    asked: a text model whose preprocessing tokenizes as the gateway does."""
     tokenizer: PromptTokenizer
     context_length: int
     created: int
@@ -112,6 +101,22 @@ class ServedModel:
     """The base model's name when this is an adapter on it."""
     vision: VisionInputs | None = None
     """How the model takes images; None for a text-only model."""
+
+    @property
+    def name(self) -> str:
+        """Public model id."""
+        return self.route.name
+
+    @property
+    def target(self) -> ModelTarget:
+        """Where the model runs in Triton."""
+        return self.route.target
+
+    @property
+    def own_counts(self) -> bool:
+        """Whether the gateway's count of a text prompt is the engine's, so the engine need not
+        be asked: a text model whose preprocessing tokenizes as the gateway does."""
+        return self.route.counts_prompts and self.vision is None
 
     def own_count(self, prompt: Prompt) -> int | None:
         """The prompt's length for ``usage`` where the gateway's count is the engine's
@@ -310,9 +315,7 @@ class ModelRegistry:
         for a name that does not exist."""
         model = self._models.get(name)
         if model is not None:
-            # A tenant open to every model, or naming this one, is let through on the values
-            # its policy derived once; only a pattern is matched here.
-            if not (tenant.every_model or name in tenant.model_names or tenant.allows_model(name)):
+            if not tenant.allows_model(name):
                 raise unknown_model(name)
             return model
         found = self.adapters.find(name)
@@ -322,9 +325,7 @@ class ModelRegistry:
         if not (tenant.allows_model(base.name) and tenant.allows_adapter(found.name)):
             raise unknown_model(name)
         route = dataclasses.replace(base.route, name=name)
-        return dataclasses.replace(
-            base, route=route, name=name, adapter=found.adapter, base=base.name
-        )
+        return dataclasses.replace(base, route=route, adapter=found.adapter, base=base.name)
 
     def base_model(self, name: str) -> ServedModel | None:
         """The base model called ``name`` (adapters not included)."""
@@ -386,9 +387,6 @@ def load_model(route: ModelRoute, executor: Executor) -> ServedModel:
     vision = read_vision(route.tokenizer_dir, route.images, tokenizer.token_text)
     return ServedModel(
         route=route,
-        name=route.name,
-        target=route.target,
-        own_counts=route.counts_prompts and vision is None,
         tokenizer=tokenizer,
         context_length=context_length,
         created=int(time.time()),

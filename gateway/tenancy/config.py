@@ -37,9 +37,9 @@ class TenantPolicy(
 ):
     """What one tenant may use, and how fast. Unset limits do not apply.
 
-    What the request path reads of a policy on every request (``every_model``, ``model_names``,
-    ``scope_salt``) is derived once per policy, on first use, and kept beside its fields (not
-    encoded with them): a policy changed at run time is a new object, derived afresh.
+    What every request reads of a policy (``every_model``, ``model_names``, ``scope_salt``) is
+    derived once per policy, on first use, and kept beside its fields (not encoded with them):
+    a policy changed at run time is a new object, derived afresh.
     """
 
     name: str
@@ -109,9 +109,14 @@ class TenantPolicy(
         return frozenset(name for name in self.models if not PATTERN.search(name))
 
     def allows_model(self, name: str) -> bool:
-        """Whether the tenant may use the model called ``name`` (the request path reads
-        ``every_model`` and ``model_names`` first, and matches patterns only past them)."""
-        return any(fnmatch.fnmatchcase(name, pattern) for pattern in self.models)
+        """Whether the tenant may use the model called ``name``: ``every_model`` and
+        ``model_names`` answer first, and only a name neither lets through is matched against
+        the patterns."""
+        return (
+            self.every_model
+            or name in self.model_names
+            or any(fnmatch.fnmatchcase(name, pattern) for pattern in self.models)
+        )
 
     def allows_adapter(self, name: str) -> bool:
         """Whether the tenant may use the LoRA adapter called ``name``."""

@@ -52,10 +52,11 @@ class OutputRules:
     """Where the prompt leaves the model's reasoning."""
     count_tokens: Callable[[str], int] | None = None
     """Tokens of a text, for ``reasoning_tokens``."""
-    parses: bool = False
-    """Whether the answer's text is parsed (into calls, or reasoning and answer): true for a
-    mode other than ``text`` or with ``reasoning``. Whoever makes the rules says so, and each
-    answer's shaping reads it as it is."""
+
+    @property
+    def parses(self) -> bool:
+        """Whether the answer's text is parsed (into calls, or reasoning and answer)."""
+        return self.mode != "text" or self.reasoning is not None
 
     @property
     def parses_calls(self) -> bool:

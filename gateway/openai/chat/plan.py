@@ -283,7 +283,7 @@ def output_rules(
     parallel = given(request.parallel_tool_calls) is not False
     formatted = response_guide(given(request.response_format))
     if choice == "none":
-        return OutputRules(guide=formatted, reasoning=reasoning, parses=reasoning is not None)
+        return OutputRules(guide=formatted, reasoning=reasoning)
     if formatted is not None:
         raise InvalidRequestError(
             f"response_format {formatted.guide_type} cannot be combined with tool_choice "
@@ -297,7 +297,6 @@ def output_rules(
         parallel=parallel,
         template_tools=takes_tools,
         reasoning=reasoning,
-        parses=True,
     )
     if choice == "required" and (tagged := required_guide(fmt, functions, parallel)):
         return replace(base, mode="tagged", guide=tagged)

@@ -132,7 +132,9 @@ async def test_the_gateway_sends_its_own_count_of_a_text_prompt_where_it_is_the_
 ) -> None:
     """With it the backend leaves ``num_input_tokens`` unasked; without (a deployment that may
     tokenize otherwise, a prompt with images) the engine counts."""
-    counting = dataclasses.replace(served, own_counts=True)
+    counting = dataclasses.replace(
+        served, route=dataclasses.replace(served.route, counts_prompts=True)
+    )
 
     async def one_image() -> tuple[PromptImage, ...]:
         return (PromptImage(b"\x89PNG", "image/png"),)

@@ -165,7 +165,7 @@ NAMED = {"type": "function", "function": {"name": "get_weather"}}
 def test_the_rules_say_whether_the_answer_is_parsed(
     fields: dict[str, Any], calls: bool, reasoning: str | None
 ) -> None:
-    """Shaping reads ``parses`` as the rules were made with it: the answer is parsed where it
+    """Shaping reads ``parses`` of the rules: the answer is parsed where it
     may hold calls or reasoning, and passes as it is otherwise."""
     output = output_rules(request(**fields), *model_formats("hermes", reasoning, ""), True)
     assert output.parses_calls is calls

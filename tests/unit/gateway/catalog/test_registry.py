@@ -8,12 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from adapters.contract import ModelTarget
-from gateway.catalog.registry import ModelRegistry, ModelRoute, load_model
+from gateway.catalog.registry import ModelRegistry, load_model
 from gateway.core.plan import Prompt
 from gateway.errors import ModelNotFoundError
-from gateway.settings import SamplingDefaults
 from gateway.tenancy import TenantPolicy
+from tests.support.tiny_routes import tiny_route
 
 HARMONY = "<|start|>{{ messages[0].content }}<|channel|>analysis<|message|>"
 THINK_AND_CALLS = "<think></think>{{ messages[0].content }}<tool_call>"
@@ -50,37 +49,15 @@ def test_a_model_s_formats_are_decided_when_it_loads(
     if template is not None:
         template_file = tmp_path / "chat.jinja"
         template_file.write_text(template)
-    route = ModelRoute(
-        name="tiny",
-        target=ModelTarget(url="127.0.0.1:1", triton_model="tiny_ensemble", kind="ensemble"),
-        tokenizer_dir=str(tiny_model_dir),
+    route = tiny_route(
+        tiny_model_dir,
         chat_template_file=None if template_file is None else str(template_file),
-        context_length=256,
-        add_special_tokens=True,
-        max_n=4,
-        defaults=SamplingDefaults(),
-        owned_by="me",
         tool_call_format=tool_call_format,
         reasoning_parser=reasoning_parser,
     )
     served = load_model(route, executor)
     reasoning = served.reasoning.name if served.reasoning is not None else None
     assert (served.tool_format.name, reasoning) == formats
-
-
-def tiny_route(tiny_model_dir: Path, *, counts_prompts: bool) -> ModelRoute:
-    return ModelRoute(
-        name="tiny",
-        target=ModelTarget(url="127.0.0.1:1", triton_model="tiny_ensemble", kind="ensemble"),
-        tokenizer_dir=str(tiny_model_dir),
-        chat_template_file=None,
-        context_length=256,
-        add_special_tokens=True,
-        max_n=4,
-        defaults=SamplingDefaults(),
-        owned_by="me",
-        counts_prompts=counts_prompts,
-    )
 
 
 @pytest.mark.parametrize("counts_prompts", [True, False])

@@ -23,7 +23,7 @@ from adapters.contract import (
     TokenChunk,
 )
 from adapters.scripted import ScriptedBackend
-from gateway.catalog.registry import ModelRoute, ServedModel, load_model
+from gateway.catalog.registry import ServedModel, load_model
 from gateway.core.events import (
     ChoiceEnd,
     Event,
@@ -38,23 +38,12 @@ from gateway.errors import GatewayTimeoutError
 from gateway.replicas.router import Router
 from gateway.replicas.settings import RoutingSettings
 from gateway.replicas.sources import ReplicaAddress
-from gateway.settings import SamplingDefaults
+from tests.support.tiny_routes import tiny_route
 
 
 @pytest.fixture(scope="module")
 def served(tiny_model_dir: Path) -> ServedModel:
-    route = ModelRoute(
-        name="tiny",
-        target=ModelTarget(url="127.0.0.1:1", triton_model="tiny_ensemble", kind="ensemble"),
-        tokenizer_dir=str(tiny_model_dir),
-        chat_template_file=None,
-        context_length=256,
-        add_special_tokens=True,
-        max_n=4,
-        defaults=SamplingDefaults(),
-        owned_by="me",
-    )
-    return load_model(route, ThreadPoolExecutor(1))
+    return load_model(tiny_route(tiny_model_dir), ThreadPoolExecutor(1))
 
 
 def plan(n: int = 1, *, max_tokens: int = 10, stop: tuple[str, ...] = ()) -> Plan:
@@ -369,6 +358,19 @@ def _cut_pieces(pieces: list[str], length: int) -> list[str]:
     return kept
 
 
+def _answer(
+    text: str, pieces: list[str], logprobs: list[float], *, stream: bool
+) -> list[TokenChunk]:
+    """``text`` as the backend answers it with its log probs: streamed, a token a chunk; whole,
+    one chunk."""
+    if stream:
+        return [
+            TokenChunk(piece, 1, 3, logprobs=(logprob,))
+            for piece, logprob in zip(pieces, logprobs, strict=True)
+        ]
+    return [TokenChunk(text, len(pieces), 3, logprobs=tuple(logprobs))]
+
+
 @pytest.mark.parametrize("stream", [True, False])
 async def test_log_probs_after_a_stop_cut_are_those_of_the_text_returned(
     served: ServedModel, stream: bool
@@ -378,13 +380,7 @@ async def test_log_probs_after_a_stop_cut_are_those_of_the_text_returned(
     text = "the model answers.\nmore text after the stop"
     pieces = await served.tokenizer.pieces(text)
     logprobs = [-0.5 - index for index in range(len(pieces))]
-    if stream:
-        answer = [
-            TokenChunk(piece, 1, 3, logprobs=(logprob,))
-            for piece, logprob in zip(pieces, logprobs, strict=True)
-        ]
-    else:
-        answer = [TokenChunk(text, len(pieces), 3, logprobs=tuple(logprobs))]
+    answer = _answer(text, pieces, logprobs, stream=stream)
     asked = dataclasses.replace(plan(max_tokens=50, stop=("s.\n",)), logprobs=True)
     results = await GenerationService(ScriptedBackend(answer), timeout_s=5).collect(served, asked)
     (result,) = results
@@ -401,13 +397,7 @@ async def test_log_probs_without_stop_sequences_spell_the_whole_answer(
     text = "the model answers.\nmore text"
     pieces = await served.tokenizer.pieces(text)
     logprobs = [-0.5 - index for index in range(len(pieces))]
-    if stream:
-        answer = [
-            TokenChunk(piece, 1, 3, logprobs=(logprob,))
-            for piece, logprob in zip(pieces, logprobs, strict=True)
-        ]
-    else:
-        answer = [TokenChunk(text, len(pieces), 3, logprobs=tuple(logprobs))]
+    answer = _answer(text, pieces, logprobs, stream=stream)
     asked = dataclasses.replace(plan(max_tokens=50), logprobs=True)
     results = await GenerationService(ScriptedBackend(answer), timeout_s=5).collect(served, asked)
     (result,) = results

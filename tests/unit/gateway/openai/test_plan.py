@@ -10,8 +10,8 @@ from typing import Any
 import msgspec
 import pytest
 
-from adapters.contract import ModelTarget, SamplingParams
-from gateway.catalog.registry import ModelRoute, ServedModel, load_model
+from adapters.contract import SamplingParams
+from gateway.catalog.registry import ServedModel, load_model
 from gateway.core.plan import Prompt
 from gateway.errors import ContextLengthExceeded, InvalidRequestError
 from gateway.openai.chat.plan import check_chat, plan_chat, template_messages
@@ -27,6 +27,7 @@ from gateway.openai.sampling import (
     stop_sequences,
 )
 from gateway.settings import SamplingDefaults
+from tests.support.tiny_routes import tiny_route
 
 USER = {"role": "user", "content": "hi"}
 
@@ -235,16 +236,11 @@ CALLS_TEMPLATE = (
 
 def text_model(tokenizer_dir: Path, template: Path | None = None) -> ServedModel:
     """The tiny text model (it takes no images), under ``template`` if given."""
-    route = ModelRoute(
-        name="tiny",
-        target=ModelTarget(url="127.0.0.1:1", triton_model="tiny_ensemble", kind="ensemble"),
-        tokenizer_dir=str(tokenizer_dir),
+    route = tiny_route(
+        tokenizer_dir,
         chat_template_file=None if template is None else str(template),
-        context_length=256,
         add_special_tokens=False,
         max_n=1,
-        defaults=SamplingDefaults(),
-        owned_by="me",
     )
     return load_model(route, ThreadPoolExecutor(1))
 

@@ -37,7 +37,7 @@ from typing import Any
 
 from deploy.sidecar.models import ensure_tiny_model
 from gateway.catalog.text.hub import load_tokenizer
-from tests.benchmarks import capacity
+from tests.benchmarks import capacity_load
 from tests.benchmarks.capacity_setup import ENGINE_MODEL, KEY, PROMPT, gateway_config, start_triton
 from tests.benchmarks.loadgen import has_output_ids
 from tests.support.gateway import serve_process, stop_process
@@ -212,11 +212,11 @@ def _background(args: argparse.Namespace, url: str) -> tuple[Any, Any, float] | 
     job = {"host": host, "port": int(port), "path": "/v1/completions", "direct": False,
            "body": {"model": "lt", "prompt": PROMPT, "max_tokens": 128, "stream": True},
            "seconds": seconds, "stagger_s": 128 / 80.0, "think_s": 0.0}  # fmt: skip
-    shares = [s for s in capacity.spread(args.background, args.clients) if s]
+    shares = [s for s in capacity_load.spread(args.background, args.clients) if s]
     jobs = [{**job, "streams": share, "phase": i / len(shares)} for i, share in enumerate(shares)]
     pool = multiprocessing.get_context("spawn").Pool(len(jobs))
     try:
-        load = pool.map_async(capacity.client_main, jobs)
+        load = pool.map_async(capacity_load.client_main, jobs)
         time.sleep(5.0)
     except BaseException:
         pool.terminate()

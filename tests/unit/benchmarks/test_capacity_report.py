@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any
 
-from tests.benchmarks.capacity import Row
+from tests.benchmarks.capacity_load import Row
 from tests.benchmarks.capacity_report import render_markdown
 
 

@@ -78,7 +78,8 @@ class _Compile:
 
     guide: GuideRequest
     owner: int | None
-    waiters: list[Future[Any]] = field(default_factory=list)
+    waiters: list[tuple[Future[Any], float]] = field(default_factory=list)
+    """Each request's future of the grammar, with its deadline (``time.monotonic``)."""
     started: bool = False
 
 
@@ -138,6 +139,7 @@ class GrammarCompiles:
         ``cache_salt_id``) is whose share of the compile slots a new compile takes."""
         key: GuideKey = (owner, guide.guide_type, guide.guide)
         waiter: Future[Any] = Future()
+        deadline = time.monotonic() + self.timeout_s
         with self._lock:
             hit = self._cache.get(key)
             if hit is not None:
@@ -148,8 +150,8 @@ class GrammarCompiles:
             if job is None:
                 job = self._running[key] = _Compile(guide, owner)
                 self._slots.put(owner, (key, job))
-            job.waiters.append(waiter)
-        self._deadlines.add(time.monotonic() + self.timeout_s, (key, waiter))
+            job.waiters.append((waiter, deadline))
+        self._deadlines.add(deadline, (key, waiter))
         return waiter
 
     def cached_bytes(self) -> int:
@@ -177,7 +179,7 @@ class GrammarCompiles:
 
     def _run(self, key: GuideKey, job: _Compile) -> None:
         with self._lock:
-            if all(waiter.done() for waiter in job.waiters):
+            if all(waiter.done() for waiter, _ in job.waiters):
                 # Everyone who asked gave up while it queued: its slot goes to the next guide.
                 del self._running[key]
                 return
@@ -192,12 +194,19 @@ class GrammarCompiles:
             del self._running[key]
             if grammar is not None:
                 self._store(key, grammar)
-        # Resolved outside the lock: the waiters' callbacks run here.
-        for waiter in job.waiters:
-            if error is None:
-                _resolve(waiter, grammar)
-            else:
+        # Resolved outside the lock: the waiters' callbacks run here. A request whose deadline
+        # passed before its grammar was ready is late, whether or not the deadline thread,
+        # which may run behind on a busy host, has failed it yet.
+        now = time.monotonic()
+        late = late_message(job.guide, self.timeout_s, started=True, slots=self.max_compiles)
+        for waiter, deadline in job.waiters:
+            if error is not None:
                 _fail(waiter, error)
+            elif deadline <= now:
+                if _fail(waiter, late):
+                    logger.warning("a %s grammar missed its compile deadline", job.guide.guide_type)
+            else:
+                _resolve(waiter, grammar)
 
     def _store(self, key: GuideKey, grammar: Any) -> None:
         size = self._size_of(grammar)

@@ -158,6 +158,20 @@ def test_a_compile_past_its_deadline_fails_its_request_and_is_cached_when_done(
     assert compiler.calls == ["a"]
 
 
+def test_a_grammar_ready_only_past_its_deadline_is_late_even_before_the_deadline_sweep(
+    hasty: GrammarCompiles, compiler: Compiler
+) -> None:
+    # The sweep stopped stands for a deadline thread that runs behind on a busy host.
+    hasty._deadlines.stop()
+    late = hasty.compile(regex("a"))
+    compiler.wait_entered()
+    time.sleep(0.3)
+    compiler.release("a")
+    error = late.exception(WAIT_S)
+    assert isinstance(error, EngineError)
+    assert "guided_decoding_guide (guide type regex) did not compile within 0.2 s" in str(error)
+
+
 def test_a_request_that_waited_for_a_slot_says_so_and_its_compile_never_runs(
     hasty: GrammarCompiles, compiler: Compiler
 ) -> None:

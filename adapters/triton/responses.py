@@ -7,7 +7,7 @@ import dataclasses
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -239,20 +239,25 @@ def _handoff(outputs: Outputs) -> bytes | None:
 
 def cached_tokens(outputs: Outputs, tokens_per_block: int | None) -> int | None:
     """Prompt tokens the engine found cached: its reused KV-cache blocks, in tokens."""
+    if tokens_per_block is None:
+        return None
     blocks = first_int(outputs, REUSED_BLOCKS)
-    if blocks is None or tokens_per_block is None:
+    if blocks is None:
         return None
     return max(0, blocks) * tokens_per_block
 
 
+_READ_AS_VALUES = (RawOutputs, JsonOutputs)
+
+
 def _ids(outputs: Outputs) -> list[int]:
     """The first beam's ids of a response, cut to its ``sequence_length``."""
-    if (
-        isinstance(outputs, JsonOutputs | RawOutputs)
-        and (ids := outputs.ints("output_ids")) is not None
-    ):
-        length = first_int(outputs, "sequence_length")
-        return ids if length is None else ids[:length]
+    # The type itself, not ``isinstance``: for a ``Mapping`` that walks the ABC's registry.
+    if type(outputs) in _READ_AS_VALUES:
+        ids = cast("RawOutputs | JsonOutputs", outputs).ints("output_ids")
+        if ids is not None:
+            length = first_int(outputs, "sequence_length")
+            return ids if length is None else ids[:length]
     tokens = outputs.get("output_ids")
     if tokens is None or tokens.size == 0:
         return []
@@ -305,9 +310,10 @@ def _common_prefix_length(left: bytes, right: bytes) -> int:
     return length
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Reply:
-    """One response of a Triton stream, as the exchange reads it."""
+    """One response of a Triton stream, as the exchange reads it (not frozen: one is built for
+    every streamed token, and a frozen dataclass takes twice as long to build)."""
 
     outputs: Outputs
     final: bool | None = None

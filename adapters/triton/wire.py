@@ -9,6 +9,7 @@ caller asks for one."""
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Container, Iterator, Mapping
 from typing import Any, Literal
 
@@ -192,89 +193,135 @@ class JsonOutputs(Mapping[str, Array]):
         return None
 
 
+class OutputIndex:
+    """Where a gRPC response's wanted outputs are, read once from its output tensors: each one's
+    position among the raw contents, its datatype, and its tensor (for the shape, read only where
+    an array is built). ``names`` are the outputs wanted; the others are never read."""
+
+    __slots__ = ("_rows", "_shapes", "entries")
+
+    def __init__(self, tensors: Any, names: Container[str]) -> None:
+        self.entries: dict[str, tuple[int, str, Any]] = {}
+        for position, tensor in enumerate(tensors):
+            name = tensor.name
+            if name in names:
+                self.entries[name] = (position, tensor.datatype, tensor)
+        self._shapes: dict[str, tuple[int, ...]] = {}
+        self._rows: dict[str, struct.Struct | None] = {}
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        """A wanted output's shape (read once)."""
+        shape = self._shapes.get(name)
+        if shape is None:
+            shape = self._shapes[name] = tuple(self.entries[name][2].shape)
+        return shape
+
+    def row(self, name: str) -> struct.Struct | None:
+        """The reader of a wanted ``INT32`` or ``INT64`` output's first row (over its last axis,
+        little-endian as Triton sends it); ``None`` for another datatype or no shape."""
+        if name in self._rows:
+            return self._rows[name]
+        code = _ROW_CODES.get(self.entries[name][1])
+        shape = self.shape(name)
+        row = struct.Struct(f"<{shape[-1]}{code}") if code is not None and shape else None
+        self._rows[name] = row
+        return row
+
+
 class RawOutputs(Mapping[str, Array]):
     """The outputs of one gRPC response, read from their raw contents: each an array (shaped as
     the response says) only when read as one; ``ints`` (and the module's ``first_int`` and
     ``first_bytes``) read integers and texts from the bytes themselves, without an array.
 
-    ``tensors`` is the response's output tensors and ``contents`` its raw contents, one per
-    tensor in the same order; ``names`` are the outputs wanted (the others are never read)."""
+    ``index`` says where each wanted output is among ``contents``, the response's raw contents
+    (one per output tensor, in the same order)."""
 
-    __slots__ = ("_arrays", "_contents", "_index", "_tensors")
+    __slots__ = ("_arrays", "_contents", "_entries", "_index")
 
-    def __init__(self, tensors: Any, contents: Any, names: Container[str]) -> None:
-        self._tensors = tensors
+    def __init__(self, index: OutputIndex, contents: Any) -> None:
+        self._index = index
+        self._entries = index.entries
         self._contents = contents
-        self._index = {
-            tensor.name: index for index, tensor in enumerate(tensors) if tensor.name in names
-        }
-        self._arrays: dict[str, Array] = {}
+        self._arrays: dict[str, Array] | None = None
 
     def __getitem__(self, name: str) -> Array:
-        array = self._arrays.get(name)
+        arrays = self._arrays
+        if arrays is None:
+            arrays = self._arrays = {}
+        array = arrays.get(name)
         if array is None:
-            index = self._index[name]
-            tensor = self._tensors[index]
-            array = wire_array(tensor.datatype, self._contents[index], tuple(tensor.shape))
-            self._arrays[name] = array
+            position, datatype, _ = self._entries[name]
+            array = wire_array(datatype, self._contents[position], self._index.shape(name))
+            arrays[name] = array
         return array
 
     def get(self, name: str, default: Any = None) -> Any:
-        return self[name] if name in self._index else default
+        return self[name] if name in self._entries else default
 
     def __contains__(self, name: object) -> bool:
-        return name in self._index
+        return name in self._entries
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self._index)
+        return iter(self._entries)
 
     def __len__(self) -> int:
-        return len(self._index)
+        return len(self._entries)
 
     def first_int(self, name: str) -> int | None:
         """The module's ``first_int`` of this response, from the bytes for an integer output."""
-        index = self._index.get(name)
-        if index is None:
+        entry = self._entries.get(name)
+        if entry is None:
             return None
-        datatype = self._tensors[index].datatype
-        size = _INT_SIZES.get(datatype)
-        if size is None:
+        position, datatype, _ = entry
+        reader = _FIRST_INTS.get(datatype)
+        if reader is None:
             return _first_int(self[name])
-        raw = self._contents[index]
-        if len(raw) < size:
+        raw = self._contents[position]
+        if len(raw) < reader.size:
             return None
-        return int.from_bytes(raw[:size], "little", signed=datatype[0] == "I")
+        value: int = reader.unpack_from(raw)[0]
+        return value
 
     def first_bytes(self, name: str) -> bytes | None:
         """The module's ``first_bytes`` of this response, from the bytes for a text output."""
-        index = self._index.get(name)
-        if index is None:
+        entry = self._entries.get(name)
+        if entry is None:
             return None
-        if self._tensors[index].datatype != "BYTES":
+        position, datatype, _ = entry
+        if datatype != "BYTES":
             return _first_bytes(self[name])
-        raw: bytes = self._contents[index]
+        raw: bytes = self._contents[position]
         if len(raw) < 4:
             return None
-        return raw[4 : 4 + int.from_bytes(raw[:4], "little")]
+        return raw[4 : 4 + _LENGTH.unpack_from(raw)[0]]
 
     def ints(self, name: str) -> list[int] | None:
         """The first row (over the last axis) of an ``INT32`` or ``INT64`` output, as ints;
         ``None`` where the output is absent or of another datatype."""
-        index = self._index.get(name)
-        if index is None:
+        entry = self._entries.get(name)
+        if entry is None:
             return None
-        tensor = self._tensors[index]
-        code = _ROW_CODES.get(tensor.datatype)
+        position, datatype, _ = entry
+        raw = self._contents[position]
+        row = self._index.row(name)
+        if row is not None and len(raw) >= row.size:
+            return list(row.unpack_from(raw))
+        code = _ROW_CODES.get(datatype)
         if code is None:
             return None
-        shape = tensor.shape
-        values = memoryview(self._contents[index]).cast(code)
-        row: list[int] = (values if not shape else values[: shape[-1]]).tolist()
-        return row
+        shape = self._index.shape(name)
+        values = memoryview(raw).cast(code)
+        ints: list[int] = (values if not shape else values[: shape[-1]]).tolist()
+        return ints
 
 
-_INT_SIZES = {"INT8": 1, "INT16": 2, "INT32": 4, "INT64": 8, "UINT8": 1, "UINT16": 2,
-              "UINT32": 4, "UINT64": 8}  # fmt: skip
+_FIRST_INTS = {datatype: struct.Struct(f"<{code}") for datatype, code in (
+    ("INT8", "b"), ("INT16", "h"), ("INT32", "i"), ("INT64", "q"),
+    ("UINT8", "B"), ("UINT16", "H"), ("UINT32", "I"), ("UINT64", "Q"),
+)}  # fmt: skip
+"""Readers of an integer output's first value, little-endian as Triton sends it."""
+_LENGTH = struct.Struct("<I")
+"""A ``BYTES`` item's length prefix."""
 _ROW_CODES: dict[str, Literal["i", "q"]] = {"INT32": "i", "INT64": "q"}
 """``memoryview`` formats of the integer outputs read as rows: native order, as numpy reads
 them (Triton sends little-endian, the order of every host it runs on)."""

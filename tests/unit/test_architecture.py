@@ -25,6 +25,7 @@ PACKAGES = ("gateway", "adapters", "deploy")
 TRITONCLIENT_HOMES = (
     "adapters/triton/client.py",
     "adapters/triton/grpc/stream.py",
+    "adapters/triton/grpc/replies.py",
     "deploy/triton/pipeline/engine_client.py",
 )
 """The only modules that use tritonclient: the Triton adapter's gRPC side, and the BLS's calls

@@ -25,6 +25,7 @@ knowledge only, like the insecure grpcio channel the backend opens.
 from __future__ import annotations
 
 import asyncio
+import struct
 from collections.abc import Mapping
 from typing import Protocol, cast
 from urllib.parse import unquote
@@ -46,6 +47,8 @@ _STREAM_WINDOW = 1 << 24
 needs a WINDOW_UPDATE."""
 _CONNECTION_WINDOW = 1 << 30
 _LAST_STREAM_ID = (1 << 31) - 1
+_FRAME_HEAD = struct.Struct(">IBI")
+_LENGTH = struct.Struct(">I")
 _STATUS = {code.value[0]: code for code in grpc.StatusCode}
 _RESET_CODES = {7: grpc.StatusCode.UNAVAILABLE, 8: grpc.StatusCode.CANCELLED,
                 11: grpc.StatusCode.RESOURCE_EXHAUSTED,
@@ -101,7 +104,7 @@ class Stream:
     def feed(self, data: memoryview) -> None:
         """Take a DATA frame's payload; hand over the whole messages in it."""
         pending = self.pending
-        if not pending and len(data) >= 5 and len(data) == 5 + int.from_bytes(data[1:5], "big"):
+        if not pending and len(data) >= 5 and len(data) == 5 + _LENGTH.unpack_from(data, 1)[0]:
             # A streamed token's frame is most often exactly one message: no copy through
             # ``pending``.
             self.receiver.on_message(bytes(data[5:]))
@@ -109,8 +112,7 @@ class Stream:
         pending += data
         start = 0
         while len(pending) - start >= 5:
-            size = int.from_bytes(pending[start + 1 : start + 5], "big")
-            end = start + 5 + size
+            end = start + 5 + _LENGTH.unpack_from(pending, start + 1)[0]
             if end > len(pending):
                 break
             self.receiver.on_message(bytes(pending[start + 5 : end]))
@@ -254,16 +256,17 @@ class H2Connection(asyncio.Protocol):
         start, size = 0, len(buffer)
         try:
             while size - start >= 9:
-                length = int.from_bytes(view[start : start + 3], "big")
-                end = start + 9 + length
+                # The 3-byte length and the type as one big-endian word, the flags, the stream.
+                head, flags, stream_id = _FRAME_HEAD.unpack_from(buffer, start)
+                end = start + 9 + (head >> 8)
                 if end > size:
                     break
-                kind, flags = view[start + 3], view[start + 4]
-                stream_id = int.from_bytes(view[start + 5 : start + 9], "big") & _LAST_STREAM_ID
-                if kind == _DATA:  # a streamed token's frame: no dispatch
-                    self._on_data(flags, stream_id, view[start + 9 : end])
+                if head & 0xFF == _DATA:  # a streamed token's frame: no dispatch
+                    self._on_data(flags, stream_id & _LAST_STREAM_ID, view[start + 9 : end])
                 else:
-                    self._on_frame(kind, flags, stream_id, view[start + 9 : end])
+                    self._on_frame(
+                        head & 0xFF, flags, stream_id & _LAST_STREAM_ID, view[start + 9 : end]
+                    )
                 start = end
         finally:
             view.release()

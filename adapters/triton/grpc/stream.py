@@ -22,16 +22,16 @@ from contextlib import contextmanager
 from typing import Any, Protocol
 
 import grpc  # type: ignore[import-untyped]
-from tritonclient.grpc import MAX_GRPC_MESSAGE_SIZE, InferResult, KeepAliveOptions, service_pb2
+from tritonclient.grpc import MAX_GRPC_MESSAGE_SIZE, KeepAliveOptions, service_pb2
 from tritonclient.utils import InferenceServerException
 
 from adapters.contract import BackendError, BackendTimeout
 from adapters.triton.errors import HttpError, classify
 from adapters.triton.grpc.h2 import H2Connection, Stream, rpc_error
-from adapters.triton.responses import Outputs, Reply
-from adapters.triton.wire import RawOutputs, WireTensor
+from adapters.triton.grpc.replies import ReplyReader
+from adapters.triton.responses import Reply
+from adapters.triton.wire import WireTensor
 
-_FINAL = "triton_final_response"
 STREAM_PATH = "/inference.GRPCInferenceService/ModelStreamInfer"
 _DRAIN_S = 1.0
 
@@ -87,26 +87,6 @@ def open_stream(
     return stub.ModelStreamInfer(
         iter([request]), timeout=timeout, metadata=tuple((metadata or {}).items()) or None
     )
-
-
-def _reply(response: Any, names: Sequence[str]) -> Reply:
-    """A stream response as the exchange reads it."""
-    if response.error_message:
-        return Reply({}, error=response.error_message)
-    infer = response.infer_response
-    final = infer.parameters.get(_FINAL)
-    return Reply(_outputs(infer, names), final=None if final is None else final.bool_param)
-
-
-def _outputs(response: service_pb2.ModelInferResponse, names: Sequence[str]) -> Outputs:
-    """The wanted outputs, read from the raw contents Triton sends as they are asked for."""
-    tensors = response.outputs
-    contents = response.raw_output_contents
-    if len(contents) == len(tensors):
-        return RawOutputs(tensors, contents, names)
-    result = InferResult(response)
-    arrays = {name: result.as_numpy(name) for name in names}
-    return {name: array for name, array in arrays.items() if array is not None}
 
 
 class Call(Protocol):
@@ -219,7 +199,7 @@ class GrpcCall:
         self._message = request.SerializeToString()
         self._timeout = timeout
         self._metadata = metadata or {}
-        self._outputs = outputs
+        self._replies = ReplyReader(outputs)
         self._deadline = deadline
         self._messages: list[bytes] = []
         self._failure: BaseException | None = None
@@ -340,8 +320,8 @@ class GrpcCall:
             finally:
                 self._waiter = None
         messages, self._messages = self._messages, []
-        parse = service_pb2.ModelStreamInferResponse.FromString
-        return [_reply(parse(message), self._outputs) for message in messages]
+        read = self._replies.read
+        return [read(message) for message in messages]
 
     def _wake(self) -> None:
         if self._waiter is not None and not self._waiter.done():

@@ -104,6 +104,15 @@ def knows_embedded_store(code: str) -> bool:
     return '"embedded"' in (Path(code) / "gateway" / "tenancy" / "config.py").read_text()
 
 
+def profiled(env: dict[str, str], folder: Path, code: str | None) -> dict[str, str]:
+    """A gateway's environment with its workers profiled into ``folder``
+    (``tests/benchmarks/profiling/sitecustomize.py``)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    root = Path(__file__).resolve().parents[2]
+    hook = str(root / "tests" / "benchmarks" / "profiling")
+    return {**env, "PYTHONPATH": f"{hook}:{code or root}", "GATEWAY_PROFILE_DIR": str(folder)}
+
+
 def measure_round(targets: list[Target], args: argparse.Namespace, round_: int) -> list[Row]:
     """Every level of every target: text at each level, then chats at theirs; within a level
     the targets one after the other."""
@@ -184,6 +193,8 @@ def run(
                     # of the fair queue, uncontended.
                     config["models"][0]["routing"] = {"max_in_flight": args.max_in_flight}
                 env = {"PYTHONPATH": code} if code else None
+                if args.profile is not None:
+                    env = profiled(env or {}, args.profile, code)
                 url, process = serve_process(config, workdir, name, timeout_s=180, env=env)
                 running.callback(stop_process, process)
                 targets.append(Target(name, url, completion, chat,
@@ -291,6 +302,12 @@ def main() -> None:
         help="staggered: the streams' first requests spread over one request's paced length, as "
         "requests of varied lengths arrive; burst: every stream starts at once, and with equal "
         "lengths they stay in step, all arriving together again after every request",
+    )
+    parser.add_argument(
+        "--profile",
+        type=Path,
+        help="a folder for a cProfile of every gateway worker "
+        "(summed up by python -m tests.benchmarks.profiling DIR)",
     )
     parser.add_argument(
         "--cpus",

@@ -270,7 +270,9 @@ async def test_shares_hold_across_gateways_sharing_the_store(
     assert all(answer.status == 200 for answer in answers)
     window = sorted(answers, key=lambda answer: answer.ended)[2 * WARM_UP : 2 * WARM_UP + count]
     served = Counter(answer.tenant for answer in window)
-    assert served["everywhere"] / served["one-place"] == pytest.approx(1.0, rel=0.1), served
+    # Half each, within a tenth of the window: by each gateway's own standings alone,
+    # ``one-place`` would get a quarter (15 of 60).
+    assert served["one-place"] / count == pytest.approx(0.5, abs=0.1), served
 
 
 @pytest.fixture(scope="module")

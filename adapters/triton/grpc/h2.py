@@ -48,7 +48,8 @@ needs a WINDOW_UPDATE."""
 _CONNECTION_WINDOW = 1 << 30
 _LAST_STREAM_ID = (1 << 31) - 1
 _FRAME_HEAD = struct.Struct(">IBI")
-_LENGTH = struct.Struct(">I")
+_MESSAGE_SIZE = struct.Struct(">I")
+"""The length prefix of a gRPC message (after its compression flag)."""
 _STATUS = {code.value[0]: code for code in grpc.StatusCode}
 _RESET_CODES = {7: grpc.StatusCode.UNAVAILABLE, 8: grpc.StatusCode.CANCELLED,
                 11: grpc.StatusCode.RESOURCE_EXHAUSTED,
@@ -103,8 +104,8 @@ class Stream:
 
     def feed(self, data: memoryview) -> None:
         """Take a DATA frame's payload; hand over the whole messages in it."""
-        pending = self.pending
-        if not pending and len(data) >= 5 and len(data) == 5 + _LENGTH.unpack_from(data, 1)[0]:
+        pending, size = self.pending, len(data)
+        if not pending and size >= 5 and size == 5 + _MESSAGE_SIZE.unpack_from(data, 1)[0]:
             # A streamed token's frame is most often exactly one message: no copy through
             # ``pending``.
             self.receiver.on_message(bytes(data[5:]))
@@ -112,7 +113,7 @@ class Stream:
         pending += data
         start = 0
         while len(pending) - start >= 5:
-            end = start + 5 + _LENGTH.unpack_from(pending, start + 1)[0]
+            end = start + 5 + _MESSAGE_SIZE.unpack_from(pending, start + 1)[0]
             if end > len(pending):
                 break
             self.receiver.on_message(bytes(pending[start + 5 : end]))
@@ -261,12 +262,11 @@ class H2Connection(asyncio.Protocol):
                 end = start + 9 + (head >> 8)
                 if end > size:
                     break
-                if head & 0xFF == _DATA:  # a streamed token's frame: no dispatch
-                    self._on_data(flags, stream_id & _LAST_STREAM_ID, view[start + 9 : end])
+                kind, stream_id = head & 0xFF, stream_id & _LAST_STREAM_ID
+                if kind == _DATA:  # a streamed token's frame: no dispatch
+                    self._on_data(flags, stream_id, view[start + 9 : end])
                 else:
-                    self._on_frame(
-                        head & 0xFF, flags, stream_id & _LAST_STREAM_ID, view[start + 9 : end]
-                    )
+                    self._on_frame(kind, flags, stream_id, view[start + 9 : end])
                 start = end
         finally:
             view.release()

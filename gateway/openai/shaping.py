@@ -210,19 +210,27 @@ def chat_chunks(
     def on_delta(event: TextDelta) -> list[ChatChunkChoice]:
         logprobs = chat_logprobs(event.tokens, event.logprobs) if plan.logprobs else None
         shaper = shapers.get(event.index)
-        delta = ChatDelta(content=event.text) if shaper is None else shaper.delta(event.text)
-        if delta is None and logprobs is None:
-            return []
-        return [ChatChunkChoice(index=event.index, delta=delta or ChatDelta(), logprobs=logprobs)]
+        if shaper is None:
+            return [
+                ChatChunkChoice(
+                    index=event.index, delta=ChatDelta(content=event.text), logprobs=logprobs
+                )
+            ]
+        deltas = shaper.deltas(event.text)
+        if not deltas:
+            deltas = [] if logprobs is None else [ChatDelta()]
+        # The tokens' log probabilities ride on the first of the chunks they made.
+        return [
+            ChatChunkChoice(index=event.index, delta=delta, logprobs=logprobs if not i else None)
+            for i, delta in enumerate(deltas)
+        ]
 
     def on_end(event: ChoiceEnd) -> list[ChatChunkChoice]:
         shaper = shapers.get(event.index)
         reason: str = event.finish_reason
-        chunks = []
+        chunks: list[ChatChunkChoice] = []
         if shaper is not None:
-            held = shaper.end()
-            if held is not None:
-                chunks.append(ChatChunkChoice(index=event.index, delta=held))
+            chunks.extend(ChatChunkChoice(index=event.index, delta=d) for d in shaper.end())
             reason = tool_finish(reason, shaper.calls)
         chunks.append(ChatChunkChoice(index=event.index, delta=ChatDelta(), finish_reason=reason))
         return chunks

@@ -146,7 +146,8 @@ def test_streamed_tool_call_deltas(client: openai.OpenAI, model: str, choice: st
     """Name first, then argument fragments; the SDK's helper and a plain fold agree.
 
     How many fragments depends on timing: over HTTP a reader that fell behind gets the replies
-    that wait as one (the paced engine's tests check that replies pass on as they come)."""
+    that wait as one (the paced engine's tests check that replies pass on as they come), but
+    the name still comes alone, and each chunk carries one piece of one call."""
     tool_choice: Any = "required"
     if choice == "named":
         tool_choice = {"type": "function", "function": {"name": "get_weather"}}
@@ -165,6 +166,7 @@ def test_streamed_tool_call_deltas(client: openai.OpenAI, model: str, choice: st
     first = deltas[0].tool_calls[0]  # type: ignore[index]
     assert first.id and first.function and first.function.name and first.function.arguments == ""
     assert len(deltas) >= 2, "the arguments come after the name"
+    assert all(len(d.tool_calls) == 1 for d in deltas)  # type: ignore[arg-type]
     assert all(not d.tool_calls[0].function.name for d in deltas[1:])  # type: ignore
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
     with client.chat.completions.stream(**params) as stream:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import msgspec
 from msgspec import UNSET
 
 from gateway.openai.protocol import (
@@ -43,7 +42,13 @@ def message_parts(folded: Folded) -> tuple[str | None, list[ToolCall]]:
 
 
 class DeltaShaper:
-    """One streamed choice: text deltas in, chat deltas with content and tool-call deltas out."""
+    """One streamed choice: text deltas in, chat deltas with content and tool-call deltas out.
+
+    Each tool-call piece is a delta of its own, as OpenAI streams them: a call's name (with
+    ``arguments: ""``) comes alone, before its arguments, however much text one read brings, so
+    a client that folds chunks by call index (LangChain's ``tool_call_chunks``) never sees one
+    call twice in one chunk.
+    """
 
     def __init__(self, output: OutputRules) -> None:
         self.parser: Parser = output.parser()
@@ -55,41 +60,52 @@ class DeltaShaper:
         """Calls begun so far."""
         return self.parser.calls
 
-    def delta(self, text: str) -> ChatDelta | None:
-        """The delta for new text, or None while it is held back."""
-        return self._delta(self.parser.feed(text))
+    def deltas(self, text: str) -> list[ChatDelta]:
+        """The deltas for new text, none while it is held back."""
+        return self._deltas(self.parser.feed(text))
 
-    def end(self) -> ChatDelta | None:
-        """The delta of what was held back until the end, if any."""
-        return self._delta(self.parser.finish())
+    def end(self) -> list[ChatDelta]:
+        """The deltas of what was held back until the end."""
+        return self._deltas(self.parser.finish())
 
-    def _delta(self, pieces: list[Piece]) -> ChatDelta | None:
-        reasoning = "".join(piece.text for piece in pieces if isinstance(piece, Reasoning))
-        self.reasoning += reasoning
-        delta = _delta(pieces)
-        if not reasoning:
-            return delta
-        base = delta or ChatDelta()
-        return msgspec.structs.replace(base, reasoning_content=reasoning, reasoning=reasoning)
+    def _deltas(self, pieces: list[Piece]) -> list[ChatDelta]:
+        out: list[ChatDelta] = []
+        content: list[str] = []
+        reasoning: list[str] = []
+        for piece in pieces:
+            if isinstance(piece, Content):
+                content.append(piece.text)
+            elif isinstance(piece, Reasoning):
+                reasoning.append(piece.text)
+            elif isinstance(piece, CallStart | Arguments):
+                self._flush(out, content, reasoning)
+                out.append(ChatDelta(tool_calls=[_call_delta(piece)]))
+        self._flush(out, content, reasoning)
+        return out
 
-
-def _delta(pieces: list[Piece]) -> ChatDelta | None:
-    content = "".join(piece.text for piece in pieces if isinstance(piece, Content))
-    calls: list[ToolCallDelta] = []
-    for piece in pieces:
-        if isinstance(piece, CallStart):
-            calls.append(
-                ToolCallDelta(
-                    index=piece.index,
-                    id=piece.id,
-                    type="function",
-                    function=FunctionCallDelta(name=piece.name, arguments=""),
-                )
+    def _flush(self, out: list[ChatDelta], content: list[str], reasoning: list[str]) -> None:
+        """The text pieces read since the last call piece, as one delta."""
+        text, thought = "".join(content), "".join(reasoning)
+        content.clear()
+        reasoning.clear()
+        if not text and not thought:
+            return
+        self.reasoning += thought
+        out.append(
+            ChatDelta(
+                content=text or UNSET,
+                reasoning_content=thought or UNSET,
+                reasoning=thought or UNSET,
             )
-        elif isinstance(piece, Arguments):
-            calls.append(
-                ToolCallDelta(index=piece.index, function=FunctionCallDelta(arguments=piece.text))
-            )
-    if not content and not calls:
-        return None
-    return ChatDelta(content=content or UNSET, tool_calls=calls or UNSET)
+        )
+
+
+def _call_delta(piece: CallStart | Arguments) -> ToolCallDelta:
+    if isinstance(piece, CallStart):
+        return ToolCallDelta(
+            index=piece.index,
+            id=piece.id,
+            type="function",
+            function=FunctionCallDelta(name=piece.name, arguments=""),
+        )
+    return ToolCallDelta(index=piece.index, function=FunctionCallDelta(arguments=piece.text))

@@ -9,6 +9,7 @@ import msgspec
 from adapters.contract import SamplingParams
 from gateway.core.events import ChoiceEnd, ChoiceResult, Event, TextDelta
 from gateway.core.plan import ChoiceSpec, Plan, Prompt
+from gateway.openai.chat.plan import ChatPlan
 from gateway.openai.shaping import (
     Header,
     chat_chunks,
@@ -17,6 +18,7 @@ from gateway.openai.shaping import (
     text_completion,
     usage_of,
 )
+from gateway.tools.output import OutputRules
 
 HEADER = Header(id="chatcmpl-1", created=7, model="m")
 
@@ -216,3 +218,60 @@ async def test_the_chunks_of_one_event_come_together() -> None:
         )
     ]
     assert sizes == [2, 1, 1, 1]  # the echoed prompt with the first text; the usage on its own
+
+
+def chat_plan(output: OutputRules, *, logprobs: bool = False) -> ChatPlan:
+    base = plan(logprobs=logprobs)
+    return ChatPlan(
+        base.model, base.choices, stream=True, include_usage=False, logprobs=logprobs, output=output
+    )
+
+
+async def streamed_deltas(chat: ChatPlan, events: list[Event]) -> list[dict[str, object]]:
+    return [
+        chunk["choices"][0]  # type: ignore[index]
+        async for batch in chat_chunks(chat, replay(events), HEADER)
+        for chunk in as_json(batch)
+        if chunk["choices"]
+    ]
+
+
+async def test_a_call_named_and_its_arguments_in_one_read_are_two_chunks() -> None:
+    # As OpenAI streams them: the name alone with empty arguments, then the arguments; a
+    # client folding by call index (LangChain) would otherwise see call 0 twice in one chunk.
+    named = OutputRules(mode="arguments", function="get_weather")
+    events: list[Event] = [
+        TextDelta(0, '{"city": "Oslo"', (-0.5, -0.25), ('{"city":', ' "Oslo"')),
+        TextDelta(0, "}", (-0.1,), ("}",)),
+        ChoiceEnd(0, 0, "stop", 4, 2),
+    ]
+    choices = await streamed_deltas(chat_plan(named, logprobs=True), events)
+    calls = [c["delta"]["tool_calls"] for c in choices if "tool_calls" in c["delta"]]  # type: ignore[operator,index]
+    assert all(len(entries) == 1 for entries in calls)
+    head, *rest = (entries[0] for entries in calls)
+    assert head["function"] == {"name": "get_weather", "arguments": ""} and head["id"]
+    assert [r["function"] for r in rest] == [{"arguments": '{"city": "Oslo"'}, {"arguments": "}"}]
+    # The read's log probabilities ride once, on the first of the chunks it made.
+    tokens = [
+        [t["token"] for t in c["logprobs"]["content"]] if c.get("logprobs") else None  # type: ignore[index]
+        for c in choices
+        if "tool_calls" in c["delta"]  # type: ignore[operator]
+    ]
+    assert tokens == [['{"city":', ' "Oslo"'], None, ["}"]]
+    assert choices[-1]["finish_reason"] == "tool_calls"
+
+
+async def test_two_calls_in_one_read_are_a_chunk_per_piece() -> None:
+    listed = OutputRules(mode="calls")
+    text = '[{"name": "a", "arguments": {"x": 1}}, {"name": "b", "arguments": {}}]'
+    events: list[Event] = [TextDelta(0, text), ChoiceEnd(0, 0, "stop", 4, 2)]
+    choices = await streamed_deltas(chat_plan(listed), events)
+    entries = [c["delta"]["tool_calls"] for c in choices if "tool_calls" in c["delta"]]  # type: ignore[operator,index]
+    assert all(len(e) == 1 for e in entries)
+    pieces = [(e[0]["index"], e[0]["function"].get("name")) for e in entries]
+    assert pieces[0] == (0, "a") and (1, "b") in pieces
+    assert pieces.index((1, "b")) > pieces.index((0, "a"))
+    folded: dict[int, str] = {}
+    for e in entries:
+        folded[e[0]["index"]] = folded.get(e[0]["index"], "") + e[0]["function"]["arguments"]
+    assert [msgspec.json.decode(folded[i]) for i in (0, 1)] == [{"x": 1}, {}]

@@ -10,9 +10,10 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from deploy.triton.engine.batch import DecodeBatch, SequenceState, unstarted_outputs
+from deploy.triton.engine.batch import DecodeBatch, SequenceState
 from deploy.triton.engine.checks import validate_request
 from deploy.triton.engine.context import ContextJob, ContextPhase, Submission, plan_chunks
+from deploy.triton.engine.delivery import Delivery
 from deploy.triton.engine.disagg.handoff import (
     Disaggregation,
     Fetched,
@@ -41,7 +42,6 @@ from deploy.triton.engine.types import (
     EngineStats,
     IterationStats,
     OutputCallback,
-    SequenceOutput,
 )
 
 logger = logging.getLogger(__name__)
@@ -95,8 +95,8 @@ class Engine:
         )
         self._compiling = GrammarWaits[Submission](self._inbox.put)
         self._lock = threading.Lock()
-        self._active: dict[str, int] = {}
         self._closed = False
+        self.delivery = Delivery()
         self._waiting: deque[Submission] = deque()
         self._jobs: list[ContextJob] = []
         self._batch = DecodeBatch.empty(runner.vocab_size, runner.device)
@@ -105,7 +105,6 @@ class Engine:
         self._max_running = 0
         self._history: deque[IterationStats] = deque(maxlen=config.iter_stats_max_iterations)
         self._snapshot = EngineStats(0, 0, 0, kv_cache=self.store.stats())
-        self._due: list[tuple[OutputCallback, SequenceOutput]] = []
         self._thread: threading.Thread | None = None
 
     @classmethod
@@ -165,9 +164,7 @@ class Engine:
         with self._lock:
             if self._closed:
                 raise EngineError("the engine is shut down")
-            if request.request_id in self._active:
-                raise EngineError(f"request id {request.request_id!r} is already running")
-            self._active[request.request_id] = request.num_return_sequences
+            self.delivery.register(request.request_id, request.num_return_sequences)
             grammar = None
             if request.guide is not None and self.grammars is not None:
                 grammar = self.grammars.compile(request.guide, compile_owner(request))
@@ -216,7 +213,7 @@ class Engine:
                     )
                     decoded = self._iterate(chunks)
                     self._record(len(chunks), sum(take for _, take in chunks), decoded)
-                    self._deliver()
+                    self.delivery.deliver()
         except Exception as exc:
             logger.exception("engine loop failed")
             failure = f"engine failure: {exc}"
@@ -258,47 +255,18 @@ class Engine:
             return
         error = ready.grammar.exception()
         if error is not None:
-            self._emit_unstarted(entry, EngineFinishReason.ERROR, str(error))
+            self.delivery.unstarted(entry, EngineFinishReason.ERROR, str(error))
         else:
             self._waiting.append(replace(entry, grammar=ready.grammar.result()))
-
-    def _emit(self, callback: OutputCallback, output: SequenceOutput) -> None:
-        """Queue an output; the iteration's outputs go out once its statistics are published,
-        so whoever receives a final output finds its blocks already returned."""
-        self._due.append((callback, output))
-
-    def _deliver(self) -> None:
-        due, self._due = self._due, []
-        for callback, output in due:
-            self._send(callback, output)
-
-    def _send(self, callback: OutputCallback, output: SequenceOutput) -> None:
-        if output.finished:
-            with self._lock:
-                left = self._active.get(output.request_id, 1) - 1
-                if left > 0:
-                    self._active[output.request_id] = left
-                else:
-                    self._active.pop(output.request_id, None)
-        try:
-            callback(output)
-        except Exception:
-            logger.exception("output callback of request %s failed", output.request_id)
-
-    def _emit_unstarted(
-        self, entry: Submission, reason: EngineFinishReason, error: str | None
-    ) -> None:
-        for output in unstarted_outputs(entry.request, reason, error):
-            self._emit(entry.callback, output)
 
     def _cancel(self, request_id: str) -> None:
         self.disagg.cancel(request_id)
         compiling = self._compiling.pop(request_id)
         if compiling is not None:
-            self._emit_unstarted(compiling, EngineFinishReason.CANCELLED, None)
+            self.delivery.unstarted(compiling, EngineFinishReason.CANCELLED, None)
         for entry in [e for e in self._waiting if e.request.request_id == request_id]:
             self._waiting.remove(entry)
-            self._emit_unstarted(entry, EngineFinishReason.CANCELLED, None)
+            self.delivery.unstarted(entry, EngineFinishReason.CANCELLED, None)
         for job in [j for j in self._jobs if j.request.request_id == request_id]:
             self._drop_job(job, EngineFinishReason.CANCELLED, None)
         keep: list[int] = []
@@ -309,13 +277,13 @@ class Engine:
             seq.finish = EngineFinishReason.CANCELLED
             output = seq.take_output()
             if output is not None:
-                self._emit(seq.callback, output)
+                self.delivery.queue(seq.callback, output)
         self._release(self._batch.keep(keep))
 
     def _drop_job(self, job: ContextJob, reason: EngineFinishReason, error: str | None) -> None:
         self._jobs.remove(job)
         self.store.release(job.admission.table)
-        self._emit_unstarted(job.entry, reason, error)
+        self.delivery.unstarted(job.entry, reason, error)
 
     def _release(self, sequences: list[SequenceState]) -> None:
         for seq in sequences:
@@ -346,7 +314,7 @@ class Engine:
             if not self.disagg.begin(entry):
                 return False
         except Exception as exc:
-            self._emit_unstarted(entry, EngineFinishReason.ERROR, str(exc))
+            self.delivery.unstarted(entry, EngineFinishReason.ERROR, str(exc))
         self._waiting.popleft()
         return True
 
@@ -358,7 +326,7 @@ class Engine:
             return
         entry, admission, outcome = done
         if not isinstance(outcome, KvTransfer):
-            self._emit_unstarted(entry, *outcome)
+            self.delivery.unstarted(entry, *outcome)
             return
         request = entry.request
         callback = continuing(entry.callback, outcome, request.streaming)
@@ -405,12 +373,12 @@ class Engine:
         except Exception as exc:
             logger.exception("start of request %s failed", job.request.request_id)
             self.store.release(job.admission.table)
-            self._emit_unstarted(job.entry, EngineFinishReason.ERROR, f"prefill failed: {exc}")
+            self.delivery.unstarted(job.entry, EngineFinishReason.ERROR, f"prefill failed: {exc}")
             return
         if job.request.request_type is RequestType.CONTEXT_ONLY:
             outputs, finished = self.disagg.hand_off(outputs, finished)
         for seq, output in outputs:
-            self._emit(seq.callback, output)
+            self.delivery.queue(seq.callback, output)
         self._release(finished)
         self._batch.extend(group)
 
@@ -438,7 +406,7 @@ class Engine:
         if rows:
             self._steps += 1
         for seq, output in outputs:
-            self._emit(seq.callback, output)
+            self.delivery.queue(seq.callback, output)
         self._release(finished)
         for job, first in started:
             if first is not None:
@@ -469,7 +437,7 @@ class Engine:
     def _fail_batch(self, message: str) -> None:
         for seq in self._batch.sequences:
             if seq.reports:
-                self._emit(seq.callback, seq.error_output(message))
+                self.delivery.queue(seq.callback, seq.error_output(message))
         self._release(self._batch.sequences)
         self._batch = DecodeBatch.empty(self.runner.vocab_size, self.runner.device)
 
@@ -487,18 +455,18 @@ class Engine:
         self._waiting.extend(self._compiling.drain())
         self._waiting.extend(self.disagg.abandon())
         while self._waiting:
-            self._emit_unstarted(self._waiting.popleft(), reason, failure)
+            self.delivery.unstarted(self._waiting.popleft(), reason, failure)
         for job in list(self._jobs):
             self._drop_job(job, reason, failure)
         for seq in self._batch.sequences:
             if failure is not None:
                 if seq.reports:
-                    self._emit(seq.callback, seq.error_output(failure))
+                    self.delivery.queue(seq.callback, seq.error_output(failure))
                 continue
             seq.finish = EngineFinishReason.CANCELLED
             output = seq.take_output()
             if output is not None:
-                self._emit(seq.callback, output)
+                self.delivery.queue(seq.callback, output)
         self._release(self._batch.sequences)
         self._batch = DecodeBatch.empty(self.runner.vocab_size, self.runner.device)
-        self._deliver()
+        self.delivery.deliver()

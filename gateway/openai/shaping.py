@@ -217,8 +217,8 @@ def chat_chunks(
                 )
             ]
         deltas = shaper.deltas(event.text)
-        if not deltas:
-            deltas = [] if logprobs is None else [ChatDelta()]
+        if not deltas and logprobs is not None:
+            deltas = [ChatDelta()]
         # The tokens' log probabilities ride on the first of the chunks they made.
         return [
             ChatChunkChoice(index=event.index, delta=delta, logprobs=logprobs if not i else None)

@@ -46,8 +46,7 @@ class DeltaShaper:
 
     Each tool-call piece is a delta of its own, as OpenAI streams them: a call's name (with
     ``arguments: ""``) comes alone, before its arguments, however much text one read brings, so
-    a client that folds chunks by call index (LangChain's ``tool_call_chunks``) never sees one
-    call twice in one chunk.
+    a client reading chunk by chunk never sees one call twice in one chunk.
     """
 
     def __init__(self, output: OutputRules) -> None:

@@ -40,7 +40,7 @@ from deploy.sidecar.fleet import sidecar_from_spec
 from deploy.sidecar.models import ensure_tiny_model
 from deploy.sidecar.spec import parse_spec
 from deploy.sidecar.supervisor import Sidecar
-from tests.benchmarks.transports import MODEL, PROMPT
+from tests.benchmarks.transport_clients import MODEL, PROMPT
 
 OUTPUTS = ["output_ids", "sequence_length"]
 CallOpener = Callable[[str], Call]

@@ -63,6 +63,27 @@ class TorchEngine(
     """Disaggregated serving: how long a context-only request's KV-cache blocks wait for a
     generation engine to take them before they are freed (engine default 30000)."""
 
+    def problems(self) -> list[str]:
+        """What is wrong with these values, each said alone (none when they are sound)."""
+        counts = {
+            "max_batch_size": self.max_batch_size,
+            "tokens_per_block": self.tokens_per_block,
+            "max_num_tokens": self.max_num_tokens,
+            "max_tokens_in_paged_kv_cache": self.max_tokens_in_paged_kv_cache,
+            "max_beam_width": self.max_beam_width,
+        }
+        found = [
+            f"engine {field} must be >= 1"
+            for field, value in counts.items()
+            if value is not None and value < 1
+        ]
+        if self.max_beam_width > self.max_batch_size:
+            found.append("engine max_beam_width must not exceed max_batch_size")
+        fraction = self.kv_cache_free_gpu_mem_fraction
+        if fraction is not None and not 0.0 < fraction <= 1.0:
+            found.append("engine kv_cache_free_gpu_mem_fraction must be in (0, 1]")
+        return found
+
 
 class TensorRTLLMEngine(
     msgspec.Struct, frozen=True, forbid_unknown_fields=True, tag="tensorrtllm", tag_field="kind"
@@ -137,6 +158,17 @@ class LoadTestEngine(
     Each send waits for tritonserver to take the response (a round trip between processes),
     where the C++ backend's sends cost it next to nothing: with one thread, a stream's first
     response waits behind every response due before it."""
+
+    def problems(self) -> list[str]:
+        """What is wrong with these values, each said alone (none when they are sound)."""
+        found = []
+        if (self.token_id or 0) < 0:
+            found.append("engine token_id must be >= 0")
+        if self.token_s < 0 or self.prompt_token_s < 0:
+            found.append("engine token_s and prompt_token_s must be >= 0")
+        if min(self.max_batch_size, self.instances, self.senders) < 1:
+            found.append("engine max_batch_size, instances and senders must be >= 1")
+        return found
 
 
 EngineSpec = TorchEngine | TensorRTLLMEngine | LoadTestEngine

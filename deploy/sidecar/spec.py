@@ -268,39 +268,10 @@ def _resolve_paths(spec: Spec, base_dir: Path) -> Spec:
 
 
 def _check_engine(model: ModelSpec) -> None:
-    if isinstance(model.engine, TorchEngine):
-        _check_torch(model.name, model.engine)
-    if isinstance(model.engine, LoadTestEngine):
-        _check_load_test(model.name, model.engine)
-
-
-def _check_torch(name: str, engine: TorchEngine) -> None:
-    counts = {
-        "max_batch_size": engine.max_batch_size,
-        "tokens_per_block": engine.tokens_per_block,
-        "max_num_tokens": engine.max_num_tokens,
-        "max_tokens_in_paged_kv_cache": engine.max_tokens_in_paged_kv_cache,
-        "max_beam_width": engine.max_beam_width,
-    }
-    for field, value in counts.items():
-        if value is not None and value < 1:
-            raise SpecError(f"model {name!r}: engine {field} must be >= 1")
-    if engine.max_beam_width > engine.max_batch_size:
-        raise SpecError(f"model {name!r}: engine max_beam_width must not exceed max_batch_size")
-    fraction = engine.kv_cache_free_gpu_mem_fraction
-    if fraction is not None and not 0.0 < fraction <= 1.0:
-        raise SpecError(f"model {name!r}: engine kv_cache_free_gpu_mem_fraction must be in (0, 1]")
-
-
-def _check_load_test(name: str, engine: LoadTestEngine) -> None:
-    if (engine.token_id or 0) < 0:
-        raise SpecError(f"model {name!r}: engine token_id must be >= 0")
-    if engine.token_s < 0 or engine.prompt_token_s < 0:
-        raise SpecError(f"model {name!r}: engine token_s and prompt_token_s must be >= 0")
-    if min(engine.max_batch_size, engine.instances, engine.senders) < 1:
-        raise SpecError(
-            f"model {name!r}: engine max_batch_size, instances and senders must be >= 1"
-        )
+    if isinstance(model.engine, (TorchEngine, LoadTestEngine)):
+        problems = model.engine.problems()
+        if problems:
+            raise SpecError(f"model {model.name!r}: {problems[0]}")
 
 
 def _check(spec: Spec) -> None:

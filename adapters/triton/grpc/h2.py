@@ -28,11 +28,11 @@ import asyncio
 import struct
 from collections.abc import Mapping
 from typing import Protocol, cast
-from urllib.parse import unquote
 
 import grpc  # type: ignore[import-untyped]
 
 from adapters.triton.grpc.headers import RequestHeaders, ResponseHeaders
+from adapters.triton.grpc.status import http_error, reset_error, rpc_error, trailers_error
 
 _PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 _DATA, _HEADERS, _RST_STREAM, _SETTINGS, _PING, _GOAWAY, _WINDOW_UPDATE, _CONTINUATION = (
@@ -50,14 +50,6 @@ _LAST_STREAM_ID = (1 << 31) - 1
 _FRAME_HEAD = struct.Struct(">IBI")
 _MESSAGE_SIZE = struct.Struct(">I")
 """The length prefix of a gRPC message (after its compression flag)."""
-_STATUS = {code.value[0]: code for code in grpc.StatusCode}
-_RESET_CODES = {7: grpc.StatusCode.UNAVAILABLE, 8: grpc.StatusCode.CANCELLED,
-                11: grpc.StatusCode.RESOURCE_EXHAUSTED,
-                12: grpc.StatusCode.PERMISSION_DENIED}  # fmt: skip
-_HTTP_CODES = {400: grpc.StatusCode.INTERNAL, 401: grpc.StatusCode.UNAUTHENTICATED,
-               403: grpc.StatusCode.PERMISSION_DENIED, 404: grpc.StatusCode.UNIMPLEMENTED,
-               429: grpc.StatusCode.UNAVAILABLE, 502: grpc.StatusCode.UNAVAILABLE,
-               503: grpc.StatusCode.UNAVAILABLE, 504: grpc.StatusCode.UNAVAILABLE}  # fmt: skip
 
 
 class Receiver(Protocol):
@@ -68,11 +60,6 @@ class Receiver(Protocol):
 
     def on_end(self, failure: BaseException | None) -> None:
         """The stream ended: cleanly (``None``) or with the failure a read raises."""
-
-
-def rpc_error(code: grpc.StatusCode, details: str) -> grpc.RpcError:
-    """A failed call's error, as grpcio's asyncio API raises it."""
-    return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), details)
 
 
 def _frame(kind: int, flags: int, stream_id: int, payload: bytes = b"") -> bytes:
@@ -281,9 +268,7 @@ class H2Connection(asyncio.Protocol):
         elif kind == _RST_STREAM:
             stream = self._forget(stream_id)
             if stream is not None:
-                reason = int.from_bytes(payload[:4], "big")
-                code = _RESET_CODES.get(reason, grpc.StatusCode.INTERNAL)
-                stream.receiver.on_end(rpc_error(code, "the server reset the stream"))
+                stream.receiver.on_end(reset_error(int.from_bytes(payload[:4], "big")))
         elif kind == _SETTINGS and not flags & _ACK:
             self._on_settings(payload)
         elif kind == _PING and not flags & _ACK:
@@ -334,8 +319,7 @@ class H2Connection(asyncio.Protocol):
         status = headers.get(b":status")
         if status is not None and status != b"200":
             self._forget(stream.stream_id)
-            code = _HTTP_CODES.get(int(status), grpc.StatusCode.UNKNOWN)
-            stream.receiver.on_end(rpc_error(code, f"HTTP status {status.decode()}"))
+            stream.receiver.on_end(http_error(status))
             return
         if self._block_ends or b"grpc-status" in headers:
             self._end(stream, headers)
@@ -346,14 +330,7 @@ class H2Connection(asyncio.Protocol):
         if stream.sent < len(stream.outbox):
             # The server answered before the whole request arrived: the rest is not sent.
             self._write(_frame(_RST_STREAM, 0, stream.stream_id, _CANCEL.to_bytes(4, "big")))
-        code = _STATUS.get(int(trailers.get(b"grpc-status", b"2")), grpc.StatusCode.UNKNOWN)
-        if code is grpc.StatusCode.OK and stream.pending:
-            code = grpc.StatusCode.INTERNAL
-        if code is grpc.StatusCode.OK:
-            stream.receiver.on_end(None)
-        else:
-            details = unquote(trailers.get(b"grpc-message", b"").decode(errors="replace"))
-            stream.receiver.on_end(rpc_error(code, details))
+        stream.receiver.on_end(trailers_error(trailers, whole=not stream.pending))
 
     def _on_settings(self, payload: memoryview) -> None:
         for offset in range(0, len(payload) - 5, 6):

@@ -27,8 +27,9 @@ from tritonclient.utils import InferenceServerException
 
 from adapters.contract import BackendError, BackendTimeout
 from adapters.triton.errors import HttpError, classify
-from adapters.triton.grpc.h2 import H2Connection, Stream, rpc_error
+from adapters.triton.grpc.h2 import H2Connection, Stream
 from adapters.triton.grpc.replies import ReplyReader
+from adapters.triton.grpc.status import rpc_error
 from adapters.triton.responses import Reply
 from adapters.triton.wire import WireTensor
 

@@ -228,6 +228,14 @@ def _on_every_worker(seen: Callable[[], bool]) -> None:
         time.sleep(0.1)
 
 
+def _unlimited(gateway: Gateway) -> bool:
+    """Whether a request of the tenant, on a connection of its own, is answered with no
+    requests limit in force."""
+    body = {"model": "lt", "prompt": "hi", "max_tokens": 1}
+    answer = _fresh(gateway, "POST", "/v1/completions", json=body)
+    return bool(answer.status_code == 200 and "x-ratelimit-limit-requests" not in answer.headers)
+
+
 def _counted(gateway: Gateway, family: str, labels: dict[str, str], expected: float) -> None:
     """Until a scrape, whichever worker answers it, shows ``expected``."""
     scrape_until(
@@ -261,7 +269,7 @@ def test_token_gaps_of_every_worker_reach_the_metrics(gateway: Gateway) -> None:
         gateway, "PATCH", "/admin/tenants/team", key=ADMIN, json={"requests_per_minute": None}
     )
     assert patched.status_code == 200
-    time.sleep(1.0)
+    _on_every_worker(lambda: _unlimited(gateway))
     family = "gateway_inter_token_latency_seconds_count"
     model = {"model": "lt", "adapter": "", "tenant": "team"}
     before = total(_fresh(gateway, "GET", "/metrics", key=ADMIN).text, family, **model)
@@ -350,7 +358,7 @@ def test_sigterm_drains_streams_on_every_worker(gateway: Gateway) -> None:
         gateway, "PATCH", "/admin/tenants/team", key=ADMIN, json={"requests_per_minute": None}
     )
     assert patched.status_code == 200
-    time.sleep(1.0)
+    _on_every_worker(lambda: _unlimited(gateway))
 
     async def stream(client: httpx.AsyncClient, opened: asyncio.Queue[int]) -> dict[str, Any]:
         chunks: list[dict[str, Any]] = []

@@ -137,12 +137,15 @@ async def _shares(
 async def test_two_equal_tenants_flooding_split_the_tokens_evenly(stack: Stack) -> None:
     # Three times as many streams do not buy even-a a larger share.
     served = await _shares(stack, ("even-a", "even-b"), 40, (6 * SLOTS, 2 * SLOTS))
-    assert served["even-a"] / served["even-b"] == pytest.approx(1.0, rel=0.1), served
+    # Half of the window each, within two answers (two slots that end together may fall on
+    # either side of its edge); served in the order sent, even-a would have three quarters.
+    assert served["even-a"] / 40 == pytest.approx(0.5, abs=0.05), served
 
 
 async def test_weights_three_to_one_split_the_tokens_three_to_one(stack: Stack) -> None:
     served = await _shares(stack, ("heavy", "light"), 80, (3 * SLOTS, 3 * SLOTS))
-    assert served["heavy"] / served["light"] == pytest.approx(3.0, rel=0.1), served
+    # Three quarters of the window within four answers; unweighted, heavy would have half.
+    assert served["heavy"] / 80 == pytest.approx(0.75, abs=0.05), served
 
 
 async def test_a_higher_class_overtakes_the_requests_of_a_lower_one_queued_before_it(
@@ -325,7 +328,7 @@ async def test_a_quiet_tenant_and_equal_shares_hold_across_two_replicas(
     assert ttft_beside <= ttft_solo + length, (ttft_solo, ttft_beside, length)
     window = sorted(flooded, key=lambda answer: answer.ended)[WARM_UP : WARM_UP + 40]
     served = Counter(answer.tenant for answer in window)
-    assert served["flood"] / served["even-b"] == pytest.approx(1.0, rel=0.1), served
+    assert served["flood"] / 40 == pytest.approx(0.5, abs=0.05), served
     assert all(count > 10 for count in routed.values()), routed
 
 

@@ -79,7 +79,10 @@ def _config(sidecar: Sidecar, model_dir: Path, redis_url: str, on_failure: str) 
                 "on_failure": on_failure,
                 "lease_ttl_s": LEASE_TTL_S,
                 "refresh_s": 0.2,
-                "timeout_s": 0.2,
+                # A stopped Redis refuses at once: the timeout is only for a slow one, and a
+                # busy 2-core machine has made a call take longer than 0.2 s (a 503 on the
+                # fail-closed replica, one admitted past the limit on the fail-open one).
+                "timeout_s": 2.0,
             },
         },
     }

@@ -72,6 +72,11 @@ def test_sigterm_still_drains_for_the_load_balancer(
 ) -> None:
     process, url = gateway
     process.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + 30
+    while _status(url) != 503:  # the signal was taken: it is draining
+        assert process.poll() is None and time.monotonic() < deadline, "it never drained"
+        time.sleep(0.05)
+    # A second signal within the window of the first is the same keypress, sent again.
     time.sleep(REPEAT_WINDOW_S)
     assert process.poll() is None, "the drain delay keeps it serving"
     assert _status(url) == 503

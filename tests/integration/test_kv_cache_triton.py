@@ -151,8 +151,15 @@ def test_eviction_under_a_small_cache_keeps_answers_correct(sidecar: Sidecar) ->
         return tokens_of(Stream(sidecar, request(4, prompt, end_id=-1), model=model).collect())
 
     def reused() -> float:
-        time.sleep(0.3)  # the engine publishes its statistics every 100 ms
-        return _pool(sidecar, model)["reused"]
+        # The engine publishes its statistics every 100 ms: read until two readings 0.3 s
+        # apart agree.
+        deadline, last = time.monotonic() + 10, None
+        while True:
+            time.sleep(0.3)
+            now = _pool(sidecar, model)["reused"]
+            if now == last or time.monotonic() > deadline:
+                return now
+            last = now
 
     answers = [answer(prompt) for prompt in prompts]
     before = reused()

@@ -140,6 +140,24 @@ def _prefix(group: int) -> str:
     return f"group {group}: " + " ".join(words)
 
 
+async def settled(replicas: Replicas, model: str) -> None:
+    """Until every replica of ``model`` was scraped idle (no KV-cache block in use, nothing
+    waiting) after now. Requests placed one after another, each as the last ended, otherwise
+    meet a reading taken while the last ran, until the next scrape: the replica read as the
+    emptiest takes them (once three of six prefix groups, with 13, 26 and 39 answers)."""
+    pool = replicas.router().pool(model)
+    since = time.monotonic()
+    while not all(
+        replica.signals is not None
+        and replica.signals_at > since
+        and replica.signals.kv_fraction == 0.0
+        and replica.signals.waiting == 0.0
+        for replica in pool.replicas.values()
+    ):
+        assert time.monotonic() - since < 30, "the replicas were never scraped idle"
+        await asyncio.sleep(0.05)
+
+
 async def test_prefix_affinity_keeps_a_prefix_on_one_replica(replicas: Replicas) -> None:
     before = replicas.served()
     groups = 6
@@ -150,10 +168,12 @@ async def test_prefix_affinity_keeps_a_prefix_on_one_replica(replicas: Replicas)
         return body("tiny", prompt, 2), {"X-Request-ID": f"prefix-{group}-{worker}-{i}"}
 
     async with httpx.AsyncClient(base_url=replicas.url, timeout=60) as client:
-        # Each group's first request alone: the pool places the prefixes by load, one after
-        # another, rather than by which of six simultaneous first requests is picked first
-        # (three groups could then share a replica, which the bounded load allows: 36, 12, 24).
+        # Each group's first request alone, on idle replicas: the pool places the prefixes by
+        # load, one after another, rather than by which of six simultaneous first requests is
+        # picked first (three groups could then share a replica, which the bounded load
+        # allows: 36, 12, 24).
         for group in range(groups):
+            await settled(replicas, "tiny")
             first = await client.post(
                 "/v1/completions",
                 json=body("tiny", f"{_prefix(group)} question", 2),
@@ -191,10 +211,12 @@ async def test_adapter_affinity_keeps_an_adapter_on_one_replica(replicas: Replic
         }
 
     async with httpx.AsyncClient(base_url=replicas.url, timeout=60) as client:
-        # Each adapter's first request alone: the pool places the adapters by room and load,
-        # one after another, rather than by which of six simultaneous first requests is picked
-        # first (two could then share a replica, which the bounded load allows).
+        # Each adapter's first request alone, on idle replicas: the pool places the adapters
+        # by room and load, one after another, rather than by which of six simultaneous first
+        # requests is picked first (two could then share a replica, which the bounded load
+        # allows).
         for name in names:
+            await settled(replicas, "tiny")
             first = await client.post(
                 "/v1/completions",
                 json=body(name, "hello", 2),

@@ -137,10 +137,10 @@ async def test_a_context_replica_killed_between_the_phases_costs_no_request(
         # more requests run their context phases on both context replicas in turn, so that
         # context-a dies holding handoffs: theirs, and those of the requests already waiting
         # for a generation slot (its server still answers the gateway's probes meanwhile).
-        # The pause stays under a second. Triton's Python backend waits a second for a stub's
-        # health lock before it calls the stub unhealthy, and a stub stopped while its health
-        # thread held the lock failed every generation phase sent to it (37 of 43 requests
-        # after a pause of 1.6 s on a busy machine).
+        # The pause stays under a second: Triton's Python backend, having sent a stub a
+        # request, gives it about a second to mark itself healthy (a thread of the stub does,
+        # every 0.3 s) before it fails the request as "Stub process ... is not healthy". A
+        # pause of 1.6 s on a busy machine cost 37 of 43 requests that way.
         before = _context_answers((await client.get("/metrics")).text)
         os.kill(generation_stub, signal.SIGSTOP)
         try:

@@ -217,14 +217,8 @@ def http_httpx(url: str, tokens: int) -> Callable[[], Awaitable[Send]]:
             buffer = b""
             async with client.stream("POST", path, content=body) as response:
                 async for data in response.aiter_bytes():
-                    buffer += data
-                    *events, buffer = buffer.split(b"\n\n")
-                    for event in events:
-                        parsed = decoder.decode(event[6:])
-                        if parsed.error:
-                            raise RuntimeError(parsed.error)
-                        ids = parsed.output_ids
-                        count += 1 if isinstance(ids, int) else len(ids or ())
+                    ids, buffer = _ids_of_events(buffer + data, decoder)
+                    count += ids
             return count
 
         return send
@@ -248,11 +242,19 @@ async def _read_events(
         chunk = await reader.readexactly(size + 2)
         if size == 0:
             return count
-        buffer += chunk[:-2]
-        *events, buffer = buffer.split(b"\n\n")
-        for event in events:
-            parsed = decoder.decode(event[6:])
-            if parsed.error:
-                raise RuntimeError(parsed.error)
-            ids = parsed.output_ids
-            count += 1 if isinstance(ids, int) else len(ids or ())
+        ids, buffer = _ids_of_events(buffer + chunk[:-2], decoder)
+        count += ids
+
+
+def _ids_of_events(buffer: bytes, decoder: msgspec.json.Decoder[_Event]) -> tuple[int, bytes]:
+    """How many ids the whole server-sent events in ``buffer`` carry, and the incomplete event
+    that follows them."""
+    *events, rest = buffer.split(b"\n\n")
+    count = 0
+    for event in events:
+        parsed = decoder.decode(event[6:])
+        if parsed.error:
+            raise RuntimeError(parsed.error)
+        ids = parsed.output_ids
+        count += 1 if isinstance(ids, int) else len(ids or ())
+    return count, rest
